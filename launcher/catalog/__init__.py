@@ -1,0 +1,144 @@
+"""Catalogs of models, accelerators and instance types.
+
+The numbers live in the YAML files beside this module, each with its source. This module
+only gives them types and looks them up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from functools import cache
+from importlib.resources import files
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+class RopeScaling(BaseModel):
+    """Llama 3.1-style RoPE frequency scaling for long context."""
+
+    model_config = _FROZEN
+    type: Literal["llama3"] = "llama3"
+    factor: float = Field(gt=0)
+    low_freq_factor: float = Field(gt=0)
+    high_freq_factor: float = Field(gt=0)
+    original_max_context: PositiveInt
+
+
+class ModelArch(BaseModel):
+    """The shapes of a Llama-family decoder: everything the estimator and trainer need."""
+
+    model_config = _FROZEN
+    family: Literal["llama", "mistral"] = "llama"
+    hidden_size: PositiveInt
+    num_layers: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    ffn_hidden_size: PositiveInt
+    vocab_size: PositiveInt
+    max_context: PositiveInt
+    rope_theta: float = Field(default=10000.0, gt=0)
+    rope_scaling: RopeScaling | None = None
+    tie_embeddings: bool = False
+    norm_eps: float = Field(default=1e-5, gt=0)
+    source: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.head_dim * self.num_kv_heads
+
+    def block_params(self) -> int:
+        """Parameters of one transformer block: attention, SwiGLU MLP and two RMSNorms."""
+        h = self.hidden_size
+        attention = h * h * 2 + h * self.kv_dim * 2  # wq, wo, wk, wv
+        mlp = 3 * h * self.ffn_hidden_size
+        return attention + mlp + 2 * h
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def num_params(self) -> int:
+        output = 0 if self.tie_embeddings else self.embedding_params()
+        return self.embedding_params() + self.num_layers * self.block_params() + self.hidden_size + output
+
+    def shape_problems(self) -> list[tuple[str, str]]:
+        """(field, message) for shapes no Llama can have."""
+        problems = []
+        if self.hidden_size % self.num_heads:
+            problems.append(("hidden_size", f"{self.hidden_size} is not divisible by num_heads {self.num_heads}"))
+        elif self.head_dim % 2:
+            problems.append(("hidden_size", f"head dimension {self.head_dim} must be even for RoPE"))
+        if self.num_heads % self.num_kv_heads:
+            problems.append(("num_kv_heads", f"{self.num_kv_heads} does not divide num_heads {self.num_heads}"))
+        return problems
+
+
+class Accelerator(BaseModel):
+    model_config = _FROZEN
+    name: str
+    memory_bytes: int | None
+    peak_bf16_tflops: float | None
+    peak_fp8_tflops: float | None
+    hbm_gbps: float | None
+    nvlink_gbps: float | None
+    source: str
+
+    @property
+    def has_fp8(self) -> bool:
+        return self.peak_fp8_tflops is not None
+
+
+class InstanceType(BaseModel):
+    model_config = _FROZEN
+    accelerator: str | None
+    gpus_per_node: int | None
+    vcpus: int | None
+    host_memory_gib: int | None
+    efa_interfaces: int
+    efa_gbps: float
+    usd_per_hour: float
+    price_date: datetime.date | None
+    price_source: str
+
+    @property
+    def has_efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+
+def _load(filename: str) -> dict:
+    return yaml.safe_load(files(__package__).joinpath(filename).read_text())
+
+
+@cache
+def models() -> dict[str, ModelArch]:
+    return {key: ModelArch(**value) for key, value in _load("models.yaml").items()}
+
+
+@cache
+def accelerators() -> dict[str, Accelerator]:
+    catalog = {key: Accelerator(**value) for key, value in _load("accelerators.yaml").items()}
+    catalog["cpu"] = catalog["cpu"].model_copy(update={"memory_bytes": _host_memory_bytes()})
+    return catalog
+
+
+@cache
+def instance_types() -> dict[str, InstanceType]:
+    return {str(key): InstanceType(**value) for key, value in _load("instances.yaml").items()}
+
+
+def _host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def choices(names) -> str:
+    """'a, b or c': how error messages list what would be valid."""
+    names = [str(n) for n in names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]

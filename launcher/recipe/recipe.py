@@ -1,0 +1,243 @@
+"""`Recipe`: a validated recipe resolved against the catalogs. The root of the data flow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import PrivateAttr, ValidationError, model_validator
+
+from launcher.catalog import ModelArch
+from launcher.errors import Problem, RecipeError
+from launcher.layout import Layout
+from launcher.recipe import rules
+from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw, parse_set_options
+from launcher.recipe.messages import problems_from_validation
+from launcher.recipe.resolve import Hardware, resolve_hardware, resolve_model
+from launcher.recipe.schema import RecipeSpec
+
+RESOLVED_FORMAT = 1
+
+
+class RuleViolations(ValueError):
+    """Raised inside validation to carry cross-field problems out through pydantic."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+class Recipe(RecipeSpec):
+    """A recipe that passed every rule. Build it with `Recipe.load(path)`; it never changes.
+
+    `arch`, `hardware` and `layout` are the recipe resolved against the catalogs: the model's
+    exact shapes, the GPUs it runs on, and the parallel layout with `data_shard` filled in.
+    """
+
+    _arch: ModelArch = PrivateAttr()
+    _hardware: Hardware = PrivateAttr()
+    _layout: Layout = PrivateAttr()
+    _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _apply_rules(self) -> Recipe:
+        arch, problems = resolve_model(self.model)
+        hardware, hardware_problems = resolve_hardware(self)
+        problems += hardware_problems + rules.sagemaker_problems(self) + rules.training_problems(self)
+        if arch is not None and hardware is not None:
+            world_size = self.cluster.instance_count * hardware.procs_per_node
+            where = f"{self.cluster.instance_count} x {hardware.instance_key}" if hardware.instance_key != "local" else "this machine"
+            layout, layout_problems = rules.resolve_layout(self, world_size, where)
+            problems += layout_problems + rules.hardware_problems(self, arch, hardware)
+            if layout is not None:
+                problems += rules.layout_problems(
+                    layout,
+                    arch,
+                    seq_len=self.training.seq_len,
+                    global_batch_size=self.training.global_batch_size,
+                    micro_batch_size=self.training.micro_batch_size,
+                    gpus_per_node=hardware.procs_per_node,
+                    schedule=self.parallel.pipeline_schedule,
+                )
+                self._layout = layout
+            self._arch, self._hardware = arch, hardware
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+    # --- construction -------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: Mapping[str, Any] | None = None, *, origin: str = "overrides") -> Recipe:
+        """Read a YAML recipe, apply `extends` and dotted-path overrides, and validate it.
+
+        Raises RecipeError with one Problem per thing wrong, each pointing at its file and line.
+        """
+        raw = load_raw(path)
+        if overrides:
+            raw = apply_overrides(raw, overrides, origin=origin)
+        recipe = cls._from_raw(raw)
+        recipe._source = Path(path)
+        return recipe
+
+    @classmethod
+    def load_with_options(cls, path: str | Path, set_options: list[str]) -> Recipe:
+        """`Recipe.load` with overrides written as the CLI's `--set KEY=VALUE` options."""
+        return cls.load(path, parse_set_options(set_options), origin="--set")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Recipe:
+        raw = RawRecipe(dict(data))
+        if overrides:
+            raw = apply_overrides(raw, overrides, origin="overrides")
+        return cls._from_raw(raw)
+
+    @classmethod
+    def _from_raw(cls, raw: RawRecipe) -> Recipe:
+        try:
+            return cls.model_validate(raw.data)
+        except ValidationError as err:
+            located = problems_from_validation(err, raw.data, RecipeSpec)
+            for error in err.errors():
+                violation = (error.get("ctx") or {}).get("error")
+                if isinstance(violation, RuleViolations):
+                    located += [(_key_path(p.path), p) for p in violation.problems]
+            problems = [Problem(p.path, p.message, raw.origin(path)) for path, p in located]
+            raise RecipeError(problems) from None
+
+    def with_changes(self, overrides: Mapping[str, Any]) -> Recipe:
+        """A new, validated recipe with dotted-path changes, e.g. {"parallel.context": 16}."""
+        recipe = type(self).from_dict(self.to_dict(), overrides)
+        recipe._source = self._source
+        return recipe
+
+    # --- what the recipe resolves to -------------------------------------------------------
+
+    @property
+    def arch(self) -> ModelArch:
+        return self._arch
+
+    @property
+    def hardware(self) -> Hardware:
+        return self._hardware
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @property
+    def world_size(self) -> int:
+        return self._layout.world_size
+
+    @property
+    def model_name(self) -> str:
+        ref = self.model
+        if isinstance(ref, str):
+            return ref
+        return getattr(ref, "base", None) or Path(getattr(ref, "hf_config")).parent.name or "hf-model"
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches per optimizer step on each data-parallel rank."""
+        t = self.training
+        return t.global_batch_size // (t.micro_batch_size * self._layout.data_parallel)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch_size * self.training.seq_len
+
+    @property
+    def warnings(self) -> list[str]:
+        notes = []
+        if self.training.seq_len > self.arch.max_context:
+            notes.append(f"training.seq_len: {self.training.seq_len} is beyond {self.model_name}'s trained context of {self.arch.max_context} tokens")
+        if self.training.optimizer.warmup_steps >= self.training.steps:
+            notes.append(f"training.optimizer.warmup_steps: {self.training.optimizer.warmup_steps} >= steps {self.training.steps}; the run never leaves warmup")
+        return notes
+
+    # --- output ------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The user-level recipe (no `extends`); `Recipe.from_dict(r.to_dict()) == r`."""
+        return self.model_dump(mode="json", exclude={"extends"})
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def resolved(self, *, checkpoint_dir: str | None = None, output_dir: str | None = None) -> dict[str, Any]:
+        """The resolved job config that the entrypoints read: every name replaced by numbers.
+
+        Backends pass where checkpoints and outputs live on their cluster.
+        """
+        accelerator = self.hardware.accelerator
+        layout = self.layout
+        return {
+            "format": RESOLVED_FORMAT,
+            "name": self.name,
+            "model": {"name": self.model_name, **self.arch.model_dump(mode="json")},
+            "training": self.training.model_dump(mode="json"),
+            "precision": self.precision.model_dump(mode="json"),
+            "parallel": {
+                **layout.as_dict(),
+                "pipeline_schedule": self.parallel.pipeline_schedule,
+                "activation_checkpointing": self.parallel.activation_checkpointing,
+                "world_size": layout.world_size,
+                "grad_accum_steps": self.grad_accum_steps,
+            },
+            "data": self.data.model_dump(mode="json"),
+            "checkpoint": {**self.checkpoint.model_dump(mode="json"), "dir": checkpoint_dir or self.checkpoint.dir},
+            "runtime": {
+                "device": self.cluster.device,
+                "nnodes": self.cluster.instance_count,
+                "nproc_per_node": self.hardware.procs_per_node,
+                "accelerator": self.hardware.accelerator_key,
+                "peak_flops": {
+                    "bf16": accelerator.peak_bf16_tflops * 1e12 if accelerator.peak_bf16_tflops else None,
+                    "fp8": accelerator.peak_fp8_tflops * 1e12 if accelerator.peak_fp8_tflops else None,
+                },
+                "output_dir": output_dir,
+            },
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """Derived values for `launcher show`: what the recipe resolves to, in one place."""
+        hw = self.hardware
+        return {
+            "model": self.model_name,
+            "parameters": self.arch.num_params(),
+            "instance": f"{self.cluster.instance_count} x {hw.instance_key}",
+            "accelerator": hw.accelerator_key,
+            "world_size": self.world_size,
+            "layout": str(self.layout),
+            "data_shard": self.layout.data_shard,
+            "data_parallel": self.layout.data_parallel,
+            "grad_accum_steps": self.grad_accum_steps,
+            "tokens_per_step": self.tokens_per_step,
+        }
+
+    def summary_line(self) -> str:
+        fp8 = ", fp8" if self.precision.fp8 else ""
+        hw = self.hardware
+        return (
+            f"{self.model_name}, {self.training.seq_len} tokens{fp8}, {self.layout} "
+            f"on {self.cluster.instance_count} x {hw.instance_key} ({self.world_size} x {hw.accelerator_key})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Recipe) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Recipe({self.name!r}, {self.model_name}, seq {self.training.seq_len}, {self.layout} on {self.cluster.instance_count}x{self.hardware.instance_key})"
+
+    __str__ = __repr__
+
+
+def _key_path(dotted: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in dotted.split(".")) if dotted else ()

@@ -1,0 +1,245 @@
+"""The recipe schema: what a user may write in a YAML recipe, with a description per field.
+
+Only the shape and the ranges of single fields live here. Rules that relate fields to each
+other or to the catalogs (world size, head counts, instance types) live in `rules.py`, so the
+planner can apply exactly the same rules to layouts it invents.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PositiveInt,
+    Tag,
+    WithJsonSchema,
+)
+
+MAX_SEQ_LEN = 131072
+SAGEMAKER_MAX_RUN_S = 28 * 24 * 3600
+
+_DURATION_RE = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
+
+
+def parse_duration(value: Any) -> Any:
+    """'5d', '12h', '1d12h', '90m' or whole seconds, as seconds. Other input passes to pydantic."""
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if not value.strip() or not match or not any(match.groups()):
+            raise ValueError(f"'{value}' is not a duration; write e.g. 5d, 12h, 1d12h, 90m or seconds")
+        days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    return value
+
+
+Duration = Annotated[
+    PositiveInt,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^(\d+d)?(\d+h)?(\d+m)?(\d+s)?$"}]}
+    ),
+]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+# --- model -----------------------------------------------------------------------------
+
+
+class ModelOverride(Section):
+    """A catalog model with some of its shapes changed, e.g. fewer layers for a quick test."""
+
+    base: str = Field(description="Catalog key of the model to start from, e.g. llama3.1-8b.")
+    hidden_size: PositiveInt | None = None
+    num_layers: PositiveInt | None = None
+    num_heads: PositiveInt | None = None
+    num_kv_heads: PositiveInt | None = None
+    ffn_hidden_size: PositiveInt | None = None
+    vocab_size: PositiveInt | None = None
+    max_context: PositiveInt | None = None
+    rope_theta: float | None = Field(default=None, gt=0)
+    tie_embeddings: bool | None = None
+
+
+class HFConfigModel(Section):
+    """A Hugging Face Llama or Mistral config.json, relative to the recipe file."""
+
+    hf_config: str = Field(description="Path to a Hugging Face config.json (Llama or Mistral).")
+
+
+def _model_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "name"
+    if isinstance(value, dict):
+        return "hf_config" if "hf_config" in value else "override"
+    if isinstance(value, BaseModel):
+        return "hf_config" if isinstance(value, HFConfigModel) else "override"
+    return None
+
+
+ModelRef = Annotated[
+    Union[
+        Annotated[str, Tag("name")],
+        Annotated[ModelOverride, Tag("override")],
+        Annotated[HFConfigModel, Tag("hf_config")],
+    ],
+    Discriminator(
+        _model_kind,
+        custom_error_type="model_ref",
+        custom_error_message="expected a catalog name, {base: NAME, ...} or {hf_config: PATH}",
+    ),
+]
+MODEL_REF_TAGS = ("name", "override", "hf_config")
+
+
+# --- training --------------------------------------------------------------------------
+
+
+class Optimizer(Section):
+    name: Literal["adamw"] = "adamw"
+    """The optimizer. AdamW with decoupled weight decay."""
+    lr: float = Field(default=3e-4, gt=0)
+    """Peak learning rate, reached at the end of warmup."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW (beta1, beta2)."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    eps: float = Field(default=1e-8, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warmup from 0 to lr over this many optimizer steps."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warmup, from lr to min_lr at the last step."""
+    min_lr: float = Field(default=0.0, ge=0)
+
+
+class Training(Section):
+    seq_len: PositiveInt = Field(le=MAX_SEQ_LEN)
+    """Tokens per sequence (1 to 131072). Above the model's trained context is a warning."""
+    global_batch_size: PositiveInt
+    """Sequences per optimizer step, over all data-parallel ranks and micro-batches."""
+    micro_batch_size: PositiveInt = 1
+    """Sequences per forward/backward pass on one data-parallel rank."""
+    steps: PositiveInt
+    """Optimizer steps to run."""
+    seed: int = Field(default=0, ge=0)
+    """Seeds initialisation and synthetic data; the same seed gives the same model on any layout."""
+    optimizer: Optimizer = Optimizer()
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm to this value; null disables clipping."""
+    compile: bool = False
+    """torch.compile each transformer block."""
+    log_every: PositiveInt = 1
+    """Log metrics every this many steps."""
+
+
+class Precision(Section):
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    """Parameter and compute dtype (fp32 for CPU numerics tests)."""
+    fp8: bool = False
+    """Run the linear layers' matrix products in FP8 (torchao float8 training). H100/H200, or CPU tests."""
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    """torchao float8 scaling: one scale per tensor, or one per row (more accurate, a little slower)."""
+
+
+class Parallel(Section):
+    tensor: PositiveInt = 1
+    """Tensor (and sequence) parallel degree; stays within a node."""
+    context: PositiveInt = 1
+    """Context parallel degree: the sequence is split over this many GPUs (zigzag load balancing)."""
+    pipeline: PositiveInt = 1
+    """Pipeline parallel degree: layers are split into this many stages."""
+    virtual_stages: PositiveInt = 1
+    """Pipeline stages per rank (interleaved 1F1B uses 2 or more)."""
+    pipeline_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"
+    data_replicate: PositiveInt = 1
+    """Replicas of the FSDP-sharded model (HSDP); gradients are all-reduced between them."""
+    data_shard: PositiveInt | Literal["auto"] = "auto"
+    """FSDP shard degree; 'auto' fills the GPUs the other degrees leave."""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    """Recompute activations in backward: none, selective (every other block), or full (every block)."""
+
+
+class Cluster(Section):
+    backend: Literal["sagemaker", "local", "docker", "slurm", "k8s"] = "local"
+    """Where the job runs."""
+    instance_type: str = "local"
+    """An instance type from the catalog (ml.p5.48xlarge, ...) or 'local' for this machine."""
+    instance_count: PositiveInt = 1
+    nproc_per_node: PositiveInt | None = None
+    """Processes per node. 'local' defaults to 1; other instance types use their GPU count."""
+    device: Literal["cpu", "cuda"] = "cuda"
+    """cpu (gloo) or cuda (nccl)."""
+    accelerator: str | None = None
+    """The GPU of a 'local' cuda machine, e.g. h100-80gb. Derived for catalog instance types."""
+    usd_per_hour: float | None = Field(default=None, ge=0)
+    """Your price per instance-hour, if it differs from the catalog's."""
+
+
+class SageMaker(Section):
+    region: str = "us-west-2"
+    role_arn: str | None = None
+    """IAM role the training job runs as, e.g. arn:aws:iam::123456789012:role/SageMakerTraining."""
+    image_uri: str | None = None
+    """Training image; default: the region's PyTorch training image."""
+    output_uri: str | None = None
+    """s3:// prefix for the job's output; default: the session's default bucket."""
+    checkpoint_uri: str | None = None
+    """s3:// prefix that SageMaker syncs with /opt/ml/checkpoints."""
+    spot: bool = False
+    """Managed spot training."""
+    max_run: Duration = 86400
+    """Stop the job after this long, e.g. 5d or 12h (at most 28 days)."""
+    max_wait: Duration | None = None
+    """With spot: how long to wait for capacity plus run time; at least max_run."""
+    volume_size_gb: PositiveInt = 500
+    subnets: list[str] = []
+    security_group_ids: list[str] = []
+    kms_key_id: str | None = None
+    network_isolation: bool = False
+    encrypt_inter_container_traffic: bool = False
+    tags: dict[str, str] = {}
+    retries: int = Field(default=0, ge=0, le=30)
+    """Times SageMaker retries the job after an internal server error (0 to 30)."""
+
+
+class Data(Section):
+    source: str = "synthetic"
+    """'synthetic', a local directory or file of token shards, or an s3:// URI."""
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    """Integer type of the token files (uint16 holds vocabularies up to 65536)."""
+
+
+class Checkpoint(Section):
+    dir: str | None = None
+    """Where checkpoints go; default /opt/ml/checkpoints on SageMaker, the job directory elsewhere."""
+    every_steps: int = Field(default=0, ge=0)
+    """Save every this many steps (0: only at the end and on SIGTERM)."""
+    keep: PositiveInt = 3
+    """Keep the newest this many complete checkpoints."""
+    resume: str = "auto"
+    """'auto' (newest complete checkpoint, if any), 'never', or a checkpoint path."""
+
+
+class RecipeSpec(Section):
+    """A training job: model, data, layout and cluster."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$", max_length=40)
+    """Job name prefix: letters, digits and hyphens, at most 40 characters."""
+    extends: str | None = None
+    """Another recipe file this one overrides, relative to this file."""
+    model: ModelRef
+    """A catalog key (llama3.1-8b), {base: KEY, num_layers: 2, ...}, or {hf_config: config.json}."""
+    training: Training
+    precision: Precision = Precision()
+    parallel: Parallel = Parallel()
+    cluster: Cluster = Cluster()
+    sagemaker: SageMaker = SageMaker()
+    data: Data = Data()
+    checkpoint: Checkpoint = Checkpoint()
