@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -29,8 +29,10 @@ err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 RecipeArg = Annotated[Path, typer.Argument(help="A YAML recipe file.", show_default=False)]
 SetOpt = Annotated[
-    Optional[list[str]],
-    typer.Option("--set", "-s", help="Override a recipe value: --set parallel.context=16 (repeatable).", show_default=False),
+    list[str] | None,
+    typer.Option(
+        "--set", "-s", help="Override a recipe value: --set parallel.context=16 (repeatable).", show_default=False
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 

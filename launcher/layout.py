@@ -42,7 +42,11 @@ class Layout:
 
     def mesh_shape(self) -> dict[str, int]:
         return dict(
-            zip(MESH_DIMS, (self.pipeline, self.data_replicate, self.data_shard, self.context, self.tensor))
+            zip(
+                MESH_DIMS,
+                (self.pipeline, self.data_replicate, self.data_shard, self.context, self.tensor),
+                strict=False,
+            )
         )
 
     def as_dict(self) -> dict[str, int]:

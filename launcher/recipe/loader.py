@@ -7,9 +7,10 @@ later, by pydantic or by a rule, can point at the line the user has to change.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
@@ -83,7 +84,9 @@ def read_yaml(path: Path) -> tuple[dict, dict[KeyPath, str]]:
                 key = key_node.value
                 where = f"{shown}:{key_node.start_mark.line + 1}"
                 if key in seen:
-                    duplicates.append(Problem(".".join(map(str, path + (key,))), "duplicate key; each key may appear once", where))
+                    duplicates.append(
+                        Problem(".".join(map(str, path + (key,))), "duplicate key; each key may appear once", where)
+                    )
                 seen.add(key)
                 origins[path + (key,)] = where
                 walk(value_node, path + (key,))
@@ -134,7 +137,9 @@ def load_raw(path: str | Path, _chain: tuple[Path, ...] = ()) -> RawRecipe:
     if parent_path.resolve() in _chain + (real,):
         raise RecipeError([Problem("extends", f"{parent_ref} extends back to this file; remove the cycle", where)])
     if not parent_path.exists():
-        raise RecipeError([Problem("extends", f"{parent_ref} does not exist (looked in {_display(path.parent)}/)", where)])
+        raise RecipeError(
+            [Problem("extends", f"{parent_ref} does not exist (looked in {_display(path.parent)}/)", where)]
+        )
     parent = load_raw(parent_path, _chain + (real,))
     origins.pop(("extends",))
     return RawRecipe(deep_merge(parent.data, data), {**parent.origins, **origins}, parent.files + [path])
@@ -147,7 +152,9 @@ def parse_set_options(options: Iterable[str]) -> dict[str, Any]:
         key, sep, text = option.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise RecipeError([Problem("", f"'{option}' is not KEY=VALUE; write e.g. --set parallel.context=16", "--set")])
+            raise RecipeError(
+                [Problem("", f"'{option}' is not KEY=VALUE; write e.g. --set parallel.context=16", "--set")]
+            )
         try:
             overrides[key] = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
@@ -169,7 +176,15 @@ def apply_overrides(raw: RawRecipe, overrides: Mapping[str, Any], origin: str = 
                 child = node[part] = {}
             if not isinstance(child, (dict, list)):
                 here = ".".join(map(str, parts[: depth + 1]))
-                raise RecipeError([Problem(dotted, f"{here} is {child!r}, not a mapping; set it whole, e.g. --set {here}='{{...}}'", origin)])
+                raise RecipeError(
+                    [
+                        Problem(
+                            dotted,
+                            f"{here} is {child!r}, not a mapping; set it whole, e.g. --set {here}='{{...}}'",
+                            origin,
+                        )
+                    ]
+                )
             node = child
         last = parts[-1]
         if isinstance(node, list):

@@ -13,7 +13,15 @@ from launcher.recipe.schema import MODEL_REF_TAGS
 
 
 def show(value: Any) -> str:
-    text = f"'{value}'" if isinstance(value, str) else "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+    text = (
+        f"'{value}'"
+        if isinstance(value, str)
+        else "null"
+        if value is None
+        else str(value).lower()
+        if isinstance(value, bool)
+        else repr(value)
+    )
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -118,15 +126,21 @@ def problems_from_validation(err: ValidationError, data: Any, model: type[BaseMo
         elif kind == "extra_forbidden":
             valid = _fields_at(model, path, data)
             key = str(path[-1]) if path else ""
-            message = f"unknown key{suggest(key, valid)}; valid keys here: {', '.join(valid)}" if valid else "unknown key"
+            message = (
+                f"unknown key{suggest(key, valid)}; valid keys here: {', '.join(valid)}" if valid else "unknown key"
+            )
         elif kind == "model_ref":
             message = f"{first['msg']}, got {_kind(value)}"
         elif kind == "string_pattern_mismatch" and dotted == "name":
-            message = f"{show(value)} must be letters, digits and single hyphens, starting and ending with a letter or digit"
+            message = (
+                f"{show(value)} must be letters, digits and single hyphens, starting and ending with a letter or digit"
+            )
         elif kind == "string_too_long":
             message = f"{show(value)} is longer than {first['ctx']['max_length']} characters"
         elif kind in ("too_short", "too_long") and isinstance(value, (list, tuple)):
-            message = f"expected {first['ctx'].get('max_length') or first['ctx'].get('min_length')} items, got {len(value)}"
+            message = (
+                f"expected {first['ctx'].get('max_length') or first['ctx'].get('min_length')} items, got {len(value)}"
+            )
         elif kind == "value_error":
             message = str(first["ctx"]["error"])
         else:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from pydantic import PrivateAttr, ValidationError, model_validator
@@ -47,7 +48,11 @@ class Recipe(RecipeSpec):
         problems += hardware_problems + rules.sagemaker_problems(self) + rules.training_problems(self)
         if arch is not None and hardware is not None:
             world_size = self.cluster.instance_count * hardware.procs_per_node
-            where = f"{self.cluster.instance_count} x {hardware.instance_key}" if hardware.instance_key != "local" else "this machine"
+            where = (
+                f"{self.cluster.instance_count} x {hardware.instance_key}"
+                if hardware.instance_key != "local"
+                else "this machine"
+            )
             layout, layout_problems = rules.resolve_layout(self, world_size, where)
             problems += layout_problems + rules.hardware_problems(self, arch, hardware)
             if layout is not None:
@@ -139,7 +144,7 @@ class Recipe(RecipeSpec):
         ref = self.model
         if isinstance(ref, str):
             return ref
-        return getattr(ref, "base", None) or Path(getattr(ref, "hf_config")).parent.name or "hf-model"
+        return getattr(ref, "base", None) or Path(ref.hf_config).parent.name or "hf-model"
 
     @property
     def grad_accum_steps(self) -> int:
@@ -155,9 +160,13 @@ class Recipe(RecipeSpec):
     def warnings(self) -> list[str]:
         notes = []
         if self.training.seq_len > self.arch.max_context:
-            notes.append(f"training.seq_len: {self.training.seq_len} is beyond {self.model_name}'s trained context of {self.arch.max_context} tokens")
+            notes.append(
+                f"training.seq_len: {self.training.seq_len} is beyond {self.model_name}'s trained context of {self.arch.max_context} tokens"
+            )
         if self.training.optimizer.warmup_steps >= self.training.steps:
-            notes.append(f"training.optimizer.warmup_steps: {self.training.optimizer.warmup_steps} >= steps {self.training.steps}; the run never leaves warmup")
+            notes.append(
+                f"training.optimizer.warmup_steps: {self.training.optimizer.warmup_steps} >= steps {self.training.steps}; the run never leaves warmup"
+            )
         return notes
 
     # --- output ------------------------------------------------------------------------------

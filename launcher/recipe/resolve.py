@@ -24,7 +24,9 @@ def resolve_model(ref) -> tuple[ModelArch | None, list[Problem]]:
     models = catalog.models()
     if isinstance(ref, str):
         if ref not in models:
-            return None, [Problem("model", f"'{ref}' is not in the model catalog{suggest(ref, models)}; use {choices(models)}")]
+            return None, [
+                Problem("model", f"'{ref}' is not in the model catalog{suggest(ref, models)}; use {choices(models)}")
+            ]
         return models[ref], []
     if isinstance(ref, ModelOverride):
         if ref.base not in models:
@@ -74,7 +76,9 @@ def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
         return bad(f"sliding-window attention ({window} tokens in {path}) is not supported; use a config without it")
     head_dim = config.get("head_dim")
     if head_dim and head_dim * config["num_attention_heads"] != config["hidden_size"]:
-        return bad(f"head_dim {head_dim} x {config['num_attention_heads']} heads != hidden_size in {path}; not supported")
+        return bad(
+            f"head_dim {head_dim} x {config['num_attention_heads']} heads != hidden_size in {path}; not supported"
+        )
     scaling = config.get("rope_scaling")
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
@@ -132,33 +136,77 @@ def resolve_hardware(spec: RecipeSpec) -> tuple[Hardware | None, list[Problem]]:
 
     if key == "local":
         if cluster.backend == "sagemaker":
-            problems.append(Problem("cluster.instance_type", f"the sagemaker backend needs an ml.* instance type; use {choices(k for k in instances if k != 'local')}"))
+            problems.append(
+                Problem(
+                    "cluster.instance_type",
+                    f"the sagemaker backend needs an ml.* instance type; use {choices(k for k in instances if k != 'local')}",
+                )
+            )
         if cluster.device == "cpu":
             if cluster.accelerator not in (None, "cpu"):
-                problems.append(Problem("cluster.accelerator", f"'{cluster.accelerator}' is a GPU but cluster.device is cpu; remove it or set device: cuda"))
+                problems.append(
+                    Problem(
+                        "cluster.accelerator",
+                        f"'{cluster.accelerator}' is a GPU but cluster.device is cpu; remove it or set device: cuda",
+                    )
+                )
             accelerator_key = "cpu"
         else:
             gpus = [k for k in accelerators if k != "cpu"]
             if cluster.accelerator is None:
-                problems.append(Problem("cluster.accelerator", f"required for a local cuda machine so memory can be checked; use {choices(gpus)}"))
+                problems.append(
+                    Problem(
+                        "cluster.accelerator",
+                        f"required for a local cuda machine so memory can be checked; use {choices(gpus)}",
+                    )
+                )
                 return None, problems
             if cluster.accelerator not in gpus:
-                problems.append(Problem("cluster.accelerator", f"'{cluster.accelerator}' is not a known GPU{suggest(cluster.accelerator, gpus)}; use {choices(gpus)}"))
+                problems.append(
+                    Problem(
+                        "cluster.accelerator",
+                        f"'{cluster.accelerator}' is not a known GPU{suggest(cluster.accelerator, gpus)}; use {choices(gpus)}",
+                    )
+                )
                 return None, problems
             accelerator_key = cluster.accelerator
         procs = cluster.nproc_per_node or 1
     else:
         accelerator_key = instance.accelerator
         if cluster.device == "cpu":
-            problems.append(Problem("cluster.device", f"{key} has {instance.gpus_per_node} GPUs; use device: cuda (cpu is for the local backend)"))
+            problems.append(
+                Problem(
+                    "cluster.device",
+                    f"{key} has {instance.gpus_per_node} GPUs; use device: cuda (cpu is for the local backend)",
+                )
+            )
         if cluster.accelerator not in (None, accelerator_key):
-            problems.append(Problem("cluster.accelerator", f"{key} has {accelerator_key} GPUs, not {cluster.accelerator}; remove the key"))
+            problems.append(
+                Problem(
+                    "cluster.accelerator",
+                    f"{key} has {accelerator_key} GPUs, not {cluster.accelerator}; remove the key",
+                )
+            )
         if cluster.nproc_per_node not in (None, instance.gpus_per_node):
-            problems.append(Problem("cluster.nproc_per_node", f"{key} has {instance.gpus_per_node} GPUs, one process each; use {instance.gpus_per_node} or remove the key"))
+            problems.append(
+                Problem(
+                    "cluster.nproc_per_node",
+                    f"{key} has {instance.gpus_per_node} GPUs, one process each; use {instance.gpus_per_node} or remove the key",
+                )
+            )
         procs = instance.gpus_per_node
     if cluster.backend == "local" and cluster.instance_count != 1:
-        problems.append(Problem("cluster.instance_count", f"the local backend runs on this one machine; use 1, not {cluster.instance_count}"))
+        problems.append(
+            Problem(
+                "cluster.instance_count",
+                f"the local backend runs on this one machine; use 1, not {cluster.instance_count}",
+            )
+        )
     if cluster.backend == "local" and key != "local":
-        problems.append(Problem("cluster.instance_type", f"the local backend runs on this machine; use instance_type: local, not {key}"))
+        problems.append(
+            Problem(
+                "cluster.instance_type", f"the local backend runs on this machine; use instance_type: local, not {key}"
+            )
+        )
     hardware = Hardware(key, instance, accelerator_key, accelerators[accelerator_key], procs)
     return hardware, problems

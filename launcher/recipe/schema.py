@@ -8,7 +8,7 @@ planner can apply exactly the same rules to layouts it invents.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -86,11 +86,9 @@ def _model_kind(value: Any) -> str | None:
 
 
 ModelRef = Annotated[
-    Union[
-        Annotated[str, Tag("name")],
-        Annotated[ModelOverride, Tag("override")],
-        Annotated[HFConfigModel, Tag("hf_config")],
-    ],
+    Annotated[str, Tag("name")]
+    | Annotated[ModelOverride, Tag("override")]
+    | Annotated[HFConfigModel, Tag("hf_config")],
     Discriminator(
         _model_kind,
         custom_error_type="model_ref",
