@@ -55,16 +55,27 @@ class Recipe(RecipeSpec):
             )
             layout, layout_problems = rules.resolve_layout(self, world_size, where)
             problems += layout_problems + rules.hardware_problems(self, arch, hardware)
+            # Without a complete layout, still check the degrees themselves (a TP degree that
+            # splits no head count is wrong on any cluster); only the batch rule needs data_shard.
+            par = self.parallel
+            probe = layout or Layout(
+                tensor=par.tensor,
+                context=par.context,
+                pipeline=par.pipeline,
+                data_replicate=par.data_replicate,
+                virtual_stages=par.virtual_stages,
+            )
+            found = rules.layout_problems(
+                probe,
+                arch,
+                seq_len=self.training.seq_len,
+                global_batch_size=self.training.global_batch_size,
+                micro_batch_size=self.training.micro_batch_size,
+                gpus_per_node=hardware.procs_per_node,
+                schedule=par.pipeline_schedule,
+            )
+            problems += found if layout else [p for p in found if p.path != "training.global_batch_size"]
             if layout is not None:
-                problems += rules.layout_problems(
-                    layout,
-                    arch,
-                    seq_len=self.training.seq_len,
-                    global_batch_size=self.training.global_batch_size,
-                    micro_batch_size=self.training.micro_batch_size,
-                    gpus_per_node=hardware.procs_per_node,
-                    schedule=self.parallel.pipeline_schedule,
-                )
                 self._layout = layout
             self._arch, self._hardware = arch, hardware
         if problems:

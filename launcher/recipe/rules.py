@@ -181,7 +181,7 @@ def hardware_problems(spec: RecipeSpec, arch: ModelArch, hardware: Hardware) -> 
                 f"{hardware.accelerator_key} has no FP8 tensor cores; FP8 needs h100-80gb or h200-141gb (or device: cpu for tests)",
             )
         )
-    if spec.data.dtype == "uint16" and arch.vocab_size > 65536:
+    if spec.data.source != "synthetic" and spec.data.dtype == "uint16" and arch.vocab_size > 65536:
         problems.append(
             Problem("data.dtype", f"uint16 cannot hold token ids of a {arch.vocab_size}-token vocabulary; use uint32")
         )

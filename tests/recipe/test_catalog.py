@@ -1,0 +1,79 @@
+"""Catalog numbers against the published parameter counts and the rules that use them."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import catalog
+from launcher.recipe.rules import tensor_choices
+
+# Parameter counts as published on each model card (billions, rounded as published).
+PUBLISHED_PARAMS_B = {
+    "llama2-7b": 6.74,
+    "llama2-13b": 13.02,
+    "llama2-70b": 68.98,
+    "llama3-8b": 8.03,
+    "llama3-70b": 70.55,
+    "llama3.1-8b": 8.03,
+    "llama3.1-70b": 70.55,
+    "llama3.1-405b": 405.85,
+    "llama3.2-1b": 1.24,
+    "llama3.2-3b": 3.21,
+    "mistral-7b": 7.25,
+}
+
+
+@pytest.mark.parametrize("name, billions", PUBLISHED_PARAMS_B.items())
+def test_parameter_count_matches_the_model_card(name, billions):
+    assert catalog.models()[name].num_params() / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def test_every_model_has_a_valid_shape_and_a_source():
+    for name, arch in catalog.models().items():
+        assert arch.shape_problems() == [], name
+        assert arch.source, name
+
+
+def test_llama31_models_carry_rope_scaling_and_128k_context():
+    for name in ("llama3.1-8b", "llama3.1-70b", "llama3.1-405b"):
+        arch = catalog.models()[name]
+        assert arch.max_context == 131072
+        assert arch.rope_scaling.factor == 8.0 and arch.rope_scaling.original_max_context == 8192
+
+
+def test_tiny_models_train_on_a_cpu():
+    for name in ("llama-tiny", "llama3.1-tiny"):
+        assert catalog.models()[name].num_params() < 1_000_000
+
+
+def test_instances_name_known_accelerators_and_carry_prices():
+    accelerators = catalog.accelerators()
+    for key, instance in catalog.instance_types().items():
+        if key == "local":
+            continue
+        assert instance.accelerator in accelerators
+        assert instance.gpus_per_node == 8
+        assert instance.usd_per_hour > 0 and instance.price_date and instance.price_source
+
+
+def test_efa_facts():
+    instances = catalog.instance_types()
+    assert instances["ml.p5.48xlarge"].efa_interfaces == 32
+    assert instances["ml.p5e.48xlarge"].efa_interfaces == 32
+    assert instances["ml.p5en.48xlarge"].efa_interfaces == 16
+    assert all(instances[k].has_efa for k in ("ml.p5.48xlarge", "ml.p5e.48xlarge", "ml.p5en.48xlarge"))
+
+
+def test_only_hopper_has_fp8():
+    has_fp8 = {key for key, acc in catalog.accelerators().items() if acc.has_fp8}
+    assert has_fp8 == {"h100-80gb", "h200-141gb"}
+
+
+def test_host_cpu_memory_is_read_from_this_machine():
+    assert catalog.accelerators()["cpu"].memory_bytes > 1 << 30
+
+
+def test_tensor_choices_divide_both_head_counts():
+    assert tensor_choices(catalog.models()["llama3.1-70b"], 8) == [1, 2, 4, 8]
+    assert tensor_choices(catalog.models()["llama2-13b"], 8) == [1, 2, 4, 5, 8]
+    assert tensor_choices(catalog.models()["llama3.2-3b"], 8) == [1, 2, 4, 8]
