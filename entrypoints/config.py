@@ -1,0 +1,328 @@
+"""The resolved job config: the one file the entrypoints read.
+
+`launcher` writes it (``Recipe.resolved()``, ``"format": 1``); the entrypoints parse it into
+frozen stdlib dataclasses here and never import the launcher. Every field the training code
+uses is listed below with its meaning; a missing field or a wrong type is a `ConfigError`
+naming its key path, and a file of another format is refused with the format it expects.
+
+    cfg = load_config("resolved.json")        # or JobConfig.from_dict(recipe.resolved())
+    cfg.model.head_dim, cfg.parallel.fsdp_shard, cfg.training.seq_len
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+FORMAT = 1
+
+
+class ConfigError(ValueError):
+    """A resolved config the entrypoints cannot run: one line that says what and where."""
+
+
+def _config(cls):
+    return dataclass(frozen=True, kw_only=True, slots=True)(cls)
+
+
+@_config
+class RopeScaling:
+    type: str
+    """Only "llama3" (Llama 3.1's frequency-dependent scaling) is known."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_context: int
+    """The context the base model was trained at (8192 for Llama 3.1)."""
+
+    def __post_init__(self):
+        if self.type != "llama3":
+            raise ConfigError(f"model.rope_scaling.type: '{self.type}' is not supported; use llama3 or none")
+
+
+@_config
+class ModelConfig:
+    name: str
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_context: int
+    rope_theta: float
+    rope_scaling: RopeScaling | None = None
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    source: str | None = None
+    """Where the architecture numbers come from (documentation only)."""
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"model.num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"model.num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
+        if self.head_dim % 2:
+            raise ConfigError(f"model: head_dim {self.head_dim} is odd; rotary embeddings need an even head_dim")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@_config
+class OptimizerConfig:
+    name: Literal["adamw"] = "adamw"
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr: float = 0.0
+
+
+@_config
+class TrainingConfig:
+    seq_len: int
+    global_batch_size: int
+    micro_batch_size: int = 1
+    steps: int
+    seed: int = 0
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    grad_clip: float | None = 1.0
+    compile: bool = False
+    log_every: int = 1
+
+
+@_config
+class PrecisionConfig:
+    dtype: Literal["bf16", "fp32"] = "bf16"
+    fp8: bool = False
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+
+
+@_config
+class ParallelConfig:
+    """Degrees of the 5-D mesh, outermost first: pp, dp_replicate, dp_shard, cp, tp."""
+
+    tensor: int = 1
+    context: int = 1
+    pipeline: int = 1
+    data_replicate: int = 1
+    data_shard: int = 1
+    virtual_stages: int = 1
+    pipeline_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    world_size: int
+    grad_accum_steps: int
+
+    def __post_init__(self):
+        product = self.pipeline * self.data_replicate * self.data_shard * self.context * self.tensor
+        if product != self.world_size:
+            raise ConfigError(
+                f"parallel: pipeline x data_replicate x data_shard x context x tensor = {product}, "
+                f"but world_size is {self.world_size}"
+            )
+        if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved_1f1b":
+            raise ConfigError(
+                f"parallel.virtual_stages: {self.virtual_stages} needs pipeline_schedule interleaved_1f1b"
+            )
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that read different data: HSDP replicas x FSDP shards."""
+        return self.data_replicate * self.data_shard
+
+    @property
+    def fsdp_shard(self) -> int:
+        """Ranks that shard parameters, gradients and optimizer states: dp_shard x cp."""
+        return self.data_shard * self.context
+
+    @property
+    def num_stages(self) -> int:
+        return self.pipeline * self.virtual_stages
+
+    def mesh_shape(self) -> dict[str, int]:
+        return {
+            "pp": self.pipeline,
+            "dp_replicate": self.data_replicate,
+            "dp_shard": self.data_shard,
+            "cp": self.context,
+            "tp": self.tensor,
+        }
+
+
+@_config
+class DataConfig:
+    source: str = "synthetic"
+    """'synthetic', a local directory or file of token shards, or an s3:// URI (read from SM_CHANNEL_TRAIN)."""
+    dtype: Literal["uint16", "uint32"] = "uint16"
+
+
+@_config
+class CheckpointConfig:
+    dir: str | None = None
+    every_steps: int = 0
+    keep: int = 3
+    resume: str = "auto"
+    """'auto' (newest complete checkpoint, if any), 'never', or the path of one checkpoint."""
+
+
+@_config
+class PeakFlops:
+    bf16: float | None = None
+    fp8: float | None = None
+
+
+@_config
+class RuntimeConfig:
+    device: Literal["cpu", "cuda"] = "cuda"
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    accelerator: str | None = None
+    peak_flops: PeakFlops = field(default_factory=PeakFlops)
+    output_dir: str | None = None
+
+
+@_config
+class JobConfig:
+    name: str
+    model: ModelConfig
+    training: TrainingConfig
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def __post_init__(self):
+        t, p = self.training, self.parallel
+        per_step = t.micro_batch_size * p.data_parallel * p.grad_accum_steps
+        if per_step != t.global_batch_size:
+            raise ConfigError(
+                f"training.global_batch_size: {t.global_batch_size} != micro_batch_size {t.micro_batch_size} "
+                f"x data-parallel {p.data_parallel} x grad_accum_steps {p.grad_accum_steps}"
+            )
+        divisor = 2 * p.context * p.tensor if p.context > 1 else p.tensor
+        if t.seq_len % divisor:
+            raise ConfigError(f"training.seq_len: {t.seq_len} is not divisible by {divisor} (zigzag context x tensor)")
+        if self.model.num_heads % p.tensor or self.model.num_kv_heads % p.tensor:
+            raise ConfigError(f"parallel.tensor: {p.tensor} does not divide the attention and KV head counts")
+        if self.model.num_layers % p.num_stages:
+            raise ConfigError(f"parallel: {p.num_stages} pipeline stages do not divide {self.model.num_layers} layers")
+        if self.model.tie_embeddings and p.pipeline > 1:
+            raise ConfigError(
+                "parallel.pipeline: a model with tied embeddings cannot be split into pipeline stages "
+                "(the first and last stage would share one weight); use pipeline 1"
+            )
+        if p.pipeline > 1 and p.grad_accum_steps < p.pipeline:
+            raise ConfigError(
+                f"training.global_batch_size: {p.grad_accum_steps} micro-batches per step are fewer than "
+                f"the {p.pipeline} pipeline stages"
+            )
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> JobConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"a resolved config is a JSON object, not {type(data).__name__}")
+        fmt = data.get("format")
+        if fmt != FORMAT:
+            raise ConfigError(
+                f"format: {fmt!r} is not a resolved config format these entrypoints read; expected {FORMAT} "
+                "(write it with `launcher show --json` or Recipe.resolved() of the same launcher version)"
+            )
+        # "format" is checked above; "derived" is a human-readable summary the launcher adds.
+        body = {k: v for k, v in data.items() if k not in ("format", "derived")}
+        return _build(JobConfig, body, "")
+
+
+def load_config(path: str | Path) -> JobConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the resolved config ({err.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    return JobConfig.from_dict(data)
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """A dataclass from a JSON object, checking each field's presence and type."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected an object, got {json.dumps(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        # A newer launcher may add keys; running on is safer than refusing a job over one.
+        print(f"config: ignoring unknown keys {', '.join(_join(where, k) for k in unknown)}", file=sys.stderr)
+    values = {}
+    for name, f in fields.items():
+        key = _join(where, name)
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{key}: missing from the resolved config")
+            continue
+        values[name] = _coerce(hints[name], data[name], key)
+    return cls(**values)
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None:
+            if type(None) in options:
+                return None
+            raise ConfigError(f"{key}: must not be null")
+        (inner,) = [o for o in options if o is not type(None)]
+        return _coerce(inner, value, key)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key)
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            valid = ", ".join(str(v) for v in typing.get_args(hint))
+            raise ConfigError(f"{key}: '{value}' is not one of {valid}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{key}: expected a list of {len(args)} numbers, got {json.dumps(value)}")
+        return tuple(_coerce(a, v, f"{key}.{i}") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {json.dumps(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {json.dumps(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a number, got {json.dumps(value)}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {json.dumps(value)}")
+        return value
+    raise TypeError(f"{key}: no parser for {hint}")
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name

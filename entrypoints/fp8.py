@@ -1,0 +1,77 @@
+"""FP8 training of the linear layers with torchao's float8 (tensorwise or rowwise scaling).
+
+    settings = fp8_settings(cfg, device_type="cuda", backend="nccl")   # checks the hardware
+    convert_to_float8(model, settings)                                 # on the meta model, first
+
+Runs before any parallelism, on the meta model (as torchtitan does). Every nn.Linear in the
+blocks becomes a Float8Linear; the output projection stays in the compute dtype (the fused
+loss reads its weight directly), as do layers whose dimensions are not multiples of 16.
+
+- tensorwise: one scale per tensor. Where the collective backend has float8 collectives
+  (nccl), FSDP all-gathers the weights in float8 (half the bytes of bf16) and TP uses torchao's
+  Float8 Colwise/Rowwise styles; gloo cannot all-gather float8 tensors, so there both stay off.
+- rowwise: one scale per row; more accurate, no float8 all-gather (torchao's recipe).
+
+A CUDA device needs FP8 tensor cores (compute capability 8.9: Ada, Hopper); anything older
+is refused with the reason. `runtime.device: cpu` runs torchao's CPU path, for tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from entrypoints.config import ConfigError, JobConfig
+
+
+@dataclass(frozen=True)
+class Fp8Settings:
+    recipe: str
+    float8_all_gather: bool
+    """FSDP all-gathers float8 weights and TP uses float8 styles (tensorwise on nccl only)."""
+
+
+def fp8_settings(cfg: JobConfig, *, device_type: str, backend: str) -> Fp8Settings | None:
+    """What FP8 does for this job, or None when precision.fp8 is off. Refuses hardware without FP8."""
+    if not cfg.precision.fp8:
+        return None
+    if device_type == "cuda":
+        capability = torch.cuda.get_device_capability()
+        if capability < (8, 9):
+            name = torch.cuda.get_device_name()
+            raise ConfigError(
+                f"precision.fp8: {name} (compute capability {capability[0]}.{capability[1]}) has no FP8 tensor "
+                "cores; FP8 needs 8.9 or newer (H100, H200, L40S), or set precision.fp8: false"
+            )
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        raise ConfigError("precision.fp8: torchao is not installed in this image; pip install torchao") from None
+    tensorwise = cfg.precision.fp8_recipe == "tensorwise"
+    return Fp8Settings(recipe=cfg.precision.fp8_recipe, float8_all_gather=tensorwise and backend == "nccl")
+
+
+def _convertible(module: torch.nn.Module, fqn: str) -> bool:
+    if fqn == "output" or fqn.endswith(".output"):
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def convert_to_float8(model: torch.nn.Module, settings: Fp8Settings) -> None:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    if settings.recipe == "rowwise":
+        config = Float8LinearConfig.from_recipe_name("rowwise")
+    else:
+        config = Float8LinearConfig(enable_fsdp_float8_all_gather=settings.float8_all_gather)
+    convert_to_float8_training(model, config=config, module_filter_fn=_convertible)
+
+
+def after_optimizer_step(model_parts: list[torch.nn.Module], settings: Fp8Settings | None) -> None:
+    """With float8 all-gather, compute every weight's scale in one all-reduce instead of one each."""
+    if settings is not None and settings.float8_all_gather:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        for part in model_parts:
+            precompute_float8_dynamic_scale_for_fsdp(part)

@@ -1,0 +1,150 @@
+"""Per-step metrics: one stdout line for log scrapers (SageMaker MetricDefinitions) plus JSONL.
+
+Every logged step rank 0 prints exactly one line
+
+    metrics step=12 loss=2.3456 grad_norm=0.8123 lr=0.0003 tokens_per_s_per_gpu=5321.4 mfu=0.3712 step_time_s=1.5394 mem_alloc_gib=61.2 mem_reserved_gib=70.5
+
+and appends the same fields as one JSON object to <output_dir>/metrics.jsonl. At the end it
+prints one `summary key=value ...` line (see `SUMMARY_FIELDS`). `METRIC_PATTERNS` are regexes
+that parse these lines, one capture group each.
+
+- tokens_per_s_per_gpu: global tokens of the step / step wall time / world size.
+- mfu: model FLOPs per token x tokens/s/GPU over the accelerator's dense bf16 peak from the
+  resolved config (runtime.peak_flops.bf16; FP8 runs are also measured against bf16, as
+  torchtitan does, so the numbers compare). nan when the peak is unknown (CPU).
+- model FLOPs per token: 6 x the matmul parameters (attention, MLP and output projections;
+  embedding lookups are free) + 6 x layers x hidden x seq_len for causal attention scores
+  (forward QK^T and PV are 2·s·h each, halved by the mask; backward twice the forward).
+  Recomputation from activation checkpointing and the fused loss is not counted.
+- mem_*: torch.cuda.max_memory_allocated / max_memory_reserved since the start, in GiB (0 on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from entrypoints.config import ModelConfig
+
+STEP_FIELDS = (
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "step_time_s",
+    "mem_alloc_gib",
+    "mem_reserved_gib",
+)
+SUMMARY_FIELDS = (
+    "steps",
+    "final_loss",
+    "mean_tokens_per_s_per_gpu",
+    "mean_mfu",
+    "mean_step_time_s",
+    "peak_mem_alloc_gib",
+    "peak_mem_reserved_gib",
+    "total_time_s",
+)
+_NUMBER = r"([-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|nan|inf))"
+METRIC_PATTERNS = {name: rf"^metrics .*\b{name}={_NUMBER}" for name in STEP_FIELDS if name != "step"}
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    d, kv, f = cfg.hidden_size, cfg.kv_dim, cfg.ffn_hidden_size
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * f
+    return cfg.num_layers * per_layer + cfg.vocab_size * d
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    return 6.0 * matmul_params(cfg) + 6.0 * cfg.num_layers * cfg.hidden_size * seq_len
+
+
+def format_value(value) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.6g}"
+
+
+def memory_gib() -> tuple[float, float]:
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0.0, 0.0
+    return torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30
+
+
+class MetricsLogger:
+    def __init__(
+        self,
+        output_dir: Path,
+        *,
+        enabled: bool,
+        tokens_per_step: int,
+        world_size: int,
+        flops_per_token: float,
+        peak_flops: float | None,
+    ):
+        self.enabled = enabled
+        self.path = output_dir / "metrics.jsonl"
+        self.tokens_per_step, self.world_size = tokens_per_step, world_size
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+        self.records: list[dict] = []
+        if enabled:
+            output_dir.mkdir(parents=True, exist_ok=True)
+
+    def log(self, *, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float) -> dict:
+        tokens_per_s = self.tokens_per_step / step_time_s / self.world_size
+        mfu = tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else math.nan
+        alloc, reserved = memory_gib()
+        record = {
+            "step": step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens_per_s_per_gpu": tokens_per_s,
+            "mfu": mfu,
+            "step_time_s": step_time_s,
+            "mem_alloc_gib": alloc,
+            "mem_reserved_gib": reserved,
+        }
+        self.records.append(record)
+        if self.enabled:
+            print("metrics " + " ".join(f"{k}={format_value(record[k])}" for k in STEP_FIELDS), flush=True)
+            with self.path.open("a") as f:
+                # NaN is not JSON; null says "unknown" to every reader.
+                f.write(json.dumps({k: None if _is_nan(v) else v for k, v in record.items()}) + "\n")
+        return record
+
+    def summary(self, total_time_s: float) -> dict:
+        records = self.records
+        # The first step pays for warm-up (allocator, compile, NCCL setup); leave it out when there are others.
+        timed = records[1:] if len(records) > 1 else records
+        summary = {
+            "steps": len(records),
+            "final_loss": records[-1]["loss"] if records else math.nan,
+            "mean_tokens_per_s_per_gpu": _mean(r["tokens_per_s_per_gpu"] for r in timed),
+            "mean_mfu": _mean(r["mfu"] for r in timed),
+            "mean_step_time_s": _mean(r["step_time_s"] for r in timed),
+            "peak_mem_alloc_gib": memory_gib()[0],
+            "peak_mem_reserved_gib": memory_gib()[1],
+            "total_time_s": total_time_s,
+        }
+        if self.enabled:
+            print("summary " + " ".join(f"{k}={format_value(summary[k])}" for k in SUMMARY_FIELDS), flush=True)
+            sys.stdout.flush()
+        return summary
+
+
+def _is_nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan

@@ -1,0 +1,173 @@
+"""Llama (and Mistral without sliding window): RMSNorm, RoPE with Llama 3.1 scaling, GQA, SwiGLU.
+
+    model = Transformer(cfg.model, seq_len=cfg.training.seq_len)   # any device, meta included
+    loss = model(tokens, targets=targets)                           # mean cross-entropy
+    logits = model(tokens)                                          # [B, S, V]; small models only
+
+Build it on the meta device, `parallelize` it, then `materialize(model, device, seed)`
+(model/init.py) allocates and initialises the shards. Layers live in a ModuleDict keyed by
+their global index, so pipeline stages keep the names of the full model and checkpoints
+reshard across layouts.
+
+Memory-relevant choices (the estimator reads these):
+- RMSNorm is `nn.RMSNorm` -> `F.rms_norm`, a fused kernel on CUDA (on CPU it decomposes).
+- Attention is `F.scaled_dot_product_attention(..., enable_gqa=True)`: K/V are never expanded
+  to the query head count; flash kernels save the output and an fp32 log-sum-exp, no s x s.
+- RoPE tables are one fp32 buffer [2, s_local, head_dim/2] per model (cos, sin), cast once per
+  forward to the activation dtype and shared by every layer. Each layer's rotation saves the
+  un-rotated q and k for backward.
+- The loss never builds full logits (model/loss.py): the last stage saves only h and an fp32
+  log-sum-exp per token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from entrypoints.config import ModelConfig, RopeScaling
+from entrypoints.model.loss import linear_cross_entropy
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Rotary inverse frequencies (float64), with Llama 3.1 "llama3" scaling if given."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    low_wavelen = scaling.original_max_context / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_context / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths are slowed by `factor`, short ones kept, and the band between blended.
+    smooth = (scaling.original_max_context / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    in_band = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(in_band, blended, scaled)
+
+
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """[2, len(positions), head_dim/2] fp32: cos and sin of position x frequency."""
+    angles = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device)[None, :]
+    return torch.stack([angles.cos(), angles.sin()]).float()
+
+
+def apply_rotary(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, S, H, D] by the table rope [2, S, D/2] (halves layout, as Hugging Face's)."""
+    cos, sin = rope[0][:, None, :], rope[1][:, None, :]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.gqa = cfg.num_heads != cfg.num_kv_heads
+        self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.hidden_size, cfg.kv_dim, bias=False)
+        self.wv = nn.Linear(cfg.hidden_size, cfg.kv_dim, bias=False)
+        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        # Set by apply_context_parallel: a callable (q, k, v) -> out over the cp group.
+        self.context_parallel = None
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1: the heads this rank holds (all of them, or 1/tp under tensor parallel).
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k = apply_rotary(q, rope[:, :seq]), apply_rotary(k, rope[:, :seq])
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.context_parallel is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
+        else:
+            out = self.context_parallel(q, k, v, enable_gqa=self.gqa)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
+        self.w3 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, cfg: ModelConfig):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The whole model, or one pipeline stage of it (parts it does not hold are None)."""
+
+    def __init__(self, cfg: ModelConfig, *, seq_len: int):
+        super().__init__()
+        self.cfg = cfg
+        self.seq_len = seq_len
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, cfg) for i in range(cfg.num_layers)})
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.output = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # Set by apply_tensor_parallel: the loss then gathers the sequence and reduces over vocab shards.
+        self.loss_tp_mesh = None
+        self.set_positions(torch.arange(seq_len, device="cpu"))
+
+    def set_positions(self, positions: torch.Tensor) -> None:
+        """The global positions of the tokens this rank holds (zigzag under context parallel)."""
+        self.positions = positions
+        device = self.rope.device if hasattr(self, "rope") else None  # None: the current default
+        shape = (2, len(positions), self.cfg.head_dim // 2)
+        self.register_buffer("rope", torch.empty(shape, device=device), persistent=False)
+
+    def init_rope(self) -> None:
+        """Fill the RoPE table (after the model is materialised on its device)."""
+        inv_freq = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
+        with torch.no_grad():
+            self.rope.copy_(rope_table(self.positions, inv_freq))
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.tok_embeddings.weight if self.cfg.tie_embeddings else self.output.weight
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, S] on the first stage, hidden states [B, S, D] on later ones.
+
+        Returns the loss (the last stage, with targets), the logits (last stage, no targets), or
+        the hidden states for the next stage.
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        rope = self.rope.to(h.dtype)
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        if self.norm is None:
+            return h
+        h = self.norm(h)
+        if targets is None:
+            return F.linear(h, self.output_weight)
+        return linear_cross_entropy(h, self.output_weight, targets, tp_mesh=self.loss_tp_mesh)
+
+
+def build_model(cfg: ModelConfig, *, seq_len: int, device: str | torch.device = "meta") -> Transformer:
+    """The model with uninitialised parameters on `device` (meta by default)."""
+    with torch.device(device):
+        return Transformer(cfg, seq_len=seq_len)

@@ -1,0 +1,117 @@
+"""Context parallelism: the sequence is split over the `cp` ranks, written for gloo and nccl.
+
+torch's experimental `context_parallel` runs only the CUDA flash/efficient kernels, so this
+module does it by hand:
+
+- Load balancing ("zigzag"): the sequence is cut into 2c chunks; rank i of c holds chunks i and
+  2c-1-i, so every rank has the same amount of causal attention work. `zigzag_positions` gives
+  the global token positions a rank holds; the data loader, RoPE and the causal mask all use them.
+- Attention: every rank all-gathers K and V over the cp group (after RoPE) with the autograd
+  all-gather of `collectives.py`, whose backward reduce-scatters dK/dV. Each local query chunk n
+  (global positions [n·C, (n+1)·C)) then attends to the key prefix [0, (n+1)·C) with a
+  lower-right-aligned causal mask: two SDPA calls per layer, no s x s scores.
+
+Memory per layer and rank (what the estimator models): the gathered K and V in natural order,
+2·s·kv_dim_local elements, are saved for backward (SDPA keeps views of them); while gathering,
+the raw rank-ordered buffer and the reordered copy coexist briefly. On CUDA the lower-right
+causal mask goes to the flash kernel (`causal_lower_right` -> `_scaled_dot_product_flash_
+attention` with is_causal, which is bottom-right aligned); on CPU torch materialises it as a
+bool [C, (n+1)·C] mask, which only the tests and fake-tensor traces see.
+
+    apply_context_parallel(model, cp_mesh)            # called by parallelize()
+    zigzag_positions(seq_len, rank, size)             # LongTensor [seq_len // size]
+    shard_sequence(x, dim, rank, size)                # the rank's two chunks of x, concatenated
+    zigzag_attention(q, k_full, v_full, rank, size)   # the per-rank kernel, gathered K/V given
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from entrypoints.parallel.collectives import all_gather_autograd
+
+
+def zigzag_chunks(rank: int, size: int) -> tuple[int, int]:
+    """The two chunk indices (of 2·size) that `rank` holds."""
+    return rank, 2 * size - 1 - rank
+
+
+def zigzag_positions(seq_len: int, rank: int, size: int) -> torch.Tensor:
+    """Global positions of the tokens a cp rank holds, in the order it holds them."""
+    if seq_len % (2 * size):
+        raise ValueError(f"sequence length {seq_len} is not divisible by 2 x context parallel {size}")
+    chunk = seq_len // (2 * size)
+    first, second = zigzag_chunks(rank, size)
+    ranges = [torch.arange(c * chunk, (c + 1) * chunk, device="cpu") for c in (first, second)]
+    return torch.cat(ranges)
+
+
+def shard_sequence(x: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    """The rank's zigzag share of `x` along `dim` (contiguous)."""
+    if size == 1:
+        return x
+    chunks = x.chunk(2 * size, dim=dim)
+    first, second = zigzag_chunks(rank, size)
+    return torch.cat([chunks[first], chunks[second]], dim=dim)
+
+
+def unshard_sequence(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """Natural order from every rank's zigzag share (parts[r] from rank r)."""
+    size = len(parts)
+    halves = [p.chunk(2, dim=dim) for p in parts]
+    ordered = [halves[j][0] for j in range(size)] + [halves[2 * size - 1 - j][1] for j in range(size, 2 * size)]
+    return torch.cat(ordered, dim=dim)
+
+
+def zigzag_attention(
+    q: torch.Tensor, k_full: torch.Tensor, v_full: torch.Tensor, rank: int, size: int, *, enable_gqa: bool = False
+) -> torch.Tensor:
+    """Causal attention of a rank's two query chunks against the whole sequence's K/V.
+
+    q: [B, H, 2C, D] (the rank's zigzag chunks); k_full, v_full: [B, Hkv, 2·size·C, D] in
+    natural order. Returns [B, H, 2C, D].
+    """
+    chunk = q.shape[2] // 2
+    outputs = []
+    for n, q_chunk in zip(zigzag_chunks(rank, size), q.split(chunk, dim=2), strict=True):
+        kv_len = (n + 1) * chunk
+        k, v = k_full[:, :, :kv_len], v_full[:, :, :kv_len]
+        if n == 0:
+            out = F.scaled_dot_product_attention(q_chunk, k, v, is_causal=True, enable_gqa=enable_gqa)
+        else:
+            mask = causal_lower_right(chunk, kv_len)
+            out = F.scaled_dot_product_attention(q_chunk, k, v, attn_mask=mask, enable_gqa=enable_gqa)
+        outputs.append(out)
+    return torch.cat(outputs, dim=2)
+
+
+class ContextParallelAttention:
+    """Replaces SDPA inside `Attention` when cp > 1; holds the cp group and this rank's place."""
+
+    def __init__(self, cp_mesh):
+        self.mesh = cp_mesh
+        self.rank = cp_mesh.get_local_rank()
+        self.size = cp_mesh.size()
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, enable_gqa: bool) -> torch.Tensor:
+        return zigzag_attention(q, self.gather(k), self.gather(v), self.rank, self.size, enable_gqa=enable_gqa)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, 2C, D] zigzag-local -> [B, H, 2·size·C, D] in natural order."""
+        b, h, local, d = x.shape
+        # Gather along a new leading dim (no copy inside the collective), then put the 2·size
+        # chunks in order with one concatenation.
+        gathered = all_gather_autograd(x.unsqueeze(0), dim=0, group=self.mesh)
+        parts = list(gathered.unbind(0))
+        return unshard_sequence(parts, dim=2)
+
+
+def apply_context_parallel(model, cp_mesh) -> None:
+    """Shard the model's sequence over `cp_mesh`: RoPE positions and every attention layer."""
+    rank, size = cp_mesh.get_local_rank(), cp_mesh.size()
+    model.set_positions(zigzag_positions(model.seq_len, rank, size))
+    attention = ContextParallelAttention(cp_mesh)
+    for block in model.layers.values():
+        block.attention.context_parallel = attention

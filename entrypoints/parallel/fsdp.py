@@ -1,0 +1,31 @@
+"""FSDP2: `fully_shard` per transformer block and once at the root, with mixed precision.
+
+    apply_fsdp(model, fsdp_mesh(mesh), param_dtype=torch.bfloat16, reshard_after_forward=True)
+
+Parameters, gradients and optimizer states are sharded over dp_shard x cp (and replicated over
+dp_replicate: HSDP on a 2-D mesh). Master weights stay fp32 in the shards; `MixedPrecisionPolicy`
+all-gathers them in `param_dtype` (bf16) for compute and reduce-scatters gradients in fp32.
+FSDP is applied even at shard degree 1 because it also carries the mixed-precision policy.
+
+What is gathered when (the estimator models this):
+- each block is one unit: all-gathered before its forward and again before its backward;
+  freed after forward when `reshard_after_forward` (not under pipeline parallelism, where
+  every micro-batch would gather it again, as in torchtitan);
+- the root unit holds the embedding, the final norm and the output weight. FSDP2 never
+  reshards the root after forward, so these stay gathered from the start of forward to the
+  end of backward.
+- Float8 all-gather (torchao, tensorwise) is switched on in fp8.py only where the backend has
+  float8 collectives (nccl).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def apply_fsdp(model, mesh, *, param_dtype: torch.dtype, reshard_after_forward: bool) -> None:
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)

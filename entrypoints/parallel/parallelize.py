@@ -1,0 +1,76 @@
+"""`parallelize`: every parallelism applied to one model (or one pipeline stage), in order.
+
+    mesh = build_mesh(cfg.parallel, "cpu")
+    parts = build_model_parts(cfg, mesh)          # meta model -> fp8 -> pipeline split -> parallelize
+    parallelize(model, mesh, cfg)                 # the same steps for a model you built yourself
+
+Both work under FakeTensorMode with a fake process group (the memory estimator traces them);
+nothing here allocates real memory before `model/init.py:materialize`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from entrypoints.config import JobConfig
+from entrypoints.fp8 import Fp8Settings, convert_to_float8
+from entrypoints.model.llama import Transformer, build_model
+from entrypoints.parallel.activation import apply_activation_checkpointing
+from entrypoints.parallel.context import apply_context_parallel
+from entrypoints.parallel.fsdp import apply_fsdp
+from entrypoints.parallel.mesh import fsdp_mesh
+from entrypoints.parallel.pipeline import split_model, stage_ids
+from entrypoints.parallel.tensor import apply_tensor_parallel
+
+PARAM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | None = None) -> None:
+    """Apply TP -> CP -> AC -> compile -> FSDP to `model` in place (torchtitan's order)."""
+    par = cfg.parallel
+
+    # 1. Tensor + sequence parallel first: it turns weights into TP-sharded DTensors, which
+    #    FSDP below shards again (2-D), and it addresses submodules by their plain names.
+    if par.tensor > 1:
+        apply_tensor_parallel(model, mesh["tp"], float8_styles=fp8 is not None and fp8.float8_all_gather)
+
+    # 2. Context parallel: zigzag RoPE positions and the K/V all-gather inside attention.
+    #    Touches no parameter; FSDP shards over cp as well (dp_shard x cp).
+    if par.context > 1:
+        apply_context_parallel(model, mesh["cp"])
+
+    # 3. Activation checkpointing wraps whole blocks, after TP/CP have edited their insides.
+    if par.activation_checkpointing != "none":
+        apply_activation_checkpointing(model, par.activation_checkpointing)
+
+    # 4. Compile each block after AC, so the recomputation is compiled with it, and before
+    #    FSDP, so FSDP's all-gather/reduce-scatter hooks stay outside the compiled graphs.
+    if cfg.training.compile:
+        for block in model.layers.values():
+            block.compile()
+
+    # 5. FSDP last: it shards whatever the steps above left, block by block, then the root.
+    #    Under pipeline parallelism blocks stay gathered between micro-batches.
+    apply_fsdp(
+        model,
+        fsdp_mesh(mesh),
+        param_dtype=PARAM_DTYPES[cfg.precision.dtype],
+        reshard_after_forward=par.pipeline == 1,
+    )
+
+
+def build_model_parts(cfg: JobConfig, mesh, *, fp8: Fp8Settings | None = None) -> tuple[list[Transformer], list[int]]:
+    """This rank's parallelised meta model parts and their pipeline stage ids ([model], [0] without PP)."""
+    model = build_model(cfg.model, seq_len=cfg.training.seq_len, device="meta")
+    # FP8 conversion runs first, on the whole meta model, so every stage gets Float8Linear layers.
+    if fp8 is not None:
+        convert_to_float8(model, fp8)
+    par = cfg.parallel
+    if par.pipeline > 1:
+        ids = stage_ids(mesh["pp"].get_local_rank(), par.pipeline, par.virtual_stages)
+        parts = [split_model(model, i, par.num_stages) for i in ids]
+    else:
+        ids, parts = [0], [model]
+    for part in parts:
+        parallelize(part, mesh, cfg, fp8=fp8)
+    return parts, ids

@@ -1,0 +1,75 @@
+"""Pipeline parallelism with `torch.distributed.pipelining`: 1F1B, interleaved 1F1B, GPipe.
+
+    parts = split_model(model, pp_rank, pp_size, virtual_stages)   # meta stage models, in stage order
+    ...parallelize and materialise each part...
+    pipeline = Pipeline(parts, stage_ids, mesh["pp"], cfg.parallel, device)
+    loss = pipeline.step(tokens, targets)                           # None on ranks without the last stage
+
+The layers are split evenly into pp x virtual_stages stages. Rank r holds stages r, r + pp,
+r + 2·pp, ... (the "loop" order interleaved 1F1B expects). Each stage is a `Transformer` with
+the layers it does not hold removed; the first keeps the embedding, the last the final norm
+and the output weight, and layer names stay global so checkpoints reshard across layouts.
+
+The loss is computed inside the last stage's forward (targets go to every stage as a keyword
+argument), so the fused vocab-parallel loss runs under the stage's FSDP/TP hooks like any other
+layer; the schedule's loss_fn just passes it on. Micro-batches per step are grad_accum_steps;
+the schedule averages gradients over them (scale_grads), the same as the non-pipelined loop.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from entrypoints.config import ParallelConfig
+
+SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "interleaved_1f1b": ScheduleInterleaved1F1B}
+
+
+def stage_ids(pp_rank: int, pp_size: int, virtual_stages: int) -> list[int]:
+    return [pp_rank + v * pp_size for v in range(virtual_stages)]
+
+
+def split_model(model, stage_index: int, num_stages: int):
+    """A copy of the (meta) model holding only stage `stage_index` of `num_stages`."""
+    num_layers = len(model.layers)
+    per_stage = num_layers // num_stages
+    keep = {str(i) for i in range(stage_index * per_stage, (stage_index + 1) * per_stage)}
+    part = copy.deepcopy(model)
+    for key in list(part.layers):
+        if key not in keep:
+            del part.layers[key]
+    if stage_index != 0:
+        part.tok_embeddings = None
+    if stage_index != num_stages - 1:
+        part.norm = None
+        part.output = None
+    return part
+
+
+def _pass_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The last stage already returns the mean loss of its micro-batch."""
+    return output
+
+
+class Pipeline:
+    def __init__(self, parts: list, ids: list[int], pp_mesh, parallel: ParallelConfig, device: torch.device):
+        num_stages = parallel.num_stages
+        self.stages = [
+            PipelineStage(part, stage_index, num_stages, device, group=pp_mesh.get_group())
+            for part, stage_index in zip(parts, ids, strict=True)
+        ]
+        self.has_first = 0 in ids
+        self.has_last = num_stages - 1 in ids
+        schedule = SCHEDULES[parallel.pipeline_schedule]
+        stages = self.stages if schedule is ScheduleInterleaved1F1B else self.stages[0]
+        self.schedule = schedule(stages, n_microbatches=parallel.grad_accum_steps, loss_fn=_pass_loss)
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Forward and backward over all micro-batches of one step; the mean loss on the last stage."""
+        losses: list[torch.Tensor] = []
+        inputs = (tokens,) if self.has_first else ()
+        self.schedule.step(*inputs, target=targets, losses=losses, return_outputs=False, targets=targets)
+        return torch.stack(losses).mean().detach() if self.has_last else None

@@ -1,0 +1,74 @@
+"""Tensor parallel + sequence parallel with DTensor `parallelize_module` plans (Megatron style).
+
+    apply_tensor_parallel(model, tp_mesh, float8_styles=False)
+
+Between blocks the residual stream is sequence-sharded: each TP rank holds [B, S/tp, D] as a
+plain local tensor. Per block:
+- attention_norm / ffn_norm: SequenceParallel (norms run on the local sequence slice);
+- attention / feed_forward inputs: all-gathered along the sequence (Shard(1) -> Replicate);
+- wq, wk, wv, w1, w3: ColwiseParallel (heads / ffn columns split over tp);
+- wo, w2: RowwiseParallel whose output is reduce-scattered back to Shard(1).
+The embedding is RowwiseParallel over the vocabulary with a Shard(1) output; the final norm is
+SequenceParallel; the output weight is ColwiseParallel (vocab rows split over tp) and the loss
+is vocab-parallel (model/loss.py), so no rank holds logits for the whole vocabulary.
+
+`float8_styles` swaps in torchao's Float8 Colwise/Rowwise styles, which all-gather activations
+in float8; only backends with float8 collectives (nccl) take them.
+"""
+
+from __future__ import annotations
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+
+def apply_tensor_parallel(model, tp_mesh, *, float8_styles: bool = False) -> None:
+    if float8_styles:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel as Colwise,
+        )
+        from torchao.float8.float8_tensor_parallel import (
+            Float8RowwiseParallel as Rowwise,
+        )
+        from torchao.float8.float8_tensor_parallel import (
+            PrepareFloat8ModuleInput as PrepareInput,
+        )
+    else:
+        Colwise, Rowwise, PrepareInput = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+    root_plan = {}
+    if model.tok_embeddings is not None:
+        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        root_plan["norm"] = SequenceParallel(use_local_output=True)
+        # Only the weight's sharding is used: the loss reads `output.weight` directly.
+        if model.output is not None:
+            root_plan["output"] = ColwiseParallel()
+        model.loss_tp_mesh = tp_mesh
+    if root_plan:
+        parallelize_module(model, tp_mesh, root_plan)
+
+    for block in model.layers.values():
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+                "attention.wq": Colwise(),
+                "attention.wk": Colwise(),
+                "attention.wv": Colwise(),
+                "attention.wo": Rowwise(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": Colwise(),
+                "feed_forward.w2": Rowwise(output_layouts=Shard(1)),
+                "feed_forward.w3": Colwise(),
+            },
+        )

@@ -1,0 +1,391 @@
+"""One-shot check of the bundled entrypoints on a single NVIDIA GPU (H100/H200), in a few minutes.
+
+    bash scripts/gpu_check.sh                          # on the GPU machine (launcher importable there)
+    bash scripts/gpu_check.sh --prepare DIR            # on any machine with launcher: configs + estimates
+    bash scripts/gpu_check.sh --prepared DIR           # on the GPU machine, torch (+ torchao) only
+    bash scripts/gpu_check.sh --cpu-smoke              # every code path on the CPU with a tiny model
+
+It
+1. trains Llama 3.2 1B at 8K tokens for a few dozen steps in bf16, in FP8 (torchao,
+   tensorwise) and in FP8 with per-block torch.compile, with entrypoints/train.py under
+   torchrun on one GPU;
+2. reports tokens/s/GPU, MFU and peak memory (CUDA max allocated / reserved) next to the
+   memory estimator's prediction (`launcher estimate RECIPE --json`), when the launcher is there;
+3. runs the context-parallel attention kernel (parallel/context.py: zigzag chunks against the
+   gathered K/V) at 32K tokens against full causal attention, forward and backward, for every
+   rank of cp 2 and 4 in turn on this one GPU, and reports the largest errors and timings;
+4. prints a table and writes gpu_check.json to the output directory ($OUT, else ./out).
+
+A part that cannot run (no torchao for FP8, no launcher for the estimate) is reported as
+skipped with the reason; the others still run. Exit status 1 if any part failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# One GPU: llama3.2-1b (1.24B parameters, tied embeddings) at 8K tokens, 4 sequences per step.
+GPU_RECIPE = {
+    "model": "llama3.2-1b",
+    "training": {
+        "seq_len": 8192,
+        "global_batch_size": 4,
+        "micro_batch_size": 1,
+        "steps": 30,
+        "optimizer": {"lr": 3.0e-4, "warmup_steps": 5, "min_lr": 3.0e-5},
+    },
+    "precision": {"dtype": "bf16"},
+    "cluster": {
+        "backend": "local",
+        "instance_type": "local",
+        "nproc_per_node": 1,
+        "device": "cuda",
+        "accelerator": "h200-141gb",
+    },
+    "data": {"dtype": "uint32"},
+}
+# The same code paths on a CPU in seconds.
+SMOKE_RECIPE = {
+    "model": "llama3.1-tiny",
+    "training": {
+        "seq_len": 128,
+        "global_batch_size": 2,
+        "micro_batch_size": 1,
+        "steps": 3,
+        "optimizer": {"lr": 3.0e-3, "warmup_steps": 1},
+    },
+    "precision": {"dtype": "fp32"},
+    "cluster": {"backend": "local", "instance_type": "local", "nproc_per_node": 1, "device": "cpu"},
+}
+FP8 = {"precision": {"fp8": True, "fp8_recipe": "tensorwise"}}
+# torchao's float8 casts are separate kernels in eager mode; compile fuses them.
+RUNS = {"bf16": {}, "fp8": FP8, "fp8-compile": {**FP8, "training": {"compile": True}}}
+
+
+def runs_for(smoke: bool) -> dict:
+    """The runs to make; compiling on a CPU takes minutes, so the smoke test leaves it out."""
+    return {name: changes for name, changes in RUNS.items() if not (smoke and "compile" in name)}
+
+
+CP_SEQ, CP_SMOKE_SEQ = 32768, 512
+RUN_TIMEOUT_S = 200
+
+
+def merged(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merged(out.get(key, {}), value) if isinstance(value, dict) else value
+    return out
+
+
+# --- prepare: resolved configs and the estimator's prediction (needs the launcher) ----------
+
+
+def prepare(directory: Path, smoke: bool) -> None:
+    from launcher.recipe import Recipe
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, changes in runs_for(smoke).items():
+        spec = merged(SMOKE_RECIPE if smoke else GPU_RECIPE, {"name": f"gpu-check-{name}", **changes})
+        recipe = Recipe.from_dict(spec)
+        (directory / f"{name}.recipe.yaml").write_text(recipe.to_yaml())
+        (directory / f"{name}.json").write_text(json.dumps(recipe.resolved(), indent=2))
+        (directory / f"{name}.estimate.json").write_text(json.dumps(estimate(directory / f"{name}.recipe.yaml")))
+
+
+def estimate(recipe_yaml: Path) -> dict:
+    """`launcher estimate RECIPE --json`, or why it is not available."""
+    exe = Path(sys.executable).parent / "launcher"
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+    try:
+        proc = subprocess.run(
+            [*command, "estimate", str(recipe_yaml), "--json"], capture_output=True, text=True, timeout=120, cwd=REPO
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"skipped": f"launcher estimate could not run: {err}"}
+    if proc.returncode:
+        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        return {"skipped": f"launcher estimate exited {proc.returncode}: {last}"}
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return {"skipped": f"launcher estimate printed no JSON: {proc.stdout[:200]!r}"}
+
+
+# --- run: training under torchrun -------------------------------------------------------------
+
+
+def run_training(name: str, config: Path, out: Path, smoke: bool) -> dict:
+    resolved = json.loads(config.read_text())
+    run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    # The final checkpoint of a 1B model is ~15 GB (fp32 weights and Adam states): write it to
+    # memory, check it is complete, and drop it.
+    scratch = Path(tempfile.mkdtemp(prefix=f"gpu-check-{name}-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    resolved["runtime"]["output_dir"] = str(run_dir)
+    resolved["checkpoint"]["dir"] = str(scratch)
+    config_path = run_dir / "resolved.json"
+    config_path.write_text(json.dumps(resolved, indent=2))
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=1",
+        "entrypoints/train.py",
+        "--config",
+        str(config_path),
+    ]
+    began = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            command,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    except subprocess.TimeoutExpired as err:
+        shutil.rmtree(scratch, ignore_errors=True)
+        (run_dir / "log.txt").write_text(str(err.stdout or "") + str(err.stderr or ""))
+        return {"status": "failed", "reason": f"timed out after {RUN_TIMEOUT_S} s"}
+    wall = time.perf_counter() - began
+    (run_dir / "log.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    checkpoint_complete = any((p / "COMPLETE").is_file() for p in scratch.glob("step-*"))
+    shutil.rmtree(scratch, ignore_errors=True)
+    if proc.returncode:
+        reason = _last_error(proc.stderr)
+        status = "skipped" if "torchao is not installed" in reason else "failed"
+        return {"status": status, "reason": reason, "exit_code": proc.returncode}
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = _summary_line(proc.stdout)
+    return {
+        "status": "ok",
+        "wall_s": wall,
+        "steps": len(records),
+        "first_loss": records[0]["loss"],
+        "final_loss": records[-1]["loss"],
+        "tokens_per_s_per_gpu": summary.get("mean_tokens_per_s_per_gpu"),
+        "mfu": summary.get("mean_mfu"),
+        "step_time_s": summary.get("mean_step_time_s"),
+        "peak_alloc_gib": summary.get("peak_mem_alloc_gib"),
+        "peak_reserved_gib": summary.get("peak_mem_reserved_gib"),
+        "checkpoint_complete": checkpoint_complete,
+        "losses": [r["loss"] for r in records],
+    }
+
+
+def _summary_line(stdout: str) -> dict:
+    for line in stdout.splitlines():
+        if line.startswith("summary "):
+            pairs = (field.split("=", 1) for field in line.split()[1:])
+            return {k: float(v) for k, v in pairs}
+    return {}
+
+
+def _last_error(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "error:" in line.lower() or "Error" in line:
+            return line.strip()[:400]
+    return lines[-1][:400] if lines else "no output"
+
+
+# --- the context-parallel attention kernel at 32K ----------------------------------------------
+
+
+def cp_kernel_check(seq: int, device: str) -> dict:
+    """zigzag_attention for every rank of cp 2 and 4, against full causal SDPA, fwd + bwd."""
+    import torch
+    import torch.nn.functional as F
+
+    from entrypoints.parallel.context import shard_sequence, zigzag_attention
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    heads, kv_heads, head_dim = (32, 8, 64) if device == "cuda" else (4, 2, 16)
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device=device, dtype=dtype)
+
+    q, k, v = randn(1, heads, seq, head_dim), randn(1, kv_heads, seq, head_dim), randn(1, kv_heads, seq, head_dim)
+    grad = randn(1, heads, seq, head_dim)
+
+    def timed(fn):
+        fn()  # warm-up
+        _sync(device)
+        start = time.perf_counter()
+        result = fn()
+        _sync(device)
+        return result, time.perf_counter() - start
+
+    def full():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
+        out.backward(grad)
+        return out.detach(), [t.grad for t in leaves]
+
+    (ref_out, ref_grads), full_s = timed(full)
+    results = {"seq_len": seq, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": str(dtype)}
+    results["full_fwd_bwd_ms"] = full_s * 1e3
+    # Errors are reported relative to the largest magnitude of each reference tensor.
+    scales = {
+        name: t.float().abs().max().item()
+        for name, t in zip(("out", "dq", "dk", "dv"), (ref_out, *ref_grads), strict=True)
+    }
+    for cp in (2, 4):
+        worst = {"out": 0.0, "dq": 0.0, "dk": 0.0, "dv": 0.0}
+        rank_ms = []
+        dk, dv = torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)
+        for rank in range(cp):
+
+            def one_rank(rank=rank, cp=cp):
+                q_local = shard_sequence(q, 2, rank, cp).detach().requires_grad_()
+                k_full, v_full = k.detach().requires_grad_(), v.detach().requires_grad_()
+                out = zigzag_attention(q_local, k_full, v_full, rank, cp, enable_gqa=True)
+                out.backward(shard_sequence(grad, 2, rank, cp))
+                return out.detach(), q_local.grad, k_full.grad, v_full.grad
+
+            (out, dq, dk_rank, dv_rank), seconds = timed(one_rank)
+            rank_ms.append(seconds * 1e3)
+            worst["out"] = max(worst["out"], _max_err(out, shard_sequence(ref_out, 2, rank, cp)))
+            worst["dq"] = max(worst["dq"], _max_err(dq, shard_sequence(ref_grads[0], 2, rank, cp)))
+            dk += dk_rank.float()
+            dv += dv_rank.float()
+        worst["dk"] = _max_err(dk, ref_grads[1])
+        worst["dv"] = _max_err(dv, ref_grads[2])
+        results[f"cp{cp}"] = {
+            "max_abs_error": worst,
+            "max_rel_error": {name: worst[name] / scales[name] for name in worst},
+            "rank_fwd_bwd_ms": rank_ms,
+            "balance": max(rank_ms) / (sum(rank_ms) / len(rank_ms)),
+        }
+    results["reference_max_abs"] = scales
+    return results
+
+
+def _max_err(a, b) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def table(report: dict) -> str:
+    lines = ["", "gpu_check: " + report["device"], ""]
+    lines.append(
+        f"{'run':11} {'status':8} {'tok/s/GPU':>10} {'MFU':>6} {'step s':>7} {'alloc GiB':>10} {'resv GiB':>9} "
+        f"{'est. GiB':>9} {'est/resv':>8} {'loss first->last':>18}"
+    )
+    for name, run in report["training"].items():
+        est = report["estimates"].get(name, {})
+        est_gib = est.get("per_gpu_peak_bytes", math.nan) / 2**30 if "per_gpu_peak_bytes" in est else math.nan
+        if run["status"] != "ok":
+            lines.append(f"{name:11} {run['status']:8} {run.get('reason', '')}")
+            continue
+        ratio = est_gib / run["peak_reserved_gib"] if run["peak_reserved_gib"] else math.nan
+        lines.append(
+            f"{name:11} {'ok':8} {run['tokens_per_s_per_gpu']:10.0f} {run['mfu']:6.3f} {run['step_time_s']:7.3f} "
+            f"{run['peak_alloc_gib']:10.2f} {run['peak_reserved_gib']:9.2f} {est_gib:9.2f} {ratio:8.2f} "
+            f"{run['first_loss']:8.3f}->{run['final_loss']:.3f}"
+        )
+    for name, est in report["estimates"].items():
+        if "skipped" in est:
+            lines.append(f"estimate {name}: skipped ({est['skipped']})")
+    cp = report["cp_attention"]
+    if "error" in cp:
+        lines.append(f"cp attention: failed ({cp['error']})")
+    else:
+        lines.append("")
+        lines.append(
+            f"cp attention at {cp['seq_len']} tokens ({cp['heads']}/{cp['kv_heads']} heads, {cp['dtype']}): "
+            f"full causal fwd+bwd {cp['full_fwd_bwd_ms']:.1f} ms"
+        )
+        for degree in (2, 4):
+            entry = cp[f"cp{degree}"]
+            errors = " ".join(f"{k}={v:.1e}" for k, v in entry["max_rel_error"].items())
+            ranks = ", ".join(f"{ms:.1f}" for ms in entry["rank_fwd_bwd_ms"])
+            lines.append(
+                f"  cp{degree}: per-rank ms [{ranks}] (max/mean {entry['balance']:.2f}); max abs error {errors}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or "out", help="output directory")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU: exercise every code path")
+    parser.add_argument("--prepare", metavar="DIR", help="only write the configs and estimates into DIR")
+    parser.add_argument("--prepared", metavar="DIR", help="use configs and estimates written by --prepare")
+    args = parser.parse_args(argv)
+
+    if args.prepare:
+        prepare(Path(args.prepare), args.cpu_smoke)
+        print(f"gpu_check: configs and estimates written to {args.prepare}")
+        return 0
+
+    import torch
+
+    device = "cpu" if args.cpu_smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: torch sees no CUDA device (torch " + torch.__version__ + ")", file=sys.stderr)
+        return 1
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    prepared = Path(args.prepared) if args.prepared else out / "prepared"
+    if not args.prepared:
+        try:
+            prepare(prepared, args.cpu_smoke)
+        except ImportError as err:
+            print(
+                f"gpu_check: the launcher cannot be imported ({err}); run --prepare DIR where it can", file=sys.stderr
+            )
+            return 1
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    report = {
+        "device": f"{device_name}, torch {torch.__version__}",
+        "training": {},
+        "estimates": {},
+    }
+    for name in runs_for(args.cpu_smoke):
+        report["estimates"][name] = json.loads((prepared / f"{name}.estimate.json").read_text())
+        report["training"][name] = run_training(name, prepared / f"{name}.json", out, args.cpu_smoke)
+        print(f"gpu_check: {name}: {report['training'][name]['status']}", flush=True)
+    try:
+        report["cp_attention"] = cp_kernel_check(CP_SMOKE_SEQ if args.cpu_smoke else CP_SEQ, device)
+    except Exception as err:  # reported with the rest; the exit status says it failed
+        report["cp_attention"] = {"error": f"{type(err).__name__}: {err}"}
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+    print(table(report))
+    print(f"\ngpu_check: wrote {out / 'gpu_check.json'}")
+    failed = [n for n, r in report["training"].items() if r["status"] == "failed"] + (
+        ["cp_attention"] if "error" in report["cp_attention"] else []
+    )
+    if failed:
+        print(f"gpu_check: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Jobs for the entrypoint tests: resolved configs, torchrun launches, and their results.
+
+Every job is a resolved config written by `launcher.recipe.Recipe` (as the backends do) and
+run by `entrypoints.train.train`. To keep the suite to a few torchrun launches (each costs
+seconds of start-up on two cores) the jobs are batched by world size in `multirun.py`:
+
+- 1 process: the single-process references;
+- 4 processes: every 4-rank layout (also the source of the checkpoint that is resumed),
+  and context-parallel attention at cp 4;
+- 2 processes: resume of the 4-rank checkpoint on 2 ranks, FP8, tied embeddings under TP,
+  context-parallel attention at cp 2, and the vocab-parallel fused loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MULTIRUN = REPO / "tests" / "entrypoints" / "multirun.py"
+
+# Small enough for two shared cores, large enough that every parallelism has work to split:
+# seq 128 = 2 x cp 2 x tp 2 x 16, 8 sequences per step, 4 layers for 2 x 2 pipeline stages.
+BASE = {
+    "model": "llama3.1-tiny",
+    "training.seq_len": 128,
+    "training.global_batch_size": 8,
+    "training.micro_batch_size": 2,
+    "training.steps": 3,
+    "training.optimizer.warmup_steps": 1,
+    "parallel.tensor": 1,
+    "checkpoint.every_steps": 0,
+}
+
+# name -> overrides; each runs on 4 ranks and must match the single-process reference.
+LAYOUTS = {
+    "dp_shard2_tp2": {"parallel.tensor": 2, "checkpoint.every_steps": 2},
+    "dp_shard2_cp2": {"parallel.context": 2, "parallel.activation_checkpointing": "selective"},
+    "cp2_tp2": {"parallel.context": 2, "parallel.tensor": 2, "parallel.activation_checkpointing": "full"},
+    "pp2_dp_shard2": {"parallel.pipeline": 2, "parallel.pipeline_schedule": "1f1b"},
+    "data_replicate2_data_shard2": {"parallel.data_replicate": 2, "parallel.data_shard": 2},
+    "pp2_tp2_interleaved": {
+        "parallel.pipeline": 2,
+        "parallel.tensor": 2,
+        "parallel.virtual_stages": 2,
+        "parallel.pipeline_schedule": "interleaved_1f1b",
+    },
+    "pp2_cp2_gpipe": {"parallel.pipeline": 2, "parallel.context": 2, "parallel.pipeline_schedule": "gpipe"},
+}
+TIED = {"model": {"base": "llama3.1-tiny", "tie_embeddings": True}}
+FP8_STEPS = 12
+CP_CASES = [[4, 4], [6, 2], [3, 1], [5, 5], [8, 1]]  # heads / kv heads: MHA, GQA, odd counts, MQA
+
+
+@dataclass
+class Job:
+    """One training job's config and where its results land."""
+
+    name: str
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "resolved.json"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.root / "output"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def result(self) -> Path:
+        return self.root / "result.json"
+
+    def metrics(self) -> list[dict]:
+        lines = (self.output_dir / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def losses(self) -> list[float]:
+        return [m["loss"] for m in self.metrics()]
+
+    def final_model(self, step: int) -> dict:
+        """The model tensors of checkpoint `step`, gathered into full tensors."""
+        import torch
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        saved = self.root / f"full-{step}.pt"
+        if not saved.exists():
+            dcp_to_torch_save(self.checkpoint_dir / f"step-{step:08d}", saved)
+        return torch.load(saved, weights_only=False)["model"]
+
+
+def write_job(root: Path, name: str, overrides: dict, *, procs: int, resume: str | None = None) -> Job:
+    from launcher.recipe import Recipe
+
+    job = Job(name, root / name)
+    job.root.mkdir(parents=True)
+    changes = {**BASE, **overrides, "cluster.nproc_per_node": procs}
+    if resume:
+        changes["checkpoint.resume"] = resume
+    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", changes)
+    resolved = recipe.resolved(checkpoint_dir=str(job.checkpoint_dir), output_dir=str(job.output_dir))
+    job.config.write_text(json.dumps(resolved, indent=2))
+    return job
+
+
+def launch(plan: list[dict], root: Path, procs: int, name: str) -> subprocess.CompletedProcess:
+    plan_path = root / f"plan-{name}.json"
+    plan_path.write_text(json.dumps({"jobs": plan}))
+    if procs == 1:
+        cmd = [sys.executable, str(MULTIRUN), str(plan_path)]
+    else:
+        torchrun = Path(sys.executable).parent / "torchrun"
+        cmd = [str(torchrun), "--standalone", f"--nproc_per_node={procs}", str(MULTIRUN), str(plan_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    (root / f"log-{name}.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode:
+        pytest.fail(f"{name} launch exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+@dataclass
+class Runs:
+    reference: Job
+    tied_reference: Job
+    layouts: dict[str, Job]
+    resumed: Job
+    fp8: Job
+    tied_tp: Job
+    cp_attention: dict[int, dict]
+    vocab_parallel_loss: dict
+    stdout: str
+
+
+def run_all(root: Path) -> Runs:
+    """Write every job, run the three launches, and return where their results are."""
+
+    def train(job: Job) -> dict:
+        return {"kind": "train", "config": str(job.config), "result": str(job.result)}
+
+    def cp_attention(tag: str) -> dict:
+        return {"kind": "cp_attention", "cases": CP_CASES, "result": str(root / f"cp-attention-{tag}.json")}
+
+    reference = write_job(root, "reference", {}, procs=1)
+    tied_reference = write_job(root, "tied-reference", TIED, procs=1)
+    layouts = {name: write_job(root, name, overrides, procs=4) for name, overrides in LAYOUTS.items()}
+    source = layouts["dp_shard2_tp2"]
+    resumed = write_job(
+        root,
+        "resumed-on-2",
+        {"checkpoint.every_steps": 0},
+        procs=2,
+        resume=str(source.checkpoint_dir / "step-00000002"),
+    )
+    fp8 = write_job(
+        root,
+        "fp8",
+        {"precision.fp8": True, "training.steps": FP8_STEPS, "training.optimizer.warmup_steps": 2},
+        procs=2,
+    )
+    tied_tp = write_job(root, "tied-tp2", {**TIED, "parallel.tensor": 2}, procs=2)
+
+    launch([train(reference), train(tied_reference)], root, 1, "1-rank")
+    four = launch([*(train(j) for j in layouts.values()), cp_attention("4")], root, 4, "4-rank")
+    loss_check = {"kind": "vocab_parallel_loss", "result": str(root / "vocab-parallel-loss.json")}
+    two = launch([train(resumed), train(fp8), train(tied_tp), cp_attention("2"), loss_check], root, 2, "2-rank")
+    return Runs(
+        reference=reference,
+        tied_reference=tied_reference,
+        layouts=layouts,
+        resumed=resumed,
+        fp8=fp8,
+        tied_tp=tied_tp,
+        cp_attention={n: json.loads((root / f"cp-attention-{n}.json").read_text()) for n in (2, 4)},
+        vocab_parallel_loss=json.loads((root / "vocab-parallel-loss.json").read_text()),
+        stdout=four.stdout + two.stdout,
+    )

@@ -1,0 +1,135 @@
+"""Run several checks in one torchrun launch (each launch costs seconds of process start-up).
+
+    torchrun --standalone --nproc_per_node 4 tests/entrypoints/multirun.py plan.json
+    python tests/entrypoints/multirun.py plan.json          # one process
+
+plan.json: {"jobs": [{"kind": "train", "config": PATH, "result": PATH},
+                     {"kind": "cp_attention", "cases": [[heads, kv_heads], ...], "result": PATH},
+                     {"kind": "vocab_parallel_loss", "result": PATH}]}
+Rank 0 writes each job's result as JSON; the tests assert on those files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from entrypoints.config import load_config  # noqa: E402
+from entrypoints.parallel.context import ContextParallelAttention, shard_sequence  # noqa: E402
+from entrypoints.parallel.process_group import process_group  # noqa: E402
+from entrypoints.train import train  # noqa: E402
+
+
+def run_train(job: dict, env) -> dict:
+    return train(load_config(job["config"]), env)
+
+
+def run_cp_attention(job: dict, env) -> dict:
+    """Zigzag context-parallel attention vs full causal attention, forward and backward."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (env.world_size,), mesh_dim_names=("cp",))
+    cp = ContextParallelAttention(mesh["cp"])
+    rank, size = cp.rank, cp.size
+    errors = {}
+    for heads, kv_heads in job["cases"]:
+        batch, seq, dim = 2, 8 * size * 3, 16
+        generator = torch.Generator().manual_seed(heads * 100 + kv_heads)
+        q, k, v, grad_out = (
+            torch.randn(shape, generator=generator)
+            for shape in [
+                (batch, heads, seq, dim),
+                (batch, kv_heads, seq, dim),
+                (batch, kv_heads, seq, dim),
+                (batch, heads, seq, dim),
+            ]
+        )
+        gqa = heads != kv_heads
+        full = [t.clone().requires_grad_() for t in (q, k, v)]
+        reference = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=gqa)
+        reference.backward(grad_out)
+
+        local = [shard_sequence(t, 2, rank, size).detach().requires_grad_() for t in (q, k, v)]
+        out = cp(*local, enable_gqa=gqa)
+        out.backward(shard_sequence(grad_out, 2, rank, size))
+
+        def err(mine, theirs):
+            return (mine - shard_sequence(theirs, 2, rank, size)).abs().max().item()
+
+        case = {
+            "out": err(out.detach(), reference.detach()),
+            "dq": err(local[0].grad, full[0].grad),
+            "dk": err(local[1].grad, full[1].grad),
+            "dv": err(local[2].grad, full[2].grad),
+        }
+        worst = torch.tensor(list(case.values()))
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        errors[f"{heads}/{kv_heads}"] = dict(zip(case, worst.tolist(), strict=True))
+    return {"cp": size, "max_abs_error": errors}
+
+
+def run_vocab_parallel_loss(job: dict, env) -> dict:
+    """The fused loss with the output weight split over the vocabulary (tp = world), vs unfused."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from entrypoints.model.loss import linear_cross_entropy
+
+    tp = init_device_mesh("cpu", (env.world_size,), mesh_dim_names=("tp",))["tp"]
+    rank, size = tp.get_local_rank(), tp.size()
+    generator = torch.Generator().manual_seed(0)
+    batch, seq, dim, vocab = 2, 6 * size, 8, 37  # 37 rows: uneven vocab shards
+    h = torch.randn(batch, seq, dim, generator=generator)
+    weight = torch.randn(vocab, dim, generator=generator)
+    targets = torch.randint(vocab, (batch, seq), generator=generator)
+
+    full_h, full_w = h.clone().requires_grad_(), weight.clone().requires_grad_()
+    reference = F.cross_entropy((full_h @ full_w.t()).flatten(0, 1), targets.flatten())
+    reference.backward()
+
+    # Sequence parallel: this rank holds a contiguous slice of the sequence of h.
+    local_h = h.chunk(size, dim=1)[rank].clone().requires_grad_()
+    sharded_w = torch.nn.Parameter(distribute_tensor(weight, tp, [Shard(0)]))
+    loss = linear_cross_entropy(local_h, sharded_w, targets, tp_mesh=tp, min_chunk_tokens=5)
+    loss.backward()
+    errors = torch.tensor(
+        [
+            abs(loss.item() - reference.item()),
+            (local_h.grad - full_h.grad.chunk(size, dim=1)[rank]).abs().max().item(),
+            (sharded_w.grad.full_tensor() - full_w.grad).abs().max().item(),
+        ]
+    )
+    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+    return {"tp": size, "max_abs_error": dict(zip(["loss", "dh", "dweight"], errors.tolist(), strict=True))}
+
+
+KINDS = {"train": run_train, "cp_attention": run_cp_attention, "vocab_parallel_loss": run_vocab_parallel_loss}
+
+
+def main(plan_path: str) -> int:
+    plan = json.loads(Path(plan_path).read_text())
+    with process_group("cpu") as env:
+        for job in plan["jobs"]:
+            try:
+                result = KINDS[job["kind"]](job, env)
+            except Exception:
+                result = {"error": traceback.format_exc()}
+                if env.rank == 0:
+                    Path(job["result"]).write_text(json.dumps(result))
+                raise
+            if env.rank == 0:
+                Path(job["result"]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,46 @@
+"""scripts/gpu_check.sh: refuses a machine without a GPU, and runs end to end on the CPU (--cpu-smoke)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+
+
+def test_without_nvidia_smi_it_fails_fast_with_the_reason(tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    proc = subprocess.run(["bash", str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "nvidia-smi not found: this check needs an NVIDIA GPU" in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.torchrun
+def test_cpu_smoke_trains_and_checks_cp_attention(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--cpu-smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert set(report["training"]) == {"bf16", "fp8"}
+    for name in ("bf16", "fp8"):
+        run = report["training"][name]
+        assert run["status"] == "ok" and run["steps"] == 3 and run["checkpoint_complete"]
+        assert report["estimates"][name]["per_gpu_peak_bytes"] > 0
+    for degree in ("cp2", "cp4"):
+        assert max(report["cp_attention"][degree]["max_abs_error"].values()) < 1e-5
+    assert "cp attention at 512 tokens" in proc.stdout

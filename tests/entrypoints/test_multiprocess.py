@@ -1,0 +1,118 @@
+"""The entrypoints on several gloo processes agree with one process (fixture `runs`, conftest.py)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+from entrypoint_jobs import CP_CASES, FP8_STEPS, LAYOUTS
+
+pytestmark = pytest.mark.torchrun
+
+TOLERANCE = 1e-4
+
+
+def assert_same_model(got: dict, want: dict, atol: float) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        diff = (got[name] - want[name]).abs().max().item()
+        assert diff <= atol, f"{name} differs by {diff:.3g}"
+
+
+def test_reference_trains(runs):
+    losses = runs.reference.losses()
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_matches_single_process_losses(runs, layout):
+    got, want = runs.layouts[layout].losses(), runs.reference.losses()
+    assert got == pytest.approx(want, abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_matches_single_process_final_parameters(runs, layout):
+    assert_same_model(runs.layouts[layout].final_model(3), runs.reference.final_model(3), TOLERANCE)
+
+
+def test_grad_norm_and_lr_are_layout_independent(runs):
+    want = runs.reference.metrics()
+    for layout, job in runs.layouts.items():
+        for got_step, want_step in zip(job.metrics(), want, strict=True):
+            assert got_step["grad_norm"] == pytest.approx(want_step["grad_norm"], abs=TOLERANCE), layout
+            assert got_step["lr"] == want_step["lr"], layout
+
+
+def test_tied_embeddings_under_tensor_parallel_match_single_process(runs):
+    assert runs.tied_tp.losses() == pytest.approx(runs.tied_reference.losses(), abs=TOLERANCE)
+    got, want = runs.tied_tp.final_model(3), runs.tied_reference.final_model(3)
+    assert "output.weight" not in want
+    assert_same_model(got, want, TOLERANCE)
+
+
+def test_four_rank_checkpoint_resumes_on_two_ranks_like_the_uninterrupted_run(runs):
+    uninterrupted = runs.layouts["dp_shard2_tp2"]
+    resumed = runs.resumed
+    # The resumed job starts after step 2 and runs step 3 only.
+    assert [m["step"] for m in resumed.metrics()] == [3]
+    assert resumed.losses()[0] == pytest.approx(uninterrupted.losses()[2], abs=1e-5)
+    assert resumed.metrics()[0]["lr"] == uninterrupted.metrics()[2]["lr"]
+    assert_same_model(resumed.final_model(3), uninterrupted.final_model(3), 1e-5)
+    assert_same_model(resumed.final_model(3), runs.reference.final_model(3), TOLERANCE)
+
+
+def test_checkpoints_are_marked_complete_and_keep_the_newest(runs):
+    directory = runs.layouts["dp_shard2_tp2"].checkpoint_dir
+    names = sorted(p.name for p in directory.iterdir())
+    assert names == ["step-00000002", "step-00000003"]
+    for name in names:
+        assert (directory / name / "COMPLETE").read_text().strip() == str(int(name[-8:]))
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("heads", [f"{h}/{kv}" for h, kv in CP_CASES])
+def test_context_parallel_attention_matches_full_attention(runs, cp, heads):
+    result = runs.cp_attention[cp]
+    assert result["cp"] == cp
+    errors = result["max_abs_error"][heads]
+    assert max(errors.values()) <= 1e-5, errors
+
+
+def test_fp8_trains_on_cpu_with_decreasing_loss(runs):
+    losses = runs.fp8.losses()
+    assert len(losses) == FP8_STEPS and all(math.isfinite(x) for x in losses)
+    # Noise between steps is allowed; the trend over the run is not optional.
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    assert last < first - 0.1, losses
+
+
+def test_final_parameters_are_finite(runs):
+    for job in [runs.reference, *runs.layouts.values()]:
+        for name, tensor in job.final_model(3).items():
+            assert torch.isfinite(tensor).all(), (job.name, name)
+
+
+def test_vocab_parallel_fused_loss_matches_the_unfused_loss(runs):
+    result = runs.vocab_parallel_loss
+    assert result["tp"] == 2
+    assert max(result["max_abs_error"].values()) <= 1e-5, result
+
+
+def test_metrics_lines_parse_with_the_sagemaker_metric_definitions(runs, metric_definitions):
+    lines = [line for line in runs.stdout.splitlines() if line.startswith("metrics ")]
+    records = [m for job in runs.layouts.values() for m in job.metrics()]
+    records += runs.resumed.metrics() + runs.fp8.metrics() + runs.tied_tp.metrics()
+    assert len(lines) == len(records) > 20
+    for line, record in zip(lines, records, strict=True):
+        for definition in metric_definitions:
+            key = definition["Name"].split(":", 1)[1]
+            match = re.search(definition["Regex"], line)
+            if record[key] is None:
+                # mfu=nan (no known peak, CPU): CloudWatch stores no NaN, so no datapoint is right too.
+                assert match is None or match.group(1) == "nan", line
+                continue
+            assert match, f"{definition['Name']} does not parse {line!r}"
+            assert float(match.group(1)) == pytest.approx(record[key], rel=1e-5, abs=1e-12)
