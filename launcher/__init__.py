@@ -20,6 +20,11 @@ _EXPORTS = {
     "Layout": "launcher.layout",
     "LauncherError": "launcher.errors",
     "RecipeError": "launcher.errors",
+    "JobSpec": "launcher.spec",
+    "Job": "launcher.jobs",
+    "JobStatus": "launcher.backends.base",
+    "list_jobs": "launcher.jobs",
+    "submit": "launcher.api",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -86,6 +86,172 @@ def show(recipe: RecipeArg, set_: SetOpt = None, json_: JsonOpt = False) -> None
 
 
 @app.command()
+def estimate(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    mode: Annotated[
+        str, typer.Option(help="fsdp: what the entrypoints allocate; megatron: Fujii et al. 2024's accounting.")
+    ] = "fsdp",
+    threshold: Annotated[float, typer.Option(help="Fraction of GPU memory a job may use and still fit.")] = 0.8,
+    json_: JsonOpt = False,
+) -> None:
+    """Per-GPU peak memory per pipeline stage, whether it fits, and a change that does."""
+    from launcher.estimate.memory import check_options
+
+    check_options(mode, threshold)
+    loaded = _load(recipe, set_)
+    result = loaded.estimate(mode=mode, threshold=threshold)
+    if json_:
+        from launcher.estimate.throughput import predicted_summary
+
+        report = {**result.to_json(), "predicted": predicted_summary(loaded)}
+        _print_json(report)
+    else:
+        from launcher.estimate.table import estimate_table
+
+        out.print(estimate_table(result, title=f"{loaded.summary_line()} [{mode}]"))
+
+
+@app.command()
+def plan(
+    recipe: RecipeArg,
+    gpus: Annotated[int | None, typer.Option(help="GPUs to plan for (a multiple of the node size).")] = None,
+    instances: Annotated[int | None, typer.Option(help="Instances (nodes) to plan for.")] = None,
+    instance_type: Annotated[
+        str | None, typer.Option(help="Plan on this instance type instead of the recipe's.", show_default=False)
+    ] = None,
+    top: Annotated[int, typer.Option(help="How many layouts to show.")] = 10,
+    vary_fp8: Annotated[bool, typer.Option("--vary-fp8", help="Also try the other precision.fp8 setting.")] = False,
+    threshold: Annotated[float, typer.Option(help="Fraction of GPU memory a layout may use.")] = 0.8,
+    set_: SetOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Rank every valid parallel layout that fits by predicted throughput and cost."""
+    from launcher.plan import search
+
+    loaded = _load(recipe, set_)
+    found = search(
+        loaded,
+        gpus=gpus,
+        instances=instances,
+        instance_type=instance_type,
+        top=top,
+        vary_fp8=vary_fp8,
+        threshold=threshold,
+    )
+    if json_:
+        _print_json([layout.to_json() for layout in found.ranked])
+    else:
+        from launcher.plan.table import plan_table
+
+        table = plan_table(found, title=f"{loaded.model_name}, {loaded.training.seq_len} tokens on {found.budget}")
+        # Piped output has no terminal width to fit; do not squeeze the table to rich's 80 columns.
+        wide = out if out.is_terminal else Console(soft_wrap=True, highlight=False, width=120)
+        wide.print(table)
+
+
+BackendOpt = Annotated[
+    str | None,
+    typer.Option("--backend", "-b", help="sagemaker, local, docker, slurm, k8s or accelerate.", show_default=False),
+]
+RegionOpt = Annotated[
+    str | None, typer.Option(help="AWS region of a SageMaker job not submitted from here.", show_default=False)
+]
+
+
+def _line(line: str, stream=None) -> None:
+    print(line, file=stream or sys.stdout, flush=True)
+
+
+@app.command()
+def submit(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    backend: BackendOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be created; create nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Submit even when the memory estimate is risky.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the logs; exit with the job's exit code.")] = False,
+    auto_plan: Annotated[
+        bool, typer.Option("--auto-plan", help="First switch to the planner's best layout; prints what changed.")
+    ] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Check memory, then start the job on its backend (--backend overrides cluster.backend)."""
+    from launcher import api
+    from launcher.jobs import result_text
+
+    result = api.submit(
+        recipe, backend=backend, set_options=set_ or [], dry_run=dry_run, force=force, wait=wait, auto_plan=auto_plan,
+        report=lambda stage, message: err.print(message, markup=False),
+        on_line=lambda line: _line(line, sys.stderr if json_ else sys.stdout),
+    )  # fmt: skip
+    if json_:
+        _print_json(result.rendering.data if dry_run else result.to_dict())
+    elif dry_run:
+        out.print(result.rendering.text, markup=False, end="")
+    elif result.final is None:
+        out.print(f"{result.spec.name}: follow with `launcher logs {result.spec.name} --follow`", markup=False)
+    else:
+        out.print(f"{result.spec.name}: {result.final.state}. {result_text(result.final)}", markup=False)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def status(name: str, backend: BackendOpt = None, region: RegionOpt = None, json_: JsonOpt = False) -> None:
+    """A job's state, its status transitions, failure reason and latest metrics."""
+    from launcher import api
+    from launcher.jobs import status_text
+
+    found = api.status(name, backend=backend, region=region)
+    _print_json(found.to_dict()) if json_ else out.print(status_text(found), markup=False)
+
+
+@app.command()
+def logs(
+    name: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    backend: BackendOpt = None,
+    region: RegionOpt = None,
+    json_: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """A job's log lines (all hosts), optionally following them until the job ends."""
+    from launcher import api
+
+    for line in api.logs(name, follow=follow, backend=backend, region=region):
+        _line(json.dumps({"line": line}) if json_ else line)
+
+
+@app.command()
+def stop(
+    name: str,
+    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL (local jobs).")] = 30.0,
+    backend: BackendOpt = None,
+    region: RegionOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Stop a job: SIGTERM (so it can checkpoint), then SIGKILL after the grace period."""
+    from launcher import api
+    from launcher.jobs import status_text
+
+    stopped = api.stop(name, backend=backend, region=region, grace_s=grace)
+    _print_json(stopped.to_dict()) if json_ else out.print(status_text(stopped), markup=False)
+
+
+@app.command("list")
+def list_(
+    backend: BackendOpt = None,
+    region: RegionOpt = None,
+    limit: Annotated[int, typer.Option(help="At most this many jobs.")] = 50,
+    json_: JsonOpt = False,
+) -> None:
+    """Jobs submitted from here (newest first), or those a backend knows with --backend."""
+    from launcher.jobs import list_jobs, list_text
+
+    found = list_jobs(backend=backend, region=region, limit=limit)
+    _print_json([s.to_dict() for s in found]) if json_ else out.print(list_text(found), markup=False)
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of recipes, for editor completion (yaml-language-server)."""
     from launcher.recipe.schema_export import recipe_json_schema

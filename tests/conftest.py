@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass

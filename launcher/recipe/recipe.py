@@ -128,6 +128,43 @@ class Recipe(RecipeSpec):
         recipe._source = self._source
         return recipe
 
+    def estimate(self, *, mode: str = "fsdp", threshold: float = 0.8):
+        """Per-GPU peak memory per pipeline stage, the verdict, and a change that fits if it does not.
+
+        Returns a `launcher.estimate.MemoryEstimate`; `mode` is "fsdp" (what the entrypoints
+        allocate) or "megatron" (Fujii et al. 2024's published accounting).
+        """
+        from launcher.estimate import estimate_recipe
+
+        return estimate_recipe(self, mode=mode, threshold=threshold)
+
+    def plan(
+        self,
+        *,
+        gpus: int | None = None,
+        instances: int | None = None,
+        instance_type: str | None = None,
+        top: int = 10,
+        vary_fp8: bool = False,
+        threshold: float = 0.8,
+    ):
+        """The `top` fastest parallel layouts that fit, for this recipe or another GPU budget.
+
+        Returns a list of `launcher.plan.LayoutPlan`, best first; apply one with
+        `recipe.with_changes(plan.overrides(recipe))`.
+        """
+        from launcher.plan import plan
+
+        return plan(
+            self,
+            gpus=gpus,
+            instances=instances,
+            instance_type=instance_type,
+            top=top,
+            vary_fp8=vary_fp8,
+            threshold=threshold,
+        )
+
     # --- what the recipe resolves to -------------------------------------------------------
 
     @property

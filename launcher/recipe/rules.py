@@ -66,13 +66,13 @@ def layout_problems(
 
     stages = p * v
     if arch.num_layers % stages:
-        valid = [d for d in divisors(arch.num_layers) if d % v == 0 and d // v > 0]
-        valid_p = sorted({d // v for d in valid})
+        valid_p = [d // v for d in divisors(arch.num_layers) if d % v == 0]
         where = "parallel.pipeline" if v == 1 else "parallel.virtual_stages"
+        fix = f"use pipeline {choices(valid_p)}" if valid_p else f"use virtual_stages dividing {arch.num_layers}"
         problems.append(
             Problem(
                 where,
-                f"pipeline {p} x virtual_stages {v} = {stages} stages do not divide {arch.num_layers} layers; use pipeline {choices(valid_p)}",
+                f"pipeline {p} x virtual_stages {v} = {stages} stages do not divide {arch.num_layers} layers; {fix}",
             )
         )
     if v > 1 and schedule != "interleaved_1f1b":
@@ -92,6 +92,12 @@ def layout_problems(
     if v > 1 and p == 1:
         problems.append(
             Problem("parallel.virtual_stages", f"{v} needs pipeline > 1; virtual stages interleave pipeline ranks")
+        )
+    if arch.tie_embeddings and p > 1:
+        # The first stage owns the embedding and the last the output layer; tying them would
+        # need a cross-stage gradient all-reduce the entrypoints do not do.
+        problems.append(
+            Problem("parallel.pipeline", f"{p} splits a model with tied embeddings over stages; use pipeline: 1")
         )
 
     # Zigzag CP cuts the sequence into 2c chunks; sequence parallel then splits each rank's

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from entrypoint_jobs import Runs, run_all
+
+from .entrypoint_jobs import Runs, run_all
 
 
 @pytest.fixture(scope="session")

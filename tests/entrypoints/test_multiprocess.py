@@ -7,7 +7,8 @@ import re
 
 import pytest
 import torch
-from entrypoint_jobs import CP_CASES, FP8_STEPS, LAYOUTS
+
+from .entrypoint_jobs import CP_CASES, FP8_STEPS, LAYOUTS
 
 pytestmark = pytest.mark.torchrun
 

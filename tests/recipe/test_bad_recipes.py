@@ -30,52 +30,267 @@ def case(id, text, message, line_of=None, *, options=()):
 
 
 CASES = [
-    case("unknown-top-level-key", BASE + "trainin: {}\n", r"trainin: unknown key \(did you mean training\?\); valid keys here: name, extends, model", "trainin:"),
-    case("unknown-nested-key", BASE.replace("  steps: 10", "  steps: 10\n  seqlen: 4"), r"training.seqlen: unknown key \(did you mean seq_len\?\)", "seqlen:"),
-    case("integer-expected", BASE.replace("seq_len: 8192", "seq_len: long"), r"training.seq_len: expected an integer, got 'long'", "seq_len:"),
-    case("float-for-integer", BASE.replace("steps: 10", "steps: 2.5"), r"training.steps: expected a whole number, got 2.5", "steps:"),
-    case("bool-expected", BASE + "precision: {fp8: maybe}\n", r"precision.fp8: expected true or false, got 'maybe'", "precision:"),
-    case("literal-choice", BASE + "parallel:\n  activation_checkpointing: partial\n", r"parallel.activation_checkpointing: expected 'none', 'selective' or 'full', got 'partial'", "activation_checkpointing:"),
-    case("seq-len-above-limit", BASE.replace("seq_len: 8192", "seq_len: 262144"), r"training.seq_len: expected at most 131072, got 262144", "seq_len:"),
-    case("seq-len-zero", BASE.replace("seq_len: 8192", "seq_len: 0"), r"training.seq_len: expected a positive number, got 0", "seq_len:"),
+    case(
+        "unknown-top-level-key",
+        BASE + "trainin: {}\n",
+        r"trainin: unknown key \(did you mean training\?\); valid keys here: name, extends, model",
+        "trainin:",
+    ),
+    case(
+        "unknown-nested-key",
+        BASE.replace("  steps: 10", "  steps: 10\n  seqlen: 4"),
+        r"training.seqlen: unknown key \(did you mean seq_len\?\)",
+        "seqlen:",
+    ),
+    case(
+        "integer-expected",
+        BASE.replace("seq_len: 8192", "seq_len: long"),
+        r"training.seq_len: expected an integer, got 'long'",
+        "seq_len:",
+    ),
+    case(
+        "float-for-integer",
+        BASE.replace("steps: 10", "steps: 2.5"),
+        r"training.steps: expected a whole number, got 2.5",
+        "steps:",
+    ),
+    case(
+        "bool-expected",
+        BASE + "precision: {fp8: maybe}\n",
+        r"precision.fp8: expected true or false, got 'maybe'",
+        "precision:",
+    ),
+    case(
+        "literal-choice",
+        BASE + "parallel:\n  activation_checkpointing: partial\n",
+        r"parallel.activation_checkpointing: expected 'none', 'selective' or 'full', got 'partial'",
+        "activation_checkpointing:",
+    ),
+    case(
+        "seq-len-above-limit",
+        BASE.replace("seq_len: 8192", "seq_len: 262144"),
+        r"training.seq_len: expected at most 131072, got 262144",
+        "seq_len:",
+    ),
+    case(
+        "seq-len-zero",
+        BASE.replace("seq_len: 8192", "seq_len: 0"),
+        r"training.seq_len: expected a positive number, got 0",
+        "seq_len:",
+    ),
     case("missing-required-key", BASE.replace("  steps: 10\n", ""), r"training.steps: is required", "training:"),
     case("section-not-a-mapping", BASE + "parallel: 4\n", r"parallel: expected a mapping, got 4", "parallel:"),
-    case("unknown-model", BASE.replace("model: llama3-8b", "model: llama3-8bb"), r"model: 'llama3-8bb' is not in the model catalog \(did you mean llama3-8b\?\); use llama2-7b, ", "model:"),
-    case("model-override-unknown-base", BASE.replace("model: llama3-8b", "model: {base: llama9-1b, num_layers: 2}"), r"model.base: 'llama9-1b' is not in the model catalog", "model:"),
-    case("model-override-unknown-field", BASE.replace("model: llama3-8b", "model:\n  base: llama3-8b\n  layers: 2"), r"model.layers: unknown key \(did you mean num_layers\?\)", "layers:"),
-    case("model-wrong-shape", BASE.replace("model: llama3-8b", "model: [llama3-8b]"), r"model: expected a catalog name, \{base: NAME, \.\.\.\} or \{hf_config: PATH\}, got a list", "model:"),
-    case("hf-config-missing", BASE.replace("model: llama3-8b", "model: {hf_config: nowhere/config.json}"), r"model.hf_config: .*nowhere/config.json does not exist", "model:"),
-    case("tensor-not-dividing-heads", BASE.replace("llama3-8b", "llama3.1-70b").replace("seq_len: 8192", "seq_len: 12288").replace("global_batch_size: 16", "global_batch_size: 24") + "  instance_count: 3\nparallel:\n  tensor: 3\n", r"parallel.tensor: 3 does not divide 64 attention heads; use 1, 2, 4 or 8$", "tensor: 3"),
-    case("tensor-beyond-node", BASE.replace("llama3-8b", "llama2-13b").replace("seq_len: 8192", "seq_len: 4000").replace("global_batch_size: 16", "global_batch_size: 4") + "  instance_count: 5\nparallel:\n  tensor: 10\n", r"parallel.tensor: 10 exceeds the 8 GPUs of one node; tensor parallelism needs NVLink, use 1, 2, 4, 5 or 8$", "tensor: 10"),
-    case("world-size-mismatch", BASE + "parallel:\n  tensor: 2\n  data_shard: 2\n", r"parallel.data_shard: tensor x context x pipeline x data_replicate x data_shard = 4 GPUs, but 1 x ml.p5.48xlarge has 8; use data_shard 4 or auto", "data_shard:"),
-    case("degrees-exceed-gpus", BASE + "parallel:\n  tensor: 8\n  context: 2\n", r"parallel: tensor 8 x context 2 x pipeline 1 x data_replicate 1 = 16 does not divide the 8 GPUs of 1 x ml.p5.48xlarge", "parallel:"),
-    case("seq-len-not-divisible-for-cp", BASE.replace("seq_len: 8192", "seq_len: 8190") + "parallel:\n  context: 2\n", r"training.seq_len: 8190 is not divisible by 2 x context 2 x tensor 1 = 4; use e.g. 8188 or 8192", "seq_len:"),
-    case("global-batch-not-divisible", BASE.replace("global_batch_size: 16", "global_batch_size: 12"), r"training.global_batch_size: 12 is not a multiple of micro_batch_size 1 x data-parallel size 8 = 8; use a multiple of 8", "global_batch_size:"),
-    case("too-few-microbatches-for-pipeline", BASE.replace("global_batch_size: 16", "global_batch_size: 4") + "parallel:\n  pipeline: 4\n  data_shard: 2\n", r"training.global_batch_size: 4 gives 2 micro-batches per step, fewer than the 4 pipeline stages; use at least 8", "global_batch_size:"),
-    case("virtual-stages-without-interleaving", BASE + "parallel:\n  pipeline: 2\n  virtual_stages: 2\n", r"parallel.virtual_stages: 2 stages per rank need pipeline_schedule: interleaved_1f1b, not 1f1b", "virtual_stages:"),
-    case("fp8-on-a100", BASE.replace("ml.p5.48xlarge", "ml.p4d.24xlarge") + "precision:\n  fp8: true\n", r"precision.fp8: a100-40gb has no FP8 tensor cores; FP8 needs h100-80gb or h200-141gb \(or device: cpu for tests\)", "fp8:"),
-    case("unknown-instance-type", BASE.replace("ml.p5.48xlarge", "ml.p5.24xlarge"), r"cluster.instance_type: 'ml.p5.24xlarge' is not a known instance type \(did you mean ml.p5.48xlarge\?\); use ml.p4d.24xlarge, ", "instance_type:"),
-    case("malformed-role-arn", BASE + "sagemaker:\n  role_arn: SageMakerRole\n", r"sagemaker.role_arn: 'SageMakerRole' is not an IAM role ARN; use arn:aws:iam::<12-digit account>:role/<name>", "role_arn:"),
-    case("malformed-s3-uri", BASE + "sagemaker:\n  output_uri: my-bucket/out\n", r"sagemaker.output_uri: 'my-bucket/out' is not an S3 URI; use s3://<bucket>/<prefix>", "output_uri:"),
-    case("malformed-region", BASE + "sagemaker:\n  region: us-westish\n", r"sagemaker.region: 'us-westish' is not an AWS region; use e.g. us-east-1 or us-west-2", "region:"),
-    case("max-run-beyond-28-days", BASE + "sagemaker:\n  max_run: 40d\n", r"sagemaker.max_run: 40d exceeds SageMaker's limit of 28 days; use 28d or less", "max_run:"),
-    case("bad-duration", BASE + "sagemaker:\n  max_run: 5 days\n", r"sagemaker.max_run: '5 days' is not a duration; write e.g. 5d, 12h, 1d12h, 90m or seconds", "max_run:"),
-    case("spot-wait-shorter-than-run", BASE + "sagemaker:\n  spot: true\n  max_run: 2d\n  max_wait: 1d\n", r"sagemaker.max_wait: 1d is shorter than max_run 2d", "max_wait:"),
-    case("vpc-needs-security-groups", BASE + "sagemaker:\n  subnets: [subnet-0abc]\n", r"sagemaker.security_group_ids: a VPC needs both subnets and security_group_ids", "sagemaker:"),
-    case("uint16-with-large-vocab", BASE + "data:\n  source: s3://bucket/tokens/\n", r"data.dtype: uint16 cannot hold token ids of a 128256-token vocabulary; use uint32", "data:"),
-    case("local-path-for-sagemaker", BASE + "data:\n  source: ./tokens\n  dtype: uint32\n", r"data.source: a local path \(.*tokens\) cannot reach a SageMaker job; upload it and use an s3:// URI", "source:"),
-    case("local-backend-multi-node", "name: t\nmodel: llama-tiny\ntraining: {seq_len: 64, global_batch_size: 4, steps: 1}\ncluster:\n  backend: local\n  device: cpu\n  instance_count: 2\n", r"cluster.instance_count: the local backend runs on this one machine; use 1, not 2", "instance_count:"),
-    case("local-cuda-needs-accelerator", "name: t\nmodel: llama-tiny\ntraining: {seq_len: 64, global_batch_size: 4, steps: 1}\ncluster:\n  backend: local\n  device: cuda\n", r"cluster.accelerator: required for a local cuda machine so memory can be checked; use a100-40gb, a100-80gb, h100-80gb or h200-141gb", "cluster:"),
-    case("invalid-name", BASE.replace("name: t", "name: my_job!"), r"name: 'my_job!' must be letters, digits and single hyphens, starting and ending with a letter or digit", "name:"),
-    case("yaml-syntax-error", "name: t\nmodel: llama3-8b\ntraining:\n  seq_len: [8192\n  steps: 3\n", r"YAML syntax error: .*", None),
+    case(
+        "unknown-model",
+        BASE.replace("model: llama3-8b", "model: llama3-8bb"),
+        r"model: 'llama3-8bb' is not in the model catalog \(did you mean llama3-8b\?\); use llama2-7b, ",
+        "model:",
+    ),
+    case(
+        "model-override-unknown-base",
+        BASE.replace("model: llama3-8b", "model: {base: llama9-1b, num_layers: 2}"),
+        r"model.base: 'llama9-1b' is not in the model catalog",
+        "model:",
+    ),
+    case(
+        "model-override-unknown-field",
+        BASE.replace("model: llama3-8b", "model:\n  base: llama3-8b\n  layers: 2"),
+        r"model.layers: unknown key \(did you mean num_layers\?\)",
+        "layers:",
+    ),
+    case(
+        "model-wrong-shape",
+        BASE.replace("model: llama3-8b", "model: [llama3-8b]"),
+        r"model: expected a catalog name, \{base: NAME, \.\.\.\} or \{hf_config: PATH\}, got a list",
+        "model:",
+    ),
+    case(
+        "hf-config-missing",
+        BASE.replace("model: llama3-8b", "model: {hf_config: nowhere/config.json}"),
+        r"model.hf_config: .*nowhere/config.json does not exist",
+        "model:",
+    ),
+    case(
+        "tensor-not-dividing-heads",
+        BASE.replace("llama3-8b", "llama3.1-70b")
+        .replace("seq_len: 8192", "seq_len: 12288")
+        .replace("global_batch_size: 16", "global_batch_size: 24")
+        + "  instance_count: 3\nparallel:\n  tensor: 3\n",
+        r"parallel.tensor: 3 does not divide 64 attention heads; use 1, 2, 4 or 8$",
+        "tensor: 3",
+    ),
+    case(
+        "tensor-beyond-node",
+        BASE.replace("llama3-8b", "llama2-13b")
+        .replace("seq_len: 8192", "seq_len: 4000")
+        .replace("global_batch_size: 16", "global_batch_size: 4")
+        + "  instance_count: 5\nparallel:\n  tensor: 10\n",
+        r"parallel.tensor: 10 exceeds the 8 GPUs of one node; tensor parallelism needs NVLink, use 1, 2, 4, 5 or 8$",
+        "tensor: 10",
+    ),
+    case(
+        "world-size-mismatch",
+        BASE + "parallel:\n  tensor: 2\n  data_shard: 2\n",
+        r"parallel.data_shard: tensor x context x pipeline x data_replicate x data_shard = 4 GPUs, but 1 x ml.p5.48xlarge has 8; use data_shard 4 or auto",
+        "data_shard:",
+    ),
+    case(
+        "degrees-exceed-gpus",
+        BASE + "parallel:\n  tensor: 8\n  context: 2\n",
+        r"parallel: tensor 8 x context 2 x pipeline 1 x data_replicate 1 = 16 does not divide the 8 GPUs of 1 x ml.p5.48xlarge",
+        "parallel:",
+    ),
+    case(
+        "seq-len-not-divisible-for-cp",
+        BASE.replace("seq_len: 8192", "seq_len: 8190") + "parallel:\n  context: 2\n",
+        r"training.seq_len: 8190 is not divisible by 2 x context 2 x tensor 1 = 4; use e.g. 8188 or 8192",
+        "seq_len:",
+    ),
+    case(
+        "global-batch-not-divisible",
+        BASE.replace("global_batch_size: 16", "global_batch_size: 12"),
+        r"training.global_batch_size: 12 is not a multiple of micro_batch_size 1 x data-parallel size 8 = 8; use a multiple of 8",
+        "global_batch_size:",
+    ),
+    case(
+        "too-few-microbatches-for-pipeline",
+        BASE.replace("global_batch_size: 16", "global_batch_size: 4") + "parallel:\n  pipeline: 4\n  data_shard: 2\n",
+        r"training.global_batch_size: 4 gives 2 micro-batches per step, fewer than the 4 pipeline stages; use at least 8",
+        "global_batch_size:",
+    ),
+    case(
+        "tied-embeddings-with-pipeline",
+        BASE.replace("llama3-8b", "llama3.2-1b") + "parallel:\n  pipeline: 2\n",
+        r"parallel.pipeline: 2 splits a model with tied embeddings over stages; use pipeline: 1$",
+        "pipeline: 2",
+    ),
+    case(
+        "virtual-stages-without-interleaving",
+        BASE + "parallel:\n  pipeline: 2\n  virtual_stages: 2\n",
+        r"parallel.virtual_stages: 2 stages per rank need pipeline_schedule: interleaved_1f1b, not 1f1b",
+        "virtual_stages:",
+    ),
+    case(
+        "fp8-on-a100",
+        BASE.replace("ml.p5.48xlarge", "ml.p4d.24xlarge") + "precision:\n  fp8: true\n",
+        r"precision.fp8: a100-40gb has no FP8 tensor cores; FP8 needs h100-80gb or h200-141gb \(or device: cpu for tests\)",
+        "fp8:",
+    ),
+    case(
+        "unknown-instance-type",
+        BASE.replace("ml.p5.48xlarge", "ml.p5.24xlarge"),
+        r"cluster.instance_type: 'ml.p5.24xlarge' is not a known instance type \(did you mean ml.p5.48xlarge\?\); use ml.p4d.24xlarge, ",
+        "instance_type:",
+    ),
+    case(
+        "malformed-role-arn",
+        BASE + "sagemaker:\n  role_arn: SageMakerRole\n",
+        r"sagemaker.role_arn: 'SageMakerRole' is not an IAM role ARN; use arn:aws:iam::<12-digit account>:role/<name>",
+        "role_arn:",
+    ),
+    case(
+        "malformed-s3-uri",
+        BASE + "sagemaker:\n  output_uri: my-bucket/out\n",
+        r"sagemaker.output_uri: 'my-bucket/out' is not an S3 URI; use s3://<bucket>/<prefix>",
+        "output_uri:",
+    ),
+    case(
+        "malformed-region",
+        BASE + "sagemaker:\n  region: us-westish\n",
+        r"sagemaker.region: 'us-westish' is not an AWS region; use e.g. us-east-1 or us-west-2",
+        "region:",
+    ),
+    case(
+        "max-run-beyond-28-days",
+        BASE + "sagemaker:\n  max_run: 40d\n",
+        r"sagemaker.max_run: 40d exceeds SageMaker's limit of 28 days; use 28d or less",
+        "max_run:",
+    ),
+    case(
+        "bad-duration",
+        BASE + "sagemaker:\n  max_run: 5 days\n",
+        r"sagemaker.max_run: '5 days' is not a duration; write e.g. 5d, 12h, 1d12h, 90m or seconds",
+        "max_run:",
+    ),
+    case(
+        "spot-wait-shorter-than-run",
+        BASE + "sagemaker:\n  spot: true\n  max_run: 2d\n  max_wait: 1d\n",
+        r"sagemaker.max_wait: 1d is shorter than max_run 2d",
+        "max_wait:",
+    ),
+    case(
+        "vpc-needs-security-groups",
+        BASE + "sagemaker:\n  subnets: [subnet-0abc]\n",
+        r"sagemaker.security_group_ids: a VPC needs both subnets and security_group_ids",
+        "sagemaker:",
+    ),
+    case(
+        "uint16-with-large-vocab",
+        BASE + "data:\n  source: s3://bucket/tokens/\n",
+        r"data.dtype: uint16 cannot hold token ids of a 128256-token vocabulary; use uint32",
+        "data:",
+    ),
+    case(
+        "local-path-for-sagemaker",
+        BASE + "data:\n  source: ./tokens\n  dtype: uint32\n",
+        r"data.source: a local path \(.*tokens\) cannot reach a SageMaker job; upload it and use an s3:// URI",
+        "source:",
+    ),
+    case(
+        "local-backend-multi-node",
+        "name: t\nmodel: llama-tiny\ntraining: {seq_len: 64, global_batch_size: 4, steps: 1}\ncluster:\n  backend: local\n  device: cpu\n  instance_count: 2\n",
+        r"cluster.instance_count: the local backend runs on this one machine; use 1, not 2",
+        "instance_count:",
+    ),
+    case(
+        "local-cuda-needs-accelerator",
+        "name: t\nmodel: llama-tiny\ntraining: {seq_len: 64, global_batch_size: 4, steps: 1}\ncluster:\n  backend: local\n  device: cuda\n",
+        r"cluster.accelerator: required for a local cuda machine so memory can be checked; use a100-40gb, a100-80gb, h100-80gb or h200-141gb",
+        "cluster:",
+    ),
+    case(
+        "invalid-name",
+        BASE.replace("name: t", "name: my_job!"),
+        r"name: 'my_job!' must be letters, digits and single hyphens, starting and ending with a letter or digit",
+        "name:",
+    ),
+    case(
+        "yaml-syntax-error",
+        "name: t\nmodel: llama3-8b\ntraining:\n  seq_len: [8192\n  steps: 3\n",
+        r"YAML syntax error: .*",
+        None,
+    ),
     case("empty-file", "", r"is empty; a recipe needs at least name, model and training$", None),
     case("comment-only-file", "# nothing here\n", r"is empty; a recipe needs at least name, model and training$", None),
-    case("top-level-list", "- name: t\n- model: llama3-8b\n", r"expected a mapping of keys \(name, model, training, \.\.\.\), got a list$", "- name"),
+    case(
+        "top-level-list",
+        "- name: t\n- model: llama3-8b\n",
+        r"expected a mapping of keys \(name, model, training, \.\.\.\), got a list$",
+        "- name",
+    ),
     case("duplicate-key", BASE + "name: again\n", r"name: duplicate key; each key may appear once", "name: again"),
     case("extends-missing-file", "extends: parent.yaml\n" + BASE, r"extends: parent.yaml does not exist", "extends:"),
-    case("set-wrong-type", BASE, r"--set parallel.tensor: expected an integer, got 'two'$", None, options=("--set", "parallel.tensor=two")),
-    case("set-not-key-value", BASE, r"--set '(parallel.tensor)' is not KEY=VALUE; write e.g. --set parallel.context=16", None, options=("--set", "parallel.tensor")),
-    case("set-unknown-key", BASE, r"--set parallel.tensr: unknown key \(did you mean tensor\?\)", None, options=("--set", "parallel.tensr=2")),
+    case(
+        "set-wrong-type",
+        BASE,
+        r"--set parallel.tensor: expected an integer, got 'two'$",
+        None,
+        options=("--set", "parallel.tensor=two"),
+    ),
+    case(
+        "set-not-key-value",
+        BASE,
+        r"--set '(parallel.tensor)' is not KEY=VALUE; write e.g. --set parallel.context=16",
+        None,
+        options=("--set", "parallel.tensor"),
+    ),
+    case(
+        "set-unknown-key",
+        BASE,
+        r"--set parallel.tensr: unknown key \(did you mean tensor\?\)",
+        None,
+        options=("--set", "parallel.tensr=2"),
+    ),
 ]
 
 
@@ -100,11 +315,28 @@ def test_bad_recipe_exits_2_with_one_line(tmp_path, monkeypatch, cli, text, mess
 
 def test_layers_not_divisible_by_pipeline_names_valid_degrees(tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "r.yaml").write_text(BASE.replace("global_batch_size: 16", "global_batch_size: 24") + "  instance_count: 3\nparallel:\n  pipeline: 3\n  data_shard: 4\n  tensor: 2\n")
+    (tmp_path / "r.yaml").write_text(
+        BASE.replace("global_batch_size: 16", "global_batch_size: 24")
+        + "  instance_count: 3\nparallel:\n  pipeline: 3\n  data_shard: 4\n  tensor: 2\n"
+    )
     result = cli("validate", "r.yaml")
     assert result.code == 2
     [line] = result.err_lines
-    assert line == "r.yaml:12 parallel.pipeline: pipeline 3 x virtual_stages 1 = 3 stages do not divide 32 layers; use pipeline 1, 2, 4, 8, 16 or 32"
+    assert (
+        line
+        == "r.yaml:12 parallel.pipeline: pipeline 3 x virtual_stages 1 = 3 stages do not divide 32 layers; use pipeline 1, 2, 4, 8, 16 or 32"
+    )
+
+
+def test_virtual_stages_dividing_no_layer_count(tmp_path, monkeypatch, cli):
+    monkeypatch.chdir(tmp_path)
+    text = BASE + "parallel:\n  pipeline: 2\n  virtual_stages: 3\n  pipeline_schedule: interleaved_1f1b\n"
+    (tmp_path / "r.yaml").write_text(text)
+    result = cli("validate", "r.yaml")
+    assert result.code == 2
+    assert result.err_lines == [
+        "r.yaml:12 parallel.virtual_stages: pipeline 2 x virtual_stages 3 = 6 stages do not divide 32 layers; use virtual_stages dividing 32"
+    ]
 
 
 def test_missing_file(tmp_path, cli):
@@ -144,11 +376,17 @@ def test_several_problems_give_one_line_each(tmp_path, monkeypatch, cli):
     (tmp_path / "r.yaml").write_text(text)
     result = cli("validate", "r.yaml")
     assert result.code == 2
-    assert sorted(line.split(" ", 2)[1] for line in result.err_lines) == ["parallel.tensor:", "parallel:", "sagemaker.max_run:", "sagemaker.region:", "training.seq_len:"]
+    assert sorted(line.split(" ", 2)[1] for line in result.err_lines) == [
+        "parallel.tensor:",
+        "parallel:",
+        "sagemaker.max_run:",
+        "sagemaker.region:",
+        "training.seq_len:",
+    ]
 
 
 def test_one_bad_file_among_good_ones_fails_the_run(tmp_path, monkeypatch, cli):
-    from conftest import REPO
+    from tests import REPO
 
     (tmp_path / "bad.yaml").write_text("name: t\n")
     result = cli("validate", REPO / "recipes" / "tiny-cpu.yaml", tmp_path / "bad.yaml")

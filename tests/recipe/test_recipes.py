@@ -10,17 +10,24 @@ import textwrap
 import jsonschema
 import pytest
 import yaml
-from conftest import REPO
 
 from launcher.errors import RecipeError
 from launcher.recipe import Recipe
+from tests import REPO
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 
 
 def test_recipes_directory_has_the_promised_recipes():
     names = {path.stem for path in RECIPES}
-    assert {"llama70b-128k", "llama3-8b-8k", "llama3-8b-128k-cp", "llama405b-128k", "mistral7b-32k", "tiny-cpu"} <= names
+    assert {
+        "llama70b-128k",
+        "llama3-8b-8k",
+        "llama3-8b-128k-cp",
+        "llama405b-128k",
+        "mistral7b-32k",
+        "tiny-cpu",
+    } <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -69,9 +76,20 @@ def test_schema_accepts_every_shipped_recipe(schema, path):
 
 def test_schema_rejects_what_validation_rejects(schema):
     validator = jsonschema.Draft202012Validator(schema)
-    assert not validator.is_valid({"name": "x", "model": "llama3-8b", "training": {"seq_len": 8, "global_batch_size": 1, "steps": 1}, "trainin": {}})
-    assert not validator.is_valid({"name": "x", "model": "llama3-8b", "training": {"seq_len": 8, "global_batch_size": 1}})
-    assert not validator.is_valid({"name": "x", "model": 3, "training": {"seq_len": 8, "global_batch_size": 1, "steps": 1}})
+    assert not validator.is_valid(
+        {
+            "name": "x",
+            "model": "llama3-8b",
+            "training": {"seq_len": 8, "global_batch_size": 1, "steps": 1},
+            "trainin": {},
+        }
+    )
+    assert not validator.is_valid(
+        {"name": "x", "model": "llama3-8b", "training": {"seq_len": 8, "global_batch_size": 1}}
+    )
+    assert not validator.is_valid(
+        {"name": "x", "model": 3, "training": {"seq_len": 8, "global_batch_size": 1, "steps": 1}}
+    )
     assert validator.is_valid({"extends": "base.yaml", "parallel": {"context": 4}})
 
 
@@ -82,20 +100,28 @@ def write(tmp_path, name, text):
 
 
 def test_extends_deep_merges_and_child_wins(tmp_path):
-    write(tmp_path, "base.yaml", """\
+    write(
+        tmp_path,
+        "base.yaml",
+        """\
         name: base
         model: llama3.1-8b
         training: {seq_len: 8192, global_batch_size: 16, steps: 100, optimizer: {lr: 1.0e-4, warmup_steps: 10}}
         cluster: {backend: sagemaker, instance_type: ml.p5.48xlarge}
         sagemaker: {region: us-east-1, tags: {team: a}}
-        """)
-    child = write(tmp_path, "child.yaml", """\
+        """,
+    )
+    child = write(
+        tmp_path,
+        "child.yaml",
+        """\
         extends: base.yaml
         name: child
         training: {seq_len: 32768, optimizer: {lr: 2.0e-4}}
         parallel: {context: 2}
         sagemaker: {tags: {run: b}}
-        """)
+        """,
+    )
     recipe = Recipe.load(child)
     assert recipe.name == "child"
     assert recipe.training.seq_len == 32768
@@ -107,8 +133,16 @@ def test_extends_deep_merges_and_child_wins(tmp_path):
 
 
 def test_problems_in_a_parent_point_at_the_parent(tmp_path, cli):
-    write(tmp_path, "base.yaml", "name: base\nmodel: llama3-8b\ntraining: {seq_len: 8192, global_batch_size: 16, steps: 1}\nparallel:\n  tensor: 3\n")
-    write(tmp_path, "child.yaml", "extends: base.yaml\nname: child\ncluster: {backend: sagemaker, instance_type: ml.p5.48xlarge, instance_count: 3}\n")
+    write(
+        tmp_path,
+        "base.yaml",
+        "name: base\nmodel: llama3-8b\ntraining: {seq_len: 8192, global_batch_size: 16, steps: 1}\nparallel:\n  tensor: 3\n",
+    )
+    write(
+        tmp_path,
+        "child.yaml",
+        "extends: base.yaml\nname: child\ncluster: {backend: sagemaker, instance_type: ml.p5.48xlarge, instance_count: 3}\n",
+    )
     with pytest.raises(RecipeError) as error:
         Recipe.load(tmp_path / "child.yaml")
     tensor = [p for p in error.value.problems if p.path == "parallel.tensor"]
@@ -126,14 +160,18 @@ def test_overrides_are_typed_by_the_schema(tmp_path):
 
 
 def test_override_replaces_a_whole_model_reference(tmp_path):
-    recipe = Recipe.load_with_options(REPO / "recipes" / "tiny-cpu.yaml", ["model={base: llama3.1-8b, num_layers: 2, vocab_size: 1024}"])
+    recipe = Recipe.load_with_options(
+        REPO / "recipes" / "tiny-cpu.yaml", ["model={base: llama3.1-8b, num_layers: 2, vocab_size: 1024}"]
+    )
     assert recipe.arch.num_layers == 2 and recipe.arch.hidden_size == 4096 and recipe.arch.vocab_size == 1024
 
 
 def test_override_into_a_scalar_says_how_to_set_it_whole(cli):
     result = cli("validate", REPO / "recipes" / "tiny-cpu.yaml", "--set", "model.num_layers=2")
     assert result.code == 2
-    assert result.err_lines == ["--set model.num_layers: model is 'llama-tiny', not a mapping; set it whole, e.g. --set model='{...}'"]
+    assert result.err_lines == [
+        "--set model.num_layers: model is 'llama-tiny', not a mapping; set it whole, e.g. --set model='{...}'"
+    ]
 
 
 def test_show_json_has_the_resolved_layout_and_derived_values(cli):
@@ -172,7 +210,11 @@ def test_recipe_is_immutable():
 
 
 def test_seq_len_beyond_trained_context_is_a_warning_not_an_error(tmp_path, cli):
-    path = write(tmp_path, "r.yaml", "name: r\nmodel: llama3-8b\ntraining: {seq_len: 16384, global_batch_size: 8, steps: 1}\ncluster: {backend: sagemaker, instance_type: ml.p5.48xlarge}\n")
+    path = write(
+        tmp_path,
+        "r.yaml",
+        "name: r\nmodel: llama3-8b\ntraining: {seq_len: 16384, global_batch_size: 8, steps: 1}\ncluster: {backend: sagemaker, instance_type: ml.p5.48xlarge}\n",
+    )
     result = cli("validate", path)
     assert result.code == 0
     assert "warning:" in result.err and "beyond llama3-8b's trained context of 8192 tokens" in result.err
@@ -180,17 +222,41 @@ def test_seq_len_beyond_trained_context_is_a_warning_not_an_error(tmp_path, cli)
 
 def test_hf_config_builds_the_architecture(tmp_path):
     config = {
-        "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 3, "num_attention_heads": 8,
-        "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 1000, "max_position_embeddings": 2048,
-        "rope_theta": 500000.0, "tie_word_embeddings": True, "rms_norm_eps": 1e-6,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+        "model_type": "llama",
+        "hidden_size": 256,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 688,
+        "vocab_size": 1000,
+        "max_position_embeddings": 2048,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        },
     }
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(config))
-    path = write(tmp_path, "r.yaml", "name: r\nmodel: {hf_config: model/config.json}\ntraining: {seq_len: 512, global_batch_size: 2, steps: 1}\ncluster: {device: cpu, nproc_per_node: 2}\n")
+    path = write(
+        tmp_path,
+        "r.yaml",
+        "name: r\nmodel: {hf_config: model/config.json}\ntraining: {seq_len: 512, global_batch_size: 2, steps: 1}\ncluster: {device: cpu, nproc_per_node: 2}\n",
+    )
     recipe = Recipe.load(path)
     arch = recipe.arch
-    assert (arch.hidden_size, arch.num_layers, arch.num_heads, arch.num_kv_heads, arch.ffn_hidden_size) == (256, 3, 8, 2, 688)
+    assert (arch.hidden_size, arch.num_layers, arch.num_heads, arch.num_kv_heads, arch.ffn_hidden_size) == (
+        256,
+        3,
+        8,
+        2,
+        688,
+    )
     assert arch.tie_embeddings and arch.rope_scaling.original_max_context == 256 and arch.norm_eps == 1e-6
     assert recipe.model_name == "model"
 

@@ -1,0 +1,179 @@
+"""The Python API of the launcher: submit a recipe, then status, logs, stop and list its jobs.
+
+`submit` is one pipeline of named stages: load -> plan -> estimate -> spec -> render -> submit.
+`dry_run` stops after render; it has no code path of its own, so what it prints is exactly
+what submit would have sent. The memory estimate runs before anything is uploaded or created.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_args
+
+from launcher.backends import JobStatus, Rendering, get_backend
+from launcher.errors import UsageError
+from launcher.jobs import Job, list_jobs, save
+from launcher.recipe import Recipe, parse_set_options
+from launcher.recipe.schema import Cluster
+from launcher.spec import JobSpec
+
+RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
+
+__all__ = ["Job", "Stage", "Submission", "WontFit", "list_jobs", "logs", "status", "stop", "submit"]
+
+
+class Stage(enum.Enum):
+    LOAD = "load"
+    PLAN = "plan"
+    ESTIMATE = "estimate"
+    SPEC = "spec"
+    RENDER = "render"
+    SUBMIT = "submit"
+
+
+class WontFit(UsageError):
+    """The memory estimate says the job would run out of GPU memory (or is too close to it)."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What `submit` did: the checked recipe, its estimate, the spec, the rendering, and the job."""
+
+    recipe: Recipe
+    estimate: Any
+    spec: JobSpec
+    rendering: Rendering
+    job: Job | None = None
+    final: JobStatus | None = None
+    """With wait=True: the job's status when it ended."""
+
+    @property
+    def dry_run(self) -> bool:
+        return self.job is None
+
+    @property
+    def exit_code(self) -> int:
+        """The job's exit code after wait=True (0 when it completed)."""
+        if self.final is None:
+            return 0
+        code = self.final.exit_code
+        if code is None:
+            return 0 if self.final.state == "Completed" else 1
+        return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells report it
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.spec.name, "backend": self.spec.backend, "dry_run": self.dry_run}
+        data["estimate"] = self.estimate.to_json()
+        data.update(self.rendering.data if self.dry_run else {"spec": self.spec.to_dict()})
+        if self.job is not None:
+            data["job"] = self.job.ref.to_dict()
+        if self.final is not None:
+            data["status"] = self.final.to_dict()
+        return data
+
+
+def load(recipe: Recipe | str | Path, *, backend: str | None = None, set_options: Sequence[str] = ()) -> Recipe:
+    """The recipe, with `--set` overrides and `--backend` (which overrides cluster.backend)."""
+    overrides = parse_set_options(set_options)
+    origin = "--set" if overrides else "--backend"
+    if backend in RECIPE_BACKENDS:
+        origin = "--set/--backend" if overrides else origin
+        overrides["cluster.backend"] = backend
+    if isinstance(recipe, Recipe):
+        return recipe.with_changes(overrides) if overrides else recipe
+    return Recipe.load(recipe, overrides, origin=origin)
+
+
+def check_memory(recipe: Recipe, *, force: bool, threshold: float = 0.8):
+    """The memory estimate; refuses `oom` always and `risky` unless forced."""
+    estimate = recipe.estimate(threshold=threshold)
+    gib = 2**30
+    need = f"{estimate.per_gpu_peak_bytes / gib:.1f} GiB of the {estimate.gpu_memory_bytes / gib:.1f} GiB"
+    where = f"per {recipe.hardware.accelerator_key} ({estimate.utilization:.0%})"
+    hint = f"; try: {estimate.suggestion}" if estimate.suggestion else ""
+    if estimate.verdict == "oom":
+        raise WontFit(f"{recipe.name}: would run out of memory: needs {need} {where}{hint}; nothing was submitted")
+    if estimate.verdict == "risky" and not force:
+        raise WontFit(
+            f"{recipe.name}: risky: needs {need} {where}, above the {threshold:.0%} safety margin{hint}; "
+            "pass --force to submit anyway"
+        )
+    return estimate
+
+
+def submit(
+    recipe: Recipe | str | Path,
+    *,
+    backend: str | None = None,
+    set_options: Sequence[str] = (),
+    dry_run: bool = False,
+    force: bool = False,
+    wait: bool = False,
+    auto_plan: bool = False,
+    threshold: float = 0.8,
+    report: Callable[[Stage, str], None] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    poll_s: float = 5.0,
+) -> Submission:
+    """Check a recipe's memory, build its JobSpec, render it for a backend and (unless dry_run) submit it.
+
+    With `auto_plan`, the recipe first switches to the planner's best layout on its own GPUs.
+
+    `report(stage, message)` hears about each stage; `on_line` gets log lines while waiting.
+    """
+
+    def tell(stage: Stage, message: str) -> None:
+        if report is not None:
+            report(stage, message)
+
+    loaded = load(recipe, backend=backend, set_options=set_options)
+    for warning in loaded.warnings:
+        tell(Stage.LOAD, f"warning: {warning}")
+    target = get_backend(backend or loaded.cluster.backend)
+
+    if auto_plan:
+        from launcher.plan.apply import auto_plan as best_layout
+
+        planned = best_layout(loaded, threshold=threshold)
+        for line in planned.lines():
+            tell(Stage.PLAN, line)
+        loaded = planned.recipe
+
+    estimate = check_memory(loaded, force=force, threshold=threshold)
+    tell(
+        Stage.ESTIMATE,
+        f"memory: {estimate.verdict}, {estimate.per_gpu_peak_bytes / 2**30:.1f} GiB per {loaded.hardware.accelerator_key} ({estimate.utilization:.0%})",
+    )
+
+    spec = target.spec(loaded)
+    tell(Stage.SPEC, f"job {spec.name} on {target.name}")
+
+    rendering = target.render(spec)
+    if dry_run:
+        return Submission(loaded, estimate, spec, rendering)
+
+    ref = target.submit(rendering)
+    save(ref, spec)
+    job = Job(ref)
+    tell(Stage.SUBMIT, f"submitted {spec.name} to {target.name}")
+    if not wait:
+        return Submission(loaded, estimate, spec, rendering, job)
+    final = job.wait(on_line=on_line, poll_s=poll_s)
+    return Submission(loaded, estimate, spec, rendering, job, final)
+
+
+def status(name: str, *, backend: str | None = None, region: str | None = None) -> JobStatus:
+    return Job.find(name, backend=backend, region=region).status()
+
+
+def logs(
+    name: str, *, follow: bool = False, backend: str | None = None, region: str | None = None, poll_s: float = 5.0
+) -> Iterator[str]:
+    return Job.find(name, backend=backend, region=region).logs(follow=follow, poll_s=poll_s)
+
+
+def stop(name: str, *, backend: str | None = None, region: str | None = None, grace_s: float = 30.0) -> JobStatus:
+    return Job.find(name, backend=backend, region=region).stop(grace_s=grace_s)

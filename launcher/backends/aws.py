@@ -1,0 +1,117 @@
+"""boto3 clients with retries, and AWS errors turned into one clear line each.
+
+boto3 is imported here, inside functions, so `launcher --help` never pays for it. Clients
+honour AWS_ENDPOINT_URL (the tests point it at a moto server) and AWS_PROFILE as boto3 does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import cache
+
+from launcher.errors import LauncherError, UsageError
+
+# Adaptive mode adds client-side rate limiting on top of standard retries, which keeps `logs
+# --follow` and `list` polling within the CloudWatch and SageMaker request quotas.
+DEFAULT_RETRY_MODE = "adaptive"
+MAX_ATTEMPTS = 10
+
+
+def retry_config() -> dict:
+    mode = os.environ.get("AWS_RETRY_MODE", DEFAULT_RETRY_MODE)
+    if mode not in ("standard", "adaptive"):
+        mode = DEFAULT_RETRY_MODE
+    return {"mode": mode, "total_max_attempts": MAX_ATTEMPTS}
+
+
+@cache
+def _session():
+    """One boto3 session for the process, so service models are parsed once, not per client."""
+    import boto3
+
+    return boto3.session.Session()
+
+
+@cache
+def client(service: str, region: str):
+    from botocore.config import Config
+
+    config = Config(retries=retry_config(), user_agent_extra="launcher", connect_timeout=10, read_timeout=60)
+    return _session().client(service, region_name=region, config=config)
+
+
+def reset_clients() -> None:
+    """Forget cached clients, so the next ones read AWS_* settings again (tests change them)."""
+    client.cache_clear()
+
+
+class AwsError(LauncherError):
+    """An AWS call failed; the message is one line saying what to do."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+def explain(
+    error: Exception, *, action: str, region: str, job: str | None = None, quota_hint: str = ""
+) -> LauncherError:
+    """One line for an AWS failure: which call, why, and how to fix it."""
+    from botocore.exceptions import (
+        ClientError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+    )
+
+    if isinstance(error, NoCredentialsError | PartialCredentialsError):
+        return UsageError(
+            f"{action}: no AWS credentials found; run `aws configure`, set AWS_PROFILE, or run on a machine with an IAM role"
+        )
+    if isinstance(error, EndpointConnectionError):
+        return AwsError(f"{action}: cannot reach AWS ({error}); check the network and sagemaker.region {region}")
+    if not isinstance(error, ClientError):
+        return AwsError(f"{action}: {error}")
+    code = error.response.get("Error", {}).get("Code", "")
+    message = " ".join(str(error.response.get("Error", {}).get("Message", "")).split())
+    if code == "ResourceLimitExceeded":
+        quota = _quoted(message) or quota_hint or "the SageMaker training quota"
+        return AwsError(
+            f"{action}: SageMaker quota '{quota}' in {region} is too low ({message}); request an increase in the "
+            f"Service Quotas console (Amazon SageMaker > '{quota}') or with `aws service-quotas "
+            f"request-service-quota-increase --service-code sagemaker --quota-code <code> --desired-value <n> "
+            f"--region {region}` (list codes with `aws service-quotas list-service-quotas --service-code sagemaker`)",
+            code,
+        )
+    if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "403"):
+        return AwsError(
+            f"{action}: AWS denied access ({message or code}); the caller needs the permission named there"
+            f"{' and iam:PassRole on the job role' if 'Training' in action else ''}",
+            code,
+        )
+    if code == "ResourceInUse" or "already exists" in message or "must be unique" in message:
+        return AwsError(
+            f"{action}: a training job named {job} already exists in {region}; submit again for a new name", code
+        )
+    if (
+        code in ("ResourceNotFound", "ValidationException")
+        and job
+        and ("not found" in message or "does not exist" in message)
+    ):
+        return AwsError(f"{action}: no training job named {job} in {region}; check the name and --region", code)
+    if code == "ValidationException":
+        return AwsError(f"{action}: SageMaker rejected the request: {message}", code)
+    if code in ("ThrottlingException", "Throttling", "TooManyRequestsException", "SlowDown"):
+        return AwsError(
+            f"{action}: AWS kept throttling the requests after {MAX_ATTEMPTS} attempts ({message}); wait and retry",
+            code,
+        )
+    if code in ("NoSuchBucket", "404") and "bucket" in action:
+        return UsageError(f"{action}: the bucket does not exist in {region}; create it or fix sagemaker.output_uri")
+    return AwsError(f"{action}: {code or 'error'}: {message}", code)
+
+
+def _quoted(message: str) -> str | None:
+    match = re.search(r"'([^']+)'", message)
+    return match.group(1) if match else None

@@ -1,0 +1,206 @@
+"""The backend interface: render, submit, status, logs, stop, list.
+
+Public methods check what a backend supports and then call the backend's private hooks, so
+an unsupported request (spot on Slurm, four nodes on the local machine) fails with a reason
+before anything is uploaded or created.
+"""
+
+from __future__ import annotations
+
+import datetime
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from launcher.errors import LauncherError, UsageError
+from launcher.spec import MAX_JOB_NAME, JobSpec, Placement, job_name
+
+if TYPE_CHECKING:
+    from launcher.recipe import Recipe
+
+TERMINAL_STATES = ("Completed", "Failed", "Stopped")
+STATES = ("InProgress", "Stopping", *TERMINAL_STATES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    multi_node: bool = False
+    spot: bool = False
+    efa: bool = False
+    """Can attach EFA devices, so a multi-node job on an EFA instance gets its bandwidth."""
+    s3_data: bool = False
+    cpu: bool = True
+    pipeline_parallel: bool = True
+    submits: bool = True
+    """False for render-only targets (the accelerate config)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRef:
+    """Enough to find a job again: what `launcher status NAME` reads from the job registry."""
+
+    name: str
+    backend: str
+    region: str | None = None
+    native_id: str | None = None
+    """The engine's own id where it differs from the name (a Slurm job id)."""
+    created: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transition:
+    status: str
+    start: str | None
+    end: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobStatus:
+    """One job's state, the same shape for every backend (SageMaker's vocabulary)."""
+
+    name: str
+    backend: str
+    state: str
+    secondary: str | None = None
+    transitions: tuple[Transition, ...] = ()
+    failure_reason: str | None = None
+    exit_code: int | None = None
+    created: str | None = None
+    ended: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["terminal"] = self.terminal
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rendering:
+    """What a backend would create for a spec: shown by --dry-run, sent unchanged by submit."""
+
+    spec: JobSpec
+    data: dict[str, Any]
+    """The JSON of `--dry-run --json`."""
+    text: str
+    """The human form: the request, command, script or manifest."""
+    payload: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Things submit needs that are not printed, such as the bundle bytes."""
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+    max_name_length: ClassVar[int] = MAX_JOB_NAME
+
+    # --- what the job sees -------------------------------------------------------------------
+
+    @abstractmethod
+    def placement(self, recipe: Recipe, name: str) -> Placement:
+        """Where checkpoints, outputs and the rendezvous are for a job of this name."""
+
+    def spec(self, recipe: Recipe) -> JobSpec:
+        name = job_name(recipe.name, max_len=self.max_name_length)
+        return JobSpec.create(recipe, backend=self.name, placement=self.placement(recipe, name), name=name)
+
+    # --- checks ------------------------------------------------------------------------------
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        """Why this backend cannot run the spec, one line each; empty when it can."""
+        caps, r = self.capabilities, spec.resources
+        problems = []
+
+        def others(capability: str) -> str:
+            from launcher.backends import backend_class, backends_with
+            from launcher.catalog import choices
+
+            names = [n for n in backends_with(capability) if n != self.name and backend_class(n).capabilities.submits]
+            return choices(names) if names else "another backend"
+
+        if r.instance_count > 1 and not caps.multi_node:
+            problems.append(
+                f"the {self.name} backend runs one node, not cluster.instance_count {r.instance_count}; use {others('multi_node')}"
+            )
+        elif r.instance_count > 1 and r.has_efa and not caps.efa:
+            problems.append(
+                f"the {self.name} backend cannot attach the EFA devices {r.instance_type} needs between nodes; use {others('efa')}"
+            )
+        if spec.spot and not caps.spot:
+            problems.append(
+                f"sagemaker.spot: the {self.name} backend has no spot capacity; remove it (--set sagemaker.spot=false) or use {others('spot')}"
+            )
+        for data in spec.inputs:
+            if data.source.startswith("s3://") and not caps.s3_data:
+                problems.append(
+                    f"data.source: the {self.name} backend cannot read {data.source}; copy it to the nodes and use a path, or use {others('s3_data')}"
+                )
+        if r.device == "cpu" and not caps.cpu:
+            problems.append(f"cluster.device: the {self.name} backend runs GPU jobs only; use device: cuda")
+        if spec.resolved["parallel"]["pipeline"] > 1 and not caps.pipeline_parallel:
+            problems.append(f"parallel.pipeline: the {self.name} backend has no pipeline parallelism; use pipeline: 1")
+        return problems
+
+    def check(self, spec: JobSpec) -> None:
+        problems = self.problems(spec)
+        if problems:
+            raise UsageError("\n".join(problems))
+
+    # --- the interface -----------------------------------------------------------------------
+
+    def render(self, spec: JobSpec) -> Rendering:
+        self.check(spec)
+        return self._render(spec)
+
+    def submit(self, rendering: Rendering) -> JobRef:
+        if not self.capabilities.submits:
+            raise UsageError(f"the {self.name} backend only renders a config; use --dry-run to print it")
+        self.check(rendering.spec)
+        return self._submit(rendering)
+
+    def status(self, ref: JobRef) -> JobStatus:
+        return self._status(ref)
+
+    def logs(self, ref: JobRef, *, follow: bool = False, poll_s: float = 5.0) -> Iterator[str]:
+        return self._logs(ref, follow=follow, poll_s=poll_s)
+
+    def stop(self, ref: JobRef, *, grace_s: float = 30.0) -> JobStatus:
+        return self._stop(ref, grace_s=grace_s)
+
+    def list(self, *, region: str | None = None, limit: int = 50) -> list[JobStatus]:
+        return self._list(region=region, limit=limit)
+
+    @abstractmethod
+    def _render(self, spec: JobSpec) -> Rendering: ...
+
+    def _submit(self, rendering: Rendering) -> JobRef:
+        raise UsageError(f"the {self.name} backend cannot submit jobs")
+
+    def _status(self, ref: JobRef) -> JobStatus:
+        raise UsageError(f"the {self.name} backend has no jobs to show")
+
+    def _logs(self, ref: JobRef, *, follow: bool, poll_s: float) -> Iterator[str]:
+        raise UsageError(f"the {self.name} backend has no job logs")
+
+    def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
+        raise UsageError(f"the {self.name} backend has no jobs to stop")
+
+    def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
+        return []
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+
+
+class EngineUnavailable(LauncherError):
+    """The engine a backend drives (Docker, Slurm, kubectl) is not reachable from here."""

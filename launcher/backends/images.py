@@ -1,0 +1,31 @@
+"""The default training image: the region's PyTorch Deep Learning Container (dlc_images.yaml)."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+import yaml
+
+from launcher.errors import UsageError
+
+
+@cache
+def _images() -> dict:
+    return yaml.safe_load(files(__package__).joinpath("dlc_images.yaml").read_text())
+
+
+def default_image(region: str) -> str:
+    images = _images()
+    account = images["accounts"].get(region)
+    if account is None:
+        raise UsageError(
+            f"sagemaker.image_uri: no PyTorch training image is known for {region}; set sagemaker.image_uri to one"
+        )
+    suffix = images["dns_suffix"]["cn" if region.startswith("cn-") else "default"]
+    return f"{account}.dkr.ecr.{region}.{suffix}/{images['repository']}:{images['tag']}"
+
+
+def training_image(recipe) -> str:
+    """The recipe's own image, or the default for its region."""
+    return recipe.sagemaker.image_uri or default_image(recipe.sagemaker.region)

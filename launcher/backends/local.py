@@ -1,0 +1,245 @@
+"""The local backend: torchrun on this machine as a managed job.
+
+`submit` unpacks the bundle into `$LAUNCHER_HOME/jobs/<name>/code/` and starts a detached
+runner (`local_runner`) that runs torchrun there and records its status; the job outlives the
+command that submitted it. `status`, `logs --follow`, `stop` and `list` read and signal that
+directory the way the SageMaker backend talks to SageMaker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from launcher.backends import local_runner as runner
+from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.tail import follow_file
+from launcher.bundle import Bundle
+from launcher.errors import LauncherError, UsageError
+from launcher.jobs import job_dir, job_dir_placement, launcher_home, write_json
+from launcher.spec import JobSpec, Placement
+
+METRICS_FILE = "metrics.jsonl"
+CODE_DIR = "code"
+
+
+def torchrun_argv(command: tuple[str, ...]) -> list[str]:
+    """The spec's argv with `torchrun` run by this Python, so the job uses this environment's torch."""
+    assert command[0] == "torchrun", command
+    return [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+
+
+def parse_key_values(line: str) -> dict[str, float | str]:
+    """`summary loss=2.1 tokens_per_s_per_gpu=310.5` as a dict (numbers where they parse)."""
+    values: dict[str, float | str] = {}
+    for token in line.split()[1:]:
+        key, sep, text = token.partition("=")
+        if sep:
+            try:
+                values[key] = float(text)
+            except ValueError:
+                values[key] = text
+    return values
+
+
+class LocalBackend(Backend):
+    name = "local"
+    capabilities = Capabilities()
+
+    def placement(self, recipe, name: str) -> Placement:
+        return job_dir_placement(recipe, name)
+
+    # --- render and submit -----------------------------------------------------------------
+
+    def _render(self, spec: JobSpec) -> Rendering:
+        bundle = Bundle.build(spec.resolved_json)
+        directory = job_dir(spec.name)
+        code = directory / CODE_DIR
+        argv = torchrun_argv(spec.command)
+        data = {
+            "job_dir": str(directory),
+            "cwd": str(code),
+            "command": argv,
+            "environment": spec.env,
+            "bundle": bundle.describe(),
+        }
+        assignments = " ".join(f"{key}={shlex.quote(value)}" for key, value in spec.environment)
+        text = f"cd {shlex.quote(str(code))} && env {assignments} {shlex.join(argv)}\n"
+        return Rendering(spec=spec, data=data, text=text, payload={"bundle": bundle, "argv": argv})
+
+    def _submit(self, rendering: Rendering) -> JobRef:
+        spec = rendering.spec
+        directory = job_dir(spec.name)
+        try:
+            directory.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            raise LauncherError(f"a job named {spec.name} already exists in {directory.parent}; submit again") from None
+        code = rendering.payload["bundle"].extract(directory / CODE_DIR)
+        write_json(directory / runner.LAUNCH, {"argv": rendering.payload["argv"], "cwd": str(code), "env": spec.env})
+        created = utc_now()
+        status = {"name": spec.name, "state": "InProgress", "created": created, "transitions": []}
+        runner.transition(status, "Starting")
+        runner.write_status(directory, status)
+        with (directory / "runner.log").open("ab") as runner_log:
+            subprocess.Popen(
+                [sys.executable, "-m", "launcher.backends.local_runner", str(directory)],
+                stdin=subprocess.DEVNULL,
+                stdout=runner_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        return JobRef(name=spec.name, backend=self.name, created=created)
+
+    # --- status, logs, stop, list ------------------------------------------------------------
+
+    def _directory(self, ref: JobRef) -> Path:
+        directory = job_dir(ref.name)
+        if not (directory / runner.STATUS).is_file():
+            raise UsageError(f"no local job named {ref.name} in {directory.parent}")
+        return directory
+
+    def _status(self, ref: JobRef) -> JobStatus:
+        directory = self._directory(ref)
+        status = runner.read_status(directory)
+        if status["state"] == "InProgress":
+            if not _runner_alive(status.get("runner_pid")) and _started_long_ago(status):
+                status.update(state="Failed", failure_reason="the launcher's runner process died; see runner.log")
+            elif (directory / runner.STOP_REQUESTED).exists():
+                status.update(state="Stopping", secondary="Stopping")
+        metrics = _last_metrics(directory / METRICS_FILE)
+        summary = _summary(directory / runner.LOG)
+        return JobStatus(
+            name=ref.name,
+            backend=self.name,
+            state=status["state"],
+            secondary=status.get("secondary"),
+            transitions=tuple(Transition(**t) for t in status.get("transitions", [])),
+            failure_reason=status.get("failure_reason"),
+            exit_code=status.get("exit_code"),
+            created=status.get("created"),
+            ended=status.get("ended"),
+            metrics=metrics,
+            details={"job_dir": str(directory), "log": str(directory / runner.LOG), "summary": summary},
+        )
+
+    def _logs(self, ref: JobRef, *, follow: bool, poll_s: float) -> Iterator[str]:
+        directory = self._directory(ref)
+        return follow_file(
+            directory / runner.LOG, follow=follow, is_done=lambda: self._status(ref).terminal, poll_s=min(poll_s, 0.5)
+        )
+
+    def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
+        directory = self._directory(ref)
+        status = self._status(ref)
+        if status.terminal:
+            return status
+        (directory / runner.STOP_REQUESTED).touch()
+        deadline = time.monotonic() + grace_s
+        pgid = _wait_for_pgid(directory, deadline)
+        if pgid is not None:
+            _signal_group(pgid, signal.SIGTERM)
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _group_alive(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+        # The runner records the end; if it is gone, record it here.
+        settle = time.monotonic() + 10
+        while not (status := self._status(ref)).terminal and time.monotonic() < settle:
+            if not _runner_alive(runner.read_status(directory).get("runner_pid")):
+                raw = runner.read_status(directory)
+                runner.finish(directory, raw, raw.get("exit_code"), stopped=True)
+            time.sleep(0.1)
+        return status
+
+    def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
+        root = launcher_home() / "jobs"
+        names = sorted((p.parent.name for p in root.glob(f"*/{runner.STATUS}")), reverse=True)
+        statuses = [self._status(JobRef(name=n, backend=self.name)) for n in names]
+        return sorted(statuses, key=lambda s: s.created or "", reverse=True)[:limit]
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def _runner_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    # A recycled pid belongs to some other program; only our runner counts.
+    return not cmdline.exists() or b"local_runner" in cmdline.read_bytes()
+
+
+def _started_long_ago(status: dict, seconds: float = 30.0) -> bool:
+    """A runner that has not written its pid yet may still be starting."""
+    if status.get("runner_pid"):
+        return True
+    import datetime
+
+    created = datetime.datetime.fromisoformat(status["created"])
+    return (datetime.datetime.now(datetime.UTC) - created).total_seconds() > seconds
+
+
+def _wait_for_pgid(directory: Path, deadline: float) -> int | None:
+    """torchrun's process group, once the runner has started it; None if the job ended first."""
+    while True:
+        status = runner.read_status(directory)
+        if status["state"] != "InProgress":
+            return None
+        if status.get("pgid") or time.monotonic() >= deadline:
+            return status.get("pgid")
+        time.sleep(0.05)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _last_metrics(path: Path) -> dict[str, float]:
+    if not path.is_file():
+        return {}
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+    return {}
+
+
+def _summary(log: Path, max_bytes: int = 65536) -> dict[str, float | str]:
+    if not log.is_file():
+        return {}
+    with log.open("rb") as f:
+        f.seek(max(0, log.stat().st_size - max_bytes))
+        lines = f.read().decode(errors="replace").splitlines()
+    for line in reversed(lines):
+        if line.startswith("summary "):
+            return parse_key_values(line)
+    return {}

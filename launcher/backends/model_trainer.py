@@ -1,0 +1,87 @@
+"""`JobSpec.to_model_trainer()`: the same job as a SageMaker SDK `ModelTrainer`, for notebooks.
+
+The trainer runs the spec's torchrun argv as its SourceCode command from the bundle root,
+with the spec's image, resources, environment, S3 locations, spot, networking and tags; it
+differs from `launcher submit` only in the job name, which the SDK makes from base_job_name.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from launcher.backends.sagemaker import METRIC_DEFINITIONS, Locations
+from launcher.bundle import Bundle
+from launcher.errors import UsageError
+from launcher.jobs import job_dir
+from launcher.spec import JobSpec
+
+
+def model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str | Path | None = None):
+    if spec.backend != "sagemaker":
+        raise UsageError(
+            f"to_model_trainer() needs a sagemaker spec, not {spec.backend}; build it with backend='sagemaker'"
+        )
+    try:
+        from sagemaker.core.training.configs import (
+            CheckpointConfig,
+            Compute,
+            InputData,
+            MetricDefinition,
+            Networking,
+            OutputDataConfig,
+            RetryStrategy,
+            SourceCode,
+            StoppingCondition,
+            Tag,
+        )
+        from sagemaker.train import ModelTrainer
+    except ImportError:
+        raise UsageError("to_model_trainer() needs the SageMaker SDK: pip install 'launcher[sagemaker]'") from None
+
+    locations = Locations.of(spec)
+    if sagemaker_session is None:
+        import boto3
+        from sagemaker.core.helper.session_helper import Session
+
+        sagemaker_session = Session(
+            boto_session=boto3.Session(region_name=spec.cloud.region), default_bucket=locations.bucket
+        )
+    if source_dir is None:
+        source_dir = Bundle.build(spec.resolved_json).extract(job_dir(spec.name) / "code")
+
+    r, net = spec.resources, spec.networking
+    trainer = ModelTrainer(
+        sagemaker_session=sagemaker_session,
+        role=spec.cloud.role_arn,
+        base_job_name=spec.recipe_name,
+        training_image=spec.image,
+        source_code=SourceCode(source_dir=str(source_dir), command=shlex.join(spec.command)),
+        compute=Compute(
+            instance_type=r.instance_type,
+            instance_count=r.instance_count,
+            volume_size_in_gb=r.volume_size_gb,
+            volume_kms_key_id=spec.cloud.kms_key_id,
+            enable_managed_spot_training=spec.spot,
+        ),
+        networking=Networking(
+            subnets=list(net.subnets) or None,
+            security_group_ids=list(net.security_group_ids) or None,
+            enable_network_isolation=net.isolation,
+            enable_inter_container_traffic_encryption=net.encrypt_inter_node,
+        ),
+        stopping_condition=StoppingCondition(
+            max_runtime_in_seconds=spec.max_run_s, max_wait_time_in_seconds=spec.max_wait_s
+        ),
+        output_data_config=OutputDataConfig(s3_output_path=locations.output, kms_key_id=spec.cloud.kms_key_id),
+        checkpoint_config=CheckpointConfig(s3_uri=locations.checkpoints, local_path=spec.checkpoint_dir),
+        input_data_config=[InputData(channel_name=d.name, data_source=d.source) for d in spec.inputs] or None,
+        environment=spec.env,
+        tags=[Tag(key=k, value=v) for k, v in (*spec.tags, ("launcher:recipe", spec.recipe_name))],
+    )
+    trainer = trainer.with_metric_definitions(
+        [MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS]
+    )
+    if spec.cloud.retries:
+        trainer = trainer.with_retry_strategy(RetryStrategy(maximum_retry_attempts=spec.cloud.retries))
+    return trainer

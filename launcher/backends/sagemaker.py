@@ -1,0 +1,406 @@
+"""The SageMaker backend, on boto3 directly.
+
+One function, `create_training_job_request`, builds the CreateTrainingJob request; `--dry-run`
+prints its result and `submit` sends that same dict, so what you review is what runs. The
+container unpacks the code bundle (the `code` channel) and execs the spec's torchrun argv;
+the resolved recipe is `resolved.json` inside the bundle, never hyperparameters.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from launcher.backends import aws, aws_model
+from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.cloudwatch import LOG_GROUP, log_lines
+from launcher.backends.images import training_image
+from launcher.bundle import ARCHIVE_NAME, Bundle, unpack_entrypoint
+from launcher.errors import LauncherError, UsageError
+from launcher.spec import METRIC_KEYS, JobSpec, Placement
+
+CHECKPOINT_DIR = "/opt/ml/checkpoints"
+OUTPUT_DIR = "/opt/ml/output/data"
+CHANNELS_DIR = "/opt/ml/input/data"
+CODE_DIR = "/opt/ml/code"
+ROLE_EXAMPLE = "arn:aws:iam::<account>:role/<SageMakerExecutionRole>"
+
+_FLOAT = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+
+
+def _metric_regex(key: str) -> str:
+    # Fields are space separated after `metrics step=N`; the space before the key keeps `loss`
+    # from matching inside another key. No anchor: the platform may prefix the line.
+    return r"metrics step=(\d+)" if key == "step" else rf"metrics step=\d+.* {key}={_FLOAT}"
+
+
+# SageMaker reads these from the job's log lines (contract 2) into CloudWatch metrics.
+METRIC_DEFINITIONS = [{"Name": f"train:{key}", "Regex": _metric_regex(key)} for key in METRIC_KEYS]
+
+
+# --- where things go ---------------------------------------------------------------------------
+
+
+def role_account(role_arn: str) -> str:
+    return role_arn.split(":")[4]
+
+
+@dataclass(frozen=True)
+class Locations:
+    """The job's S3 locations: outputs, checkpoints (per recipe, so jobs resume) and code."""
+
+    bucket: str
+    default_bucket: bool
+    output: str
+    checkpoints: str
+    code_prefix: str
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> Locations:
+        cloud = spec.cloud
+        if cloud.output_uri:
+            root = cloud.output_uri.rstrip("/")
+            bucket, default = root.removeprefix("s3://").split("/", 1)[0], False
+        else:
+            # The SageMaker SDK's default bucket, named for the account that owns the role
+            # (the caller's own account for nearly everyone), so dry-run needs no AWS call.
+            bucket, default = f"sagemaker-{cloud.region}-{role_account(cloud.role_arn)}", True
+            root = f"s3://{bucket}/launcher"
+        checkpoints = cloud.checkpoint_uri or f"{root}/{spec.recipe_name}/checkpoints"
+        return cls(bucket, default, f"{root}/{spec.recipe_name}", checkpoints.rstrip("/"), f"{root}/code")
+
+    def code_uri(self, bundle: Bundle) -> str:
+        return f"{self.code_prefix}/{bundle.sha256}/{ARCHIVE_NAME}"
+
+
+# --- the request ---------------------------------------------------------------------------------
+
+
+def create_training_job_request(spec: JobSpec, *, code_uri: str, locations: Locations) -> dict:
+    """The CreateTrainingJob request for `spec`: what dry-run prints and submit sends."""
+    cloud, resources = spec.cloud, spec.resources
+    environment = {
+        **spec.env,
+        "LAUNCHER_BUNDLE": f"{CHANNELS_DIR}/code/{ARCHIVE_NAME}",
+        "LAUNCHER_CODE": CODE_DIR,
+        "LAUNCHER_JOB_NAME": spec.name,
+    }
+    channels = [
+        {
+            "ChannelName": "code",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": code_uri,
+                    "S3DataDistributionType": "FullyReplicated",
+                }
+            },
+            "InputMode": "File",
+        }
+    ]
+    for data in spec.inputs:
+        channels.append(
+            {
+                "ChannelName": data.name,
+                "DataSource": {
+                    "S3DataSource": {
+                        "S3DataType": "S3Prefix",
+                        "S3Uri": data.source,
+                        "S3DataDistributionType": "FullyReplicated",
+                    }
+                },
+                # Long-context corpora are large: stream them instead of copying them first.
+                "InputMode": "FastFile",
+            }
+        )
+    request: dict = {
+        "TrainingJobName": spec.name,
+        "RoleArn": cloud.role_arn,
+        "AlgorithmSpecification": {
+            "TrainingImage": spec.image,
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": unpack_entrypoint(),
+            "ContainerArguments": list(spec.command),
+            "MetricDefinitions": METRIC_DEFINITIONS,
+            "EnableSageMakerMetricsTimeSeries": True,
+        },
+        "InputDataConfig": channels,
+        "OutputDataConfig": {"S3OutputPath": locations.output},
+        "ResourceConfig": {
+            "InstanceType": resources.instance_type,
+            "InstanceCount": resources.instance_count,
+            "VolumeSizeInGB": resources.volume_size_gb,
+        },
+        "CheckpointConfig": {"S3Uri": locations.checkpoints, "LocalPath": spec.checkpoint_dir},
+        "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run_s},
+        "EnableManagedSpotTraining": spec.spot,
+        "EnableNetworkIsolation": spec.networking.isolation,
+        "EnableInterContainerTrafficEncryption": spec.networking.encrypt_inter_node,
+        "Environment": environment,
+        "Tags": [{"Key": k, "Value": v} for k, v in (*spec.tags, ("launcher:recipe", spec.recipe_name))],
+    }
+    if spec.spot:
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = spec.max_wait_s
+    if cloud.kms_key_id:
+        request["OutputDataConfig"]["KmsKeyId"] = cloud.kms_key_id
+        request["ResourceConfig"]["VolumeKmsKeyId"] = cloud.kms_key_id
+    if spec.networking.subnets:
+        request["VpcConfig"] = {
+            "Subnets": list(spec.networking.subnets),
+            "SecurityGroupIds": list(spec.networking.security_group_ids),
+        }
+    if cloud.retries:
+        request["RetryStrategy"] = {"MaximumRetryAttempts": cloud.retries}
+    return request
+
+
+# --- the backend ---------------------------------------------------------------------------------
+
+
+class SageMakerBackend(Backend):
+    name = "sagemaker"
+    capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=False)
+
+    def placement(self, recipe, name: str) -> Placement:
+        # Every host resolves algo-1, the first instance, which hosts the rendezvous store.
+        return Placement(
+            checkpoint_dir=CHECKPOINT_DIR,
+            output_dir=OUTPUT_DIR,
+            rendezvous_host="algo-1",
+            s3_data_dir=f"{CHANNELS_DIR}/train",
+            image=training_image(recipe),
+        )
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        problems = super().problems(spec)
+        if not spec.cloud.role_arn:
+            problems.append(
+                f"sagemaker.role_arn: not set; the job runs as an IAM execution role: add it to the recipe's sagemaker "
+                f"section or pass --set sagemaker.role_arn={ROLE_EXAMPLE}"
+            )
+        return problems
+
+    def _render(self, spec: JobSpec) -> Rendering:
+        bundle = Bundle.build(spec.resolved_json)
+        locations = Locations.of(spec)
+        code_uri = locations.code_uri(bundle)
+        request = create_training_job_request(spec, code_uri=code_uri, locations=locations)
+        problems = aws_model.validate("sagemaker", "CreateTrainingJob", request)
+        if problems:
+            raise UsageError(
+                "\n".join(f"the CreateTrainingJob request breaks the SageMaker API: {p}" for p in problems)
+            )
+        data = {"request": request, "bundle": bundle.describe(code_uri)}
+        return Rendering(
+            spec=spec,
+            data=data,
+            text=json.dumps(data, indent=2),
+            payload={"bundle": bundle, "locations": locations, "code_uri": code_uri},
+        )
+
+    def _submit(self, rendering: Rendering) -> JobRef:
+        spec = rendering.spec
+        region = spec.cloud.region
+        locations: Locations = rendering.payload["locations"]
+        upload_bundle(rendering.payload["bundle"], rendering.payload["code_uri"], locations, spec)
+        sm = aws.client("sagemaker", region)
+        try:
+            sm.create_training_job(**rendering.data["request"])
+        except Exception as error:
+            r = spec.resources
+            raise aws.explain(
+                error,
+                action=f"CreateTrainingJob {spec.name}",
+                region=region,
+                job=spec.name,
+                quota_hint=f"{r.instance_type} for {'spot ' if spec.spot else ''}training job usage",
+            ) from None
+        return JobRef(name=spec.name, backend=self.name, region=region, created=utc_now())
+
+    def _describe(self, ref: JobRef) -> dict:
+        try:
+            return aws.client("sagemaker", self._region(ref)).describe_training_job(TrainingJobName=ref.name)
+        except Exception as error:
+            raise aws.explain(
+                error, action=f"DescribeTrainingJob {ref.name}", region=self._region(ref), job=ref.name
+            ) from None
+
+    @staticmethod
+    def _region(ref: JobRef) -> str:
+        if not ref.region:
+            raise UsageError(f"{ref.name}: pass --region to find a SageMaker job")
+        return ref.region
+
+    def _status(self, ref: JobRef) -> JobStatus:
+        return status_from_description(self._describe(ref), region=self._region(ref))
+
+    def _logs(self, ref: JobRef, *, follow: bool, poll_s: float) -> Iterator[str]:
+        region = self._region(ref)
+        description = self._describe(ref)
+        logs = aws.client("logs", region)
+
+        def is_done() -> bool:
+            return self._describe(ref)["TrainingJobStatus"] in ("Completed", "Failed", "Stopped")
+
+        try:
+            yield from log_lines(
+                logs,
+                ref.name,
+                follow=follow,
+                is_done=is_done,
+                poll_s=poll_s,
+                label_hosts=description["ResourceConfig"].get("InstanceCount", 1) > 1,
+            )
+        except LauncherError:
+            raise
+        except Exception as error:
+            raise aws.explain(error, action=f"reading {LOG_GROUP}/{ref.name}", region=region, job=ref.name) from None
+
+    def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
+        region = self._region(ref)
+        try:
+            aws.client("sagemaker", region).stop_training_job(TrainingJobName=ref.name)
+        except Exception as error:
+            raise aws.explain(error, action=f"StopTrainingJob {ref.name}", region=region, job=ref.name) from None
+        return self._status(ref)
+
+    def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
+        if region is None:
+            raise UsageError("listing SageMaker jobs needs --region")
+        sm = aws.client("sagemaker", region)
+        kwargs = {"SortBy": "CreationTime", "SortOrder": "Descending", "MaxResults": min(limit, 100)}
+        summaries: list[dict] = []
+        try:
+            while len(summaries) < limit:
+                page = sm.list_training_jobs(**kwargs)
+                summaries += page.get("TrainingJobSummaries", [])
+                if not page.get("NextToken"):
+                    break
+                kwargs["NextToken"] = page["NextToken"]
+        except Exception as error:
+            raise aws.explain(error, action="ListTrainingJobs", region=region) from None
+        return [
+            JobStatus(
+                name=s["TrainingJobName"],
+                backend=self.name,
+                state=s["TrainingJobStatus"],
+                secondary=s.get("SecondaryStatus"),
+                created=_iso(s.get("CreationTime")),
+                ended=_iso(s.get("TrainingEndTime")),
+                details={"region": region},
+            )
+            for s in summaries[:limit]
+        ]
+
+
+def status_from_description(d: dict, *, region: str) -> JobStatus:
+    state = d["TrainingJobStatus"]
+    resources = d.get("ResourceConfig", {})
+    details = {
+        "region": region,
+        "arn": d.get("TrainingJobArn"),
+        "instance": f"{resources.get('InstanceCount')} x {resources.get('InstanceType')}",
+        "log_group": f"{LOG_GROUP}/{d['TrainingJobName']}",
+        "billable_seconds": d.get("BillableTimeInSeconds"),
+        "model_artifacts": d.get("ModelArtifacts", {}).get("S3ModelArtifacts"),
+    }
+    return JobStatus(
+        name=d["TrainingJobName"],
+        backend="sagemaker",
+        state=state,
+        secondary=d.get("SecondaryStatus"),
+        transitions=tuple(
+            Transition(
+                status=t["Status"],
+                start=_iso(t.get("StartTime")),
+                end=_iso(t.get("EndTime")),
+                message=t.get("StatusMessage", ""),
+            )
+            for t in d.get("SecondaryStatusTransitions", [])
+        ),
+        failure_reason=d.get("FailureReason"),
+        exit_code={"Completed": 0, "Failed": 1}.get(state),
+        created=_iso(d.get("CreationTime")),
+        ended=_iso(d.get("TrainingEndTime")),
+        metrics={m["MetricName"]: m["Value"] for m in d.get("FinalMetricDataList", [])},
+        details={k: v for k, v in details.items() if v is not None},
+    )
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+# --- the upload ---------------------------------------------------------------------------------
+
+
+def upload_bundle(bundle: Bundle, code_uri: str, locations: Locations, spec: JobSpec) -> None:
+    """Put the bundle at its content-addressed key, unless an identical object is already there."""
+    from botocore.exceptions import ClientError
+
+    region = spec.cloud.region
+    s3 = aws.client("s3", region)
+    bucket, key = code_uri.removeprefix("s3://").split("/", 1)
+    try:
+        if locations.default_bucket:
+            _ensure_bucket(s3, bucket, region)
+        try:
+            head = s3.head_object(Bucket=bucket, Key=key)
+            if head["ContentLength"] == len(bundle.data):
+                return
+        except ClientError as error:
+            if error.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
+                raise
+        extra = {"ContentType": "application/gzip", "Metadata": {"sha256": bundle.sha256}}
+        if spec.cloud.kms_key_id:
+            extra.update(ServerSideEncryption="aws:kms", SSEKMSKeyId=spec.cloud.kms_key_id)
+        with _progress(len(bundle.data), f"uploading code to {code_uri}") as advance:
+            s3.upload_fileobj(io.BytesIO(bundle.data), bucket, key, ExtraArgs=extra, Callback=advance)
+    except LauncherError:
+        raise
+    except Exception as error:
+        raise aws.explain(error, action=f"uploading the code bundle to bucket {bucket}", region=region) from None
+
+
+def _ensure_bucket(s3, bucket: str, region: str) -> None:
+    """Create the default bucket on first use, as the SageMaker SDK does."""
+    from botocore.exceptions import ClientError
+
+    try:
+        s3.head_bucket(Bucket=bucket)
+        return
+    except ClientError as error:
+        if error.response["Error"]["Code"] not in ("404", "NoSuchBucket", "NotFound"):
+            raise
+    config = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
+    s3.create_bucket(Bucket=bucket, **config)
+
+
+class _progress:
+    """A rich progress bar on stderr while a transfer runs (silent when stderr is not a terminal)."""
+
+    def __init__(self, total: int, description: str):
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        self.total = total
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            disable=not sys.stderr.isatty(),
+        )
+        self.task = self.progress.add_task(description, total=total)
+
+    def __enter__(self):
+        self.progress.start()
+        return lambda sent: self.progress.advance(self.task, sent)
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()

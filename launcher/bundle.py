@@ -1,0 +1,159 @@
+"""The code bundle: `entrypoints/` plus `resolved.json` as one deterministic tar.gz.
+
+The same inputs give the same bytes on every run (sorted members, fixed mtimes, owners and
+modes, no gzip timestamp), so the content hash can name the object in S3 and an unchanged
+bundle is uploaded once. Caches, VCS data and anything that looks like a secret never go in.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import LauncherError
+from launcher.spec import CONFIG_FILE, ENTRYPOINT
+
+BUNDLE_ROOT = "entrypoints"
+ARCHIVE_NAME = "code.tar.gz"
+# 1980-01-01: the oldest time a zip-derived tool accepts; any fixed value makes the bytes stable.
+FIXED_MTIME = 315532800
+MAX_BUNDLE_BYTES = 64 * 1024 * 1024
+
+EXCLUDED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".aws", ".ssh"}
+EXCLUDED_FILES = (
+    "*.pyc",
+    "*.pyo",
+    ".env",
+    ".env.*",
+    "*.env",
+    ".netrc",
+    ".DS_Store",
+    "credentials",
+    "credentials.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_ed25519*",
+    "id_ecdsa*",
+    ".pypirc",
+)
+
+# The bootstrap that SageMaker and Kubernetes containers run before torchrun: unpack the bundle
+# named by $LAUNCHER_BUNDLE into $LAUNCHER_CODE and exec the argv that follows. Paths arrive as
+# environment variables, so this text never contains anything from a recipe.
+UNPACK_SCRIPT = (
+    'set -e; mkdir -p "$LAUNCHER_CODE"; tar -xzf "$LAUNCHER_BUNDLE" -C "$LAUNCHER_CODE"; cd "$LAUNCHER_CODE"; exec "$@"'
+)
+
+
+def unpack_entrypoint() -> list[str]:
+    """Container entrypoint argv; the torchrun argv follows it as arguments."""
+    return ["/bin/bash", "-c", UNPACK_SCRIPT, "launcher-bootstrap"]
+
+
+def find_entrypoints() -> Path:
+    """`entrypoints/` of a source checkout, or the copy installed inside the wheel."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package.parent / BUNDLE_ROOT, package / "_entrypoints"):
+        if (candidate / "train.py").is_file():
+            return candidate
+    raise LauncherError(
+        f"cannot find {ENTRYPOINT}: looked in {package.parent / BUNDLE_ROOT} and {package / '_entrypoints'}; "
+        "reinstall the launcher (pip install launcher) or run from a source checkout"
+    )
+
+
+def excluded(relative: Path) -> bool:
+    if any(part in EXCLUDED_DIRS for part in relative.parts[:-1]):
+        return True
+    name = relative.name
+    return name in EXCLUDED_DIRS or any(fnmatch.fnmatch(name, pattern) for pattern in EXCLUDED_FILES)
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Bundle:
+    data: bytes
+    files: tuple[BundleFile, ...]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @classmethod
+    def build(cls, resolved_json: str, entrypoints: Path | None = None) -> Bundle:
+        """Pack `entrypoints/` and the resolved recipe (as resolved.json at the bundle root)."""
+        source = entrypoints or find_entrypoints()
+        members: dict[str, bytes | None] = {}  # archive path -> content (None: directory)
+        for path in sorted(source.rglob("*")):
+            relative = path.relative_to(source)
+            if excluded(relative) or path.is_symlink():
+                continue
+            name = f"{BUNDLE_ROOT}/{relative.as_posix()}"
+            members[name] = None if path.is_dir() else path.read_bytes()
+        members[CONFIG_FILE] = resolved_json.encode()
+
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.addfile(_info(BUNDLE_ROOT, None))
+            for name in sorted(members):
+                content = members[name]
+                tar.addfile(_info(name, content), io.BytesIO(content) if content is not None else None)
+        compressed = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=compressed, mtime=0, compresslevel=9) as gz:
+            gz.write(raw.getvalue())
+        data = compressed.getvalue()
+        if len(data) > MAX_BUNDLE_BYTES:
+            raise LauncherError(
+                f"the code bundle from {source} is {len(data) / 2**20:.0f} MiB; keep data out of entrypoints/ "
+                f"(at most {MAX_BUNDLE_BYTES // 2**20} MiB), use data.source for datasets"
+            )
+        files = tuple(
+            BundleFile(name, len(content), hashlib.sha256(content).hexdigest())
+            for name, content in sorted(members.items())
+            if content is not None
+        )
+        return cls(data, files)
+
+    def write(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.data)
+        return path
+
+    def extract(self, destination: Path) -> Path:
+        destination.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:gz") as tar:
+            tar.extractall(destination, filter="data")
+        return destination
+
+    def describe(self, uri: str | None = None) -> dict:
+        """What `--dry-run` shows about the bundle."""
+        info = {"sha256": self.sha256, "bytes": len(self.data), "files": [f.path for f in self.files]}
+        return {"uri": uri, **info} if uri else info
+
+
+def _info(name: str, content: bytes | None) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mtime = FIXED_MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if content is None:
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+    else:
+        info.size = len(content)
+        info.mode = 0o755 if content.startswith(b"#!") else 0o644
+    return info

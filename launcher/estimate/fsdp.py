@@ -1,0 +1,389 @@
+"""The `fsdp` accounting: what the bundled entrypoints allocate on one GPU, term by term.
+
+Derived from the entrypoints' code (entrypoints/model, entrypoints/parallel, optim.py) and
+checked against a fake-tensor trace of that code (tests/estimate/test_traced.py); every term
+is explained, with the line of code it comes from, in docs/estimator.md. In short:
+
+- Weights are fp32 FSDP shards (masters) over dp_shard x cp; `MixedPrecisionPolicy`
+  all-gathers them in the compute dtype. AdamW's two states are fp32 shards; gradients are
+  reduce-scattered in fp32 into fp32 shards. That is 16 bytes per parameter / (dp_shard x cp).
+- The FSDP root unit (embedding, final norm, output weight) is gathered from the start of
+  forward to the end of backward; each block is gathered for its forward and again for its
+  backward, where FSDP prefetches the next block and keeps the previous block's fp32
+  reduce-scatter input until the next reduce-scatter.
+- Under pipeline parallelism every block stays gathered for the whole step and gradients
+  accumulate unsharded in fp32 until the step's last micro-batch (torch.distributed.pipelining
+  turns FSDP's gradient sync off in between).
+- Each block saves what autograd needs (listed in `_Block`); full checkpointing keeps only a
+  block's input and recomputes the rest in backward; selective checkpoints the odd layers.
+- The loss never materialises logits: it saves the final hidden states and an fp32
+  log-sum-exp per token, and handles the vocabulary in chunks of about N x hidden values.
+
+The peak is the largest of a few moments of a step: the loss's forward and backward, the
+backward of the first and second blocks it reaches (and the last, when gradients outgrow
+activations), and the optimizer step. Each pipeline rank is evaluated on its own.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+from launcher.estimate.memory import StageMemory, Workload, empty_breakdown
+from launcher.estimate.overheads import device_overheads
+from launcher.estimate.pipeline import first_backward
+
+FP32 = 4
+INT64 = 8
+# entrypoints/model/loss.py MIN_CHUNK_TOKENS: the loss never works on fewer tokens at once.
+LOSS_MIN_CHUNK_TOKENS = 1024
+
+
+class _Block:
+    """Bytes one transformer block holds for one micro-batch, on one GPU.
+
+    T tokens of the sequence live on this rank (b x s / c); sequence-parallel regions
+    (norms, residual stream) hold T/t of them. Saved for backward, per block:
+    - the block input (saved by attention_norm) and the residual after attention (ffn_norm),
+      each T/t x h, with an fp32 rstd per token (CUDA's fused RMSNorm);
+    - the inputs of the attention and MLP projections: the norm outputs, all-gathered along
+      the sequence under TP, so T x h each (DTensor keeps the gathered tensor, not the shard);
+    - rotated q (T x h/t), k and v (T x kv/t; under CP the K/V all-gathered from the whole
+      sequence, c x that), the attention output (T x h/t; twice under CP, where the two zigzag
+      chunks' outputs are concatenated and copied into wo's input) and an fp32 log-sum-exp
+      per head and token;
+    - the SwiGLU intermediates w1 x, w3 x, silu(w1 x) and their product: 4 x T x f/t.
+    """
+
+    __slots__ = (
+        "saved",
+        "tp_gathered",
+        "cp_gathered",
+        "layer_input",
+        "backward_working",
+        "fp8_cast",
+        "params",
+        "gathered",
+        "weight_grad_w2",
+    )
+
+    def __init__(self, w: Workload, cb: int, *, float8_all_gather: bool):
+        arch, layout = w.arch, w.layout
+        h, f, kv, heads = arch.hidden_size, arch.ffn_hidden_size, arch.kv_dim, arch.num_heads
+        t, c = layout.tensor, layout.context
+        tokens = w.micro_batch_size * w.seq_len / c
+        sharded = tokens / t
+        out_copies = 2 if c > 1 else 1
+        local = (
+            cb * sharded * h * 2  # block input, residual after attention
+            + FP32 * sharded * 2  # rstd of both norms
+            + cb * sharded * h * 2  # the two norm outputs, as a sequence shard
+            + cb * tokens * (h + 2 * kv) / t  # q, k, v
+            + cb * tokens * h / t * out_copies  # attention output (and its copy under CP)
+            + FP32 * tokens * heads / t  # log-sum-exp
+            + cb * tokens * 4 * f / t  # SwiGLU intermediates
+        )
+        # Sequence parallel keeps the all-gathered norm outputs: (t - 1) more shards of each.
+        self.tp_gathered = cb * (tokens - sharded) * h * 2
+        # Context parallel keeps K and V of the whole sequence: (c - 1) more chunks of each.
+        self.cp_gathered = cb * tokens * (c - 1) * 2 * kv / t
+        self.saved = local + self.tp_gathered + self.cp_gathered
+        self.layer_input = cb * sharded * h
+        # MLP backward, where a block's backward peaks: the gradients of w2's input, of
+        # silu(w1 x) and of w3 x are alive while w2's input (saved above) is already freed
+        # (net: two T x f/t), with the incoming gradient (and its all-gathered copy under TP).
+        incoming = cb * (sharded * h + (tokens * h if t > 1 else 0))
+        self.backward_working = cb * 2 * tokens * f / t + incoming
+        # FP8 (torchao float8 linears save their bf16 inputs, so nothing saved changes): w2
+        # casts its T x f/t input to float8 through an fp32 copy, an fp32 scaled and an fp32
+        # clamped tensor, 9 bytes per value on top of the block's saved set: in its forward
+        # (or recomputation), and again in its backward for the weight gradient, where w2's
+        # input gradient (T x f/t) and two float8 copies of its incoming T x h gradient are
+        # alive too. Under TP with float8 all-gather, torchao's Float8 TP styles hand w2 a
+        # float8 input and the backward cast does not happen.
+        float8_tp_styles = float8_all_gather and t > 1
+        fp8_moment = 9 * tokens * f / t + cb * sharded * h
+        if not float8_tp_styles:
+            fp8_moment += cb * tokens * f / t + 2 * tokens * h
+        if w.fp8_recipe == "rowwise":
+            # Rowwise scaling also keeps float8 copies of the MLP input (for w1 and w3) and
+            # casts the gathered bf16 w2 weight to float8 (no float8 all-gather).
+            fp8_moment += 2 * tokens * h + h * f / t
+        self.weight_grad_w2 = cb * h * f / t
+        self.fp8_cast = 0.0
+        if w.fp8 and fp8_moment > self.backward_working + self.weight_grad_w2:
+            # The block peaks at that cast, before any of its weight gradients exist.
+            self.fp8_cast = fp8_moment - cb * sharded * h
+            self.backward_working = cb * sharded * h
+            self.weight_grad_w2 = 0.0
+        linear = (2 * h * h + 2 * h * kv + 3 * h * f) / t
+        self.params = linear + 2 * h
+        # FSDP all-gathers float8 weights (tensorwise scaling on nccl, entrypoints/fp8.py).
+        self.gathered = (1 if float8_all_gather else cb) * linear + cb * 2 * h
+
+
+def _checkpointed_below(mode: str, index: int) -> int:
+    """How many of layers 0 .. index-1 entrypoints/parallel/activation.py checkpoints: full
+    wraps every block, selective the odd layers."""
+    return index if mode == "full" else index // 2 if mode == "selective" else 0
+
+
+def _checkpointed_on_rank(workload: Workload, rank: int) -> int:
+    """How many of the layers pipeline rank `rank` holds are checkpointed (its stages are
+    rank, rank + p, ... of p x v, each a contiguous run of layers)."""
+    layout, mode = workload.layout, workload.activation_checkpointing
+    per_stage = workload.arch.num_layers // layout.num_stages
+    return sum(
+        _checkpointed_below(mode, (s + 1) * per_stage) - _checkpointed_below(mode, s * per_stage)
+        for s in range(rank, layout.num_stages, layout.pipeline)
+    )
+
+
+class _Context:
+    """What every rank's moments share: the compute dtype, one block, the loss."""
+
+    __slots__ = ("w", "cb", "block", "loss", "device")
+
+    def __init__(self, workload: Workload, device: str):
+        self.w, self.device = workload, device
+        self.cb = FP32 if workload.dtype == "fp32" else 2
+        # Float8 collectives exist on nccl only; gloo (the CPU) all-gathers in the compute dtype.
+        float8_all_gather = workload.fp8 and workload.fp8_recipe == "tensorwise" and device == "cuda"
+        self.block = _Block(workload, self.cb, float8_all_gather=float8_all_gather)
+        self.loss = _Loss(workload, self.cb)
+
+
+def stage_peaks(workload: Workload, *, device: str = "cuda") -> list[StageMemory]:
+    """Each pipeline rank at its largest moment, with the device overheads added."""
+    context = _Context(workload, device)
+    layers = workload.arch.num_layers // workload.layout.pipeline
+    stages = []
+    for rank in range(workload.layout.pipeline):
+        found = _rank_moments(context, rank)
+        phase, breakdown = max(found.items(), key=lambda item: sum(item[1].values()))
+        breakdown = {name: round(value) for name, value in breakdown.items()}
+        breakdown.update(device_overheads(workload.layout, sum(breakdown.values()), device))
+        stages.append(StageMemory(stage=rank, layers=layers, phase=phase, breakdown=breakdown))
+    return stages
+
+
+def saved_activation_bytes(workload: Workload, *, rank: int = 0) -> int:
+    """Bytes one micro-batch keeps for backward on pipeline rank `rank`, over all its layers
+    (with the TP- and CP-gathered parts), after its forward: what more TP, CP or
+    checkpointing reduce and longer sequences increase."""
+    context = _Context(workload, "cuda")
+    block, cb = context.block, context.cb
+    layers = workload.arch.num_layers // workload.layout.pipeline
+    checkpointed = _checkpointed_on_rank(workload, rank)
+    total = checkpointed * block.layer_input + (layers - checkpointed) * block.saved
+    if rank == workload.layout.pipeline - 1:
+        total += context.loss.head_saved
+    return round(total + cb * _tokens(workload) * workload.arch.head_dim)
+
+
+def moments(workload: Workload, *, rank: int = 0, device: str = "cuda") -> dict[str, dict[str, int]]:
+    """Allocated bytes by component at each candidate peak moment of pipeline rank `rank`.
+
+    Without pipeline parallelism: the loss's forward and backward, the backward of the
+    first two and last two blocks reached (activations shrink and gradient shards grow by
+    one block per step, so the largest block moment is at one of those ends), the
+    embedding's backward and the optimizer step.
+    """
+    found = _rank_moments(_Context(workload, device), rank)
+    return {name: {k: round(v) for k, v in breakdown.items()} for name, breakdown in found.items()}
+
+
+def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
+    workload, block, cb, device = context.w, context.block, context.cb, context.device
+    w, arch, layout = workload, workload.arch, workload.layout
+    h, V = arch.hidden_size, arch.vocab_size
+    t, p = layout.tensor, layout.pipeline
+    shard = layout.fsdp_shard
+    first, last = rank == 0, rank == p - 1
+    tokens = _tokens(w)
+    n = arch.num_layers // p
+
+    vocab_matrix = V * h / t
+    root_params = (vocab_matrix if first else 0) + ((0 if arch.tie_embeddings else vocab_matrix) + h if last else 0)
+    if arch.tie_embeddings and last and not first:
+        root_params += vocab_matrix
+    stage_params = n * block.params + root_params
+
+    base = empty_breakdown()
+    base["parameters"] = FP32 * stage_params / shard + FP32 * tokens * arch.head_dim  # + fp32 RoPE table
+    base["optimizer_states"] = 2 * FP32 * stage_params / shard
+    grads_full = FP32 * stage_params / shard
+    mode = w.activation_checkpointing
+    rope_cast = cb * tokens * arch.head_dim  # the RoPE table in the compute dtype, shared by layers
+    loss = context.loss if last else None
+    head_saved = loss.head_saved if last else 0
+
+    def kept(count: int, checkpointed: int) -> tuple[float, float, float]:
+        """(bytes, of which TP-gathered, of which CP-gathered) kept by `count` layers."""
+        full = count - checkpointed
+        return (
+            checkpointed * block.layer_input + full * block.saved,
+            full * block.tp_gathered,
+            full * block.cp_gathered,
+        )
+
+    def with_activations(breakdown: dict, alive: tuple[float, float, float], extra: float) -> dict:
+        total, tp, cp = alive
+        breakdown["activations"] = total - tp - cp + extra
+        breakdown["tp_buffers"] = tp
+        breakdown["cp_buffers"] = cp
+        return breakdown
+
+    found: dict[str, dict] = {}
+    if p > 1:
+        checkpointed = _checkpointed_on_rank(w, rank)
+        found.update(
+            _pipelined_moments(
+                w, block, cb, rank, kept(n, checkpointed), checkpointed, base, loss, head_saved, root_params
+            )
+        )
+    else:
+        all_kept = kept(n, _checkpointed_below(mode, n))
+        accumulating = w.grad_accum_steps > 1  # earlier micro-batches' gradient shards
+        gathered_root = cb * root_params
+        # The loss: forward, then backward (the output weight's gradient stays unsharded until
+        # the root's reduce-scatter at the very end of backward).
+        forward = dict(base)
+        forward["gradients"] = grads_full if accumulating else 0
+        forward["fsdp_buffers"] = gathered_root
+        forward["loss"] = loss.forward_working
+        found["loss forward"] = with_activations(forward, all_kept, rope_cast + head_saved)
+        # FSDP's root pre-backward hook has already prefetched the last block's all-gather.
+        backward = dict(forward)
+        backward["fsdp_buffers"] = gathered_root + cb * vocab_matrix + (block.gathered if n else 0)
+        backward["loss"] = loss.backward_working
+        found["loss backward"] = with_activations(backward, all_kept, rope_cast + head_saved)
+        # Blocks in backward, last layer first. The k-th one reached holds the kept
+        # activations of the layers below it, its own full set (recomputed if checkpointed),
+        # its gathered weights and the next block's prefetched all-gather buffer; from the
+        # second block on also the previous block's fp32 reduce-scatter input and the
+        # gradient shards of the blocks done.
+        output_grad = 0 if arch.tie_embeddings else cb * vocab_matrix
+        for k in sorted({k for k in (0, 1, n - 2, n - 1) if 0 <= k < n}):
+            index = n - 1 - k
+            below = kept(index, _checkpointed_below(mode, index))
+            alive = (below[0] + block.saved, below[1] + block.tp_gathered, below[2] + block.cp_gathered)
+            moment = dict(base)
+            moment["gradients"] = grads_full if accumulating else FP32 * k * block.params / shard
+            prefetch = block.gathered if index > 0 else 0
+            reduce_scatter = FP32 * block.params if k >= 1 else 0
+            moment["fsdp_buffers"] = (
+                gathered_root + output_grad + block.gathered + prefetch + reduce_scatter + block.weight_grad_w2
+            )
+            moment["working"] = block.backward_working
+            moment["fp8"] = block.fp8_cast
+            found[f"backward of layer {index}"] = with_activations(moment, alive, rope_cast)
+        # The embedding's backward, last: every block's gradient shard and the last block's
+        # reduce-scatter input exist, and the embedding gradient is dense over the whole
+        # vocabulary even under TP (DTensor computes the row-parallel embedding's gradient at
+        # its global size before sharding it). Under TP the output weight's unsharded
+        # gradient also has a copy (DTensor's to_local backward).
+        moment = dict(base)
+        moment["gradients"] = grads_full if accumulating else FP32 * n * block.params / shard
+        moment["fsdp_buffers"] = gathered_root + output_grad * (2 if t > 1 else 1) + FP32 * block.params + cb * V * h
+        found["backward of the embedding"] = moment
+    optimizer = dict(base)
+    optimizer["gradients"] = grads_full
+    if device == "cpu":
+        optimizer["optimizer_temp"] = FP32 * stage_params / shard  # foreach AdamW on the CPU
+    found["optimizer step"] = optimizer
+    return found
+
+
+def _tokens(w: Workload) -> float:
+    """Tokens of one micro-batch on one rank: context parallelism splits the sequence."""
+    return w.micro_batch_size * w.seq_len / w.layout.context
+
+
+def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_saved, root_params) -> dict:
+    """A pipeline rank at its first and second backward, with all its blocks gathered.
+
+    Blocks are not resharded after forward (parallelize.py), and torch.distributed.pipelining
+    turns FSDP's gradient sync off until the end of the step, so each block's gradient
+    accumulates unsharded in fp32 (`unsharded_accumulated_grad`) from its first backward on.
+    The runtime allocates a receive buffer per micro-batch for every stage input it gets
+    from another rank and for every output gradient, up front.
+    """
+    layout = w.layout
+    p, v, m = layout.pipeline, layout.virtual_stages, w.grad_accum_steps
+    n = w.arch.num_layers // p
+    tokens = _tokens(w)
+    schedule = first_backward(rank, layout, w.pipeline_schedule, m)
+    stages = range(rank, p * v, p)
+    last_stage = p * v - 1
+    boundary = cb * tokens / layout.tensor * w.arch.hidden_size
+    receive_buffers = boundary * m * sum((s > 0) + (s < last_stage) for s in stages)
+    total, tp, cp = kept
+    per_chunk = (total - tp - cp) / v, tp / v, cp / v
+    # The first backward reaches the rank's last chunk; its gradients accumulate first.
+    first_chunk_params = n / v * block.params + (root_params if v == 1 or rank == p - 1 else 0)
+
+    moments = {}
+    for name, chunks, accumulated in (
+        ("first backward", schedule.forwards, 0.0),
+        ("second backward", schedule.forwards - (not schedule.steady), FP32 * first_chunk_params),
+    ):
+        if chunks < 1 or (accumulated and m == 1):
+            continue
+        moment = dict(base)
+        moment["fsdp_buffers"] = n * block.gathered + cb * root_params + accumulated
+        moment["tp_buffers"] = per_chunk[1] * chunks
+        moment["cp_buffers"] = per_chunk[2] * chunks
+        kept_activations = per_chunk[0] * chunks + (head_saved * chunks if loss else 0)
+        # In a block's backward: its full set (recomputed if checkpointed) and its working set.
+        in_block = dict(moment)
+        in_block["fsdp_buffers"] += block.weight_grad_w2
+        in_block["fp8"] = block.fp8_cast
+        in_block["working"] = block.backward_working + receive_buffers
+        in_block["activations"] = kept_activations + (block.saved - block.layer_input if checkpointed else 0)
+        moments[f"{name} (pipeline)"] = in_block
+        if loss:
+            # The last stage's loss backward, with the output weight's bf16 gradient.
+            in_loss = dict(moment)
+            in_loss["fsdp_buffers"] += cb * w.arch.vocab_size * w.arch.hidden_size / layout.tensor
+            in_loss["working"] = receive_buffers
+            in_loss["loss"] = loss.backward_working
+            in_loss["activations"] = kept_activations
+            moments[f"{name}, loss (pipeline)"] = in_loss
+    return moments
+
+
+class _Loss:
+    """entrypoints/model/loss.py, on the last stage, per micro-batch.
+
+    Saves the final hidden states (all-gathered along the sequence under TP), the targets as
+    int64 indices, a bool mask and an fp32 log-sum-exp per token. Works in chunks of
+    ceil(N / ceil(V_local / h)) tokens, but at least 1024, so one chunk's logits hold about
+    max(N x h, 1024 x V_local) values:
+    - forward: fp32 logits and one fp32 temporary inside logsumexp (8 bytes per value);
+    - backward: the recomputed logits go bf16 -> fp32 -> exp -> scaled -> bf16; the old fp32
+      dlogits, the scaled copy and the bf16 result coexist (10 bytes per value), next to
+      grad_h (N x h) and the output weight's unsharded gradient.
+    """
+
+    __slots__ = ("saved", "head_saved", "forward_working", "backward_working")
+
+    def __init__(self, w: Workload, cb: int):
+        h, t = w.arch.hidden_size, w.layout.tensor
+        tokens = _tokens(w)
+        vocab_local = w.arch.vocab_size / t
+        chunk = max(ceil(tokens / max(1, ceil(vocab_local / h))), min(tokens, LOSS_MIN_CHUNK_TOKENS))
+        values = chunk * vocab_local
+        self.saved = cb * tokens * h + (INT64 + 1 + FP32) * tokens
+        # With the final norm's input and rstd (sequence shards under TP): what the last
+        # stage saves after the blocks.
+        self.head_saved = self.saved + (cb * h + FP32) * tokens / t
+        self.forward_working = 8 * values
+        self.backward_working = 10 * values + cb * tokens * h
+
+
+def notes(workload: Workload) -> list[str]:
+    if not workload.fp8:
+        return []
+    if workload.fp8_recipe == "tensorwise":
+        return ["fp8 tensorwise: FSDP all-gathers float8 weights on GPUs (nccl); gloo gathers bf16"]
+    return ["fp8 rowwise: weights are all-gathered in bf16 and cast to float8 in each matmul"]

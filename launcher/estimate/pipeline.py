@@ -1,0 +1,62 @@
+"""Pipeline schedules: how many micro-batches a rank holds at once, read from torch's code.
+
+Layers split evenly into p*v stages; pipeline rank r holds stages r, r+p, ..., r+(v-1)p
+(torch.distributed.pipelining's interleaved placement). Stage 0 has the embedding; the last
+stage, which rank p-1 holds, has the final norm and the output layer. A "chunk" is one stage
+of one micro-batch: 1/v of a rank's layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.layout import Layout
+
+
+@dataclass(frozen=True, slots=True)
+class FirstBackward:
+    """A rank's schedule up to its first backward, in chunks.
+
+    `forwards` chunks are in flight when the first backward starts (the most the rank ever
+    holds). `steady` says whether a forward follows that backward, so the second backward
+    again starts with `forwards` chunks in flight, now beside the gradients the first one
+    accumulated; otherwise it starts with one chunk fewer.
+    """
+
+    forwards: int
+    steady: bool
+
+
+def first_backward(rank: int, layout: Layout, schedule: str, microbatches: int) -> FirstBackward:
+    """Read from torch.distributed.pipelining.schedules (torch 2.13):
+
+    - GPipe runs every forward before any backward.
+    - Schedule1F1B warms up with min(m, p - rank) forwards, then alternates one backward and
+      one forward, so the first rank holds p micro-batches.
+    - ScheduleInterleaved1F1B warms up with (v-1)*m_round + 2*(p-1-rank) chunk forwards
+      (`_get_warmup_ops`, capped at m*v; m_round = m / max(1, m // p)), then runs a forward
+      and a backward per step. For rank 0 that is p*v + p - 1 chunks: p*(1 + (p-1)/(p*v)) of
+      its layers, Megatron's interleaving factor.
+    """
+    p, v, m = layout.pipeline, layout.virtual_stages, microbatches
+    if p == 1:
+        return FirstBackward(1, m > 1)
+    if schedule == "gpipe":
+        return FirstBackward(m, False)
+    if schedule == "interleaved_1f1b" and v > 1:
+        rounds = max(1, m // p)
+        per_round = m // rounds
+        warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+        steady_ops = m * v - warmup
+        return FirstBackward(warmup + (steady_ops > 0), steady_ops > 1)
+    warmup = min(m, p - rank)
+    return FirstBackward(warmup, m > warmup)
+
+
+def in_flight(rank: int, layout: Layout, schedule: str, microbatches: int) -> float:
+    """The most micro-batches' activations a rank holds at once, in units of all its layers."""
+    return first_backward(rank, layout, schedule, microbatches).forwards / layout.virtual_stages
+
+
+def layers_per_rank(num_layers: int, layout: Layout) -> int:
+    return num_layers // layout.pipeline

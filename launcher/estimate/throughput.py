@@ -1,0 +1,555 @@
+"""Predicted training throughput and cost of one layout: an analytic step-time model.
+
+One optimizer step runs `m` micro-batches (grad_accum_steps) through every pipeline rank. For
+one micro-batch on one GPU of the heaviest pipeline rank (the last: its blocks plus the output
+layer and the loss):
+
+    compute  = matmul FLOPs    / (peak x matmul efficiency x shape efficiency)
+             + attention FLOPs / (bf16 peak x attention efficiency)
+             + elementwise bytes (norms, RoPE, SwiGLU, residuals, FP8 casts, loss) / HBM bandwidth
+             (+ the forward again for the blocks activation checkpointing recomputes)
+    exposed  = tensor-parallel collectives + context-parallel K/V collectives + pipeline send/recv
+             + the FSDP all-gathers and reduce-scatters the compute cannot hide
+
+    step     = (compute + exposed) x (m + (p - 1) / v)       # pipeline bubble (p-1)/(m*v + p-1)
+             + HSDP gradient all-reduce between replicas (partly hidden) + optimizer step (HBM-bound)
+
+FLOPs per token:
+- dense: 6 x (matmul parameters of the blocks + the output layer), forward and backward;
+- attention: 12·L·h·s with a full mask, 6·L·h·s with the causal mask the model uses (each query
+  sees s/2 keys on average). Context parallelism splits the queries of a sequence over its ranks
+  with zigzag load balancing, so each rank does 1/c of it;
+- recomputation: activation checkpointing runs the forward of the checkpointed blocks again:
+  all of them (full) or every other one (selective).
+
+MFU is computed as the entrypoints log it (entrypoints/metrics.py), so a prediction and a job's
+`mfu=` line compare: model FLOPs 6·N + 6·L·h·s per token (causal attention, no recomputation) over
+the dense BF16 peak, also under FP8. torchtitan and NeMo count attention as 12·L·h·s;
+`model_flops_per_token(..., causal=False)` gives their count.
+
+Every tunable number is a field of `Constants`, documented where it is defined; `CONSTANTS` is the
+calibrated set (docs/planner.md: each published measurement, the prediction and its error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from math import ceil
+from typing import Any
+
+from launcher.catalog import Accelerator, ModelArch
+from launcher.errors import UsageError
+from launcher.layout import Layout
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Constants:
+    """Every constant of the throughput model, in one place.
+
+    Efficiencies are fractions of a datasheet peak that a real training step sustains. They come
+    from measurements of the entrypoints' own kernels and model on an H200
+    (scripts/planner_gpu_kernels.py -> docs/planner_gpu.json) and from NVIDIA's datasheets; the
+    published end-to-end points in docs/planner.md then check them. No constant belongs to one
+    calibration point; the few fitted to a measurement say so.
+    """
+
+    matmul_efficiency: dict[str, float] = field(
+        default_factory=lambda: {"hopper:bf16": 0.74, "hopper:fp8": 0.62, "ampere:bf16": 0.80}
+    )
+    """Fraction of the dense peak that large GEMMs sustain, before the shape term. Measured on an
+    H200 (docs/planner_gpu.json): bf16 GEMMs of Llama 8B shapes at 8192 tokens run at 755-828
+    TFLOP/s in short bursts, but the power limit (700 W) brings the clock down from 1980 to about
+    1400 MHz within a second of dense work, and the 8192x4096x14336 GEMM then holds 685 TFLOP/s
+    (0.69; 0.74 x its shape term 0.95). FP8 tensorwise `_scaled_mm` bursts at 1270-1470 TFLOP/s;
+    0.62 assumes the same power-limited drop."""
+
+    fp8_rowwise_factor: float = 0.85
+    """Rowwise FP8 scaling runs slower GEMMs and more casts than tensorwise (torchtitan's async-TP
+    benchmark notes the rowwise baseline's lower throughput)."""
+
+    gemm_half_dim: dict[str, int] = field(default_factory=lambda: {"bf16": 128, "fp8": 256, "fp32": 128})
+    """Shape efficiency: each GEMM dimension d (M, K, N) multiplies the rate by d / (d + half_dim).
+    Large tensor-parallel degrees cut K or N (1024 KV columns / 8 = 128), which is where small
+    per-GPU matrices lose. Measured on an H200 relative to the large shape: N=512 0.88, K=512
+    0.75, N=128 0.47, M=1024 0.9; the product form with 128 gives 0.76, 0.76, 0.48, 0.86. FP8
+    needs larger tiles: N=512 runs at 0.62 of its large shape (256 gives 0.64)."""
+
+    attention_efficiency: dict[str, float] = field(default_factory=lambda: {"hopper": 0.48, "ampere": 0.55})
+    """Fraction of the BF16 peak that causal SDPA (forward and backward, GQA) reaches on long
+    sequences, counting 6·s·h FLOPs per token per layer. Measured on an H200 with torch 2.11: 458
+    TFLOP/s at 8K, 466 at 32K (docs/planner_gpu.json); FlashAttention-2 reaches about 60% of an
+    A100. Attention stays in BF16 under FP8 training."""
+
+    attention_half_seq: int = 1024
+    """Sequence length at which attention runs at half its long-sequence rate (measured: 260 TFLOP/s
+    at 2K, 458 at 8K)."""
+
+    zigzag_attention_factor: float = 0.58
+    """The entrypoints' context-parallel attention (two SDPA calls per layer against key prefixes,
+    the second with a lower-right causal mask, plus the K/V gradient accumulation) runs at this
+    fraction of plain causal SDPA: 255-290 against 466 TFLOP/s at 32K for cp 2, 4 and 8 on an H200."""
+
+    hbm_efficiency: float = 0.85
+    """Fraction of the HBM bandwidth that elementwise kernels and the optimizer step reach (a large
+    bf16 add: 0.92 of an H200's 4.8 TB/s)."""
+
+    elementwise_bytes_per_hidden: float = 70.0
+    elementwise_bytes_per_ffn: float = 10.0
+    """Forward HBM traffic of the non-matmul work of one block, per token: a·h + b·f bytes; backward
+    moves about twice the forward's. SwiGLU's SiLU and product move about 10 bytes per FFN element;
+    the rest (fused RMSNorms, eager RoPE on q and k with its chunk/cat copies, the attention output
+    reshape, residual adds) was fitted to the entrypoints' blocks on an H200: what 4 blocks of 8B
+    forward + backward take beyond their GEMMs (at the sustained rate) and attention: about 0.3 us
+    per token and layer, at 8K and at 32K alike."""
+
+    compiled_elementwise_factor: float = 0.35
+    """torch.compile fuses the norms, RoPE and SwiGLU into a few kernels: about a third of the eager
+    traffic remains. On torchtitan's 8B, compile gives +16%; this factor predicts +11% there."""
+
+    fp8_cast_bytes_per_element: float = 5.0
+    """Dynamic FP8 scaling reads each linear input (bf16, 2 bytes) for its amax, reads it again and
+    writes the fp8 copy (1 byte): about 5 bytes per element cast, for activations and weights, when
+    torch.compile fuses the casts."""
+
+    fp8_eager_cast_factor: float = 28.0
+    """Without torch.compile, torchao's float8 linears run separate amax, scale, cast and transpose
+    kernels through a tensor subclass: about 28 times the fused traffic. Fitted to the entrypoints'
+    own run (scripts/gpu_check.sh, Llama 3.2 1B at 8K on an H200): FP8 eager 22,520 tokens/s against
+    41,437 in bf16. FP8 pays off only with training.compile."""
+
+    loss_bytes_per_logit: float = 50.0
+    """Elementwise traffic of the chunked loss per logit: bf16 logits upcast to fp32, log-sum-exp,
+    and in backward the recomputed logits' softmax minus the one-hot, cast back. Fitted to the
+    entrypoints' loss at 8K tokens and 128256 words on an H200 (86 ms, of which its GEMMs ~73)."""
+
+    fp32_peak_factor: float = 0.5
+    """fp32 matmuls run as TF32 at half the dense BF16 peak (NVIDIA A100/H100/H200 datasheets)."""
+
+    nvlink_efficiency: float = 0.8
+    """Fraction of one direction of NVLink (half the catalog's bidirectional GB/s) that NCCL ring
+    collectives sustain as bus bandwidth: about 360 of 450 GB/s on an H100 node."""
+
+    network_efficiency: float = 0.8
+    """Fraction of a GPU's share of the node's EFA bandwidth that NCCL collectives sustain."""
+
+    latency_intra_s: float = 15e-6
+    latency_inter_s: float = 40e-6
+    """Fixed cost of one collective or send/recv inside a node and across nodes."""
+
+    fsdp_overlap: float = 0.85
+    """Fraction of a micro-batch's compute that can hide FSDP's all-gathers and reduce-scatters
+    (FSDP2 prefetches the next block's parameters; NCCL kernels take some SMs). The first block's
+    all-gather of each micro-batch is always exposed."""
+
+    fsdp_param_bytes: int = 2
+    fsdp_grad_bytes: int = 4
+    """FSDP all-gathers bf16 parameters (float8 block weights with tensorwise FP8) and reduce-scatters
+    fp32 gradients: the entrypoints' MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)."""
+
+    tp_overlap: float = 0.0
+    """Sequence-parallel all-gathers and reduce-scatters sit between dependent matmuls; without
+    async TP nothing hides them."""
+
+    cp_overlap: float = 0.0
+    """The K/V all-gather must finish before attention starts, and the gradients' reduce-scatter
+    before the K/V projections' backward: not hidden."""
+
+    hsdp_overlap: float = 0.5
+    """The gradient all-reduce between HSDP replicas runs once per step, block by block as the last
+    micro-batch's backward finishes them: about half of it hides."""
+
+    optimizer_bytes_per_param: float = 32.0
+    """AdamW over fp32 shards: reads parameter, gradient, exp_avg and exp_avg_sq, writes three."""
+
+    activation_bytes: int = 2
+    """Activations, K/V and pipeline messages travel in bf16."""
+
+
+CONSTANTS = Constants()
+
+AC_RECOMPUTE = {"none": 0.0, "selective": 0.5, "full": 1.0}
+"""Fraction of the blocks whose forward runs again in backward. selective = every other block."""
+
+BREAKDOWN = (
+    "matmul",
+    "attention",
+    "elementwise",
+    "recompute",
+    "tensor_parallel",
+    "context_parallel",
+    "fsdp",
+    "pipeline_p2p",
+    "pipeline_bubble",
+    "data_replicate",
+    "optimizer",
+)
+"""Where a step's time goes, in seconds per step; they add up to the step time."""
+
+BREAKDOWN_WORDS = {
+    "matmul": "matrix multiplies",
+    "attention": "attention",
+    "elementwise": "elementwise kernels",
+    "recompute": "activation recomputation",
+    "tensor_parallel": "tensor-parallel communication",
+    "context_parallel": "context-parallel K/V communication",
+    "fsdp": "exposed FSDP communication",
+    "pipeline_p2p": "pipeline send/recv",
+    "pipeline_bubble": "the pipeline bubble",
+    "data_replicate": "the HSDP gradient all-reduce",
+    "optimizer": "the optimizer step",
+}
+
+
+class ThroughputUnknown(UsageError):
+    """The hardware has no known peak FLOP/s (the host CPU): there is nothing to predict from."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Throughput:
+    """Predicted speed and cost of one layout on one cluster."""
+
+    tokens_per_s_per_gpu: float
+    mfu: float
+    step_time_s: float
+    tokens_per_step: int
+    world_size: int
+    bubble_fraction: float
+    model_flops_per_token: float
+    breakdown: dict[str, float]
+    instance_count: int
+    usd_per_hour: float  # the whole cluster
+    steps: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_s_per_gpu * self.world_size
+
+    @property
+    def time_to_train_s(self) -> float | None:
+        return None if self.steps is None else self.steps * self.step_time_s
+
+    @property
+    def usd_per_million_tokens(self) -> float:
+        return self.usd_per_hour / 3600 / self.tokens_per_s * 1e6
+
+    @property
+    def usd_per_run(self) -> float | None:
+        seconds = self.time_to_train_s
+        return None if seconds is None else self.usd_per_hour * seconds / 3600
+
+    @property
+    def communication_s(self) -> float:
+        """Exposed communication per step: what the GPUs wait for rather than compute."""
+        kinds = ("tensor_parallel", "context_parallel", "fsdp", "pipeline_p2p", "data_replicate")
+        return sum(self.breakdown[k] for k in kinds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 1),
+            "mfu": round(self.mfu, 4),
+            "step_time_s": round(self.step_time_s, 4),
+            "tokens_per_step": self.tokens_per_step,
+            "time_to_train_s": None if self.time_to_train_s is None else round(self.time_to_train_s, 1),
+            "usd_per_hour": round(self.usd_per_hour, 2),
+            "usd_per_million_tokens": round(self.usd_per_million_tokens, 4),
+            "usd_per_run": None if self.usd_per_run is None else round(self.usd_per_run, 2),
+            "bubble_fraction": round(self.bubble_fraction, 4),
+            "breakdown_s": {k: round(v, 5) for k, v in self.breakdown.items()},
+        }
+
+
+def generation(accelerator: Accelerator) -> str:
+    """The catalog's GPUs by tensor-core generation: FP8 tensor cores mean Hopper."""
+    return "hopper" if accelerator.has_fp8 else "ampere"
+
+
+def predict(
+    arch: ModelArch,
+    layout: Layout,
+    *,
+    seq_len: int,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    accelerator: Accelerator,
+    gpus_per_node: int,
+    network_gbps: float = 0.0,
+    dtype: str = "bf16",
+    fp8: bool = False,
+    fp8_recipe: str = "tensorwise",
+    activation_checkpointing: str = "none",
+    pipeline_schedule: str = "1f1b",
+    compile: bool = False,
+    usd_per_hour: float = 0.0,
+    steps: int | None = None,
+    constants: Constants = CONSTANTS,
+) -> Throughput:
+    """Predicted tokens/s/GPU, MFU, step time and cost of one layout.
+
+    `network_gbps` is the node's inter-node bandwidth in Gbit/s (EFA), `usd_per_hour` the price of
+    one instance (node) per hour. Raises ThroughputUnknown for hardware without a peak FLOP/s.
+    """
+    if not accelerator.peak_bf16_tflops or not accelerator.hbm_gbps:
+        raise ThroughputUnknown(
+            f"{accelerator.name} has no known peak FLOP/s or memory bandwidth; throughput is predicted for GPUs only"
+        )
+    k = constants
+    gen = generation(accelerator)
+    h, kv, f, vocab = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
+    t, c, p, v = layout.tensor, layout.context, layout.pipeline, layout.virtual_stages
+    shard, replicas = layout.fsdp_shard, layout.data_replicate
+    b, s, m = micro_batch_size, seq_len, grad_accum_steps
+    layers = -(-arch.num_layers // p)  # the heaviest rank, if layers do not split evenly
+    recompute = AC_RECOMPUTE[activation_checkpointing]
+    fp8 = fp8 and accelerator.has_fp8
+
+    # --- compute of one micro-batch on one GPU of the last pipeline rank ---------------------
+    bf16_peak = accelerator.peak_bf16_tflops * 1e12
+    if dtype == "fp32":
+        block_precision, block_peak = "fp32", bf16_peak * k.fp32_peak_factor
+        block_eff = k.matmul_efficiency[f"{gen}:bf16"]
+    elif fp8:
+        block_precision, block_peak = "fp8", accelerator.peak_fp8_tflops * 1e12
+        block_eff = k.matmul_efficiency[f"{gen}:fp8"] * (k.fp8_rowwise_factor if fp8_recipe == "rowwise" else 1.0)
+    else:
+        block_precision, block_peak = "bf16", bf16_peak
+        block_eff = k.matmul_efficiency[f"{gen}:bf16"]
+    head_precision = "fp32" if dtype == "fp32" else "bf16"
+    head_peak = bf16_peak * (k.fp32_peak_factor if dtype == "fp32" else 1.0)
+    head_eff = k.matmul_efficiency[f"{gen}:bf16"]
+
+    rows = b * s // c  # GEMM M: tokens of one micro-batch on one CP rank (SP gathers them for matmuls)
+    block_half = k.gemm_half_dim[block_precision]
+    row_eff = rows / (rows + block_half)
+    block_gemm_s = 6 * rows * _shaped_block_params(h, kv, f, t, block_half) / (block_peak * block_eff * row_eff)
+    # The fused linear + cross-entropy loss (entrypoints/model/loss.py) works through the tokens in
+    # chunks of about rows * h / V_local, and recomputes each chunk's logits in backward: 8, not 6,
+    # FLOPs per output weight and token, in GEMMs whose M is the chunk.
+    vocab_local = vocab // t
+    chunk_rows = max(1, rows // max(1, -(-vocab_local // h)))
+    head_half = k.gemm_half_dim[head_precision]
+    head_rate = head_peak * head_eff * _dim_eff(chunk_rows, head_half) * _dim_eff(h, head_half)
+    head_s = 8 * rows * h * vocab_local / (head_rate * _dim_eff(vocab_local, head_half))
+    # Causal attention, forward and backward: 6 * s * h FLOPs per query token per layer, heads split
+    # over TP, queries over CP. Short sequences leave the flash kernel's tiles underused; zigzag CP
+    # runs two SDPA calls per layer against key prefixes with an explicit lower-right causal mask.
+    attention_flops = 6 * s * (h / t) * rows
+    attention_rate = bf16_peak * k.attention_efficiency[gen] * _dim_eff(s, k.attention_half_seq)
+    if c > 1:
+        attention_rate *= k.zigzag_attention_factor
+    attention_s = attention_flops / attention_rate
+
+    hbm = accelerator.hbm_gbps * GB * k.hbm_efficiency
+    dtype_scale = 2 if dtype == "fp32" else 1
+    forward_bytes = (k.elementwise_bytes_per_hidden * h + k.elementwise_bytes_per_ffn * f) * dtype_scale
+    fused = k.compiled_elementwise_factor if compile else 1.0
+    # Sequence parallel runs the norms on s/(c t) tokens; RoPE and SwiGLU see 1/t of the heads/FFN.
+    forward_ew_s = fused * forward_bytes * rows / t / hbm
+    cast_forward_s = 0.0
+    # Tensorwise FP8 on NCCL all-gathers float8 weights (FSDP) and activations (TP): the entrypoints'
+    # fp8.py. Weights are then cast on the local shard before the gather.
+    fp8_gather = fp8 and fp8_recipe == "tensorwise"
+    if fp8:
+        # Forward casts: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each), the inputs of wo and
+        # w2 (h/t, f/t) and this rank's weights; backward casts as many again (gradients, transposes).
+        weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t / (shard if fp8_gather else 1)
+        elements = rows * (2 * h + (h + f) / t) + weights
+        cast_factor = 1.0 if compile else k.fp8_eager_cast_factor
+        cast_forward_s = cast_factor * k.fp8_cast_bytes_per_element * elements / hbm
+    loss_s = k.loss_bytes_per_logit * rows * vocab / t / hbm
+
+    per_layer_forward = (block_gemm_s + attention_s) / 3 + forward_ew_s + cast_forward_s
+    matmul_mb = layers * block_gemm_s + head_s
+    attention_mb = layers * attention_s
+    elementwise_mb = layers * (3 * forward_ew_s + 2 * cast_forward_s) + loss_s
+    recompute_mb = recompute * layers * per_layer_forward
+    compute_mb = matmul_mb + attention_mb + elementwise_mb + recompute_mb
+
+    # --- communication of one micro-batch ------------------------------------------------------
+    intra = accelerator.nvlink_gbps / 2 * GB * k.nvlink_efficiency if accelerator.nvlink_gbps else 0.0
+    inter = network_gbps / 8 / gpus_per_node * GB * k.network_efficiency
+    act = k.activation_bytes
+
+    def link(stride: int, size: int) -> tuple[float, float]:
+        """(bandwidth per GPU, latency) of a group of `size` ranks `stride` apart in the mesh."""
+        if stride * size <= gpus_per_node and gpus_per_node % (stride * size) == 0 and intra:
+            return intra, k.latency_intra_s
+        if inter <= 0:
+            return intra or hbm, k.latency_intra_s  # one machine without a network: stays local
+        return inter, k.latency_inter_s
+
+    tp_mb = 0.0
+    if t > 1:
+        bw, lat = link(1, t)
+        collective = act * rows * h * (t - 1) / t / bw + lat
+        # Sequence parallel: an all-gather before attention and the MLP and a reduce-scatter after
+        # each, in forward, again in backward and in a recomputed forward; with float8 TP styles the
+        # forward all-gathers move 1-byte activations. The loss all-gathers the sequence once more.
+        gathers = 2 * (1 + recompute) * (0.5 if fp8_gather else 1.0)
+        per_layer = gathers + 2 * (1 + recompute) + 4
+        tp_mb = (layers * per_layer + 2) * collective * (1 - k.tp_overlap)
+
+    cp_mb = 0.0
+    if c > 1:
+        bw, lat = link(t, c)
+        kv_bytes = 2 * act * b * s * kv / t  # K and V of the whole sequence, this TP rank's heads
+        collective = kv_bytes * (c - 1) / c / bw + lat
+        cp_mb = layers * (2 + recompute) * collective * (1 - k.cp_overlap)
+
+    block_params = layers * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h)
+    stage_params = block_params + vocab * h + h  # the last rank: blocks, final norm, output layer
+    fsdp_mb = fsdp_step = 0.0
+    if shard > 1:
+        bw, lat = link(t, shard)
+        spread = (shard - 1) / shard / bw / t
+        param_bytes = 1 if fp8_gather else k.fsdp_param_bytes
+        # Blocks are gathered before forward and again before backward; the root unit (output
+        # layer, norm) once, since FSDP2 does not reshard it after forward.
+        block_gather = param_bytes * block_params * spread + layers * lat
+        root_gather = k.fsdp_param_bytes * (stage_params - block_params) * spread + lat
+        gather = block_gather + root_gather
+        reduce = k.fsdp_grad_bytes * stage_params * spread + layers * lat
+        first_block = block_gather / layers
+        if p == 1:
+            # FSDP2's default: each micro-batch gathers every block in forward and again in
+            # backward, and reduce-scatters its gradients.
+            fsdp_mb = max(0.0, gather + block_gather + reduce - k.fsdp_overlap * compute_mb) + first_block
+        else:
+            # torch.distributed.pipelining keeps FSDP blocks unsharded between micro-batches and
+            # syncs gradients only on the last: one gather and one reduce-scatter per step.
+            fsdp_step = max(0.0, gather + reduce - k.fsdp_overlap * m * compute_mb) + first_block
+
+    p2p_mb = 0.0
+    if p > 1:
+        stride = t * c * layout.data_shard * replicas
+        bw, lat = link(stride, p)
+        message = act * rows * h / t
+        p2p_mb = 2 * v * (message / bw + lat)
+
+    micro_batch_s = compute_mb + tp_mb + cp_mb + fsdp_mb + p2p_mb
+    bubble_slots = (p - 1) / v  # in micro-batch units: (m*v + p - 1) chunk slots of 1/v each
+    bubble_s = micro_batch_s * bubble_slots
+
+    # --- once per step ---------------------------------------------------------------------------
+    shard_params = stage_params / t / shard
+    replicate_s = 0.0
+    if replicas > 1:
+        bw, lat = link(t * shard, replicas)
+        replicate_s = (2 * k.fsdp_grad_bytes * shard_params * (replicas - 1) / replicas / bw + lat) * (
+            1 - k.hsdp_overlap
+        )
+    optimizer_s = k.optimizer_bytes_per_param * shard_params / hbm
+
+    breakdown = {
+        "matmul": m * matmul_mb,
+        "attention": m * attention_mb,
+        "elementwise": m * elementwise_mb,
+        "recompute": m * recompute_mb,
+        "tensor_parallel": m * tp_mb,
+        "context_parallel": m * cp_mb,
+        "fsdp": m * fsdp_mb + fsdp_step,
+        "pipeline_p2p": m * p2p_mb,
+        "pipeline_bubble": bubble_s,
+        "data_replicate": replicate_s,
+        "optimizer": optimizer_s,
+    }
+    step_s = sum(breakdown.values())
+    world = layout.world_size
+    tokens_per_step = b * s * m * layout.data_parallel
+    tokens_per_s_per_gpu = tokens_per_step / step_s / world
+    flops_per_token = model_flops_per_token(arch, s, causal=True)
+    instances = ceil(world / gpus_per_node)
+    return Throughput(
+        tokens_per_s_per_gpu=tokens_per_s_per_gpu,
+        mfu=tokens_per_s_per_gpu * flops_per_token / bf16_peak,
+        step_time_s=step_s,
+        tokens_per_step=tokens_per_step,
+        world_size=world,
+        bubble_fraction=bubble_fraction(p, m, v),
+        model_flops_per_token=flops_per_token,
+        breakdown=breakdown,
+        instance_count=instances,
+        usd_per_hour=usd_per_hour * instances,
+        steps=steps,
+    )
+
+
+def predict_recipe(recipe, *, constants: Constants = CONSTANTS) -> Throughput:
+    """`predict` for a recipe's own layout, hardware, price and steps."""
+    hw = recipe.hardware
+    price = recipe.cluster.usd_per_hour
+    return predict(
+        recipe.arch,
+        recipe.layout,
+        seq_len=recipe.training.seq_len,
+        micro_batch_size=recipe.training.micro_batch_size,
+        grad_accum_steps=recipe.grad_accum_steps,
+        accelerator=hw.accelerator,
+        gpus_per_node=hw.procs_per_node,
+        network_gbps=hw.instance.efa_gbps,
+        dtype=recipe.precision.dtype,
+        fp8=recipe.precision.fp8,
+        fp8_recipe=recipe.precision.fp8_recipe,
+        activation_checkpointing=recipe.parallel.activation_checkpointing,
+        pipeline_schedule=recipe.parallel.pipeline_schedule,
+        compile=recipe.training.compile,
+        usd_per_hour=hw.instance.usd_per_hour if price is None else price,
+        steps=recipe.training.steps,
+        constants=constants,
+    )
+
+
+def bubble_fraction(pipeline: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle fraction of a 1F1B (or GPipe) pipeline: (p - 1) / (m·v + p - 1)."""
+    return (pipeline - 1) / (microbatches * virtual_stages + pipeline - 1)
+
+
+def model_flops_per_token(arch: ModelArch, seq_len: int, *, causal: bool = True) -> float:
+    """Model FLOPs per token for MFU: 6·N + 6·L·h·s (causal), or 6·N + 12·L·h·s as published.
+
+    N counts the matmul weights of the blocks and the output layer (not the embedding lookup or the
+    norms); no recomputation. `causal=True` is what the entrypoints log; torchtitan and NeMo count
+    attention with a full mask (`causal=False`), so their model TFLOP/s convert with that.
+    """
+    h, layers = arch.hidden_size, arch.num_layers
+    return _model_flops(h, arch.kv_dim, arch.ffn_hidden_size, layers, arch.vocab_size, seq_len, 6 if causal else 12)
+
+
+@cache
+def _model_flops(h: int, kv: int, f: int, layers: int, vocab: int, seq_len: int, attention_factor: int) -> float:
+    dense = 6 * (layers * (2 * h * h + 2 * h * kv + 3 * h * f) + h * vocab)
+    return dense + attention_factor * layers * h * seq_len
+
+
+def _dim_eff(dim: int | float, half: int) -> float:
+    return dim / (dim + half)
+
+
+@cache
+def _shaped_block_params(h: int, kv: int, f: int, t: int, half: int) -> float:
+    """A block's matmul weights on one TP rank, each divided by its K and N shape efficiency."""
+    linears = (
+        (h, h // t),  # wq
+        (h, kv // t),  # wk
+        (h, kv // t),  # wv
+        (h // t, h),  # wo
+        (h, f // t),  # w1
+        (h, f // t),  # w3
+        (f // t, h),  # w2
+    )
+    return sum(k * n / (_dim_eff(k, half) * _dim_eff(n, half)) for k, n in linears)
+
+
+def predicted_summary(recipe) -> dict[str, float] | None:
+    """`{tokens_per_s_per_gpu, mfu, step_time_s}` for the recipe's layout; None on the host CPU."""
+    try:
+        speed = predict_recipe(recipe)
+    except ThroughputUnknown:
+        return None
+    return {
+        "tokens_per_s_per_gpu": round(speed.tokens_per_s_per_gpu, 1),
+        "mfu": round(speed.mfu, 4),
+        "step_time_s": round(speed.step_time_s, 4),
+    }

@@ -1,0 +1,190 @@
+"""Job handles and the job registry under $LAUNCHER_HOME (default ~/.launcher).
+
+Every submitted job, on any backend, gets `jobs/<name>/` with `job.json` (which backend and
+region to ask), `spec.json` and `resolved.json`; the local backend also keeps its logs,
+status and metrics there. `Job` is the handle `submit` returns and `launcher status NAME` finds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from launcher.backends.base import JobRef, JobStatus
+from launcher.errors import UsageError
+from launcher.spec import JobSpec
+
+RECORD = "job.json"
+
+
+def launcher_home() -> Path:
+    return Path(os.environ.get("LAUNCHER_HOME") or "~/.launcher").expanduser()
+
+
+def job_dir(name: str) -> Path:
+    return launcher_home() / "jobs" / name
+
+
+def job_dir_placement(recipe, name: str):
+    """Outputs in the job directory, checkpoints in the recipe's checkpoint.dir or beside them:
+    for backends whose processes see this machine's files (local, Slurm on a shared home)."""
+    from launcher.spec import Placement
+
+    directory = job_dir(name)
+    return Placement(checkpoint_dir=recipe.checkpoint.dir or str(directory / "checkpoints"), output_dir=str(directory))
+
+
+def write_json(path: Path, data) -> None:
+    """Write so that readers never see half a file: to a temporary name, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=2) + "\n")
+    temporary.replace(path)
+
+
+def save(ref: JobRef, spec: JobSpec) -> Path:
+    directory = job_dir(ref.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_json(directory / "spec.json", spec.to_dict())
+    (directory / "resolved.json").write_text(spec.resolved_json)
+    write_json(directory / RECORD, ref.to_dict())
+    return directory
+
+
+def load(name: str) -> JobRef | None:
+    path = job_dir(name) / RECORD
+    if not path.is_file():
+        return None
+    return JobRef(**json.loads(path.read_text()))
+
+
+def records() -> list[JobRef]:
+    root = launcher_home() / "jobs"
+    refs = [ref for path in root.glob(f"*/{RECORD}") if (ref := load(path.parent.name)) is not None]
+    return sorted(refs, key=lambda r: r.created or "", reverse=True)
+
+
+class Job:
+    """A submitted job on any backend: status, logs, stop and wait, like SageMaker's."""
+
+    def __init__(self, ref: JobRef):
+        self.ref = ref
+
+    @classmethod
+    def find(cls, name: str, *, backend: str | None = None, region: str | None = None) -> Job:
+        """The job this machine submitted, or one named on `backend` (e.g. a SageMaker job from elsewhere)."""
+        ref = load(name)
+        if ref is not None and backend in (None, ref.backend):
+            return cls(ref if region is None else JobRef(**{**ref.to_dict(), "region": region}))
+        if backend is None:
+            raise UsageError(
+                f"no job named {name} was submitted from here ({launcher_home() / 'jobs'}); "
+                "pass --backend (and --region for sagemaker) to look it up there"
+            )
+        if backend == "sagemaker" and region is None:
+            raise UsageError(f"{name} was not submitted from here; pass --region to find it on SageMaker")
+        return cls(JobRef(name=name, backend=backend, region=region))
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    @property
+    def backend(self):
+        from launcher.backends import get_backend
+
+        return get_backend(self.ref.backend)
+
+    def status(self) -> JobStatus:
+        return self.backend.status(self.ref)
+
+    def logs(self, *, follow: bool = False, poll_s: float = 5.0) -> Iterator[str]:
+        return self.backend.logs(self.ref, follow=follow, poll_s=poll_s)
+
+    def stop(self, *, grace_s: float = 30.0) -> JobStatus:
+        return self.backend.stop(self.ref, grace_s=grace_s)
+
+    def wait(self, *, on_line: Callable[[str], None] | None = None, poll_s: float = 5.0) -> JobStatus:
+        """Follow the logs until the job ends (`on_line` gets each line); return the final status."""
+        for line in self.logs(follow=True, poll_s=poll_s):
+            if on_line is not None:
+                on_line(line)
+        return self.status()
+
+    def __repr__(self) -> str:
+        return f"Job({self.name!r}, backend={self.ref.backend!r})"
+
+
+def list_jobs(*, backend: str | None = None, region: str | None = None, limit: int = 50) -> list[JobStatus]:
+    """Jobs on one backend (as that engine lists them), or every job submitted from here."""
+    from launcher.backends import get_backend
+    from launcher.errors import LauncherError
+
+    if backend is not None:
+        return get_backend(backend).list(region=region, limit=limit)
+    statuses = []
+    for ref in records()[:limit]:
+        try:
+            statuses.append(get_backend(ref.backend).status(ref))
+        except LauncherError as error:
+            statuses.append(
+                JobStatus(
+                    name=ref.name,
+                    backend=ref.backend,
+                    state="Unknown",
+                    created=ref.created,
+                    details={"error": str(error)},
+                )
+            )
+    return statuses
+
+
+# --- how jobs print ----------------------------------------------------------------------------
+
+_HEADLINE_METRICS = ("loss", "tokens_per_s_per_gpu", "mfu", "step")
+
+
+def status_text(status: JobStatus) -> str:
+    state = status.state + (f" ({status.secondary})" if status.secondary and status.secondary != status.state else "")
+    lines = [f"{status.name}  [{status.backend}]  {state}"]
+    if status.created:
+        lines.append(f"  created  {status.created}" + (f"   ended  {status.ended}" if status.ended else ""))
+    if status.failure_reason:
+        lines.append(f"  failure  {status.failure_reason}")
+    if status.exit_code is not None:
+        lines.append(f"  exit     {status.exit_code}")
+    for t in status.transitions:
+        message = f"  {t.message}" if t.message else ""
+        lines.append(f"  - {t.status:<24} {t.start or ''}{message}")
+    result = result_text(status)
+    if result:
+        lines.append(f"  result   {result}")
+    for key, value in status.details.items():
+        if value not in (None, {}, "") and key != "summary":
+            lines.append(f"  {key:<8} {value}")
+    return "\n".join(lines)
+
+
+def result_text(status: JobStatus) -> str:
+    """`loss 3.21, tokens/s/GPU 1530, ...`: the job's summary line, else its last metrics."""
+    summary = status.details.get("summary") or {}
+    metrics = {key.removeprefix("train:"): value for key, value in status.metrics.items()}
+    parts = []
+    for key in _HEADLINE_METRICS:
+        candidates = (summary.get(f"final_{key}"), summary.get(f"mean_{key}"), metrics.get(key))
+        value = next((v for v in candidates if isinstance(v, int | float) and v == v), None)  # v == v: not NaN
+        if value is not None:
+            label = {"tokens_per_s_per_gpu": "tokens/s/GPU"}.get(key, key)
+            parts.append(f"step {int(value)}" if key == "step" else f"{label} {value:.4g}")
+    return ", ".join(parts)
+
+
+def list_text(statuses: list[JobStatus]) -> str:
+    if not statuses:
+        return "no jobs"
+    rows = [("NAME", "BACKEND", "STATE", "DETAIL", "CREATED")]
+    rows += [(s.name, s.backend, s.state, s.secondary or "", s.created or "") for s in statuses]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)

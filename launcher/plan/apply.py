@@ -1,0 +1,40 @@
+"""`launcher submit --auto-plan`: switch a recipe to the planner's best layout on its own GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.estimate import DEFAULT_THRESHOLD
+from launcher.plan.rank import search
+from launcher.plan.result import LayoutPlan
+
+
+@dataclass(frozen=True, slots=True)
+class AutoPlan:
+    recipe: Any  # the recipe with the best layout applied (the same recipe if it already had it)
+    best: LayoutPlan
+    changes: dict[str, tuple[Any, Any]]  # dotted key -> (before, after)
+    before: LayoutPlan | None  # the recipe's own layout, predicted
+
+    def lines(self) -> list[str]:
+        speed = f"{self.best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU predicted"
+        if not self.changes:
+            return [f"auto-plan: the recipe's layout is already the best ({self.best.describe()}, {speed})"]
+        gain = ""
+        if self.before is not None:
+            gain = f", {self.best.tokens_per_s_per_gpu / self.before.tokens_per_s_per_gpu - 1:+.0%} over the recipe's layout"
+        head = f"auto-plan: {self.best.describe()} ({speed}{gain}); changed:"
+        return [head] + [f"  {key}: {_show(old)} -> {_show(new)}" for key, (old, new) in self.changes.items()]
+
+
+def auto_plan(recipe, *, threshold: float = DEFAULT_THRESHOLD) -> AutoPlan:
+    """The recipe with the fastest layout that fits on its own instances, and what changed."""
+    found = search(recipe, top=1, threshold=threshold)
+    changes = found.best.changes(recipe)
+    planned = recipe.with_changes(found.best.overrides(recipe)) if changes else recipe
+    return AutoPlan(recipe=planned, best=found.best, changes=changes, before=found.current)
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,94 @@
+"""Every valid parallel layout of a model on a number of GPUs, built from divisors.
+
+The search walks the degrees from the innermost mesh dimension outwards (tensor, context,
+pipeline, then the data-parallel split of what is left) and only ever tries divisors of the GPUs
+still unassigned, so it never builds a product it then throws away. Branches that a recipe rule
+rejects are cut where the rule first applies (head counts for tensor, sequence divisibility for
+context, layer counts for pipeline, the batch for data parallelism), and every layout that
+survives is checked once more by `launcher.recipe.rules.layout_problems`, the same function that
+validates recipes, so a layout the planner proposes is always one a recipe accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from launcher.catalog import ModelArch
+from launcher.layout import Layout
+from launcher.recipe.rules import divisors, layout_problems, tensor_choices
+
+MAX_VIRTUAL_STAGES = 8
+"""Interleaving beyond 8 stages per rank gains little bubble and costs a send/recv per stage."""
+
+MAX_MICRO_BATCH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A layout with its micro-batching: everything but activation checkpointing and FP8."""
+
+    layout: Layout
+    micro_batch_size: int
+    grad_accum_steps: int
+    pipeline_schedule: str
+
+
+def shapes(
+    arch: ModelArch,
+    *,
+    world_size: int,
+    gpus_per_node: int,
+    seq_len: int,
+    global_batch_size: int,
+    schedule: str,
+) -> Iterator[Shape]:
+    """Each valid (layout, micro batch) for `world_size` GPUs, once."""
+    layers = arch.num_layers
+    # With one stage per rank the schedule is the recipe's (1f1b or gpipe); interleaving is chosen
+    # together with virtual stages.
+    plain_schedule = "1f1b" if schedule == "interleaved_1f1b" else schedule
+    for t in tensor_choices(arch, gpus_per_node):
+        if world_size % t or seq_len % t:
+            continue
+        for c in divisors(world_size // t):
+            if c > 1 and seq_len % (2 * c * t):
+                continue
+            for p in divisors(world_size // (t * c)):
+                if layers % p:
+                    continue
+                rest = world_size // (t * c * p)  # data_replicate x data_shard
+                if global_batch_size % rest:
+                    continue
+                per_rank = global_batch_size // rest
+                virtual = [1] if p == 1 else [v for v in divisors(layers // p) if v <= MAX_VIRTUAL_STAGES]
+                for b in divisors(per_rank):
+                    if b > MAX_MICRO_BATCH:
+                        break
+                    m = per_rank // b
+                    if m < p:
+                        break  # larger micro-batches leave even fewer per pipeline stage
+                    for v in virtual:
+                        if v > 1 and m % p:
+                            continue
+                        for replicate in divisors(rest):
+                            layout = Layout(
+                                tensor=t,
+                                context=c,
+                                pipeline=p,
+                                virtual_stages=v,
+                                data_replicate=replicate,
+                                data_shard=rest // replicate,
+                            )
+                            sched = "interleaved_1f1b" if v > 1 else plain_schedule
+                            if layout_problems(
+                                layout,
+                                arch,
+                                seq_len=seq_len,
+                                global_batch_size=global_batch_size,
+                                micro_batch_size=b,
+                                gpus_per_node=gpus_per_node,
+                                schedule=sched,
+                            ):
+                                continue
+                            yield Shape(layout, b, m, sched)

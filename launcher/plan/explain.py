@@ -1,0 +1,53 @@
+"""One sentence on why the best layout wins, from the difference in where the step time goes."""
+
+from __future__ import annotations
+
+from launcher.estimate.throughput import BREAKDOWN, BREAKDOWN_WORDS
+from launcher.plan.result import LayoutPlan
+
+
+def why(search) -> str:
+    best = search.best
+    head = (
+        f"{best.describe()} is fastest at {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU ({best.throughput.mfu:.0%} MFU)"
+    )
+    clauses = []
+    if len(search.ranked) > 1:
+        clauses.append(_against(best, search.ranked[1], "the runner-up"))
+    if search.faster_but_too_big:
+        clauses.append(
+            f"{search.faster_but_too_big} faster layout{'s' if search.faster_but_too_big > 1 else ''} "
+            f"need more than {search.threshold:.0%} of GPU memory"
+        )
+    return head + (": " + "; ".join(clauses) if clauses else "") + "."
+
+
+def against_recipe(search) -> str | None:
+    """How the recipe's own layout compares, when the plan searched the recipe's own budget."""
+    current, best = search.current, search.best
+    if current is None:
+        return None
+    if current.settings() == best.settings():
+        return "The recipe already uses this layout."
+    fits = "" if current.memory.fits else f", and needs {current.memory.utilization:.0%} of GPU memory"
+    slower = 1 - current.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu
+    return (
+        f"The recipe's own layout ({current.describe()}) predicts {current.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+        f"{slower:.0%} below the best{fits}."
+    )
+
+
+def _against(best: LayoutPlan, other: LayoutPlan, name: str) -> str:
+    ratio = best.tokens_per_s_per_gpu / other.tokens_per_s_per_gpu - 1
+    if ratio < 0.0005:
+        return f"it ties with {name} ({other.describe()})"
+    diffs = {k: other.throughput.breakdown[k] - best.throughput.breakdown[k] for k in BREAKDOWN}
+    reason = max(diffs, key=diffs.__getitem__)
+    return (
+        f"{ratio:.1%} ahead of {name} ({other.describe()}), which spends "
+        f"{_seconds(diffs[reason])} more per step on {BREAKDOWN_WORDS[reason]}"
+    )
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"

@@ -1,0 +1,349 @@
+"""`JobSpec`: one backend-neutral, immutable description of a training job.
+
+Everything a backend needs is here, already decided: the unique name, the image, the torchrun
+argv, the environment, resources, where data, outputs and checkpoints live, stopping, spot,
+networking and tags. The resolved recipe travels with it as JSON text and lands in the code
+bundle as `resolved.json`; it is never flattened into hyperparameters (SageMaker caps those at
+100 entries of 2,500 characters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+import json
+import re
+import secrets
+import string
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
+
+if TYPE_CHECKING:
+    from launcher.recipe import Recipe
+
+# SageMaker's TrainingJobName pattern (botocore sagemaker service model); also a valid DNS label
+# once lowercased, which Kubernetes and Slurm accept.
+JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+MAX_JOB_NAME = 63
+SUFFIX_LEN = 4
+RDZV_PORT = 29500
+CONFIG_FILE = "resolved.json"
+ENTRYPOINT = "entrypoints/train.py"
+
+# The metric line every entrypoint prints on rank 0 (contract 2): `metrics key=value ...`.
+METRIC_KEYS = (
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "step_time_s",
+    "mem_alloc_gib",
+    "mem_reserved_gib",
+)
+
+
+def job_name(recipe_name: str, *, now: datetime.datetime | None = None, max_len: int = MAX_JOB_NAME) -> str:
+    """`<recipe>-<YYYYMMDD-HHMMSS-mmm>-<4 random>`: unique even for jobs sent in the same millisecond.
+
+    The recipe part is shortened, never the time or the suffix, so names sort by submission time.
+    """
+    now = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
+    stamp = f"{now:%Y%m%d-%H%M%S}-{now.microsecond // 1000:03d}"
+    suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(SUFFIX_LEN))
+    room = max_len - len(stamp) - len(suffix) - 2
+    prefix = recipe_name.lower()[:room].rstrip("-") or "job"
+    name = f"{prefix}-{stamp}-{suffix}"
+    assert JOB_NAME_RE.match(name) and len(name) <= max_len, name
+    return name
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mount:
+    """A directory of the machine that runs the container, bound into it."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where a backend puts the job's files, as the training processes see them."""
+
+    checkpoint_dir: str
+    output_dir: str
+    rendezvous_host: str | None = None
+    """Host of the c10d rendezvous store for multi-node jobs, when the backend knows it in advance
+    (algo-1 on SageMaker). None means the launch script exports PET_RDZV_ENDPOINT itself."""
+    s3_data_dir: str | None = None
+    """Where the backend stages s3:// data for the job (SageMaker's train channel); None: it cannot."""
+    image: str | None = None
+    """The container image; None runs on the machines' own Python environment."""
+    mounts: tuple[Mount, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    instance_type: str
+    instance_count: int
+    procs_per_node: int
+    device: str
+    accelerator: str
+    efa_interfaces: int
+    volume_size_gb: int
+
+    @property
+    def world_size(self) -> int:
+        return self.instance_count * self.procs_per_node
+
+    @property
+    def has_efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataInput:
+    name: str
+    source: str
+    """s3:// URI or a path on the machines that run the job."""
+    container_path: str
+    """Where the training processes read it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Networking:
+    subnets: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    isolation: bool = False
+    encrypt_inter_node: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cloud:
+    """AWS settings; other backends carry them but use none of them."""
+
+    region: str
+    role_arn: str | None
+    output_uri: str | None
+    checkpoint_uri: str | None
+    kms_key_id: str | None
+    retries: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """What to run and where, for any backend. Frozen; `to_json`/`from_json` round-trip."""
+
+    name: str
+    recipe_name: str
+    backend: str
+    image: str | None
+    command: tuple[str, ...]
+    """torchrun argv, run from the bundle root (the directory holding entrypoints/)."""
+    environment: tuple[tuple[str, str], ...]
+    resources: Resources
+    inputs: tuple[DataInput, ...]
+    checkpoint_dir: str
+    output_dir: str
+    mounts: tuple[Mount, ...]
+    max_run_s: int
+    max_wait_s: int | None
+    spot: bool
+    networking: Networking
+    cloud: Cloud
+    tags: tuple[tuple[str, str], ...]
+    resolved_json: str = field(repr=False)
+    """The resolved recipe (`Recipe.resolved`) as canonical JSON: the entrypoints' only input."""
+
+    @classmethod
+    def create(cls, recipe: Recipe, *, backend: str, placement: Placement, name: str | None = None) -> JobSpec:
+        hardware, sm = recipe.hardware, recipe.sagemaker
+        resources = Resources(
+            instance_type=hardware.instance_key,
+            instance_count=recipe.cluster.instance_count,
+            procs_per_node=hardware.procs_per_node,
+            device=recipe.cluster.device,
+            accelerator=hardware.accelerator_key,
+            efa_interfaces=hardware.instance.efa_interfaces,
+            volume_size_gb=sm.volume_size_gb,
+        )
+        name = name or job_name(recipe.name)
+        inputs = ()
+        if recipe.data.source != "synthetic":
+            # Local paths are mounted at the same path, so the resolved recipe needs no rewrite.
+            is_s3 = recipe.data.source.startswith("s3://")
+            container = (placement.s3_data_dir or recipe.data.source) if is_s3 else recipe.data.source
+            inputs = (DataInput(name="train", source=recipe.data.source, container_path=container),)
+        resolved = recipe.resolved(checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir)
+        max_wait = None
+        if sm.spot:
+            max_wait = sm.max_wait or max(sm.max_run, min(2 * sm.max_run, SAGEMAKER_MAX_RUN_S))
+        return cls(
+            name=name,
+            recipe_name=recipe.name,
+            backend=backend,
+            image=placement.image,
+            command=torchrun_command(resources, name=name, rendezvous_host=placement.rendezvous_host),
+            environment=tuple(sorted(job_environment(resources, inputs).items())),
+            resources=resources,
+            inputs=inputs,
+            checkpoint_dir=placement.checkpoint_dir,
+            output_dir=placement.output_dir,
+            mounts=placement.mounts,
+            max_run_s=sm.max_run,
+            max_wait_s=max_wait,
+            spot=sm.spot,
+            networking=Networking(
+                subnets=tuple(sm.subnets),
+                security_group_ids=tuple(sm.security_group_ids),
+                isolation=sm.network_isolation,
+                encrypt_inter_node=sm.encrypt_inter_container_traffic,
+            ),
+            cloud=Cloud(
+                region=sm.region,
+                role_arn=sm.role_arn,
+                output_uri=sm.output_uri,
+                checkpoint_uri=sm.checkpoint_uri,
+                kms_key_id=sm.kms_key_id,
+                retries=sm.retries,
+            ),
+            tags=tuple(sorted(sm.tags.items())),
+            resolved_json=canonical_json(resolved),
+        )
+
+    # --- views -----------------------------------------------------------------------------
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.environment)
+
+    @property
+    def resolved(self) -> dict[str, Any]:
+        return json.loads(self.resolved_json)
+
+    def replace(self, **changes: Any) -> JobSpec:
+        return dataclasses.replace(self, **changes)
+
+    # --- serialization -----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["command"] = list(self.command)
+        data["environment"] = dict(self.environment)
+        data["tags"] = dict(self.tags)
+        data["resolved"] = json.loads(data.pop("resolved_json"))
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
+        data = dict(data)
+        nested = {"resources": Resources, "networking": Networking, "cloud": Cloud}
+        for key, kind in nested.items():
+            value = dict(data[key])
+            data[key] = kind(**{f.name: _tuple(value[f.name]) for f in fields(kind)})
+        data["inputs"] = tuple(DataInput(**item) for item in data["inputs"])
+        data["mounts"] = tuple(Mount(**item) for item in data["mounts"])
+        data["command"] = tuple(data["command"])
+        data["environment"] = tuple(sorted(data["environment"].items()))
+        data["tags"] = tuple(sorted(data["tags"].items()))
+        data["resolved_json"] = canonical_json(data.pop("resolved"))
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        return cls.from_dict(json.loads(text))
+
+    # --- notebooks and the SageMaker SDK ---------------------------------------------------------
+
+    def to_model_trainer(self, **kwargs: Any):
+        """The equivalent `sagemaker.train.ModelTrainer` (needs the `sagemaker` extra)."""
+        from launcher.backends.model_trainer import model_trainer
+
+        return model_trainer(self, **kwargs)
+
+    def summary_rows(self) -> list[tuple[str, str]]:
+        r = self.resources
+        rows = [
+            ("name", self.name),
+            ("backend", self.backend),
+            ("resources", f"{r.instance_count} x {r.instance_type}, {r.procs_per_node} x {r.accelerator} each"),
+            ("image", self.image or "(this machine's Python)"),
+            ("command", " ".join(self.command)),
+            ("checkpoints", self.checkpoint_dir),
+            ("output", self.output_dir),
+            ("max run", f"{self.max_run_s} s" + (f", spot (wait up to {self.max_wait_s} s)" if self.spot else "")),
+        ]
+        rows += [(f"input {i.name}", f"{i.source} -> {i.container_path}") for i in self.inputs]
+        rows += [("mount", f"{m.source} -> {m.target}{' (read-only)' if m.read_only else ''}") for m in self.mounts]
+        if r.has_efa:
+            rows.append(("efa", f"{r.efa_interfaces} interfaces per node"))
+        return rows
+
+    def __repr__(self) -> str:
+        r = self.resources
+        return f"JobSpec({self.name!r}, {self.backend}, {r.instance_count}x{r.instance_type}, world {r.world_size})"
+
+    def __str__(self) -> str:
+        width = max(len(key) for key, _ in self.summary_rows())
+        return "\n".join(f"{key:<{width}}  {value}" for key, value in self.summary_rows())
+
+    def _repr_html_(self) -> str:
+        cells = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th><td><code>{html.escape(v)}</code></td></tr>"
+            for k, v in self.summary_rows()
+        )
+        return f"<table>{cells}</table>"
+
+
+def _tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def torchrun_command(resources: Resources, *, name: str, rendezvous_host: str | None) -> tuple[str, ...]:
+    """The torchrun argv of contract 1, run from the bundle root."""
+    argv = ["torchrun", f"--nnodes={resources.instance_count}", f"--nproc-per-node={resources.procs_per_node}"]
+    if resources.instance_count == 1:
+        argv.append("--standalone")
+    else:
+        argv += ["--rdzv-backend=c10d", f"--rdzv-id={name}"]
+        if rendezvous_host is not None:
+            argv.append(f"--rdzv-endpoint={rendezvous_host}:{RDZV_PORT}")
+    argv += ["--max-restarts=0", ENTRYPOINT, "--config", CONFIG_FILE]
+    return tuple(argv)
+
+
+# libfabric and NCCL settings for EFA. Set from the catalog's efa_interfaces, so every EFA
+# instance gets them (the SageMaker SDK sets FI_PROVIDER only for the p5 types it knows).
+EFA_ENVIRONMENT = {
+    "FI_PROVIDER": "efa",  # make libfabric (and so aws-ofi-nccl) use EFA, not TCP sockets
+    "FI_EFA_USE_DEVICE_RDMA": "1",  # GPUDirect RDMA between GPU memory and the EFA devices
+    "FI_EFA_FORK_SAFE": "1",  # data-loader workers fork after libfabric registered memory
+}
+
+
+def job_environment(resources: Resources, inputs: tuple[DataInput, ...]) -> dict[str, str]:
+    env = {"PYTHONUNBUFFERED": "1"}  # metric lines reach the logs as they are printed
+    if resources.device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"  # gloo ranks share the host's cores
+    else:
+        # Long-context activations vary in size; expandable segments keep fragmentation down.
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        env["NCCL_DEBUG"] = "WARN"
+    if resources.has_efa:
+        env.update(EFA_ENVIRONMENT)
+    for data in inputs:
+        if data.source.startswith("s3://"):
+            env[f"SM_CHANNEL_{data.name.upper()}"] = data.container_path
+    return env

@@ -1,0 +1,221 @@
+"""Check the memory estimator against torch.cuda on one GPU, for single-GPU configs.
+
+    python scripts/estimator_gpu.py --prepare build/estimator-gpu   # here: configs + estimates
+    python scripts/estimator_gpu.py --run build/estimator-gpu       # on the GPU: torch only
+
+`--prepare` needs the launcher (it writes each config's resolved job and its estimate);
+`--run` needs only torch, torchao and the entrypoints, as on a GPU machine. For each config it
+trains two optimizer steps with the entrypoints' own code (world size 1: FSDP over one GPU,
+which keeps its fp32 masters and mixed precision), resets the peak after the first, and
+compares `torch.cuda.max_memory_allocated` of the second with the estimate's allocated bytes,
+and `max_memory_reserved` with allocated + fragmentation. It also measures the CUDA context
+(device memory in use minus PyTorch's reserved pool) and which tensors CUDA's fused RMSNorm
+saves. Results go to $OUT/estimator_gpu.json (else the prepare directory) and stdout;
+scripts/estimator_table.py --gpu-results FILE puts them into docs/estimator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+GIB = 2**30
+BASE = {
+    "name": "gpu-memory",
+    "training": {"seq_len": 8192, "global_batch_size": 2, "micro_batch_size": 1, "steps": 10},
+    "precision": {"dtype": "bf16"},
+    "cluster": {
+        "backend": "local",
+        "instance_type": "local",
+        "nproc_per_node": 1,
+        "device": "cuda",
+        "accelerator": "h200-141gb",
+    },
+    "data": {"dtype": "uint32"},
+}
+# (name, changes): about 1B to 8B parameters, 4K to 32K tokens, each checkpointing mode,
+# bf16 and both FP8 recipes; each fits one H200 with FSDP over one GPU (16 bytes/param).
+CONFIGS = [
+    ("1B 8K none", {"model": "llama3.2-1b"}),
+    ("1B 8K selective", {"model": "llama3.2-1b", "parallel": {"activation_checkpointing": "selective"}}),
+    (
+        "1B 32K full",
+        {"model": "llama3.2-1b", "training": {"seq_len": 32768}, "parallel": {"activation_checkpointing": "full"}},
+    ),
+    ("1B 8K fp8 tensorwise", {"model": "llama3.2-1b", "precision": {"fp8": True}}),
+    (
+        "3B 16K full fp8 rowwise",
+        {
+            "model": "llama3.2-3b",
+            "training": {"seq_len": 16384},
+            "precision": {"fp8": True, "fp8_recipe": "rowwise"},
+            "parallel": {"activation_checkpointing": "full"},
+        },
+    ),
+    (
+        "8B (16 layers) 4K selective",
+        {
+            "model": {"base": "llama3.1-8b", "num_layers": 16},
+            "training": {"seq_len": 4096},
+            "parallel": {"activation_checkpointing": "selective"},
+        },
+    ),
+]
+
+
+def merged(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merged(out.get(key, {}), value) if isinstance(value, dict) and key != "model" else value
+    return out
+
+
+def prepare(directory: Path) -> None:
+    from launcher.recipe import Recipe
+
+    directory.mkdir(parents=True, exist_ok=True)
+    prepared = []
+    for name, changes in CONFIGS:
+        recipe = Recipe.from_dict(merged(BASE, changes))
+        estimate = recipe.estimate()
+        prepared.append({"name": name, "resolved": recipe.resolved(), "estimate": estimate.to_json()})
+    (directory / "configs.json").write_text(json.dumps(prepared, indent=1))
+    print(f"estimator_gpu: {len(prepared)} configs written to {directory / 'configs.json'}")
+
+
+def run(directory: Path) -> dict:
+    """Each config in its own process, so no config sees memory another left behind."""
+    import subprocess
+
+    import torch
+
+    prepared = json.loads((directory / "configs.json").read_text())
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "runs": [], "checks": {}}
+    for index in range(len(prepared)):
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", str(directory), str(index)], capture_output=True, text=True
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if not lines:
+            result = {"name": prepared[index]["name"], "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+        else:
+            result = json.loads(lines[-1].removeprefix("RESULT "))
+            report["checks"]["rms_norm_saves"] = result.pop("rms_norm_saves")
+        report["runs"].append(result)
+        print(summary_line(result), flush=True)
+    return report
+
+
+def run_one(directory: Path, index: int) -> dict:
+    import torch
+
+    from entrypoints.config import JobConfig
+    from entrypoints.fp8 import after_optimizer_step, fp8_settings
+    from entrypoints.model.init import materialize
+    from entrypoints.optim import Optimizers, clip_grad_norm
+    from entrypoints.parallel.mesh import build_mesh
+    from entrypoints.parallel.parallelize import build_model_parts
+    from entrypoints.parallel.process_group import process_group
+
+    item = json.loads((directory / "configs.json").read_text())[index]
+    cfg = JobConfig.from_dict(item["resolved"])
+    started = time.perf_counter()
+    with process_group("cuda") as env:
+        saves = rms_norm_saved(env.device)
+        torch.cuda.empty_cache()
+        fp8 = fp8_settings(cfg, device_type="cuda", backend=env.backend)
+        mesh = build_mesh(cfg.parallel, "cuda")
+        parts, _ = build_model_parts(cfg, mesh, fp8=fp8)
+        model = parts[0]
+        materialize(model, env.device, seed=0)
+        optimizers = Optimizers(parts, cfg.training.optimizer, total_steps=cfg.training.steps)
+        vocab, seq = cfg.model.vocab_size, cfg.training.seq_len
+        micro, accum = cfg.training.micro_batch_size, cfg.parallel.grad_accum_steps
+        for step in range(2):
+            if step == 1:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            for _ in range(accum):
+                tokens = torch.randint(0, vocab, (micro, seq), device=env.device)
+                loss = model(tokens, targets=torch.roll(tokens, -1, 1))
+                (loss / accum).backward()
+                del loss
+            clip_grad_norm(parts, cfg.training.grad_clip, mesh["pp"])
+            optimizers.step()
+            after_optimizer_step(parts, fp8)
+            optimizers.zero_grad()
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        estimate = item["estimate"]
+        return {
+            "name": item["name"],
+            "max_allocated": torch.cuda.max_memory_allocated(),
+            "max_reserved": torch.cuda.max_memory_reserved(),
+            "context": (total - free) - torch.cuda.memory_reserved(),
+            "seconds": round(time.perf_counter() - started, 1),
+            "estimated_allocated": estimate["allocated_bytes"],
+            "estimated_fragmentation": estimate["breakdown"]["fragmentation"],
+            "estimated_peak": estimate["per_gpu_peak_bytes"],
+            "estimated_phase": estimate["peak_phase"],
+            "rms_norm_saves": saves,
+        }
+
+
+def rms_norm_saved(device) -> list[str]:
+    """The dtypes and shapes autograd saves for nn.RMSNorm on this device (CUDA fuses it)."""
+    import torch
+
+    saved = []
+
+    def pack(tensor):
+        saved.append(f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}")
+        return tensor
+
+    norm = torch.nn.RMSNorm(256, device=device, dtype=torch.bfloat16)
+    x = torch.randn(4, 64, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        norm(x)
+    return saved
+
+
+def summary_line(result: dict) -> str:
+    if "error" in result:
+        return f"{result['name']:32s} {result['error']}"
+    allocated, estimated = result["max_allocated"], result["estimated_allocated"]
+    return (
+        f"{result['name']:32s} allocated {allocated / GIB:7.2f} GiB, estimated {estimated / GIB:7.2f} "
+        f"({estimated / allocated - 1:+.1%}); reserved {result['max_reserved'] / GIB:7.2f}, "
+        f"context {result['context'] / GIB:5.2f} GiB; {result['seconds']:.0f}s"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--prepare", metavar="DIR", type=Path)
+    group.add_argument("--run", metavar="DIR", type=Path)
+    group.add_argument("--one", nargs=2, metavar=("DIR", "INDEX"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.prepare:
+        prepare(args.prepare)
+        return 0
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # as launcher/spec.py sets
+    if args.one:
+        print("RESULT " + json.dumps(run_one(Path(args.one[0]), int(args.one[1]))), flush=True)
+        return 0
+    report = run(args.run)
+    out = Path(os.environ.get("OUT") or args.run)
+    (out / "estimator_gpu.json").write_text(json.dumps(report, indent=1))
+    print(f"checks: {json.dumps(report['checks'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

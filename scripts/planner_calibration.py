@@ -1,0 +1,524 @@
+"""Write docs/planner.md: the throughput model, its constants, and each calibration point's error.
+
+    python scripts/planner_calibration.py          # regenerate docs/planner.md
+    python scripts/planner_calibration.py --check  # exit 1 if docs/planner.md is out of date
+
+Every published measurement below is set beside `launcher.estimate.throughput.predict` for the
+same model, layout, batch and hardware, with the error (predicted / measured - 1). The GPU
+measurements of our own code come from docs/planner_gpu.json (scripts/planner_gpu_kernels.py) and
+from scripts/gpu_check.sh. The section that scripts/bench_plan.py writes is kept as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from launcher import catalog  # noqa: E402
+from launcher.estimate import throughput  # noqa: E402
+from launcher.estimate.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
+from launcher.layout import Layout  # noqa: E402
+from launcher.plan import search  # noqa: E402
+from launcher.plan.explain import against_recipe  # noqa: E402
+from launcher.recipe import Recipe  # noqa: E402
+
+DOC = ROOT / "docs" / "planner.md"
+GPU_JSON = ROOT / "docs" / "planner_gpu.json"
+BENCH_START, BENCH_END = "<!-- bench_plan:start -->", "<!-- bench_plan:end -->"
+
+TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+TORCHTITAN_HW = "H100 96GB HBM2e at 500 W (Grand Teton), 400 Gb/s per GPU"
+NEMO = "NeMo 24.x performance summary (DGX H100)"
+NEMO_LONG = "NeMo 24.12 long-sequence performance (Llama 2 7B FP8, DGX H100)"
+OWN = "this repo on one H200"
+
+
+@dataclass(frozen=True)
+class Point:
+    source: str
+    model: str
+    gpus: int
+    layout: Layout
+    seq_len: int
+    global_batch: int
+    micro_batch: int
+    ac: str
+    measured: float  # tokens/s/GPU (or model TFLOP/s/GPU with tflops=True)
+    fp8: bool = False
+    compile: bool = False
+    schedule: str = "1f1b"
+    accelerator: str = "h100-80gb"
+    gpus_per_node: int = 8
+    network_gbps: float = 3200  # 400 Gb/s per GPU: p5, DGX H100 and torchtitan's hosts alike
+    tflops: bool = False  # measured is model TFLOP/s/GPU (published 12·L·h·s convention)
+    use: str = "check"  # "check": independent; "fit": a constant was fitted to it
+    note: str = ""
+    arch_changes: dict = field(default_factory=dict)
+
+
+def fsdp(n: int, **kw) -> Layout:
+    return Layout(data_shard=n, **kw)
+
+
+# fmt: off
+POINTS = [
+    # source, model, GPUs, layout, seq, global batch, micro batch, AC, measured, options
+    Point(TORCHTITAN, "llama3.1-8b", 8, fsdp(8), 8192, 16, 2, "selective", 5762, note="bf16 eager; " + TORCHTITAN_HW),
+    Point(TORCHTITAN, "llama3.1-8b", 8, fsdp(8), 8192, 16, 2, "selective", 6667, compile=True, note="bf16, compile"),
+    Point(TORCHTITAN, "llama3.1-8b", 8, fsdp(8), 8192, 16, 2, "selective", 8532, fp8=True, compile=True, note="FP8, compile"),
+    Point(TORCHTITAN, "llama3.1-8b", 128, fsdp(128), 8192, 256, 2, "selective", 5605, note="bf16 eager, 16 nodes"),
+    Point(TORCHTITAN, "llama3.1-8b", 128, fsdp(128), 8192, 256, 2, "selective", 8380, fp8=True, compile=True, note="FP8, compile, 16 nodes"),
+    Point(TORCHTITAN, "llama3.1-8b", 8, fsdp(8), 32768, 8, 1, "full", 3890, fp8=True, compile=True, note="FP8, compile"),
+    Point(TORCHTITAN, "llama3.1-8b", 8, fsdp(4, context=2), 65536, 4, 1, "full", 2540, fp8=True, compile=True, note="torch's ring-attention CP (Dec 2024)"),
+    Point(TORCHTITAN, "llama3.1-8b", 8, fsdp(2, context=4), 131072, 2, 1, "full", 1071, fp8=True, compile=True, note="torch's ring-attention CP (Dec 2024)"),
+    Point(TORCHTITAN, "llama3.1-70b", 256, fsdp(32, tensor=8), 8192, 512, 16, "full", 829, fp8=True, compile=True, note="FP8, compile, FSDP 32 x TP 8"),
+    Point(TORCHTITAN, "llama3.1-405b", 512, fsdp(8, tensor=8, pipeline=8), 8192, 256, 4, "full", 100, fp8=True, compile=True,
+          note="1F1B; 8 micro-batches of 4 (torchtitan's default: as many as stages); 126 layers over 8 stages"),
+    Point(TORCHTITAN, "llama3.1-405b", 512, fsdp(8, tensor=8, pipeline=8, virtual_stages=2), 8192, 256, 4, "full", 128, fp8=True,
+          compile=True, schedule="interleaved_1f1b", note="interleaved 1F1B, 2 stages per rank"),
+    Point(TORCHTITAN, "llama3.1-405b", 512, fsdp(8, tensor=8, pipeline=8), 32768, 64, 1, "full", 76, fp8=True, compile=True, note="1F1B"),
+    Point(TORCHTITAN, "llama3.1-405b", 512, fsdp(2, tensor=8, pipeline=8, context=4), 131072, 16, 1, "full", 31, fp8=True, compile=True,
+          note="1F1B, torch's ring-attention CP"),
+    Point(NEMO, "llama3-8b", 8, fsdp(4, context=2), 8192, 128, 1, "none", 12036, fp8=True, compile=True,
+          note="TP1 PP1 CP2 at 8192 tokens (the 24.09 table lists 12,273 for this configuration)"),
+    Point(NEMO, "llama3-70b", 64, fsdp(2, tensor=4, pipeline=4, context=2, virtual_stages=5), 8192, 128, 1, "none", 1533, fp8=True,
+          compile=True, schedule="interleaved_1f1b", note="TP4 PP4 CP2 VP5 (24.09: 1,524)"),
+    Point(NEMO_LONG, "llama2-7b", 32, fsdp(8, tensor=2, context=2), 32768, 128, 1, "none", 610, fp8=True, compile=True, tflops=True,
+          note="610 model TFLOP/s; batch assumed as NeMo's B200 table (4M tokens)"),
+    Point(NEMO_LONG, "llama2-7b", 64, fsdp(8, tensor=4, context=2), 65536, 64, 1, "none", 574, fp8=True, compile=True, tflops=True,
+          note="574 model TFLOP/s"),
+    Point(NEMO_LONG, "llama2-7b", 128, fsdp(8, tensor=4, context=4), 131072, 32, 1, "none", 555, fp8=True, compile=True, tflops=True,
+          note="555 model TFLOP/s"),
+    Point(OWN, "llama3.2-1b", 1, Layout(), 8192, 4, 1, "none", 41437, accelerator="h200-141gb", gpus_per_node=1, network_gbps=0,
+          note="entrypoints/train.py, scripts/gpu_check.sh, bf16 eager"),
+    Point(OWN, "llama3.2-1b", 1, Layout(), 8192, 4, 1, "none", 22520, fp8=True, accelerator="h200-141gb", gpus_per_node=1,
+          network_gbps=0, use="fit", note="FP8 tensorwise, eager: fp8_eager_cast_factor"),
+]
+# fmt: on
+
+
+def own_model_points() -> list[Point]:
+    """The entrypoints' model, 4 blocks of Llama 3.1 8B on one H200 (docs/planner_gpu.json)."""
+    if not GPU_JSON.exists():
+        return []
+    rows = json.loads(GPU_JSON.read_text()).get("model_steps", [])
+    return [
+        Point(OWN, "llama3.1-8b", 1, Layout(), r["seq_len"], 1, 1, r["activation_checkpointing"], r["tokens_per_s"],
+              accelerator="h200-141gb", gpus_per_node=1, network_gbps=0, arch_changes={"num_layers": r["num_layers"]},
+              use="fit", note="4 blocks + loss + AdamW, bf16 eager: elementwise and loss bytes")
+        for r in rows
+    ]  # fmt: skip
+
+
+def run(point: Point) -> tuple[float, float, object]:
+    arch = catalog.models()[point.model]
+    if point.arch_changes:
+        arch = arch.model_copy(update=point.arch_changes)
+    layout = point.layout
+    assert layout.world_size == point.gpus, (point, layout.world_size)
+    speed = predict(
+        arch,
+        layout,
+        seq_len=point.seq_len,
+        micro_batch_size=point.micro_batch,
+        grad_accum_steps=point.global_batch // (point.micro_batch * layout.data_parallel),
+        accelerator=catalog.accelerators()[point.accelerator],
+        gpus_per_node=point.gpus_per_node,
+        network_gbps=point.network_gbps,
+        fp8=point.fp8,
+        activation_checkpointing=point.ac,
+        pipeline_schedule=point.schedule,
+        compile=point.compile,
+    )
+    measured = point.measured
+    if point.tflops:
+        measured = point.measured * 1e12 / model_flops_per_token(arch, point.seq_len, causal=False)
+    return measured, speed.tokens_per_s_per_gpu, speed
+
+
+def layout_text(layout: Layout) -> str:
+    parts = [
+        f"{n[:2].upper() if n != 'data_shard' else 'FSDP'} {getattr(layout, n)}"
+        for n in ("tensor", "context", "pipeline", "data_shard")
+    ]
+    text = " ".join(p for p in parts if not p.endswith(" 1")) or "1 GPU"
+    return text.replace("TE", "TP").replace("CO", "CP").replace("PI", "PP") + (
+        f" v{layout.virtual_stages}" if layout.virtual_stages > 1 else ""
+    )
+
+
+def calibration_section() -> tuple[str, list]:
+    points = POINTS + own_model_points()
+    rows, errors = [], {}
+    for i, p in enumerate(points, 1):
+        measured, predicted, speed = run(p)
+        error = predicted / measured - 1
+        errors.setdefault(p.source, []).append((error, p.use))
+        precision = ("FP8" if p.fp8 else "bf16") + (" compile" if p.compile else "")
+        top = max(speed.breakdown, key=speed.breakdown.__getitem__)
+        rows.append(
+            f"| {i} | {p.model} | {p.gpus} x {p.accelerator} | {layout_text(p.layout)} | {p.seq_len:,} | "
+            f"{p.global_batch}/{p.micro_batch} | {p.ac} | {precision} | {measured:,.0f} | {predicted:,.0f} | "
+            f"{error:+.0%} | {top} {speed.breakdown[top] / speed.step_time_s:.0%} | {p.use} | {p.source}: {p.note} |"
+        )
+    lines = [
+        "| # | model | GPUs | layout | seq | batch/micro | AC | precision | measured tok/s/GPU | predicted | error | largest term | use | source, notes |",
+        "|---:|---|---|---|---:|---|---|---|---:|---:|---:|---|---|---|",
+        *rows,
+        "",
+        "Error = predicted / measured - 1. `fit`: a constant was set from this point (so its error says",
+        "little); `check`: independent. Per source (checks only):",
+        "",
+    ]
+    for source, items in errors.items():
+        checks = [e for e, use in items if use == "check"]
+        if checks:
+            lines.append(
+                f"- {source}: {len(checks)} points, median error {statistics.median(checks):+.0%}, "
+                f"range {min(checks):+.0%} to {max(checks):+.0%}."
+            )
+    return "\n".join(lines), errors
+
+
+def kernel_section() -> str:
+    if not GPU_JSON.exists():
+        return "No GPU measurements recorded (run scripts/planner_gpu_kernels.py on a GPU)."
+    data = json.loads(GPU_JSON.read_text())
+    k = CONSTANTS
+    peak = 989e12
+    lines = [
+        f"Measured with scripts/planner_gpu_kernels.py on an {data['device']}, torch {data['torch']}, {data['date']}; "
+        "short bursts at the boost clock (see the sustained row).",
+        "",
+        "| kernel | shape | measured TFLOP/s | model's rate | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in data.get("gemm_bf16", []):
+        half = k.gemm_half_dim["bf16"]
+        rate = peak * k.matmul_efficiency["hopper:bf16"]
+        for d in (r["m"], r["k"], r["n"]):
+            rate *= d / (d + half)
+        lines.append(
+            f"| bf16 GEMM | {r['m']} x {r['k']} x {r['n']} | {r['tflops']:.0f} | {rate / 1e12:.0f} | {rate / 1e12 / r['tflops']:.2f} |"
+        )
+    for r in data.get("gemm_fp8", []) if isinstance(data.get("gemm_fp8"), list) else []:
+        half = k.gemm_half_dim["fp8"]
+        rate = 2 * peak * k.matmul_efficiency["hopper:fp8"]
+        for d in (r["m"], r["k"], r["n"]):
+            rate *= d / (d + half)
+        lines.append(
+            f"| FP8 `_scaled_mm` | {r['m']} x {r['k']} x {r['n']} | {r['tflops']:.0f} | {rate / 1e12:.0f} | {rate / 1e12 / r['tflops']:.2f} |"
+        )
+    for r in data.get("attention", []):
+        rate = peak * k.attention_efficiency["hopper"] * r["seq"] / (r["seq"] + k.attention_half_seq)
+        lines.append(
+            f"| causal SDPA fwd+bwd, GQA 32/8 | {r['seq']:,} tokens | {r['tflops']:.0f} | {rate / 1e12:.0f} | {rate / 1e12 / r['tflops']:.2f} |"
+        )
+    for r in data.get("cp_attention", []):
+        rate = (
+            peak
+            * k.attention_efficiency["hopper"]
+            * k.zigzag_attention_factor
+            * r["seq"]
+            / (r["seq"] + k.attention_half_seq)
+        )
+        lines.append(
+            f"| zigzag CP attention (entrypoints) | cp {r['cp']} rank {r['rank']}, {r['seq']:,} tokens | {r['tflops']:.0f} | "
+            f"{rate / 1e12:.0f} | {rate / 1e12 / r['tflops']:.2f} |"
+        )
+    sustained = data.get("sustained_gemm")
+    if sustained:
+        windows = sustained["windows"]
+        late = [w["tflops"] for w in windows if w["t"] > 10]
+        lines.append(
+            f"| bf16 GEMM held for {windows[-1]['t']:.0f} s | {sustained['m']} x {sustained['k']} x {sustained['n']} | "
+            f"{statistics.median(late):.0f} (median after 10 s; clock {windows[-1]['sm_mhz,watts'].split(',')[0]} MHz) | "
+            f"{_gemm_rate(sustained) / 1e12:.0f} | {_gemm_rate(sustained) / 1e12 / statistics.median(late):.2f} |"
+        )
+    bw = data.get("elementwise")
+    if bw:
+        lines.append(
+            f"| elementwise add | {bw['bytes'] / 1e9:.1f} GB moved | {bw['gbps']:,.0f} GB/s | "
+            f"{4800 * k.hbm_efficiency:,.0f} GB/s | {4800 * k.hbm_efficiency / bw['gbps']:.2f} |"
+        )
+    parts = {(r["part"], r.get("seq_len")): r["seconds"] for r in data.get("model_parts", [])}
+    if parts:
+        lines += ["", "The entrypoints' model in parts (one H200): " + ", ".join(
+            f"{name}{f' at {seq:,}' if seq else ''}: {seconds * 1000:.1f} ms" for (name, seq), seconds in parts.items()
+        ) + "."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _gemm_rate(shape: dict) -> float:
+    k = CONSTANTS
+    rate = 989e12 * k.matmul_efficiency["hopper:bf16"]
+    for d in (shape["m"], shape["k"], shape["n"]):
+        rate *= d / (d + k.gemm_half_dim["bf16"])
+    return rate
+
+
+def constants_section() -> str:
+    """Each field of `Constants` with its value and the docstring written under it."""
+    source = Path(throughput.__file__).read_text()
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Constants")
+    rows, pending = [], []
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign):
+            pending.append(node.target.id)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and pending:
+            doc = " ".join(node.value.value.split())
+            values = "; ".join(f"`{name}` = {_value(getattr(CONSTANTS, name))}" for name in pending)
+            rows.append(f"| {values} | {doc} |")
+            pending = []
+    return "\n".join(["| constant | what it is, and where its value comes from |", "|---|---|", *rows])
+
+
+def _value(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items())
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def cp_speedup_section() -> str:
+    """NeMo's context-parallel speed-up (Llama 2 7B, FP8, H100), asked of the planner."""
+    published = {8192: 1.00, 16384: 1.00, 32768: 1.03, 65536: 1.07, 131072: 1.31}
+    base = Recipe.load(ROOT / "recipes" / "llama3-8b-8k.yaml")
+    fast_cp = dataclasses.replace(CONSTANTS, zigzag_attention_factor=1.0)
+    lines = [
+        "| seq | GPUs | published | best without CP | best overall, measured CP kernel | speed-up | best overall, CP kernel as fast as plain attention | speed-up |",
+        "|---:|---:|---:|---|---|---:|---|---:|",
+    ]
+    for seq, ratio in published.items():
+        gpus = seq // 1024
+        recipe = base.with_changes(
+            {
+                "model": "llama2-7b",
+                "training.seq_len": seq,
+                "training.global_batch_size": 4 * 2**20 // seq,
+                "precision.fp8": True,
+                "training.compile": True,
+                "cluster.instance_count": max(1, gpus // 8),
+                "parallel.tensor": 8,  # any valid starting layout; the planner replaces it
+            }
+        )
+        cells = [f"{seq:,}", str(gpus), f"{ratio:.2f}"]
+        for constants in (CONSTANTS, fast_cp):
+            plans = search(recipe, top=100_000, constants=constants).ranked
+            without = next(p for p in plans if p.layout.context == 1)
+            if len(cells) == 3:
+                cells.append(without.describe())
+            cells += [plans[0].describe(), f"{plans[0].tokens_per_s_per_gpu / without.tokens_per_s_per_gpu:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def recipes_section() -> str:
+    lines = [
+        "| recipe | its layout | predicted tok/s/GPU | best layout the planner finds | predicted | recipe vs best |",
+        "|---|---|---:|---|---:|---:|",
+    ]
+    notes = []
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        recipe = Recipe.load(path)
+        if recipe.hardware.accelerator.peak_bf16_tflops is None:
+            lines.append(f"| {path.name} | {recipe.layout} | CPU: not predicted | | | |")
+            continue
+        found = search(recipe, top=100_000)
+        current = found.current
+        rank = next((i for i, p in enumerate(found.ranked, 1) if p.settings() == current.settings()), None)
+        where = f"#{rank} of {len(found.ranked)} that fit" if rank else "does not fit"
+        lines.append(
+            f"| {path.name} | {current.describe()} ({where}) | {current.tokens_per_s_per_gpu:,.0f} | "
+            f"{found.best.describe()} | {found.best.tokens_per_s_per_gpu:,.0f} | "
+            f"{current.tokens_per_s_per_gpu / found.best.tokens_per_s_per_gpu - 1:+.0%} |"
+        )
+        note = against_recipe(found)
+        if note:
+            notes.append(f"- {path.name}: {note}")
+    return "\n".join(lines + [""] + notes)
+
+
+def render(bench: str) -> str:
+    calibration, _ = calibration_section()
+    return TEMPLATE.format(
+        calibration=calibration,
+        kernels=kernel_section(),
+        constants=constants_section(),
+        cp_speedup=cp_speedup_section(),
+        recipes=recipes_section(),
+        bench=bench,
+        bench_start=BENCH_START,
+        bench_end=BENCH_END,
+        zigzag=CONSTANTS.zigzag_attention_factor,
+    )
+
+
+def existing_bench() -> str:
+    if DOC.exists():
+        text = DOC.read_text()
+        if BENCH_START in text and BENCH_END in text:
+            return text.split(BENCH_START, 1)[1].split(BENCH_END, 1)[0].strip("\n")
+    return "Not measured yet: run `python scripts/bench_plan.py --write`."
+
+
+TEMPLATE = """# The planner and its throughput model
+
+<!-- Generated by scripts/planner_calibration.py; edit that script, not this file. -->
+
+`launcher plan RECIPE [--gpus N | --instances N] [--instance-type T] [--top K] [--json]` lists
+every parallel layout of the recipe's model that the recipe rules accept on that GPU budget,
+keeps those the memory estimator says fit (80% of GPU memory by default), and ranks them by
+predicted tokens/s/GPU, with MFU and dollars per million tokens; then it says why the best wins.
+`launcher estimate --json` adds `predicted` for the recipe's own layout, `launcher submit
+--auto-plan` switches to the best layout first, and `recipe.plan(gpus=..., top=...)` is the API.
+
+## The search
+
+- Candidates (`launcher/plan/candidates.py`): tensor over the divisors of the KV-head count that
+  fit in a node; context, pipeline (and virtual stages up to 8) and the data-parallel split over
+  the divisors of the GPUs still unassigned; micro batch over the divisors of each data-parallel
+  rank's sequences; activation checkpointing none/selective/full; FP8 both ways with `--vary-fp8`.
+  Each branch is cut where a recipe rule first rejects it, and every survivor passes
+  `launcher.recipe.rules.layout_problems`, the function that validates recipes. A test compares
+  the enumeration with the rule-filtered full product.
+- Ranking (`launcher/plan/rank.py`): every candidate is scored by the throughput model (about
+  20 us each), sorted, and the memory estimator runs in that order only until `--top` layouts fit.
+  Memory grows with the micro batch and falls with recomputation and with the FSDP shard, so a
+  failure also rules out the same degrees with a larger micro batch, less recomputation or fewer
+  shards. A test checks the result equals estimating every candidate.
+
+## How a layout is scored
+
+`launcher/estimate/throughput.py`. For one micro-batch on one GPU of the last pipeline rank (its
+blocks plus the output layer and the loss):
+
+| term | model | overlap assumption |
+|---|---|---|
+| matmuls | 6 FLOPs per weight and token (8 for the output layer: the fused loss recomputes logits), at peak x efficiency(GPU, precision) x d/(d+half) for each GEMM dimension M, K, N | - |
+| attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; efficiency falls for short sequences and for the entrypoints' zigzag CP kernel | - |
+| elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3 | - |
+| recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | - |
+| TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink | none (no async TP) |
+| CP | all-gather of K and V, reduce-scatter of their gradients, over NVLink inside a node or EFA across | none |
+| FSDP | all-gather of each block before forward and backward, reduce-scatter of fp32 gradients, every micro-batch (once per step under PP, where torch.distributed.pipelining keeps blocks gathered) | hidden behind 85% of the micro-batch's (step's) compute; the first block's gather always exposed |
+| HSDP | all-reduce of the gradient shards between replicas, once per step | half hidden |
+| PP | send/recv of activations and gradients per micro-batch and virtual stage | none |
+| bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
+| optimizer | AdamW over the fp32 shard, HBM-bound | - |
+
+Outputs: tokens/s/GPU, MFU (model FLOPs 6·N + 6·L·h·s per token over the BF16 peak, as the
+entrypoints log it), step time, time to the recipe's steps, and $ per 1M tokens and per run from
+the instance price (`cluster.usd_per_hour` overrides the catalog for the recipe's own type).
+
+## Constants
+
+{constants}
+
+## Calibration
+
+Each published measurement, run through the same model with its own layout, batch and precision
+on the catalog's hardware (`h100-80gb`: 989 dense BF16 TFLOP/s, 3.35 TB/s, 900 GB/s NVLink; 400
+Gb/s EFA per GPU). Where a source ran other software or hardware than our entrypoints on a p5,
+its notes say so; those differences are the main source of error, and no constant was tuned to
+hide them.
+
+{calibration}
+
+What the errors say:
+- torchtitan (December 2024) is over-predicted by 15-75%. Its H100s are 96 GB HBM2e parts capped
+  at 500 W (their footnote: the true peak is between SXM and NVL, so their MFU reads low); at
+  700 W our H200 already drops a dense GEMM to about 1.4 GHz, so 500 W costs roughly another
+  quarter. Their 64K-128K rows used torch's early ring-attention context parallelism, which is
+  slower again than the model assumes.
+- NeMo (Megatron-Core, Transformer Engine, 700 W DGX H100) is under-predicted by 0-15%: its
+  kernels (TE's fused attention and context parallelism, TP overlap) beat the entrypoints' torch
+  ones that the constants describe. The NeMo Llama 3 8B point uses 8192 tokens (GBS 128, MBS 1,
+  TP1 PP1 CP2); 12,036 is the issue's figure, the 24.09 table lists 12,273 for the same setup.
+  NeMo's data parallelism is Megatron's distributed optimizer, modelled here as FSDP.
+- Our own runs on one H200 are within a few percent, but most of them set constants.
+
+### Kernels of our own code on a GPU
+
+{kernels}
+
+## The context-parallel speed-up at long sequences
+
+NeMo measured Llama 2 7B (FP8, H100), one GPU per 1K tokens of sequence (8K on 8 GPUs up to 128K
+on 128), with its best layout with CP against its best without: 1.00x up to 16K, 1.31x at 128K.
+Here the planner ranks every layout for the same model, sequence and GPU count (global batch 4M
+tokens, FP8 with compile, p5) and compares its best overall with its best without CP:
+
+{cp_speedup}
+
+With the entrypoints' zigzag attention at {zigzag:.0%} of plain attention (measured), CP only wins
+where TP alone cannot shard the sequence (TP stops at one node and at the KV-head count); with a
+CP kernel as fast as plain attention, CP wins from 32K on, as NeMo found, though by less at 128K
+(the model's best non-CP layout there, TP 4 with full recomputation, is faster than what NeMo
+reports for its own). Making the zigzag kernel as fast as plain attention is the single largest
+gain available to the long-context recipes.
+
+## Findings the tests check
+
+tests/plan/test_findings.py, each with a model and budget where several layouts fit:
+- a smaller TP degree ranks higher (Llama 3 8B at 8K and Mistral 7B at 32K on one p5, without
+  PP). With PP, at a fixed global batch, smaller TP means more data-parallel ranks and fewer
+  micro-batches each, so a larger bubble; across nodes a larger TP also divides the FSDP traffic
+  FSDP2 repeats every micro-batch, and can win there;
+- a larger micro batch ranks higher (same scenarios, without PP, where it also shrinks the number
+  of micro-batches that fill the pipeline);
+- at 128K the best layouts use CP (Llama 3.1 70B on 4 p5e with a CP kernel as fast as plain
+  attention; with the measured kernel, on 4 p5, where TP alone cannot shard enough);
+- 405B at 128K on 1024 H100s needs PP or TP x CP >= 16: every layout that fits has one.
+
+## The shipped recipes
+
+{recipes}
+
+## Search speed
+
+{bench_start}
+{bench}
+{bench_end}
+
+## What is weak
+
+- Absolute numbers: errors run from about -15% (NeMo's faster kernels) to +75% (torchtitan's 500 W
+  GPUs and early CP). The ranking depends on differences between layouts, which the model captures
+  better than absolute speed, but a 10% predicted gap is within the noise.
+- Kernel rates come from one H200 with torch 2.11 and short runs; the sustained-clock correction
+  comes from one GEMM held for a minute. H100 rates are taken to equal H200 ones except for memory
+  bandwidth. No multi-GPU measurement of our own code exists: every communication constant is from
+  datasheets and NCCL folklore (about 80% of link bandwidth).
+- FP8 without torch.compile rests on one measurement of a 1B model; how the eager cast overhead
+  scales to 70B/405B shapes is extrapolated.
+- Overlap is a fixed fraction per collective, not a schedule; the pipeline's stages are taken as
+  equal but for the last one's output layer; PP send/recv is never hidden.
+- Only one instance type is searched per call; mixed fleets and spot interruptions are not costed.
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if docs/planner.md is out of date")
+    args = parser.parse_args()
+    text = render(existing_bench())
+    if args.check:
+        if not DOC.exists() or DOC.read_text() != text:
+            sys.exit(f"{DOC.relative_to(ROOT)} is out of date: run python scripts/planner_calibration.py")
+        return
+    DOC.write_text(text)
+    print(f"wrote {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

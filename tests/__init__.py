@@ -1,0 +1,3 @@
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent

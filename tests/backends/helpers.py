@@ -1,0 +1,38 @@
+"""Helpers for backend tests: recipes from recipes/ and the JobSpecs `submit` would build."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+from tests import REPO  # noqa: E402
+
+FAKE_ENTRYPOINTS = HERE / "fake_entrypoints"
+REGION = "us-west-2"
+ROLE = "arn:aws:iam::111122223333:role/SageMakerTrainingRole"
+
+
+def recipe_path(name: str) -> Path:
+    return REPO / "recipes" / f"{name}.yaml"
+
+
+def load(name: str, **overrides):
+    from launcher.recipe import Recipe
+
+    return Recipe.load(recipe_path(name), overrides or None)
+
+
+def spec_for(name: str, backend: str, **overrides):
+    """The JobSpec `submit` would build for recipe `name` on `backend`, named `<recipe>-job`."""
+    from launcher.api import load as api_load
+    from launcher.backends import get_backend
+
+    recipe = api_load(
+        recipe_path(name), backend=backend, set_options=[f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    )
+    target = get_backend(backend)
+    job = f"{recipe.name.lower()}-job"
+    from launcher.spec import JobSpec
+
+    return JobSpec.create(recipe, backend=backend, placement=target.placement(recipe, job), name=job)

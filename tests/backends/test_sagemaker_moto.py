@@ -1,0 +1,139 @@
+"""SageMaker submit, status, logs and list against a moto server (S3, SageMaker, CloudWatch Logs)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import boto3
+import pytest
+
+from launcher import api
+from launcher.backends import aws as aws_clients
+from launcher.backends.aws_model import validate
+
+from .helpers import REGION, recipe_path
+
+
+def boto(service: str):
+    return boto3.client(service, region_name=REGION)
+
+
+def recorded(service: str, operation: str) -> list[dict]:
+    """Parameters of every `operation` call the launcher's own client sends from now on."""
+    calls: list[dict] = []
+    client = aws_clients.client(service, REGION)
+    client.meta.events.register(
+        f"provide-client-params.{service}.{operation}", lambda params, **_: calls.append(params)
+    )
+    return calls
+
+
+def test_submit_uploads_the_bundle_and_creates_the_job(aws, home, fake_bundle):
+    result = api.submit(recipe_path("llama70b-128k"))
+    name = result.spec.name
+    code_uri = result.rendering.data["bundle"]["uri"]
+    bucket, key = code_uri.removeprefix("s3://").split("/", 1)
+    body = boto("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert hashlib.sha256(body).hexdigest() == result.rendering.data["bundle"]["sha256"] in key
+
+    job = boto("sagemaker").describe_training_job(TrainingJobName=name)
+    assert job["ResourceConfig"]["InstanceType"] == "ml.p5e.48xlarge"
+    assert job["ResourceConfig"]["InstanceCount"] == 4
+    assert job["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
+    assert job["RoleArn"] == result.spec.cloud.role_arn
+    record = json.loads((home / "jobs" / name / "job.json").read_text())
+    assert record["backend"] == "sagemaker" and record["region"] == REGION
+    assert json.loads((home / "jobs" / name / "resolved.json").read_text()) == result.spec.resolved
+
+
+def test_submit_sends_byte_for_byte_what_dry_run_printed(aws, home, fake_bundle, fixed_names, cli):
+    dry = cli("submit", recipe_path("llama70b-128k"), "--dry-run", "--json")
+    assert dry.code == 0, dry.err
+    sent = recorded("sagemaker", "CreateTrainingJob")
+    submitted = cli("submit", recipe_path("llama70b-128k"), "--json")
+    assert submitted.code == 0, submitted.err
+    assert json.dumps(sent) == json.dumps([json.loads(dry.out)["request"]])
+
+
+def test_dry_run_prints_request_and_bundle_and_creates_nothing(aws, home, cli):
+    # The real entrypoints: the README's dry-run command, exactly.
+    result = cli("submit", recipe_path("llama70b-128k"), "--dry-run", "--json")
+    assert result.code == 0, result.err
+    printed = json.loads(result.out)
+    assert set(printed) == {"request", "bundle"}
+    assert validate("sagemaker", "CreateTrainingJob", printed["request"]) == []
+    assert "entrypoints/train.py" in printed["bundle"]["files"] and "resolved.json" in printed["bundle"]["files"]
+    assert boto("s3").list_buckets()["Buckets"] == []
+    assert boto("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+    assert not home.exists()
+
+
+def test_an_unchanged_bundle_is_uploaded_once(aws, home, fake_bundle):
+    puts = recorded("s3", "PutObject")
+    first = api.submit(recipe_path("llama3-8b-8k"))
+    second = api.submit(recipe_path("llama3-8b-8k"))
+    assert first.spec.name != second.spec.name
+    assert first.rendering.data["bundle"]["uri"] == second.rendering.data["bundle"]["uri"]
+    assert len(puts) == 1
+
+
+def test_status_and_list_read_sagemaker(aws, home, fake_bundle, cli):
+    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    status = cli("status", name, "--json")
+    assert status.code == 0, status.err
+    assert json.loads(status.out)["state"] == "Completed" and json.loads(status.out)["backend"] == "sagemaker"
+    listed = cli("list", "--backend", "sagemaker", "--region", REGION, "--json")
+    assert [job["name"] for job in json.loads(listed.out)] == [name]
+    mine = cli("list", "--json")
+    assert [(job["name"], job["state"]) for job in json.loads(mine.out)] == [(name, "Completed")]
+
+
+def test_a_job_from_elsewhere_is_found_with_backend_and_region(aws, home, fake_bundle, cli):
+    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    (home / "jobs" / name / "job.json").unlink()
+    assert "no job named" in cli("status", name).err
+    found = cli("status", name, "--backend", "sagemaker", "--region", REGION, "--json")
+    assert json.loads(found.out)["name"] == name
+
+
+def test_logs_merge_every_hosts_stream_and_follow_ends_with_the_job(aws, home, fake_bundle, cli):
+    name = api.submit(recipe_path("llama70b-128k")).spec.name
+    logs = boto("logs")
+    group = "/aws/sagemaker/TrainingJobs"
+    logs.create_log_group(logGroupName=group)
+    now = int(time.time() * 1000)  # CloudWatch drops events older than its retention
+    hosts = {"algo-1": [(now, "metrics step=1 loss=3.0"), (now + 2, "summary steps=2")], "algo-2": [(now + 1, "ready")]}
+    for host, events in hosts.items():
+        stream = f"{name}/{host}-1700000000"
+        logs.create_log_stream(logGroupName=group, logStreamName=stream)
+        logs.put_log_events(
+            logGroupName=group, logStreamName=stream, logEvents=[{"timestamp": t, "message": m} for t, m in events]
+        )
+    result = cli("logs", name, "--follow")
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == ["[algo-1] metrics step=1 loss=3.0", "[algo-2] ready", "[algo-1] summary steps=2"]
+    as_json = cli("logs", name, "--json")
+    assert json.loads(as_json.out.splitlines()[0]) == {"line": "[algo-1] metrics step=1 loss=3.0"}
+
+
+def test_logs_of_a_job_without_streams_are_empty(aws, home, fake_bundle, cli):
+    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    result = cli("logs", name, "--follow")
+    assert (result.code, result.out) == (0, "")
+
+
+def test_a_user_bucket_that_does_not_exist_is_one_clear_line(aws, home, fake_bundle, cli):
+    result = cli("submit", recipe_path("llama3-8b-8k"), "--set", "sagemaker.output_uri=s3://no-such-bucket/x")
+    assert result.code != 0
+    assert result.err_lines[-1].startswith("uploading the code bundle to bucket no-such-bucket: ")
+    assert boto("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1"])
+def test_the_default_bucket_is_created_in_the_jobs_region(aws, home, fake_bundle, region):
+    api.submit(recipe_path("llama3-8b-8k"), set_options=[f"sagemaker.region={region}"])
+    bucket = f"sagemaker-{region}-111122223333"
+    location = boto3.client("s3", region_name=region).get_bucket_location(Bucket=bucket)["LocationConstraint"]
+    assert (location or "us-east-1") == region

@@ -1,0 +1,175 @@
+"""The CreateTrainingJob request: valid against botocore's model, complete, and what dry-run prints."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from launcher.backends import get_backend
+from launcher.backends.aws_model import validate
+from launcher.backends.images import default_image
+from launcher.backends.sagemaker import METRIC_DEFINITIONS
+from launcher.errors import UsageError
+
+from .helpers import REPO, ROLE, spec_for
+
+SAGEMAKER_RECIPES = sorted(
+    p.stem
+    for p in (REPO / "recipes").glob("*.yaml")
+    if "backend: sagemaker" in p.read_text() or "extends:" in p.read_text()
+)
+
+
+def request_for(recipe: str, **overrides) -> dict:
+    spec = spec_for(recipe, "sagemaker", **overrides)
+    return get_backend("sagemaker").render(spec).data["request"]
+
+
+@pytest.mark.parametrize("recipe", SAGEMAKER_RECIPES)
+def test_every_sagemaker_recipe_gives_a_request_the_service_model_accepts(recipe, fake_bundle, home):
+    assert validate("sagemaker", "CreateTrainingJob", request_for(recipe)) == []
+
+
+def test_the_request_carries_the_whole_job(fake_bundle, home):
+    request = request_for("llama70b-128k")
+    algorithm = request["AlgorithmSpecification"]
+    assert (
+        algorithm["TrainingImage"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-py313"
+    )
+    assert algorithm["ContainerEntrypoint"][:2] == ["/bin/bash", "-c"]
+    assert algorithm["ContainerArguments"][0] == "torchrun" and algorithm["ContainerArguments"][-1] == "resolved.json"
+    assert request["ResourceConfig"] == {"InstanceType": "ml.p5e.48xlarge", "InstanceCount": 4, "VolumeSizeInGB": 500}
+    assert request["CheckpointConfig"] == {
+        "S3Uri": "s3://my-training-bucket/checkpoints/llama70b-128k",
+        "LocalPath": "/opt/ml/checkpoints",
+    }
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 5 * 86400}
+    assert request["RoleArn"] == ROLE
+    assert request["OutputDataConfig"] == {
+        "S3OutputPath": "s3://sagemaker-us-west-2-111122223333/launcher/llama70b-128k"
+    }
+    assert {"Key": "project", "Value": "long-context"} in request["Tags"]
+    assert request["EnableNetworkIsolation"] is False and request["EnableManagedSpotTraining"] is False
+    assert request["Environment"]["FI_PROVIDER"] == "efa"
+    channels = {c["ChannelName"]: c for c in request["InputDataConfig"]}
+    assert channels["train"]["DataSource"]["S3DataSource"]["S3Uri"] == "s3://my-training-bucket/tokens/llama3-128k/"
+    code_uri = channels["code"]["DataSource"]["S3DataSource"]["S3Uri"]
+    assert re.fullmatch(r"s3://sagemaker-us-west-2-111122223333/launcher/code/[0-9a-f]{64}/code\.tar\.gz", code_uri)
+
+
+def test_the_recipe_never_becomes_hyperparameters(fake_bundle, home):
+    request = request_for("llama405b-128k")
+    assert "HyperParameters" not in request
+    assert "resolved.json" in json.dumps(request)
+
+
+def test_spot_vpc_kms_isolation_encryption_and_retries(fake_bundle, home):
+    request = request_for(
+        "llama3-8b-8k",
+        **{
+            "sagemaker.spot": True,
+            "sagemaker.max_wait": "3d",
+            "sagemaker.subnets": ["subnet-0abc"],
+            "sagemaker.security_group_ids": ["sg-0def"],
+            "sagemaker.kms_key_id": "alias/training",
+            "sagemaker.network_isolation": True,
+            "sagemaker.encrypt_inter_container_traffic": True,
+            "sagemaker.retries": 3,
+        },
+    )
+    assert request["EnableManagedSpotTraining"] is True
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 2 * 86400, "MaxWaitTimeInSeconds": 3 * 86400}
+    assert request["VpcConfig"] == {"Subnets": ["subnet-0abc"], "SecurityGroupIds": ["sg-0def"]}
+    assert request["OutputDataConfig"]["KmsKeyId"] == request["ResourceConfig"]["VolumeKmsKeyId"] == "alias/training"
+    assert request["EnableNetworkIsolation"] is True and request["EnableInterContainerTrafficEncryption"] is True
+    assert request["RetryStrategy"] == {"MaximumRetryAttempts": 3}
+    assert validate("sagemaker", "CreateTrainingJob", request) == []
+
+
+def test_a_recipe_image_and_output_uri_are_used_as_given(fake_bundle, home):
+    request = request_for(
+        "llama3-8b-8k",
+        **{
+            "sagemaker.image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/mine:1",
+            "sagemaker.output_uri": "s3://my-bucket/p",
+        },
+    )
+    assert request["AlgorithmSpecification"]["TrainingImage"] == "123456789012.dkr.ecr.us-west-2.amazonaws.com/mine:1"
+    assert request["OutputDataConfig"]["S3OutputPath"] == "s3://my-bucket/p/llama3-8b-8k"
+    assert request["CheckpointConfig"]["S3Uri"] == "s3://my-bucket/p/llama3-8b-8k/checkpoints"
+
+
+@pytest.mark.parametrize(
+    "region, uri",
+    [
+        ("us-east-1", "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.10.0-gpu-py313"),
+        ("ap-east-1", "871362719292.dkr.ecr.ap-east-1.amazonaws.com/pytorch-training:2.10.0-gpu-py313"),
+        ("cn-north-1", "727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn/pytorch-training:2.10.0-gpu-py313"),
+        ("us-gov-west-1", "442386744353.dkr.ecr.us-gov-west-1.amazonaws.com/pytorch-training:2.10.0-gpu-py313"),
+    ],
+)
+def test_the_default_image_is_the_regions_pytorch_dlc(region, uri):
+    assert default_image(region) == uri
+
+
+def test_a_region_without_a_known_image_asks_for_one():
+    with pytest.raises(UsageError, match="no PyTorch training image is known for xx-mars-1; set sagemaker.image_uri"):
+        default_image("xx-mars-1")
+
+
+def test_a_missing_role_says_how_to_set_it(fake_bundle, home):
+    spec = spec_for("llama3-8b-8k", "sagemaker", **{"sagemaker.role_arn": None})
+    with pytest.raises(UsageError) as error:
+        get_backend("sagemaker").render(spec)
+    assert "sagemaker.role_arn: not set" in str(error.value)
+    assert "--set sagemaker.role_arn=arn:aws:iam::<account>:role/" in str(error.value)
+
+
+def test_a_request_that_breaks_the_model_is_refused_before_sending(fake_bundle, home):
+    spec = spec_for("llama3-8b-8k", "sagemaker", **{"sagemaker.tags": {"owner": "a;b"}})
+    with pytest.raises(UsageError, match=r"Tags\[0\]\.Value: 'a;b' does not match the pattern"):
+        get_backend("sagemaker").render(spec)
+
+
+METRIC_LINE = (
+    "metrics step=12 loss=2.3456 grad_norm=0.8123 lr=0.0003 tokens_per_s_per_gpu=5321.4 mfu=0.3712 "
+    "step_time_s=1.5394 mem_alloc_gib=61.2 mem_reserved_gib=70.5"
+)
+
+
+def test_metric_definitions_read_every_field_of_the_metric_line():
+    values = {m["Name"]: re.search(m["Regex"], METRIC_LINE).group(1) for m in METRIC_DEFINITIONS}
+    assert values == {
+        "train:step": "12",
+        "train:loss": "2.3456",
+        "train:grad_norm": "0.8123",
+        "train:lr": "0.0003",
+        "train:tokens_per_s_per_gpu": "5321.4",
+        "train:mfu": "0.3712",
+        "train:step_time_s": "1.5394",
+        "train:mem_alloc_gib": "61.2",
+        "train:mem_reserved_gib": "70.5",
+    }
+
+
+def test_metric_definitions_ignore_other_lines_and_nan():
+    for line in ("summary steps=3 final_loss=1.5", "loss=1.0 step=3", "metrics step=1 loss=nan grad_norm=1"):
+        assert not re.search(METRIC_DEFINITIONS[1]["Regex"], line)
+    assert re.search(METRIC_DEFINITIONS[5]["Regex"], "[algo-1] metrics step=1 loss=2 mfu=1e-3").group(1) == "1e-3"
+
+
+def test_metric_keys_are_the_fields_the_entrypoints_print():
+    # Read entrypoints/metrics.py as text: importing it would import torch.
+    import ast
+
+    from launcher.spec import METRIC_KEYS
+
+    tree = ast.parse((REPO / "entrypoints" / "metrics.py").read_text())
+    (fields,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "STEP_FIELDS" for t in node.targets)
+    ]
+    assert tuple(fields) == METRIC_KEYS

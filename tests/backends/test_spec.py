@@ -1,0 +1,136 @@
+"""JobSpec: unique SageMaker-valid names, the torchrun argv, EFA environment, serialization."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+import pytest
+
+from launcher.spec import JOB_NAME_RE, JobSpec, job_name
+
+from .helpers import spec_for
+
+NOW = datetime.datetime(2026, 11, 9, 15, 30, 12, 345678, tzinfo=datetime.UTC)
+
+
+def test_job_names_carry_the_utc_time_to_the_millisecond_and_a_random_suffix():
+    name = job_name("llama70b-128k", now=NOW)
+    assert name.startswith("llama70b-128k-20261109-153012-345-")
+    assert JOB_NAME_RE.match(name) and len(name) <= 63
+
+
+def test_two_jobs_in_the_same_millisecond_get_different_names():
+    names = {job_name("same", now=NOW) for _ in range(200)}
+    assert len(names) == 200
+
+
+def test_a_long_recipe_name_is_shortened_never_the_time_or_suffix():
+    name = job_name("a" * 39 + "-b", now=NOW)
+    assert len(name) == 63 and JOB_NAME_RE.match(name)
+    assert "-20261109-153012-345-" in name
+
+
+def test_a_name_cut_at_a_hyphen_stays_valid():
+    name = job_name("x" * 36 + "--yy", now=NOW)
+    assert JOB_NAME_RE.match(name) and "--2026" not in name
+
+
+def test_names_respect_a_backends_shorter_limit():
+    assert len(job_name("a" * 40, now=NOW, max_len=52)) == 52
+
+
+def test_single_node_runs_torchrun_standalone_from_the_bundle_root():
+    spec = spec_for("llama3-8b-8k", "sagemaker")
+    assert spec.command == (
+        "torchrun",
+        "--nnodes=1",
+        "--nproc-per-node=8",
+        "--standalone",
+        "--max-restarts=0",
+        "entrypoints/train.py",
+        "--config",
+        "resolved.json",
+    )
+
+
+def test_multi_node_uses_c10d_rendezvous_on_the_first_host():
+    spec = spec_for("llama70b-128k", "sagemaker")
+    assert spec.command[:6] == (
+        "torchrun",
+        "--nnodes=4",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        f"--rdzv-id={spec.name}",
+        "--rdzv-endpoint=algo-1:29500",
+    )
+    assert spec.command[-3:] == ("entrypoints/train.py", "--config", "resolved.json")
+
+
+@pytest.mark.parametrize(
+    "recipe, instance, efa",
+    [
+        ("llama3-8b-8k", "ml.p5.48xlarge", True),
+        ("llama70b-128k", "ml.p5e.48xlarge", True),
+        ("llama405b-128k", "ml.p5en.48xlarge", True),
+        ("tiny-cpu", "local", False),
+    ],
+)
+def test_efa_variables_come_from_the_catalog(recipe, instance, efa):
+    backend = "local" if instance == "local" else "sagemaker"
+    spec = spec_for(recipe, backend)
+    assert spec.resources.instance_type == instance
+    assert ("FI_PROVIDER" in spec.env) is efa
+    if efa:
+        assert spec.env["FI_PROVIDER"] == "efa" and spec.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+
+
+def test_p4d_gets_efa_settings_too_because_the_catalog_says_it_has_efa():
+    spec = spec_for("llama3-8b-8k", "sagemaker", **{"cluster.instance_type": "ml.p4de.24xlarge"})
+    assert spec.env["FI_PROVIDER"] == "efa"
+
+
+def test_s3_data_is_read_through_the_train_channel():
+    spec = spec_for("llama70b-128k", "sagemaker")
+    (data,) = spec.inputs
+    assert (data.name, data.source, data.container_path) == (
+        "train",
+        "s3://my-training-bucket/tokens/llama3-128k/",
+        "/opt/ml/input/data/train",
+    )
+    assert spec.env["SM_CHANNEL_TRAIN"] == "/opt/ml/input/data/train"
+
+
+def test_the_resolved_recipe_travels_whole_with_the_backends_paths():
+    spec = spec_for("llama70b-128k", "sagemaker")
+    resolved = spec.resolved
+    assert resolved["format"] == 1 and resolved["name"] == "llama70b-128k"
+    assert resolved["checkpoint"]["dir"] == "/opt/ml/checkpoints"
+    assert resolved["runtime"]["output_dir"] == "/opt/ml/output/data"
+    assert resolved["parallel"]["context"] == 16
+
+
+def test_spot_without_max_wait_waits_twice_the_run_time():
+    spec = spec_for("llama3-8b-8k", "sagemaker", **{"sagemaker.spot": True})
+    assert spec.spot and spec.max_wait_s == 2 * spec.max_run_s
+
+
+def test_json_round_trip_gives_an_equal_spec():
+    spec = spec_for("llama70b-128k", "sagemaker", **{"sagemaker.tags": {"team": "x", "cost": "y"}})
+    again = JobSpec.from_json(spec.to_json())
+    assert again == spec
+    assert again.to_json() == spec.to_json()
+
+
+def test_a_spec_is_frozen():
+    spec = spec_for("tiny-cpu", "local")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.name = "other"  # type: ignore[misc]
+
+
+def test_prints_a_summary_and_escapes_html():
+    spec = spec_for("tiny-cpu", "local", **{"data.source": "/data/<script>x</script>"})
+    assert "1 x local, 4 x cpu each" in str(spec)
+    assert repr(spec) == f"JobSpec('{spec.name}', local, 1xlocal, world 4)"
+    html = spec._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;" in html

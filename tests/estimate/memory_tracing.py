@@ -1,0 +1,525 @@
+"""Trace a training program's per-GPU memory on the CPU, without a GPU or real memory.
+
+Everything runs under `FakeTensorMode` (tensors have shapes, dtypes and storages but no data)
+with a fake process group, so one process plays one rank of a large job: real Llama 3.1 8B and
+70B shapes at 128K tokens cost seconds and a few hundred MB of RAM.
+
+`LiveStorages` is a TorchDispatchMode that counts the bytes of every storage alive at each op,
+the way the CUDA caching allocator's `allocated` counter does; its peak is what
+`torch.cuda.max_memory_allocated` would report. It handles what torch's MemTracker does not
+need to: pipeline stages that run many micro-batches per step.
+
+Two patches from ../shared/KNOWLEDGE.md are required, and without the first the numbers are
+silently wrong:
+1. DTensor's sharding propagation must not reuse the outer fake mode, or its shadow tensors
+   (full-size, not shards) are counted as allocations;
+2. every DeviceMesh must be built outside fake mode, or `fully_shard` on TP DTensors fails.
+A third one extends the second: DTensor's shard-offset arithmetic
+(`compute_local_shape_and_global_offset`, which the vocab-parallel loss calls) builds index
+tensors and reads them back as ints, which fake tensors cannot do; it runs outside fake mode.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import wraps
+
+import torch
+from torch._guards import active_fake_mode
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
+
+_PATCHED = False
+
+
+def apply_tracing_patches() -> None:
+    """The patches fake-tensor memory tracing needs in torch 2.13 (idempotent)."""
+    global _PATCHED
+    import torch.distributed.tensor._utils as dtensor_utils
+
+    if not _PATCHED:
+        import torch.distributed.tensor._sharding_prop as sharding_prop
+        from torch.distributed.device_mesh import DeviceMesh
+
+        sharding_prop.detect_fake_mode = lambda *args, **kwargs: None
+        DeviceMesh.__init__ = _outside_fake_mode(DeviceMesh.__init__)
+        mesh_property = DeviceMesh.mesh
+        DeviceMesh.mesh = property(_outside_fake_mode(mesh_property.fget))
+        dtensor_utils.compute_local_shape_and_global_offset = _outside_fake_mode(
+            dtensor_utils.compute_local_shape_and_global_offset
+        )
+        _PATCHED = True
+    # Modules that imported the offset function by name before the patch keep the original.
+    patched = dtensor_utils.compute_local_shape_and_global_offset
+    for module in list(sys.modules.values()):
+        original = getattr(module, "compute_local_shape_and_global_offset", None)
+        if original is patched.__wrapped__:
+            module.compute_local_shape_and_global_offset = patched
+
+
+def _outside_fake_mode(function):
+    @wraps(function)
+    def wrapper(*args, **kwargs):
+        with unset_fake_temporarily():
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
+@dataclass
+class Peak:
+    bytes: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+    where: str = ""
+
+
+class LiveStorages(TorchDispatchMode):
+    """Bytes of live tensor storages, by kind, with the peak and where it happened.
+
+    Storages created before entering (parameters, optimizer states) are registered with
+    `track`; everything an op returns afterwards is tracked as it appears and released when
+    Python frees it. `phase` labels new storages ("forward", "backward", "optimizer", ...),
+    so the peak snapshot says what was alive.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.by_kind: Counter[str] = Counter()
+        self.peak = Peak()
+        self.phase = "setup"
+        self._sizes: dict[int, tuple[int, str, weakref.ref]] = {}
+        self._labels: dict[int, str] = {}
+        self._entry_fake_mode = None
+        self._op = ""
+        self._modules = None
+        # Debugging: when live bytes first reach `dump_at`, `dump` lists what is alive.
+        self.dump_at: int | None = None
+        self.dump: list[tuple[int, str, str]] = []
+        self._original_resize = torch.UntypedStorage.resize_
+
+    # --- bookkeeping ---------------------------------------------------------------------
+
+    def track(self, *tensors_or_modules, kind: str | None = None) -> None:
+        for obj in tensors_or_modules:
+            if isinstance(obj, torch.nn.Module):
+                for tensor in [*obj.parameters(), *obj.buffers()]:
+                    self._add_tensor(tensor, kind or "parameters")
+            elif isinstance(obj, torch.optim.Optimizer):
+                for state in obj.state.values():
+                    for value in state.values():
+                        if isinstance(value, torch.Tensor):
+                            self._add_tensor(value, kind or "optimizer_states")
+            elif isinstance(obj, torch.Tensor):
+                self._add_tensor(obj, kind or self.phase)
+
+    def _add_tensor(self, tensor: torch.Tensor, kind: str) -> None:
+        for storage in get_untyped_storages(tensor):
+            key = id(storage)
+            if key in self._sizes:
+                continue
+            size = storage.nbytes()
+            ref = weakref.ref(storage, lambda _, key=key: self._release(key))
+            self._sizes[key] = (size, kind, ref)
+            if self.dump_at is not None:
+                self._labels[key] = f"{self._op} {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+            self._change(size, kind)
+
+    def _release(self, key: int) -> None:
+        size, kind, _ = self._sizes.pop(key)
+        self._labels.pop(key, None)
+        self._change(-size, kind)
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        key = id(storage)
+        if key not in self._sizes:
+            return
+        old, kind, ref = self._sizes[key]
+        new = storage.nbytes()
+        self._sizes[key] = (new, kind, ref)
+        self._change(new - old, kind)
+
+    def _change(self, delta: int, kind: str) -> None:
+        self.live += delta
+        self.by_kind[kind] += delta
+        if self.live > self.peak.bytes:
+            self.peak = Peak(self.live, {k: v for k, v in self.by_kind.items() if v}, f"{self.phase}: {self._op}")
+        if self.dump_at is not None and not self.dump and self.live >= self.dump_at:
+            where = sorted(self._modules.parents, key=len)[-1] if self._modules else ""
+            self.peak.where += f" in {where}" + (" (backward)" if self._modules and self._modules.is_bw else "")
+            self.dump = sorted(
+                ((size, kind, self._labels.get(key, "")) for key, (size, kind, _) in self._sizes.items()),
+                reverse=True,
+            )
+
+    # --- dispatch ------------------------------------------------------------------------
+
+    def __enter__(self):
+        self._entry_fake_mode = active_fake_mode()
+        if self.dump_at is not None:
+            from torch.distributed._tools.mod_tracker import ModTracker
+
+            self._modules = ModTracker()
+            self._modules.__enter__()
+        tracker = self
+
+        @wraps(self._original_resize)
+        def resize_(storage, size):
+            result = tracker._original_resize(storage, size)
+            tracker._resized(storage)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *args):
+        torch.UntypedStorage.resize_ = self._original_resize
+        if self._modules is not None:
+            self._modules.__exit__(*args)
+        return super().__exit__(*args)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        # Let DTensor desugar into local ops first; those are the real allocations.
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        if func is torch.ops._c10d_functional.wait_tensor.default and active_fake_mode():
+            # The fake kernel of wait_tensor returns a new tensor; eager returns its input.
+            result = args[0]
+        else:
+            result = func(*args, **(kwargs or {}))
+        self._op = str(func).removeprefix("aten.")
+        # Ops of DTensor's own shape propagation run under a different fake mode; skip them.
+        if active_fake_mode() is self._entry_fake_mode:
+            tree_map_only(torch.Tensor, lambda t: self._add_tensor(t, self.phase), result)
+        return result
+
+
+# --- making the CPU trace allocate what CUDA allocates ---------------------------------------
+#
+# A few torch kernels allocate differently on the CPU than on CUDA. The trace runs on the CPU
+# but must describe the GPU program, so while tracing these kernels are replaced by stand-ins
+# with the CUDA kernel's allocation pattern (under fake tensors no numbers are computed, only
+# shapes and storages matter). Each replacement names the CUDA behaviour it copies.
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """CUDA's `_fused_rms_norm`: saves its input, the weight and an fp32 rstd per row.
+
+    CPU `F.rms_norm` decomposes into fp32 ops and saves two fp32 copies of the input instead.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        rstd = x[..., :1].float()
+        ctx.save_for_backward(x, weight, rstd)
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        return grad * 1, weight * 0 if ctx.needs_input_grad[1] else None
+
+
+def _cuda_rms_norm(x, normalized_shape, weight=None, eps=None):
+    return _FusedRMSNorm.apply(x, weight)
+
+
+class _LowerRightCausal:
+    """Stands in for torch.nn.attention.bias.causal_lower_right(q_len, kv_len), a tensor
+    subclass that cannot be created under fake tensors."""
+
+    def __init__(self, *sizes):
+        self.sizes = sizes
+
+
+def _sdpa_without_materialised_causal_mask(original):
+    """CUDA runs a lower-right causal mask inside the flash kernel as a flag (out and an fp32
+    log-sum-exp, nothing [q, kv]-sized); the CPU would materialise a bool [q, kv] mask."""
+
+    @wraps(original)
+    def sdpa(query, key, value, attn_mask=None, *args, **kwargs):
+        if isinstance(attn_mask, _LowerRightCausal):
+            attn_mask = None
+        return original(query, key, value, attn_mask, *args, **kwargs)
+
+    return sdpa
+
+
+def _fused_adamw(original_init):
+    """The entrypoints run fused AdamW on CUDA (no parameter-sized temporaries); on the CPU
+    they would pick foreach, which holds one fp32 copy of the parameters during `step`."""
+
+    @wraps(original_init)
+    def init(self, params, *args, **kwargs):
+        kwargs.update(fused=True, foreach=False)
+        original_init(self, params, *args, **kwargs)
+
+    return init
+
+
+class cuda_kernels:
+    """Context manager: swap in the CUDA kernels' allocation patterns while tracing."""
+
+    def __enter__(self):
+        import torch.nn.attention.bias as bias
+        import torch.nn.functional as F
+
+        self._saved = (F.rms_norm, F.scaled_dot_product_attention, torch.optim.AdamW.__init__, bias.causal_lower_right)
+        F.rms_norm = _cuda_rms_norm
+        F.scaled_dot_product_attention = _sdpa_without_materialised_causal_mask(F.scaled_dot_product_attention)
+        torch.optim.AdamW.__init__ = _fused_adamw(torch.optim.AdamW.__init__)
+        self._rebind(bias.causal_lower_right, _LowerRightCausal)
+        return self
+
+    def __exit__(self, *args):
+        import torch.nn.functional as F
+
+        F.rms_norm, F.scaled_dot_product_attention, torch.optim.AdamW.__init__, lower_right = self._saved
+        self._rebind(_LowerRightCausal, lower_right)
+
+    @staticmethod
+    def _rebind(old, new) -> None:
+        """Replace a function everywhere it was imported by name (torch and the entrypoints)."""
+        for module in list(sys.modules.values()):
+            if getattr(module, "causal_lower_right", None) is old:
+                module.causal_lower_right = new
+
+
+# --- tracing the entrypoints -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One traced rank: its peak live bytes, what was alive then, and when."""
+
+    peak_bytes: int
+    by_kind: dict[str, int]
+    phase: str
+    rank: int
+    seconds: float
+    alive_at_peak: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def rank_of_stage(parallel, stage: int) -> int:
+    """The global rank of the first rank of pipeline stage `stage` (pp is the outermost dim)."""
+    return stage * (parallel.world_size // parallel.pipeline)
+
+
+def trace_resolved(resolved: dict, *, stage: int = 0, dump_at: int | None = None) -> Traced:
+    """Trace one optimizer step of one rank of pipeline stage `stage` of a resolved job config.
+
+    The optimizer states are allocated before the traced step (as any step after the first
+    finds them), so the peak is that of a long run. With `dump_at` (a known peak), also lists
+    every storage alive when live bytes first reach it.
+    """
+    import time
+
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from entrypoints.config import JobConfig
+    from entrypoints.fp8 import fp8_settings
+    from entrypoints.optim import Optimizers, clip_grad_norm
+    from entrypoints.parallel.mesh import build_mesh
+    from entrypoints.parallel.parallelize import build_model_parts
+
+    apply_tracing_patches()
+    cfg = JobConfig.from_dict(resolved)
+    par, training = cfg.parallel, cfg.training
+    rank = rank_of_stage(par, stage)
+    started = time.perf_counter()
+    dist.init_process_group("fake", rank=rank, world_size=par.world_size)
+    try:
+        mesh = build_mesh(par, "cpu")
+        # The GPU program: nccl, so tensorwise FP8 all-gathers float8 weights. The model is
+        # built and parallelised on the meta device (as train.py does), outside fake mode:
+        # pipeline splitting deep-copies it, which fake tensors do not support.
+        fp8 = fp8_settings(cfg, device_type="cpu", backend="nccl")
+        parts, ids = build_model_parts(cfg, mesh, fp8=fp8)
+        with FakeTensorMode(allow_non_fake_inputs=True), cuda_kernels():
+            for part in parts:
+                # materialize() is to_empty() plus filling in values; fake tensors hold no
+                # values, and filling computes shard offsets from real mesh coordinates.
+                part.to_empty(device=torch.device("cpu"))
+                part.init_rope()
+            optimizers = Optimizers(parts, training.optimizer, total_steps=training.steps)
+            _allocate_optimizer_states(parts, optimizers)
+            rows = training.micro_batch_size * par.grad_accum_steps
+            local_seq = training.seq_len // par.context
+            tokens = torch.randint(0, cfg.model.vocab_size, (rows, local_seq))
+            targets = torch.randint(0, cfg.model.vocab_size, (rows, local_seq))
+
+            tracker = LiveStorages()
+            tracker.dump_at = dump_at
+            for part in parts:
+                tracker.track(part)
+            for optimizer in optimizers.optimizers:
+                tracker.track(optimizer)
+            tracker.track(tokens, targets, kind="inputs")
+            with tracker:
+                if par.pipeline > 1:
+                    _pipelined_step(parts, ids, cfg, tokens, targets, tracker)
+                else:
+                    _accumulating_step(parts[0], cfg, tokens, targets, tracker)
+                tracker.phase = "optimizer"
+                clip_grad_norm(parts, training.grad_clip, mesh["pp"])
+                optimizers.step()
+                optimizers.zero_grad()
+        peak = tracker.peak
+    finally:
+        dist.destroy_process_group()
+    return Traced(peak.bytes, peak.by_kind, peak.where, rank, time.perf_counter() - started, tracker.dump)
+
+
+def _allocate_optimizer_states(parts, optimizers) -> None:
+    """One optimizer step on zero gradients: AdamW allocates its states as on the first step."""
+    for part in parts:
+        for param in part.parameters():
+            param.grad = torch.zeros_like(param)
+    optimizers.step()
+    optimizers.zero_grad()
+
+
+def _accumulating_step(model, cfg, tokens, targets, tracker: LiveStorages) -> None:
+    """train.py without pipeline parallelism: forward and backward per micro-batch."""
+    micro, accum = cfg.training.micro_batch_size, cfg.parallel.grad_accum_steps
+    for index in range(accum):
+        rows = slice(index * micro, (index + 1) * micro)
+        tracker.phase = "forward"
+        loss = model(tokens[rows], targets=targets[rows])
+        tracker.phase = "backward"
+        (loss / accum).backward()
+        del loss
+
+
+def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> None:
+    """One step of entrypoints/parallel/pipeline.py's schedule, re-enacted on this rank.
+
+    torch.distributed.pipelining's runtime starts each job with a P2P vote and a metadata
+    exchange between stages, which a fake process group cannot answer. So the schedule's
+    actions are replayed here exactly as torch orders them, on the entrypoints' own stage
+    modules, with what the runtime allocates: a receive buffer per micro-batch for each
+    stage input (and its gradient), FSDP gradient sync off until the last micro-batch, and
+    the runtime's final reduce-scatter (`perform_reduce_grad`).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    par, training = cfg.parallel, cfg.training
+    num_stages, micro, m = par.num_stages, training.micro_batch_size, par.grad_accum_steps
+    rank = ids[0]
+    by_stage = dict(zip(ids, parts, strict=True))
+    boundary = (micro, training.seq_len // par.context // par.tensor, cfg.model.hidden_size)
+    dtype = torch.bfloat16 if cfg.precision.dtype == "bf16" else torch.float32
+    act_recv = {s: [torch.empty(boundary, dtype=dtype) for _ in range(m)] for s in ids if s > 0}
+    grad_recv = {s: [torch.empty(boundary, dtype=dtype) for _ in range(m)] for s in ids if s < num_stages - 1}
+    for part in parts:
+        part.set_is_last_backward(False)
+        part.set_reshard_after_backward(False)
+        part.set_requires_gradient_sync(False)
+    in_flight, sending = {}, None
+    for action, stage, mb in pipeline_actions(rank, par.pipeline, par.virtual_stages, m, par.pipeline_schedule):
+        sending = None  # the previous action's sends complete before this one starts
+        part = by_stage[stage]
+        rows = slice(mb * micro, (mb + 1) * micro)
+        if action == "F":
+            tracker.phase = "forward"
+            inputs = tokens[rows] if stage == 0 else act_recv[stage][mb].requires_grad_()
+            last = stage == num_stages - 1
+            in_flight[stage, mb] = (inputs, part(inputs, targets=targets[rows] if last else None))
+        else:
+            tracker.phase = "backward"
+            inputs, output = in_flight.pop((stage, mb))
+            if stage == num_stages - 1:
+                output.backward()
+            else:
+                torch.autograd.backward(output, grad_tensors=grad_recv[stage][mb])
+            if stage > 0:
+                # The runtime moves the input gradient to its send cache (stage_backward).
+                sending, inputs.grad = inputs.grad, None
+            del inputs, output
+    del sending
+    tracker.phase = "reduce-scatter"
+    for part in parts:
+        part.set_is_last_backward(True)
+        part.set_reshard_after_backward(True)
+        part.set_requires_gradient_sync(True)
+        state = fully_shard.state(part)
+        for module_state in state._state_ctx.all_states:
+            for group in module_state._fsdp_param_groups:
+                group.post_backward()
+        state._root_post_backward_final_callback()
+
+
+def pipeline_actions(rank: int, p: int, v: int, m: int, schedule: str) -> list[tuple[str, int, int]]:
+    """(F or B, stage, micro-batch) in the order torch.distributed.pipelining runs them."""
+    if schedule == "gpipe":
+        return [("F", rank, mb) for mb in range(m)] + [("B", rank, mb) for mb in range(m)]
+    if schedule == "1f1b":
+        # Schedule1F1B: min(m, p - rank) forwards, then backward/forward pairs, then backwards.
+        warmup = min(m, p - rank)
+        actions = [("F", rank, mb) for mb in range(warmup)]
+        forward, backward = warmup, 0
+        while backward < m:
+            actions.append(("B", rank, backward))
+            backward += 1
+            if forward < m:
+                actions.append(("F", rank, forward))
+                forward += 1
+        return actions
+    from torch.distributed.pipelining.schedules import _ComputationType, _get_1f1b_rank_ops, _get_warmup_ops
+
+    # ScheduleInterleaved1F1B._calculate_single_rank_operations, with torch's own helpers.
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    warmup = _get_warmup_ops(rank, v, per_round, p, m, multiply_factor=2)
+    fwd_bwd = v * m - warmup
+    cooldown = v * m - fwd_bwd
+
+    def forward_stage(step):
+        return ((step // per_round) % v) * p + rank
+
+    def backward_stage(step):
+        return (v - 1 - ((step - warmup) // per_round) % v) * p + rank
+
+    ops = _get_1f1b_rank_ops(v, p, warmup, fwd_bwd, cooldown, rank, forward_stage, backward_stage)
+    kinds = {_ComputationType.FORWARD: "F", _ComputationType.FULL_BACKWARD: "B"}
+    return [(kinds[op.computation_type], op.stage_index, op.microbatch_index) for op in ops if op is not None]
+
+
+def trace_in_subprocess(resolved: dict, *, stage: int = 0, dump_at: int | None = None, timeout: float = 900) -> Traced:
+    """`trace_resolved` in a fresh interpreter: torch keeps caches keyed by process groups
+    and meshes (DTensor sharding propagation, functional collectives) that go stale once a
+    fake process group is destroyed, and the tracing patches stay out of the caller."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    script = (
+        "import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "from dataclasses import asdict\n"
+        "from memory_tracing import trace_resolved\n"
+        "dump_at = int(sys.argv[4]) if sys.argv[4] != 'None' else None\n"
+        "traced = trace_resolved(json.loads(sys.stdin.read()), stage=int(sys.argv[3]), dump_at=dump_at)\n"
+        "print('TRACED ' + json.dumps(asdict(traced)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(repo), str(Path(__file__).parent), str(stage), str(dump_at)],
+        input=json.dumps(resolved),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("TRACED ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"tracing failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    data = json.loads(lines[-1].removeprefix("TRACED "))
+    data["alive_at_peak"] = [tuple(item) for item in data["alive_at_peak"]]
+    return Traced(**data)

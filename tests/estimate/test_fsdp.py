@@ -1,0 +1,160 @@
+"""`fsdp` mode on hand-computed values: llama-tiny (h 128, L 4, 8 heads, 4 KV heads so
+kv_dim 64, f 352, V 512, head_dim 16) at s 256, b 1, bf16, on FSDP 2 unless a test says
+otherwise. The comment beside each number is its arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.catalog import accelerators, models
+from launcher.estimate import fsdp
+from launcher.estimate.memory import ALLOCATED_COMPONENTS, Workload, estimate_workload
+from launcher.estimate.overheads import CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION, NCCL_BYTES_PER_COMMUNICATOR
+from launcher.layout import Layout
+
+TINY = models()["llama-tiny"]
+H100 = accelerators()["h100-80gb"]
+
+P_BLOCK = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352 + 2 * 128  # 184,576
+P_ROOT = 2 * 512 * 128 + 128  # embedding, output, final norm: 131,200
+P_RANK = 4 * P_BLOCK + P_ROOT  # 869,504
+# Saved per token: 2 x (block input, residual, two norm outputs, q, attention output = 6h;
+# k, v = 2 kv) + 8 (two fp32 rstd) + 4 x 8 heads (fp32 log-sum-exp) + 2 x 4f (SwiGLU).
+SAVED_PER_LAYER = 256 * (2 * (6 * 128 + 2 * 64) + 8 + 32 + 2 * 4 * 352)  # 1,189,888
+LAYER_INPUT = 2 * 256 * 128  # 65,536
+ROPE = 2 * 256 * 16  # the bf16 RoPE table: 8,192
+# Last stage: the final norm's input + rstd, the loss's hidden states, int64 targets, bool
+# mask, fp32 log-sum-exp.
+HEAD = (2 * 128 + 4) * 256 + 2 * 256 * 128 + (8 + 1 + 4) * 256  # 135,424
+
+
+def workload(**changes) -> Workload:
+    base = dict(arch=TINY, layout=Layout(data_shard=2), seq_len=256, micro_batch_size=1, grad_accum_steps=1)
+    return Workload(**(base | changes))
+
+
+def test_states_are_16_bytes_per_parameter_over_the_fsdp_group():
+    step = fsdp.moments(workload())["optimizer step"]
+    assert step["parameters"] == 4 * P_RANK // 2 + 4 * 256 * 16  # fp32 masters + fp32 RoPE table
+    assert step["gradients"] == 4 * P_RANK // 2
+    assert step["optimizer_states"] == 8 * P_RANK // 2
+    assert step["optimizer_temp"] == 0  # fused AdamW on CUDA
+
+
+def test_fsdp_shards_over_dp_shard_times_context_not_replicas():
+    hsdp = fsdp.moments(workload(layout=Layout(data_replicate=2, data_shard=2, context=2)))["optimizer step"]
+    assert hsdp["optimizer_states"] == 8 * P_RANK // 4
+
+
+def test_cpu_runs_foreach_adamw_with_a_parameter_sized_temporary():
+    step = fsdp.moments(workload(), device="cpu")["optimizer step"]
+    assert step["optimizer_temp"] == 4 * P_RANK // 2
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("none", 4 * SAVED_PER_LAYER + HEAD + ROPE),  # 4,903,168
+        ("selective", 2 * SAVED_PER_LAYER + 2 * LAYER_INPUT + HEAD + ROPE),  # layers 1 and 3 recompute
+        ("full", 4 * LAYER_INPUT + HEAD + ROPE),
+    ],
+)
+def test_saved_activations_per_checkpointing_mode(mode, expected):
+    assert fsdp.saved_activation_bytes(workload(activation_checkpointing=mode)) == expected
+
+
+def test_loss_backward_holds_every_activation_the_gathered_root_and_one_chunk_of_logits():
+    moment = fsdp.moments(workload())["loss backward"]
+    assert moment["activations"] == 4 * SAVED_PER_LAYER + ROPE + HEAD
+    # gathered embedding + output + norm, the output weight's bf16 gradient, and the last
+    # block prefetched by the root's pre-backward hook
+    assert moment["fsdp_buffers"] == 2 * P_ROOT + 2 * 512 * 128 + 2 * P_BLOCK
+    # chunk = max(ceil(256 / ceil(512 / 128)), min(256, 1024)) = 256 tokens x 512 vocab,
+    # 10 bytes per value in backward, plus grad_h
+    assert moment["loss"] == 10 * 256 * 512 + 2 * 256 * 128
+
+
+def test_first_block_in_backward_holds_its_prefetched_neighbour_and_mlp_gradients():
+    moment = fsdp.moments(workload())["backward of layer 3"]
+    assert moment["activations"] == 4 * SAVED_PER_LAYER + ROPE
+    # root, output gradient, this block, the prefetched block and w2's bf16 weight gradient
+    assert moment["fsdp_buffers"] == 2 * P_ROOT + 2 * 512 * 128 + 2 * 2 * P_BLOCK + 2 * 128 * 352
+    # gradients of w2's input, silu(w1 x) and w3 x less w2's freed input, plus the
+    # incoming gradient
+    assert moment["working"] == 2 * 2 * 256 * 352 + 2 * 256 * 128
+    assert moment["gradients"] == 0
+
+
+def test_second_block_adds_the_previous_reduce_scatter_buffer_and_gradient_shards():
+    moment = fsdp.moments(workload())["backward of layer 2"]
+    assert moment["fsdp_buffers"] == 2 * P_ROOT + 2 * 512 * 128 + 2 * 2 * P_BLOCK + 4 * P_BLOCK + 2 * 128 * 352
+    assert moment["gradients"] == 4 * P_BLOCK // 2
+
+
+def test_gradient_accumulation_keeps_every_gradient_shard():
+    moment = fsdp.moments(workload(grad_accum_steps=4))["backward of layer 3"]
+    assert moment["gradients"] == 4 * P_RANK // 2
+
+
+def test_tensorwise_fp8_all_gathers_float8_weights_and_casts_w2_input_through_fp32():
+    moment = fsdp.moments(workload(fp8=True))["backward of layer 3"]
+    linear = P_BLOCK - 2 * 128
+    gathered = linear + 2 * 2 * 128  # 1 byte per linear weight, bf16 norms
+    # w2's backward casts its T x f input again (9 bytes per value) beside its bf16 input
+    # gradient (2 x T x f) and two float8 copies of its T x h incoming gradient; that beats
+    # the bf16 MLP backward (2 x 2 x T x f + 2 x T x h + w2's gradient).
+    assert moment["fp8"] == 9 * 256 * 352 + 2 * 256 * 352 + 2 * 256 * 128
+    assert moment["working"] == 2 * 256 * 128
+    assert moment["fsdp_buffers"] == 2 * P_ROOT + 2 * 512 * 128 + 2 * gathered
+    assert moment["activations"] == fsdp.moments(workload())["backward of layer 3"]["activations"]
+
+
+def test_float8_tensor_parallel_styles_skip_the_backward_cast():
+    moment = fsdp.moments(workload(fp8=True, layout=Layout(tensor=2, data_shard=2)))["backward of layer 3"]
+    assert moment["fp8"] == 9 * 256 * 352 / 2
+
+
+def test_gloo_has_no_float8_all_gather():
+    cpu = fsdp.moments(workload(fp8=True), device="cpu")["loss backward"]
+    assert cpu["fsdp_buffers"] == 2 * P_ROOT + 2 * 512 * 128 + 2 * P_BLOCK
+
+
+def test_tensor_parallel_keeps_gathered_norm_outputs_and_shards_the_rest():
+    moments = fsdp.moments(workload(layout=Layout(tensor=2, data_shard=2)))
+    moment = moments["backward of layer 3"]
+    # per layer: two norm outputs gathered to the full 256 tokens: (256 - 128) x 128 x 2 each
+    assert moment["tp_buffers"] == 4 * 2 * 2 * 128 * 128
+    saved_tp = 256 * (2 * (2 * 128 / 2 + 2 * 128 / 2 + (128 + 2 * 64) / 2 + 128 / 2) + 4 + 16 + 2 * 4 * 352 / 2)
+    assert moment["activations"] == round(4 * saved_tp + ROPE)
+
+
+def test_context_parallel_keeps_the_whole_sequence_k_and_v_per_layer():
+    moment = fsdp.moments(workload(layout=Layout(context=2)))["backward of layer 3"]
+    # 128 local tokens; K and V of the other rank's 128 tokens, 64 wide each, per layer
+    assert moment["cp_buffers"] == 4 * 2 * 128 * 2 * 64
+
+
+def test_pipeline_rank_holds_p_micro_batches_all_blocks_gathered_and_fp32_accumulated_grads():
+    w = workload(layout=Layout(pipeline=2, data_shard=2), grad_accum_steps=4)
+    moments = fsdp.moments(w, rank=0)
+    first, second = moments["first backward (pipeline)"], moments["second backward (pipeline)"]
+    # rank 0 of 2 in 1F1B: 2 micro-batches of its 2 layers in flight
+    assert first["activations"] == 2 * 2 * SAVED_PER_LAYER
+    gathered = 2 * 2 * P_BLOCK + 2 * 512 * 128  # its blocks and the embedding, bf16
+    assert first["fsdp_buffers"] == gathered + 2 * 128 * 352
+    # after the first backward: fp32 unsharded gradients of everything the rank holds
+    assert second["fsdp_buffers"] == first["fsdp_buffers"] + 4 * (2 * P_BLOCK + 512 * 128)
+    # a gradient receive buffer per micro-batch for the output it sends on
+    assert first["working"] == 2 * 2 * 256 * 352 + 2 * 256 * 128 + 4 * 2 * 256 * 128
+
+
+def test_peak_is_the_largest_moment_plus_device_overheads():
+    w = workload()
+    stage = fsdp.stage_peaks(w)[0]
+    largest = max(fsdp.moments(w).values(), key=lambda b: sum(b.values()))
+    assert stage.allocated_bytes == sum(largest.values())
+    assert stage.breakdown["cuda_context"] == CUDA_CONTEXT_BYTES
+    assert stage.breakdown["nccl"] == 2 * NCCL_BYTES_PER_COMMUNICATOR  # world + FSDP group
+    assert stage.breakdown["fragmentation"] == round(FRAGMENTATION_FRACTION * stage.allocated_bytes)
+    estimate = estimate_workload(w, H100)
+    assert estimate.allocated_bytes == sum(estimate.breakdown[c] for c in ALLOCATED_COMPONENTS)

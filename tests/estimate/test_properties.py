@@ -1,0 +1,127 @@
+"""Properties every estimate must have, on random models, layouts and sequence lengths."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.catalog import accelerators, models
+from launcher.estimate import fsdp, megatron
+from launcher.estimate.memory import COMPONENTS, Workload, estimate_workload
+from launcher.layout import Layout
+
+H200 = accelerators()["h200-141gb"]
+ARCHS = [models()[key] for key in ("llama3.1-8b", "llama3.1-70b", "mistral-7b", "llama3.2-1b", "llama-tiny")]
+MODES = ("none", "selective", "full")
+ACTIVATION_COMPONENTS = ("activations", "tp_buffers", "cp_buffers")
+
+
+@st.composite
+def workloads(draw, *, pipeline: bool = True) -> Workload:
+    arch = draw(st.sampled_from(ARCHS))
+    tensor = draw(st.sampled_from([t for t in (1, 2, 4, 8) if arch.num_kv_heads % t == 0]))
+    context = draw(st.sampled_from([1, 2, 4, 8]))
+    stages = [p for p in (1, 2, 4) if arch.num_layers % p == 0] if pipeline else [1]
+    p = draw(st.sampled_from(stages))
+    v = draw(st.sampled_from([v for v in (1, 2) if arch.num_layers % (p * v) == 0])) if p > 1 else 1
+    seq_len = 2 * context * tensor * draw(st.sampled_from([64, 256, 1024, 4096]))
+    return Workload(
+        arch=arch,
+        layout=Layout(
+            tensor=tensor,
+            context=context,
+            pipeline=p,
+            virtual_stages=v,
+            data_shard=draw(st.sampled_from([1, 2, 8])),
+            data_replicate=draw(st.sampled_from([1, 2])),
+        ),
+        seq_len=seq_len,
+        micro_batch_size=draw(st.sampled_from([1, 2])),
+        grad_accum_steps=draw(st.sampled_from([p, 2 * p, 4 * p])),
+        fp8=draw(st.booleans()),
+        fp8_recipe=draw(st.sampled_from(["tensorwise", "rowwise"])),
+        activation_checkpointing=draw(st.sampled_from(MODES)),
+        pipeline_schedule="interleaved_1f1b" if v > 1 else draw(st.sampled_from(["1f1b", "gpipe"])),
+    )
+
+
+def activation_bytes(w: Workload, mode: str) -> int:
+    if mode == "megatron":
+        return max(s.breakdown["activations"] + s.breakdown["working"] for s in megatron.stage_peaks(w))
+    return max(fsdp.saved_activation_bytes(w, rank=rank) for rank in range(w.layout.pipeline))
+
+
+def peak(w: Workload, mode: str = "fsdp") -> int:
+    return estimate_workload(w, H200, mode=mode).per_gpu_peak_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(), st.sampled_from(["fsdp", "megatron"]))
+def test_more_context_parallelism_means_fewer_activation_bytes_per_gpu(w, mode):
+    more = replace(w, layout=replace(w.layout, context=2 * w.layout.context), seq_len=w.seq_len)
+    assert activation_bytes(more, mode) < activation_bytes(w, mode)
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(), st.sampled_from(["fsdp", "megatron"]))
+def test_more_tensor_parallelism_means_fewer_activation_bytes_per_gpu(w, mode):
+    t = 2 * w.layout.tensor
+    if w.arch.num_kv_heads % t:
+        return
+    more = replace(w, layout=replace(w.layout, tensor=t), seq_len=2 * w.seq_len)
+    less = replace(w, seq_len=2 * w.seq_len)
+    assert activation_bytes(more, mode) < activation_bytes(less, mode)
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(), st.sampled_from(["fsdp", "megatron"]))
+def test_longer_sequences_need_more_memory(w, mode):
+    longer = replace(w, seq_len=2 * w.seq_len)
+    assert activation_bytes(longer, mode) > activation_bytes(w, mode)
+    assert peak(longer, mode) > peak(w, mode)
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(), st.sampled_from(["fsdp", "megatron"]))
+def test_full_checkpointing_needs_no_more_than_selective_which_needs_no_more_than_none(w, mode):
+    none, selective, full = (replace(w, activation_checkpointing=m) for m in MODES)
+    assert activation_bytes(full, mode) <= activation_bytes(selective, mode) <= activation_bytes(none, mode)
+    assert peak(full, mode) <= peak(selective, mode) <= peak(none, mode)
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads())
+def test_fp8_changes_only_float8_casts_gathered_weights_and_the_block_working_set(w):
+    """FP8 linears save their bf16 inputs, so states, activations, gathered sequences and the
+    loss stay; what changes is the float8 cast, the float8 all-gather (tensorwise) and which
+    moment of a block's backward is largest."""
+    bf16, fp8 = replace(w, fp8=False), replace(w, fp8=True)
+    changeable = {"fp8", "fsdp_buffers", "working"}
+    for rank in range(w.layout.pipeline):
+        before, after = fsdp.moments(bf16, rank=rank), fsdp.moments(fp8, rank=rank)
+        assert before.keys() == after.keys()
+        for name in before:
+            for component in COMPONENTS:
+                if component not in changeable:
+                    assert before[name][component] == after[name][component], (name, component)
+            assert before[name]["fp8"] == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(workloads())
+def test_megatron_mode_ignores_fp8(w):
+    assert peak(replace(w, fp8=True), "megatron") == peak(replace(w, fp8=False), "megatron")
+
+
+@settings(max_examples=100, deadline=None)
+@given(workloads())
+def test_every_stage_reports_every_component_and_the_peak_is_the_heaviest_stage(w):
+    estimate = estimate_workload(w, H200)
+    assert len(estimate.stages) == w.layout.pipeline
+    for stage in estimate.stages:
+        assert tuple(stage.breakdown) == COMPONENTS
+        assert all(value >= 0 for value in stage.breakdown.values())
+    assert estimate.per_gpu_peak_bytes == max(s.peak_bytes for s in estimate.stages)
+    assert estimate.breakdown == estimate.stages[estimate.peak_stage].breakdown

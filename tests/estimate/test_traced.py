@@ -1,0 +1,92 @@
+"""The fsdp estimate against the program it describes: the entrypoints' own model, parallelize
+and optimizer code, traced under fake tensors (memory_tracing.py), on real Llama 3.1 8B and
+70B shapes with TP, CP, PP, every checkpointing mode and FP8 (traced_configs.py).
+
+Each trace runs in its own interpreter and takes 1 to 15 seconds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from launcher.estimate import fsdp
+
+from .memory_tracing import LiveStorages, pipeline_actions, trace_in_subprocess
+from .traced_configs import CONFIGS
+
+TOLERANCE = 0.10
+GIB = 2**30
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
+def test_estimate_is_within_10_percent_of_the_traced_peak(config):
+    recipe = config.recipe()
+    traced = trace_in_subprocess(recipe.resolved(), stage=config.stage)
+    estimated = recipe.estimate().stages[config.stage].allocated_bytes
+    error = estimated / traced.peak_bytes - 1
+    assert abs(error) <= TOLERANCE, (
+        f"{config.name}: estimated {estimated / GIB:.2f} GiB, traced {traced.peak_bytes / GIB:.2f} GiB "
+        f"({error:+.1%}); the trace peaked at {traced.phase}"
+    )
+
+
+def test_traced_configs_span_tp_cp_pp_checkpointing_fp8_and_both_model_sizes():
+    recipes = [c.recipe() for c in CONFIGS]
+    assert len(CONFIGS) >= 12
+    assert any(r.layout.tensor > 1 for r in recipes)
+    assert any(r.layout.context > 1 for r in recipes)
+    assert any(r.layout.pipeline > 1 for r in recipes)
+    assert any(r.layout.virtual_stages > 1 for r in recipes)
+    assert {r.parallel.activation_checkpointing for r in recipes} == {"none", "selective", "full"}
+    assert {r.precision.fp8_recipe for r in recipes if r.precision.fp8} == {"tensorwise", "rowwise"}
+    assert {r.arch.hidden_size for r in recipes} >= {4096, 8192}
+    assert max(r.training.seq_len for r in recipes) == 131072
+
+
+def test_live_storages_counts_each_storage_once_while_it_lives():
+    with FakeTensorMode():
+        tracker = LiveStorages()
+        with tracker:
+            a = torch.empty(1024, dtype=torch.float32)  # 4 KiB
+            view = a[:10]  # same storage: not counted again
+            b = torch.empty(512, dtype=torch.bfloat16)  # 1 KiB
+            assert tracker.live == 5 * 1024
+            del a, view
+            assert tracker.live == 1024
+            b.untyped_storage().resize_(0)  # FSDP frees unsharded parameters this way
+            assert tracker.live == 0
+            b.untyped_storage().resize_(4096)
+            assert tracker.live == 4096
+    assert tracker.peak.bytes == 5 * 1024
+
+
+def test_1f1b_replay_matches_torch_warmup_and_alternation():
+    # Schedule1F1B on rank 1 of 4 with 6 micro-batches: 3 warm-up forwards, then B/F pairs.
+    actions = pipeline_actions(1, 4, 1, 6, "1f1b")
+    kinds = "".join(action for action, _, _ in actions)
+    assert kinds == "FFFBFBFBFBBB"
+    assert [mb for action, _, mb in actions if action == "B"] == list(range(6))
+
+
+def test_interleaved_replay_holds_the_published_number_of_chunks_on_rank_0():
+    # p 4, v 2, 8 micro-batches: rank 0 holds p*v + p - 1 = 11 chunks before its first backward.
+    actions = pipeline_actions(0, 4, 2, 8, "interleaved_1f1b")
+    kinds = "".join(action for action, _, _ in actions)
+    assert kinds.index("B") == 11
+    assert sorted({stage for _, stage, _ in actions}) == [0, 4]
+
+
+def test_estimator_constants_match_the_entrypoints():
+    from entrypoints.model.loss import MIN_CHUNK_TOKENS, chunk_tokens
+    from entrypoints.parallel.activation import checkpointed_layers
+
+    assert fsdp.LOSS_MIN_CHUNK_TOKENS == MIN_CHUNK_TOKENS
+    for mode in ("none", "selective", "full"):
+        for layers in (1, 7, 32, 126):
+            assert fsdp._checkpointed_below(mode, layers) == len(checkpointed_layers(mode, list(range(layers))))
+    # The loss's chunking, as the estimator computes it.
+    for tokens, hidden, vocab in ((8192, 4096, 128256), (16384, 8192, 64128), (256, 128, 512)):
+        chunk = chunk_tokens(tokens, hidden, vocab)
+        assert chunk == max(-(-tokens // -(-vocab // hidden)), min(tokens, fsdp.LOSS_MIN_CHUNK_TOKENS))

@@ -1,0 +1,117 @@
+"""Verdicts against the threshold, and suggestions that themselves fit and pass the rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.estimate import verdict
+from launcher.estimate.memory import MemoryEstimate
+from launcher.estimate.suggest import find_fitting_change, recipe_workload
+from launcher.recipe import Recipe
+from launcher.recipe.rules import layout_problems
+
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    "peak, expected",
+    [(79, "fits"), (80, "fits"), (81, "risky"), (100, "risky"), (101, "oom")],
+)
+def test_fits_up_to_the_threshold_risky_up_to_all_memory_oom_beyond(peak, expected):
+    assert verdict(peak, 100, 0.8) == expected
+
+
+def test_threshold_is_configurable():
+    assert verdict(85, 100, 0.9) == "fits"
+    assert verdict(85, 100, 0.5) == "risky"
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_shipped_recipe_fits(path):
+    estimate = Recipe.load(path).estimate()
+    assert estimate.verdict == "fits", estimate.headline()
+    assert estimate.suggestion is None
+
+
+def test_a_fitting_recipe_reports_its_peak_stage_and_largest_component():
+    estimate = Recipe.load("recipes/llama3-8b-8k.yaml").estimate()
+    assert isinstance(estimate, MemoryEstimate)
+    assert estimate.largest_component == max(estimate.breakdown, key=estimate.breakdown.get)
+    assert estimate.utilization == estimate.per_gpu_peak_bytes / estimate.gpu_memory_bytes
+    assert f"largest: {estimate.largest_component}" in estimate.headline()
+
+
+MISTRAL_32K = {
+    "name": "mistral-32k",
+    "model": "mistral-7b",
+    "training": {"seq_len": 32768, "global_batch_size": 32, "micro_batch_size": 1, "steps": 10},
+    "precision": {"dtype": "bf16"},
+    "parallel": {"context": 2, "activation_checkpointing": "none"},
+    "cluster": {"backend": "sagemaker", "instance_type": "ml.p5.48xlarge", "instance_count": 1},
+    "sagemaker": {"role_arn": "arn:aws:iam::111122223333:role/SageMakerTrainingRole"},
+}
+
+
+def test_a_recipe_that_does_not_fit_gets_a_suggestion_that_fits():
+    # Mistral 7B at 32K on one p5 (dp_shard 4 x cp 2) without checkpointing needs about
+    # twice an H100.
+    recipe = Recipe.from_dict(MISTRAL_32K)
+    estimate = recipe.estimate()
+    assert estimate.verdict == "oom"
+    assert estimate.suggestion.startswith("set parallel.activation_checkpointing: ")
+    change, fitted = find_fitting_change(recipe)
+    # The suggested recipe passes every recipe rule and fits when estimated again.
+    changed = recipe.with_changes(change.as_overrides())
+    assert changed.estimate().verdict == "fits"
+    assert fitted.per_gpu_peak_bytes == changed.estimate().per_gpu_peak_bytes
+
+
+def test_suggestion_raises_a_parallel_degree_when_checkpointing_is_already_full():
+    recipe = Recipe.from_dict(MISTRAL_32K, {"parallel.activation_checkpointing": "full", "parallel.context": 1})
+    estimate = recipe.estimate(threshold=0.3)
+    assert estimate.verdict != "fits"
+    change, fitted = find_fitting_change(recipe, threshold=0.3)
+    assert fitted.per_gpu_peak_bytes <= 0.3 * fitted.gpu_memory_bytes
+    assert estimate.suggestion.startswith(change.describe())
+    assert estimate.suggestion.startswith("raise parallel.")
+    changed = recipe.with_changes(change.as_overrides())  # validates every recipe rule
+    assert changed.estimate(threshold=0.3).verdict == "fits"
+    workload = recipe_workload(changed)
+    assert not layout_problems(
+        workload.layout,
+        workload.arch,
+        seq_len=workload.seq_len,
+        global_batch_size=changed.training.global_batch_size,
+        micro_batch_size=workload.micro_batch_size,
+        gpus_per_node=8,
+        schedule=workload.pipeline_schedule,
+    )
+
+
+def test_an_explicit_data_shard_changes_with_the_degree_that_takes_its_gpus():
+    recipe = Recipe.from_dict(
+        MISTRAL_32K, {"parallel.activation_checkpointing": "full", "parallel.context": 1, "parallel.data_shard": 8}
+    )
+    change, _ = find_fitting_change(recipe, threshold=0.3)
+    edits = change.as_overrides()
+    assert "parallel.data_shard" in edits
+    assert recipe.with_changes(edits).layout.world_size == 8
+
+
+def test_no_fitting_layout_says_what_to_change_instead():
+    recipe = Recipe.from_dict(
+        MISTRAL_32K,
+        {"model": "llama3.1-405b", "training.seq_len": 131072, "cluster.instance_type": "ml.p4d.24xlarge"},
+    )
+    estimate = recipe.estimate()
+    assert estimate.verdict == "oom"
+    assert estimate.suggestion.startswith("no layout on up to 16x the GPUs fits")
+
+
+def test_megatron_mode_verdict_uses_the_published_estimate_without_overheads():
+    estimate = Recipe.load("recipes/llama3-8b-8k.yaml").estimate(mode="megatron")
+    assert estimate.mode == "megatron"
+    assert estimate.per_gpu_peak_bytes == estimate.allocated_bytes

@@ -1,0 +1,174 @@
+"""The configs the estimator is checked against by tracing the entrypoints (test_traced.py,
+scripts/estimator_table.py): TP, CP, PP, each activation-checkpointing mode and FP8, on real
+Llama 3.1 8B and 70B shapes at 8K to 128K tokens.
+
+70B configs keep the real shapes (h 8192, f 28672, 64/8 heads, V 128256) with 4 to 8 of the
+80 layers, so a trace takes seconds. Nothing is scaled: the estimate is computed for the same
+truncated model, and every per-layer term (activations, gathered blocks, reduce-scatter
+buffers) already appears several times, so the comparison exercises all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLE = "arn:aws:iam::111122223333:role/SageMakerTrainingRole"
+
+
+@dataclass(frozen=True)
+class TracedConfig:
+    name: str
+    model: str | dict
+    seq_len: int
+    instances: int = 1
+    instance_type: str = "ml.p5.48xlarge"
+    parallel: dict[str, Any] = field(default_factory=dict)
+    precision: dict[str, Any] = field(default_factory=dict)
+    global_batch_size: int = 8
+    micro_batch_size: int = 1
+    stage: int = 0  # the pipeline stage to trace
+
+    def recipe_dict(self) -> dict:
+        return {
+            "name": "traced",
+            "model": self.model,
+            "training": {
+                "seq_len": self.seq_len,
+                "global_batch_size": self.global_batch_size,
+                "micro_batch_size": self.micro_batch_size,
+                "steps": 100,
+            },
+            "precision": {"dtype": "bf16", **self.precision},
+            "parallel": self.parallel,
+            "cluster": {
+                "backend": "sagemaker",
+                "instance_type": self.instance_type,
+                "instance_count": self.instances,
+            },
+            "sagemaker": {"role_arn": ROLE},
+            "data": {"dtype": "uint32"},
+        }
+
+    def recipe(self):
+        from launcher.recipe import Recipe
+
+        return Recipe.from_dict(self.recipe_dict())
+
+
+def llama70b(layers: int) -> dict:
+    return {"base": "llama3.1-70b", "num_layers": layers}
+
+
+def llama8b(layers: int = 32) -> str | dict:
+    return "llama3.1-8b" if layers == 32 else {"base": "llama3.1-8b", "num_layers": layers}
+
+
+# global_batch_size is the data-parallel size times the micro-batches wanted: 1 for most
+# (a trace costs a forward and backward per micro-batch), 2 where gradient accumulation
+# matters, and at least the pipeline degree under PP.
+CONFIGS: list[TracedConfig] = [
+    TracedConfig("8B 8K fsdp8", llama8b(), 8192, global_batch_size=8),
+    TracedConfig(
+        "8B 8K fsdp8 selective, 2 micro-batches",
+        llama8b(),
+        8192,
+        parallel={"activation_checkpointing": "selective"},
+        global_batch_size=16,
+    ),
+    TracedConfig("8B 8K dp4 tp2 (8 layers)", llama8b(8), 8192, parallel={"tensor": 2}, global_batch_size=4),
+    TracedConfig(
+        "8B 8K hsdp 2x4 full (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"data_replicate": 2, "activation_checkpointing": "full"},
+        global_batch_size=8,
+    ),
+    TracedConfig(
+        "8B 8K fsdp8 fp8 selective (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"activation_checkpointing": "selective"},
+        precision={"fp8": True},
+        global_batch_size=8,
+    ),
+    TracedConfig(
+        "8B 32K dp4 cp2 full (8 layers)",
+        llama8b(8),
+        32768,
+        parallel={"context": 2, "activation_checkpointing": "full"},
+        global_batch_size=4,
+    ),
+    TracedConfig(
+        "8B 128K cp8 full",
+        llama8b(),
+        131072,
+        parallel={"context": 8, "activation_checkpointing": "full"},
+        global_batch_size=1,
+    ),
+    TracedConfig(
+        "8B 16K tp2 cp2 dp2 fp8 rowwise full (8 layers)",
+        llama8b(8),
+        16384,
+        parallel={"tensor": 2, "context": 2, "activation_checkpointing": "full"},
+        precision={"fp8": True, "fp8_recipe": "rowwise"},
+        global_batch_size=2,
+    ),
+    TracedConfig("8B 8K pp2 dp4 1F1B (8 layers)", llama8b(8), 8192, parallel={"pipeline": 2}, global_batch_size=16),
+    TracedConfig(
+        "8B 8K pp2 dp4 1F1B (8 layers), last stage",
+        llama8b(8),
+        8192,
+        parallel={"pipeline": 2},
+        global_batch_size=16,
+        stage=1,
+    ),
+    TracedConfig(
+        "8B 8K pp4 dp2 gpipe selective (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"pipeline": 4, "pipeline_schedule": "gpipe", "activation_checkpointing": "selective"},
+        global_batch_size=8,
+    ),
+    TracedConfig(
+        "70B 8K tp4 dp8 full (8 layers)",
+        llama70b(8),
+        8192,
+        instances=4,
+        parallel={"tensor": 4, "activation_checkpointing": "full"},
+        global_batch_size=8,
+    ),
+    TracedConfig(
+        "70B 128K tp2 cp16 fp8 full (8 layers)",
+        llama70b(8),
+        131072,
+        instances=4,
+        instance_type="ml.p5e.48xlarge",
+        parallel={"tensor": 2, "context": 16, "activation_checkpointing": "full"},
+        precision={"fp8": True},
+        global_batch_size=1,
+    ),
+    TracedConfig(
+        "70B 32K pp4 v2 tp2 dp4 selective (8 layers)",
+        llama70b(8),
+        32768,
+        instances=4,
+        instance_type="ml.p5e.48xlarge",
+        parallel={
+            "pipeline": 4,
+            "virtual_stages": 2,
+            "pipeline_schedule": "interleaved_1f1b",
+            "tensor": 2,
+            "activation_checkpointing": "selective",
+        },
+        global_batch_size=16,
+    ),
+    TracedConfig(
+        "Mistral 7B 32K dp4 cp2 fp8 selective (8 layers)",
+        {"base": "mistral-7b", "num_layers": 8},
+        32768,
+        parallel={"context": 2, "activation_checkpointing": "selective"},
+        precision={"fp8": True},
+        global_batch_size=4,
+    ),
+]

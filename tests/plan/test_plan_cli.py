@@ -1,0 +1,152 @@
+"""`launcher plan` and the `predicted` block of `launcher estimate --json`, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import REPO
+
+RECIPES = REPO / "recipes"
+
+JSON_KEYS = {
+    "tensor",
+    "context",
+    "pipeline",
+    "virtual_stages",
+    "pipeline_schedule",
+    "data_shard",
+    "data_replicate",
+    "micro_batch_size",
+    "activation_checkpointing",
+    "fp8",
+    "instance_type",
+    "instance_count",
+    "memory_utilization",
+    "per_gpu_peak_bytes",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "step_time_s",
+    "usd_per_million_tokens",
+}
+
+
+def test_plan_prints_the_ranked_table_and_why_the_best_wins(cli):
+    result = cli("plan", RECIPES / "llama3-8b-8k.yaml", "--top", "4")
+    assert result.code == 0, result.err
+    header = result.out.splitlines()[0]
+    assert header == "llama3-8b, 8192 tokens on 1 x ml.p5.48xlarge (8 x h100-80gb)"
+    for column in (
+        "tensor",
+        "context",
+        "pipeline",
+        "shard",
+        "replicate",
+        "micro",
+        "AC",
+        "fp8",
+        "peak",
+        "MFU",
+        "$ per 1M",
+    ):
+        assert column in result.out
+    rows = [line for line in result.out.splitlines() if line.strip()[:2] in {"1 ", "2 ", "3 ", "4 "}]
+    assert len(rows) == 4
+    assert " is fastest at " in result.out and "tokens/s/GPU" in result.out
+    assert "The recipe's own layout (data_shard 8, micro batch 1, selective AC)" in result.out
+
+
+def test_plan_json_lists_layouts_named_like_the_recipe_fields(cli):
+    result = cli("plan", RECIPES / "llama70b-128k.yaml", "--json", "--top", "3", "--gpus", "64")
+    assert result.code == 0, result.err
+    layouts = json.loads(result.out)
+    assert len(layouts) == 3
+    for layout in layouts:
+        assert JSON_KEYS <= set(layout)
+        assert layout["instance_count"] == 8
+        assert (
+            layout["tensor"] * layout["context"] * layout["pipeline"] * layout["data_shard"] * layout["data_replicate"]
+            == 64
+        )
+    speeds = [layout["tokens_per_s_per_gpu"] for layout in layouts]
+    assert speeds == sorted(speeds, reverse=True)
+
+
+def test_plan_takes_set_overrides(cli):
+    result = cli("plan", RECIPES / "llama3-8b-8k.yaml", "--json", "--top", "1", "--set", "training.seq_len=4096")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)[0]["tokens_per_s_per_gpu"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--instance-type", "ml.p9.huge"], "--instance-type: 'ml.p9.huge' is not a known instance type"),
+        (["--gpus", "12"], "--gpus 12 is not a multiple of the 8 GPUs of one ml.p5.48xlarge; use e.g. 8 or 16"),
+        (
+            [
+                "--instances",
+                "1",
+                "--set",
+                "training.seq_len=131072",
+                "--set",
+                "parallel.context=8",
+                "--set",
+                "model=llama3.1-405b",
+            ],
+            "no layout of llama3.1-405b at 131072 tokens fits in 80% of h100-80gb memory",
+        ),
+    ],
+)
+def test_bad_plan_input_is_one_line_and_exit_2(cli, args, line):
+    result = cli("plan", RECIPES / "llama3-8b-8k.yaml", *args)
+    assert result.code == 2
+    assert len(result.err_lines) == 1
+    assert result.err_lines[0].startswith(line)
+    assert "Traceback" not in result.err
+
+
+def test_plan_on_the_host_cpu_has_nothing_to_predict(cli):
+    result = cli("plan", RECIPES / "tiny-cpu.yaml")
+    assert result.code == 2
+    assert result.err_lines == [
+        "host CPU has no known peak FLOP/s or memory bandwidth; throughput is predicted for GPUs only"
+    ]
+
+
+def test_estimate_json_carries_the_predicted_throughput(cli):
+    result = cli("estimate", RECIPES / "llama3-8b-8k.yaml", "--json")
+    assert result.code == 0, result.err
+    predicted = json.loads(result.out)["predicted"]
+    assert set(predicted) == {"tokens_per_s_per_gpu", "mfu", "step_time_s"}
+    assert predicted["tokens_per_s_per_gpu"] > 0 and 0 < predicted["mfu"] < 1
+
+
+def test_estimate_json_predicts_nothing_on_the_cpu(cli):
+    result = cli("estimate", RECIPES / "tiny-cpu.yaml", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["predicted"] is None
+
+
+def test_submit_auto_plan_applies_the_best_layout_and_shows_what_changed(cli):
+    result = cli("submit", RECIPES / "llama3-8b-8k.yaml", "--auto-plan", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    lines = result.err_lines
+    assert lines[0].startswith("auto-plan: ") and lines[0].endswith("over the recipe's layout); changed:")
+    changes = [line.strip() for line in lines[1:] if line.startswith("  ")]
+    assert "parallel.activation_checkpointing: selective -> none" in changes
+    assert any(line.startswith("memory: fits") for line in lines)
+    assert json.loads(result.out)  # the rendering of the changed recipe
+
+
+def test_auto_plan_keeps_a_recipe_that_already_has_the_best_layout():
+    from launcher.plan.apply import auto_plan
+    from launcher.recipe import Recipe
+
+    first = auto_plan(Recipe.load(RECIPES / "llama3-8b-8k.yaml"))
+    assert first.recipe.layout == first.best.layout
+    second = auto_plan(first.recipe)
+    assert second.changes == {}
+    assert second.recipe is first.recipe
+    assert second.lines()[0].startswith("auto-plan: the recipe's layout is already the best")

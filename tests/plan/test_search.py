@@ -1,0 +1,162 @@
+"""The search: exactly the fitting layouts, fastest first, each one a recipe the recipe layer accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import UsageError
+from launcher.estimate import estimate_memory
+from launcher.estimate.throughput import predict
+from launcher.plan import plan, search
+from launcher.plan.candidates import shapes
+from launcher.plan.rank import AC_MODES
+from launcher.recipe import Recipe
+from tests import REPO
+
+RECIPES = REPO / "recipes"
+
+GPU_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if p.name != "tiny-cpu.yaml")
+
+
+def exhaustive(recipe, threshold=0.8):
+    """Every valid layout estimated and scored: what the pruned search must return."""
+    hw, t, pr = recipe.hardware, recipe.training, recipe.precision
+    found = []
+    for shape in shapes(
+        recipe.arch,
+        world_size=recipe.world_size,
+        gpus_per_node=hw.procs_per_node,
+        seq_len=t.seq_len,
+        global_batch_size=t.global_batch_size,
+        schedule=recipe.parallel.pipeline_schedule,
+    ):
+        for ac in AC_MODES:
+            common = dict(
+                seq_len=t.seq_len, micro_batch_size=shape.micro_batch_size, grad_accum_steps=shape.grad_accum_steps
+            )
+            memory = estimate_memory(
+                recipe.arch,
+                shape.layout,
+                **common,
+                dtype=pr.dtype,
+                fp8=pr.fp8,
+                fp8_recipe=pr.fp8_recipe,
+                activation_checkpointing=ac,
+                pipeline_schedule=shape.pipeline_schedule,
+                accelerator=hw.accelerator,
+                threshold=threshold,
+            )
+            if memory.verdict != "fits":
+                continue
+            speed = predict(
+                recipe.arch,
+                shape.layout,
+                **common,
+                accelerator=hw.accelerator,
+                gpus_per_node=hw.procs_per_node,
+                network_gbps=hw.instance.efa_gbps,
+                dtype=pr.dtype,
+                fp8=pr.fp8,
+                fp8_recipe=pr.fp8_recipe,
+                activation_checkpointing=ac,
+                pipeline_schedule=shape.pipeline_schedule,
+                compile=t.compile,
+            )
+            found.append((shape.layout, shape.micro_batch_size, ac, speed.tokens_per_s_per_gpu))
+    return found
+
+
+@pytest.mark.parametrize("path", ["llama3-8b-8k.yaml", "llama70b-128k.yaml"])
+def test_pruned_search_returns_exactly_the_fitting_layouts_fastest_first(path):
+    recipe = Recipe.load(RECIPES / path)
+    expected = exhaustive(recipe)
+    planned = plan(recipe, top=100_000)
+    got = [(p.layout, p.micro_batch_size, p.activation_checkpointing) for p in planned]
+    assert set(got) == {(layout, b, ac) for layout, b, ac, _ in expected}
+    speeds = [p.tokens_per_s_per_gpu for p in planned]
+    assert speeds == sorted(speeds, reverse=True)
+
+
+@pytest.mark.parametrize("path", [p.name for p in GPU_RECIPES])
+def test_every_planned_layout_is_a_valid_recipe(path):
+    recipe = Recipe.load(RECIPES / path)
+    for planned in recipe.plan(top=5):
+        changed = recipe.with_changes(planned.overrides(recipe))
+        assert changed.layout == planned.layout
+        assert changed.training.micro_batch_size == planned.micro_batch_size
+        assert changed.grad_accum_steps == planned.grad_accum_steps
+        assert changed.parallel.activation_checkpointing == planned.activation_checkpointing
+        assert changed.estimate().per_gpu_peak_bytes == planned.memory.per_gpu_peak_bytes
+
+
+def test_planning_another_budget_changes_the_instance_count():
+    recipe = Recipe.load(RECIPES / "llama3-8b-8k.yaml")
+    best = recipe.plan(gpus=32, top=1)[0]
+    assert best.layout.world_size == 32 and best.instance_count == 4
+    assert best.overrides(recipe)["cluster.instance_count"] == 4
+    assert recipe.with_changes(best.overrides(recipe)).world_size == 32
+
+
+def test_planning_another_instance_type_drops_what_it_fixes():
+    recipe = Recipe.load(RECIPES / "llama3-8b-8k.yaml").with_changes({"cluster.usd_per_hour": 40.0})
+    found = search(recipe, instance_type="ml.p5e.48xlarge", top=1)
+    assert found.budget.accelerator_key == "h200-141gb"
+    assert found.budget.usd_per_hour == pytest.approx(63.296)  # the recipe's price was for p5
+    changed = recipe.with_changes(found.best.overrides(recipe))
+    assert changed.hardware.accelerator_key == "h200-141gb"
+
+
+def test_vary_fp8_tries_both_precisions_on_hopper():
+    recipe = Recipe.load(RECIPES / "llama3-8b-8k.yaml").with_changes({"training.compile": True})
+    assert {p.fp8 for p in plan(recipe, top=100_000, vary_fp8=True)} == {False, True}
+    assert {p.fp8 for p in plan(recipe, top=100_000)} == {False}
+
+
+def test_the_explanation_names_the_runner_up_and_the_reason():
+    found = search(Recipe.load(RECIPES / "llama3-8b-8k.yaml"), top=3)
+    why = found.why()
+    assert why.startswith(found.best.describe() + " is fastest at ")
+    assert found.ranked[1].describe() in why
+    assert "more per step on" in why
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gpus": 12}, "--gpus 12 is not a multiple of the 8 GPUs of one ml.p5.48xlarge; use e.g. 8 or 16"),
+        ({"gpus": 8, "instances": 1}, "give --gpus or --instances, not both"),
+        ({"instance_type": "ml.p5x"}, "--instance-type: 'ml.p5x' is not a known instance type (did you mean"),
+        ({"instance_type": "ml.p4d.24xlarge"}, "precision.fp8: a100-40gb has no FP8 tensor cores"),
+        ({"top": 0}, "--top 0: use 1 or more"),
+    ],
+)
+def test_bad_budgets_are_refused_with_one_line(kwargs, message):
+    recipe = Recipe.load(RECIPES / "mistral7b-32k.yaml")
+    with pytest.raises(UsageError) as error:
+        search(recipe, **kwargs)
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_a_model_that_fits_nowhere_says_how_much_it_needs():
+    recipe = Recipe.load(RECIPES / "llama405b-128k.yaml")
+    with pytest.raises(
+        UsageError,
+        match=r"no layout of llama3.1-405b at 131072 tokens fits in 80% of h200-141gb memory on 1 x ml.p5en.48xlarge .* the smallest needs [\d.]+ GiB per GPU",
+    ):
+        search(recipe, instances=1)
+
+
+def test_a_local_gpu_machine_plans_its_process_count(tmp_path):
+    path = tmp_path / "local.yaml"
+    path.write_text(
+        "name: local-gpu\nmodel: llama3.2-1b\ntraining: {seq_len: 8192, global_batch_size: 8, steps: 10}\n"
+        "cluster: {backend: local, instance_type: local, device: cuda, accelerator: h200-141gb, nproc_per_node: 2}\n"
+    )
+    recipe = Recipe.load(path)
+    best = recipe.plan(gpus=4, top=1)[0]
+    assert best.instance_count == 1 and best.throughput.usd_per_million_tokens == 0
+    changed = recipe.with_changes(best.overrides(recipe))
+    assert changed.cluster.nproc_per_node == 4 and changed.world_size == 4
+    with pytest.raises(UsageError, match="a local recipe runs on this one machine; use --gpus"):
+        search(recipe, instances=2)
