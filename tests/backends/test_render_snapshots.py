@@ -131,9 +131,9 @@ def test_the_accelerate_config_maps_the_layout_onto_parallelism_config(fixed_hom
     config = render("accelerate-llama70b-128k").data["config"]
     assert config["parallelism_config"] == {
         "parallelism_config_dp_replicate_size": 1,
-        "parallelism_config_dp_shard_size": 1,
-        "parallelism_config_tp_size": 2,
-        "parallelism_config_cp_size": 16,
+        "parallelism_config_dp_shard_size": 4,
+        "parallelism_config_tp_size": 1,
+        "parallelism_config_cp_size": 8,
     }
     assert (config["num_machines"], config["num_processes"], config["mixed_precision"]) == (4, 32, "fp8")
 

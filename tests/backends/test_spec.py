@@ -107,7 +107,7 @@ def test_the_resolved_recipe_travels_whole_with_the_backends_paths():
     assert resolved["format"] == 1 and resolved["name"] == "llama70b-128k"
     assert resolved["checkpoint"]["dir"] == "/opt/ml/checkpoints"
     assert resolved["runtime"]["output_dir"] == "/opt/ml/output/data"
-    assert resolved["parallel"]["context"] == 16
+    assert resolved["parallel"]["context"] == 8
 
 
 def test_spot_without_max_wait_waits_twice_the_run_time():

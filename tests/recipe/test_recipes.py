@@ -178,12 +178,12 @@ def test_show_json_has_the_resolved_layout_and_derived_values(cli):
     result = cli("show", REPO / "recipes" / "llama70b-128k.yaml", "--json")
     assert result.code == 0, result.err
     shown = json.loads(result.out)
-    assert shown["parallel"]["data_shard"] == 1  # auto: 32 GPUs / (tp 2 x cp 16)
+    assert shown["parallel"]["data_shard"] == 4  # auto: 32 GPUs / cp 8
     assert shown["parallel"]["world_size"] == 32
     assert shown["model"]["num_layers"] == 80 and shown["model"]["rope_scaling"]["factor"] == 8.0
     assert shown["runtime"]["peak_flops"]["fp8"] == 1979e12
     assert shown["derived"]["instance"] == "4 x ml.p5e.48xlarge"
-    assert shown["derived"]["grad_accum_steps"] == 32
+    assert shown["derived"]["grad_accum_steps"] == 8  # 32 sequences / 4 data-parallel ranks
 
 
 def test_round_trip_through_dict_and_yaml(tmp_path):
