@@ -15,6 +15,7 @@ from typing import Any, get_args
 
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.errors import UsageError
+from launcher.estimate.memory import format_bytes
 from launcher.jobs import Job, list_jobs, save
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import Cluster
@@ -90,8 +91,7 @@ def load(recipe: Recipe | str | Path, *, backend: str | None = None, set_options
 def check_memory(recipe: Recipe, *, force: bool, threshold: float = 0.8):
     """The memory estimate; refuses `oom` always and `risky` unless forced."""
     estimate = recipe.estimate(threshold=threshold)
-    gib = 2**30
-    need = f"{estimate.per_gpu_peak_bytes / gib:.1f} GiB of the {estimate.gpu_memory_bytes / gib:.1f} GiB"
+    need = f"{format_bytes(estimate.per_gpu_peak_bytes)} of the {format_bytes(estimate.gpu_memory_bytes)}"
     where = f"per {recipe.hardware.accelerator_key} ({estimate.utilization:.0%})"
     hint = f"; try: {estimate.suggestion}" if estimate.suggestion else ""
     if estimate.verdict == "oom":
@@ -145,7 +145,7 @@ def submit(
     estimate = check_memory(loaded, force=force, threshold=threshold)
     tell(
         Stage.ESTIMATE,
-        f"memory: {estimate.verdict}, {estimate.per_gpu_peak_bytes / 2**30:.1f} GiB per {loaded.hardware.accelerator_key} ({estimate.utilization:.0%})",
+        f"memory: {estimate.verdict}, {format_bytes(estimate.per_gpu_peak_bytes)} per {loaded.hardware.accelerator_key} ({estimate.utilization:.0%})",
     )
 
     spec = target.spec(loaded)

@@ -15,6 +15,7 @@ from launcher.estimate.memory import (
     Workload,
     estimate_memory,
     estimate_workload,
+    format_bytes,
     verdict,
 )
 from launcher.estimate.suggest import estimate_recipe
@@ -29,5 +30,6 @@ __all__ = [
     "estimate_memory",
     "estimate_recipe",
     "estimate_workload",
+    "format_bytes",
     "verdict",
 ]

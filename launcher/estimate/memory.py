@@ -46,6 +46,11 @@ COMPONENTS: tuple[str, ...] = (
 ALLOCATED_COMPONENTS: tuple[str, ...] = COMPONENTS[:-3]
 
 
+def format_bytes(n: float) -> str:
+    """'52.5 GiB', or '37 MiB' below a GiB: how every memory number reaches the user."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
     """What one estimate describes: a model, a layout and how each step runs."""
@@ -126,12 +131,11 @@ class MemoryEstimate:
 
     def headline(self) -> str:
         """One line: verdict, peak against memory, and the largest component."""
-        gib = 2**30
         largest = self.largest_component
         return (
-            f"{self.verdict}: {self.per_gpu_peak_bytes / gib:.1f} GiB of {self.gpu_memory_bytes / gib:.1f} GiB "
+            f"{self.verdict}: {format_bytes(self.per_gpu_peak_bytes)} of {format_bytes(self.gpu_memory_bytes)} "
             f"per GPU ({self.utilization:.0%}, threshold {self.threshold:.0%}); largest: {largest} "
-            f"{self.breakdown[largest] / gib:.1f} GiB on pipeline stage {self.peak_stage} ({self.peak_phase})"
+            f"{format_bytes(self.breakdown[largest])} on pipeline stage {self.peak_stage} ({self.peak_phase})"
         )
 
     def with_suggestion(self, suggestion: str | None) -> MemoryEstimate:

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from launcher.estimate.memory import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_workload
+from launcher.estimate.memory import (
+    DEFAULT_THRESHOLD,
+    MemoryEstimate,
+    Mode,
+    Workload,
+    estimate_workload,
+    format_bytes,
+)
 from launcher.layout import Layout
 from launcher.recipe.rules import layout_problems, tensor_choices
 
@@ -53,7 +60,7 @@ def estimate_recipe(recipe: Recipe, *, mode: Mode = "fsdp", threshold: float = D
         )
     change, fitted = found
     return result.with_suggestion(
-        f"{change.describe()} (estimated {fitted.per_gpu_peak_bytes / 2**30:.1f} GiB, {fitted.utilization:.0%})"
+        f"{change.describe()} (estimated {format_bytes(fitted.per_gpu_peak_bytes)}, {fitted.utilization:.0%})"
     )
 
 

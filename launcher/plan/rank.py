@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from launcher.errors import UsageError
-from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, estimate_memory
+from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, estimate_memory, format_bytes
 from launcher.estimate.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict
 from launcher.plan.budget import Budget, resolve_budget
 from launcher.plan.candidates import Shape, shapes
@@ -201,7 +201,7 @@ def search(
         raise UsageError(
             f"no layout of {recipe.model_name} at {training.seq_len} tokens fits in {threshold:.0%} of "
             f"{budget.accelerator_key} memory on {budget}: the smallest needs "
-            f"{closest.per_gpu_peak_bytes / 2**30:.1f} GiB per GPU ({closest.utilization:.0%}); "
+            f"{format_bytes(closest.per_gpu_peak_bytes)} per GPU ({closest.utilization:.0%}); "
             f"use more GPUs, a larger-memory instance type or a shorter training.seq_len"
         )
 
