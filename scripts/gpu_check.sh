@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One-shot GPU check of the bundled entrypoints on one H100/H200, well within 8 minutes:
-# Llama 3.2 1B at 8K tokens in bf16 and FP8 (tokens/s, MFU, peak memory next to the memory
-# estimator's prediction) and the context-parallel attention kernel at 32K tokens against
-# full attention. Prints a table and writes gpu_check.json to $OUT (else ./out).
+# One-shot GPU check on one H100/H200, well within 8 minutes:
+# 1. scripts/gpu_check.py: Llama 3.2 1B at 8K tokens in bf16, FP8 and compiled FP8 (tokens/s,
+#    MFU, peak memory next to the memory estimator's prediction) and the context-parallel
+#    attention kernel at 32K tokens against full attention -> gpu_check.json;
+# 2. scripts/estimator_gpu.py: the estimator against torch.cuda.max_memory_allocated/reserved on
+#    single-GPU configs (1B-8B, 4K-32K tokens, each AC mode) -> estimator_gpu.json.
+# Prints tables and writes both JSON files to $OUT (else ./out).
 #
 #   bash scripts/gpu_check.sh                   # on the GPU machine
 #   bash scripts/gpu_check.sh --prepare DIR     # where the launcher is installed: configs + estimates
@@ -43,4 +46,38 @@ fi
 
 [[ $needs_gpu == 1 ]] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-exec "$python" scripts/gpu_check.py "$@"
+export OUT=${OUT:-out}
+
+# The estimator check has its own prepared configs beside the training check's.
+prepare_dir="" prepared_dir="" cpu_smoke=0 expect=""
+for arg in "$@"; do
+  case "$expect" in
+    prepare) prepare_dir=$arg ;;
+    prepared) prepared_dir=$arg ;;
+  esac
+  expect=""
+  case "$arg" in
+    --prepare) expect=prepare ;;
+    --prepare=*) prepare_dir=${arg#--prepare=} ;;
+    --prepared) expect=prepared ;;
+    --prepared=*) prepared_dir=${arg#--prepared=} ;;
+    --cpu-smoke) cpu_smoke=1 ;;
+  esac
+done
+
+status=0
+"$python" scripts/gpu_check.py "$@" || status=$?
+if [[ $cpu_smoke == 1 ]]; then
+  exit $status  # the estimator check measures CUDA memory; there is nothing to compare on a CPU
+fi
+if [[ -n $prepare_dir ]]; then
+  "$python" scripts/estimator_gpu.py --prepare "$prepare_dir/estimator" || status=$?
+  exit $status
+fi
+estimator_dir=${prepared_dir:+$prepared_dir/estimator}
+if [[ -z $estimator_dir ]]; then
+  estimator_dir=$OUT/estimator
+  "$python" scripts/estimator_gpu.py --prepare "$estimator_dir" || status=$?
+fi
+"$python" scripts/estimator_gpu.py --run "$estimator_dir" || status=$?
+exit $status
