@@ -1,7 +1,6 @@
-"""The training code shipped to the cluster: torch, torchao and the standard library only.
+"""The training code shipped to the cluster: torch, torchao, the standard library and the contract.
 
     train.py            torchrun entry: resolved config -> mesh -> model -> parallelize -> loop
-    config.py           the resolved config (`launcher show --json`) as frozen dataclasses
     model/llama.py      Llama: RMSNorm, RoPE (Llama 3.1 scaling), GQA via SDPA, SwiGLU
     model/loss.py       fused, chunked output projection + cross-entropy (vocab-parallel under TP)
     model/init.py       deterministic, layout-independent initialisation of the shards
@@ -13,5 +12,8 @@
     checkpoint.py       DCP checkpoints: atomic, pruned, resumable across layouts
     metrics.py          per-step metrics lines and metrics.jsonl
 
-Never imports `launcher` or boto3: the resolved config file is the only input.
+Imports nothing of `launcher` but `launcher.contract` (standard library only, shipped in the
+bundle beside this package): the resolved config format (`launcher.contract.config`), the layout
+rules and stage split, the metric lines and the float8 condition. Never boto3; the resolved config
+file is the only input.
 """

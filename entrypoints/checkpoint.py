@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-from entrypoints.config import CheckpointConfig, ConfigError
+from launcher.contract.config import CheckpointConfig, ConfigError
 
 MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")

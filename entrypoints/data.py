@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from entrypoints.config import ConfigError, JobConfig
 from entrypoints.parallel.context import shard_sequence
+from launcher.contract.config import ConfigError, JobConfig
 
 TOKEN_DTYPES = {"uint16": (torch.uint16, 2), "uint32": (torch.uint32, 4)}
 

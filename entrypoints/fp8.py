@@ -9,7 +9,8 @@ loss reads its weight directly), as do layers whose dimensions are not multiples
 
 - tensorwise: one scale per tensor. Where the collective backend has float8 collectives
   (nccl), FSDP all-gathers the weights in float8 (half the bytes of bf16) and TP uses torchao's
-  Float8 Colwise/Rowwise styles; gloo cannot all-gather float8 tensors, so there both stay off.
+  Float8 Colwise/Rowwise styles; gloo cannot all-gather float8 tensors, so there both stay off
+  (`launcher.contract.fp8.float8_all_gather`, which the memory and speed estimators read too).
 - rowwise: one scale per row; more accurate, no float8 all-gather (torchao's recipe).
 
 A CUDA device needs FP8 tensor cores (compute capability 8.9: Ada, Hopper); anything older
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from entrypoints.config import ConfigError, JobConfig
+from launcher.contract.config import ConfigError, JobConfig
+from launcher.contract.fp8 import float8_all_gather
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,9 @@ def fp8_settings(cfg: JobConfig, *, device_type: str, backend: str) -> Fp8Settin
         import torchao.float8  # noqa: F401
     except ImportError:
         raise ConfigError("precision.fp8: torchao is not installed in this image; pip install torchao") from None
-    tensorwise = cfg.precision.fp8_recipe == "tensorwise"
-    return Fp8Settings(recipe=cfg.precision.fp8_recipe, float8_all_gather=tensorwise and backend == "nccl")
+    precision = cfg.precision
+    gather = float8_all_gather(fp8=precision.fp8, fp8_recipe=precision.fp8_recipe, backend=backend)
+    return Fp8Settings(recipe=precision.fp8_recipe, float8_all_gather=gather)
 
 
 def _convertible(module: torch.nn.Module, fqn: str) -> bool:

@@ -1,12 +1,9 @@
 """Per-step metrics: one stdout line for log scrapers (SageMaker MetricDefinitions) plus JSONL.
 
-Every logged step rank 0 prints exactly one line
-
-    metrics step=12 loss=2.3456 grad_norm=0.8123 lr=0.0003 tokens_per_s_per_gpu=5321.4 mfu=0.3712 step_time_s=1.5394 mem_alloc_gib=61.2 mem_reserved_gib=70.5
-
-and appends the same fields as one JSON object to <output_dir>/metrics.jsonl. At the end it
-prints one `summary key=value ...` line (see `SUMMARY_FIELDS`). `METRIC_PATTERNS` are regexes
-that parse these lines, one capture group each.
+Every logged step rank 0 prints exactly one `metrics key=value ...` line and appends the same
+fields as one JSON object to <output_dir>/metrics.jsonl; at the end it prints one
+`summary key=value ...` line. The keys, the line format and the regexes that read the lines are
+the launcher's contract (`launcher.contract.metrics`); this module measures the values.
 
 - tokens_per_s_per_gpu: global tokens of the step / step wall time / world size.
 - mfu: model FLOPs per token x tokens/s/GPU over the accelerator's dense bf16 peak from the
@@ -28,31 +25,8 @@ from pathlib import Path
 
 import torch
 
-from entrypoints.config import ModelConfig
-
-STEP_FIELDS = (
-    "step",
-    "loss",
-    "grad_norm",
-    "lr",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "step_time_s",
-    "mem_alloc_gib",
-    "mem_reserved_gib",
-)
-SUMMARY_FIELDS = (
-    "steps",
-    "final_loss",
-    "mean_tokens_per_s_per_gpu",
-    "mean_mfu",
-    "mean_step_time_s",
-    "peak_mem_alloc_gib",
-    "peak_mem_reserved_gib",
-    "total_time_s",
-)
-_NUMBER = r"([-+]?(?:[0-9]+\.?[0-9]*(?:[eE][-+]?[0-9]+)?|nan|inf))"
-METRIC_PATTERNS = {name: rf"^metrics .*\b{name}={_NUMBER}" for name in STEP_FIELDS if name != "step"}
+from launcher.contract.config import ModelConfig
+from launcher.contract.metrics import metrics_line, summary_line
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -63,14 +37,6 @@ def matmul_params(cfg: ModelConfig) -> int:
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return 6.0 * matmul_params(cfg) + 6.0 * cfg.num_layers * cfg.hidden_size * seq_len
-
-
-def format_value(value) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "nan"
-    return f"{value:.6g}"
 
 
 def memory_gib() -> tuple[float, float]:
@@ -115,7 +81,7 @@ class MetricsLogger:
         }
         self.records.append(record)
         if self.enabled:
-            print("metrics " + " ".join(f"{k}={format_value(record[k])}" for k in STEP_FIELDS), flush=True)
+            print(metrics_line(record), flush=True)
             with self.path.open("a") as f:
                 # NaN is not JSON; null says "unknown" to every reader.
                 f.write(json.dumps({k: None if _is_nan(v) else v for k, v in record.items()}) + "\n")
@@ -136,7 +102,7 @@ class MetricsLogger:
             "total_time_s": total_time_s,
         }
         if self.enabled:
-            print("summary " + " ".join(f"{k}={format_value(summary[k])}" for k in SUMMARY_FIELDS), flush=True)
+            print(summary_line(summary), flush=True)
             sys.stdout.flush()
         return summary
 

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from entrypoints.config import OptimizerConfig
+from launcher.contract.config import OptimizerConfig
 
 
 def lr_at(step: int, cfg: OptimizerConfig, total_steps: int) -> float:

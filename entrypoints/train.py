@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 
 from entrypoints.checkpoint import Checkpointer
-from entrypoints.config import ConfigError, JobConfig, load_config
 from entrypoints.data import DataLoader
 from entrypoints.fp8 import after_optimizer_step, fp8_settings
 from entrypoints.metrics import MetricsLogger, flops_per_token
@@ -42,6 +41,7 @@ from entrypoints.parallel.mesh import build_mesh
 from entrypoints.parallel.parallelize import build_model_parts
 from entrypoints.parallel.pipeline import Pipeline
 from entrypoints.parallel.process_group import DistEnv, process_group
+from launcher.contract.config import ConfigError, JobConfig, load_config
 
 EXIT_CONFIG = 2
 EXIT_SIGTERM = 128 + signal.SIGTERM
@@ -117,7 +117,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     if env.rank == 0:
         params = sum(p.numel() for part in parts for p in part.parameters())
         print(
-            f"start job={cfg.name} model={cfg.model.name} layout={_layout(par)} world_size={env.world_size} "
+            f"start job={cfg.name} model={cfg.model.name} layout={par} world_size={env.world_size} "
             f"device={env.device.type} dtype={cfg.precision.dtype} fp8={fp8.recipe if fp8 else 'off'} "
             f"rank0_params={params} resumed_from_step={start}",
             flush=True,
@@ -177,13 +177,6 @@ def _accumulate(model, data: DataLoader) -> torch.Tensor:
         (loss / len(micro_batches)).backward()
         total += loss.detach()
     return total / len(micro_batches)
-
-
-def _layout(par) -> str:
-    parts = [f"{name}{size}" for name, size in par.mesh_shape().items() if size > 1]
-    if par.virtual_stages > 1:
-        parts.append(f"v{par.virtual_stages}")
-    return "x".join(parts) or "single"
 
 
 def main(argv: list[str] | None = None) -> int:

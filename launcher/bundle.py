@@ -1,4 +1,8 @@
-"""The code bundle: `entrypoints/` plus `resolved.json` as one deterministic tar.gz.
+"""The code bundle: `entrypoints/`, the contract they import and `resolved.json`, as one deterministic tar.gz.
+
+The entrypoints import nothing of the launcher but `launcher.contract` (standard library only),
+so the bundle carries `launcher/__init__.py` (lazy: it imports nothing) and
+`launcher/contract/*.py` beside `entrypoints/`; the training processes need only torch.
 
 The same inputs give the same bytes on every run (sorted members, fixed mtimes, owners and
 modes, no gzip timestamp), so the content hash can name the object in S3 and an unchanged
@@ -19,6 +23,7 @@ from launcher.errors import LauncherError
 from launcher.spec import CONFIG_FILE, ENTRYPOINT
 
 BUNDLE_ROOT = "entrypoints"
+CONTRACT_PACKAGE = "launcher/contract"
 ARCHIVE_NAME = "code.tar.gz"
 # 1980-01-01: the oldest time a zip-derived tool accepts; any fixed value makes the bytes stable.
 FIXED_MTIME = 315532800
@@ -70,6 +75,15 @@ def find_entrypoints() -> Path:
     )
 
 
+def contract_members() -> dict[str, bytes | None]:
+    """`launcher/__init__.py` and `launcher/contract/*.py` of this launcher, by archive path."""
+    package = Path(__file__).resolve().parent
+    paths = [package / "__init__.py", *sorted((package / "contract").glob("*.py"))]
+    members: dict[str, bytes | None] = {"launcher": None, CONTRACT_PACKAGE: None}
+    members.update({f"launcher/{path.relative_to(package).as_posix()}": path.read_bytes() for path in paths})
+    return members
+
+
 def excluded(relative: Path) -> bool:
     if any(part in EXCLUDED_DIRS for part in relative.parts[:-1]):
         return True
@@ -95,7 +109,7 @@ class Bundle:
 
     @classmethod
     def build(cls, resolved_json: str, entrypoints: Path | None = None) -> Bundle:
-        """Pack `entrypoints/` and the resolved recipe (as resolved.json at the bundle root)."""
+        """Pack `entrypoints/`, the contract and the resolved recipe (as resolved.json at the bundle root)."""
         source = entrypoints or find_entrypoints()
         members: dict[str, bytes | None] = {}  # archive path -> content (None: directory)
         for path in sorted(source.rglob("*")):
@@ -104,6 +118,7 @@ class Bundle:
                 continue
             name = f"{BUNDLE_ROOT}/{relative.as_posix()}"
             members[name] = None if path.is_dir() else path.read_bytes()
+        members.update(contract_members())
         members[CONFIG_FILE] = resolved_json.encode()
 
         raw = io.BytesIO()

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from launcher.catalog import accelerators, models  # noqa: E402
+from launcher.contract.layout import Layout  # noqa: E402
 from launcher.estimate import estimate_memory  # noqa: E402
-from launcher.layout import Layout  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
 
 H100, H200 = accelerators()["h100-80gb"], accelerators()["h200-141gb"]

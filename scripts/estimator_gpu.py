@@ -116,13 +116,13 @@ def run(directory: Path) -> dict:
 def run_one(directory: Path, index: int) -> dict:
     import torch
 
-    from entrypoints.config import JobConfig
     from entrypoints.fp8 import after_optimizer_step, fp8_settings
     from entrypoints.model.init import materialize
     from entrypoints.optim import Optimizers, clip_grad_norm
     from entrypoints.parallel.mesh import build_mesh
     from entrypoints.parallel.parallelize import build_model_parts
     from entrypoints.parallel.process_group import process_group
+    from launcher.contract.config import JobConfig
 
     item = json.loads((directory / "configs.json").read_text())[index]
     cfg = JobConfig.from_dict(item["resolved"])

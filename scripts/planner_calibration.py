@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from launcher import catalog  # noqa: E402
+from launcher.contract.layout import Layout  # noqa: E402
 from launcher.estimate import throughput  # noqa: E402
 from launcher.estimate.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
-from launcher.layout import Layout  # noqa: E402
 from launcher.plan import search  # noqa: E402
 from launcher.plan.explain import against_recipe  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402

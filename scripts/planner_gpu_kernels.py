@@ -127,7 +127,7 @@ def bandwidth(results: dict) -> None:
 
 def llama8b_blocks(num_layers: int):
     """The entrypoints' config of Llama 3.1 8B's shapes with `num_layers` blocks (no RoPE scaling)."""
-    from entrypoints.config import ModelConfig
+    from launcher.contract.config import ModelConfig
 
     return ModelConfig(
         name=f"llama3.1-8b-{num_layers}-layers",

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from entrypoints.config import ModelConfig, RopeScaling
 from entrypoints.model.loss import linear_cross_entropy
+from launcher.contract.config import ModelConfig, RopeScaling
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:

@@ -7,8 +7,8 @@
     mesh["dp_cp"]                               # dp_replicate x dp_shard x cp: ranks that see different tokens
 
 All five dims exist even at size 1 so that code never asks whether a dim is there. TP is
-innermost (NVLink), then CP (its K/V all-gather is the next most frequent collective), as in
-`launcher.layout`. Layout arithmetic and its checks live in config.ParallelConfig.
+innermost (NVLink), then CP (its K/V all-gather is the next most frequent collective): the
+order, the arithmetic and the rules of a layout live in `launcher.contract.layout`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import warnings
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from entrypoints.config import ParallelConfig
+from launcher.contract.layout import MESH_DIMS, Layout
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 FLATTENED = {
     "dp": ("dp_replicate", "dp_shard"),
     "dp_shard_cp": ("dp_shard", "cp"),
@@ -32,7 +31,7 @@ FLATTENED = {
 warnings.filterwarnings("ignore", message="Slicing a flattened dim from root mesh")
 
 
-def build_mesh(parallel: ParallelConfig, device_type: str) -> DeviceMesh:
+def build_mesh(parallel: Layout, device_type: str) -> DeviceMesh:
     """The 5-D mesh for `parallel` on the current default process group."""
     shape = parallel.mesh_shape()
     mesh = init_device_mesh(device_type, tuple(shape[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)

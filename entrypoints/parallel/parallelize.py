@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from entrypoints.config import JobConfig
 from entrypoints.fp8 import Fp8Settings, convert_to_float8
 from entrypoints.model.llama import Transformer, build_model
 from entrypoints.parallel.activation import apply_activation_checkpointing
 from entrypoints.parallel.context import apply_context_parallel
 from entrypoints.parallel.fsdp import apply_fsdp
 from entrypoints.parallel.mesh import fsdp_mesh
-from entrypoints.parallel.pipeline import split_model, stage_ids
+from entrypoints.parallel.pipeline import split_model
 from entrypoints.parallel.tensor import apply_tensor_parallel
+from launcher.contract.config import JobConfig
+from launcher.contract.layout import rank_stages
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -67,7 +68,7 @@ def build_model_parts(cfg: JobConfig, mesh, *, fp8: Fp8Settings | None = None) -
         convert_to_float8(model, fp8)
     par = cfg.parallel
     if par.pipeline > 1:
-        ids = stage_ids(mesh["pp"].get_local_rank(), par.pipeline, par.virtual_stages)
+        ids = rank_stages(mesh["pp"].get_local_rank(), par)
         parts = [split_model(model, i, par.num_stages) for i in ids]
     else:
         ids, parts = [0], [model]

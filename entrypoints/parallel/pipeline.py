@@ -1,12 +1,14 @@
 """Pipeline parallelism with `torch.distributed.pipelining`: 1F1B, interleaved 1F1B, GPipe.
 
-    parts = split_model(model, pp_rank, pp_size, virtual_stages)   # meta stage models, in stage order
+    ids = rank_stages(pp_rank, cfg.parallel)                        # this rank's stages, in order
+    parts = [split_model(model, i, cfg.parallel.num_stages) for i in ids]   # meta stage models
     ...parallelize and materialise each part...
-    pipeline = Pipeline(parts, stage_ids, mesh["pp"], cfg.parallel, device)
+    pipeline = Pipeline(parts, ids, mesh["pp"], cfg.parallel, device)
     loss = pipeline.step(tokens, targets)                           # None on ranks without the last stage
 
-The layers are split evenly into pp x virtual_stages stages. Rank r holds stages r, r + pp,
-r + 2·pp, ... (the "loop" order interleaved 1F1B expects). Each stage is a `Transformer` with
+The layers are split evenly into pp x virtual_stages stages, and rank r holds stages r, r + pp,
+r + 2·pp, ... (the "loop" order interleaved 1F1B expects): `launcher.contract.layout`'s
+`stage_layers` and `rank_stages`, which the memory estimator reads too. Each stage is a `Transformer` with
 the layers it does not hold removed; the first keeps the embedding, the last the final norm
 and the output weight, and layer names stay global so checkpoints reshard across layouts.
 
@@ -23,20 +25,15 @@ import copy
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from entrypoints.config import ParallelConfig
+from launcher.contract.config import ParallelConfig
+from launcher.contract.layout import stage_layers
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
-def stage_ids(pp_rank: int, pp_size: int, virtual_stages: int) -> list[int]:
-    return [pp_rank + v * pp_size for v in range(virtual_stages)]
-
-
 def split_model(model, stage_index: int, num_stages: int):
     """A copy of the (meta) model holding only stage `stage_index` of `num_stages`."""
-    num_layers = len(model.layers)
-    per_stage = num_layers // num_stages
-    keep = {str(i) for i in range(stage_index * per_stage, (stage_index + 1) * per_stage)}
+    keep = {str(i) for i in stage_layers(len(model.layers), num_stages, stage_index)}
     part = copy.deepcopy(model)
     for key in list(part.layers):
         if key not in keep:

@@ -20,6 +20,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from launcher.contract.fp8 import collective_backend
+
 TIMEOUT = timedelta(minutes=30)
 
 
@@ -56,11 +58,12 @@ def process_group(device_type: str):
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    backend = collective_backend(device_type)
     if device_type == "cuda":
-        device, backend = torch.device("cuda", local_rank), "nccl"
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
-        device, backend = torch.device("cpu"), "gloo"
+        device = torch.device("cpu")
     options = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(
         backend, store=_store(rank, world_size), rank=rank, world_size=world_size, timeout=TIMEOUT, **options

@@ -22,8 +22,9 @@ from launcher.backends import local_runner as runner
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.tail import follow_file
 from launcher.bundle import Bundle
+from launcher.contract.metrics import SUMMARY_PREFIX, parse_fields
 from launcher.errors import LauncherError, UsageError
-from launcher.jobs import job_dir, job_dir_placement, launcher_home, write_json
+from launcher.registry import job_dir, job_dir_placement, launcher_home, write_json
 from launcher.spec import JobSpec, Placement
 
 METRICS_FILE = "metrics.jsonl"
@@ -34,19 +35,6 @@ def torchrun_argv(command: tuple[str, ...]) -> list[str]:
     """The spec's argv with `torchrun` run by this Python, so the job uses this environment's torch."""
     assert command[0] == "torchrun", command
     return [sys.executable, "-m", "torch.distributed.run", *command[1:]]
-
-
-def parse_key_values(line: str) -> dict[str, float | str]:
-    """`summary loss=2.1 tokens_per_s_per_gpu=310.5` as a dict (numbers where they parse)."""
-    values: dict[str, float | str] = {}
-    for token in line.split()[1:]:
-        key, sep, text = token.partition("=")
-        if sep:
-            try:
-                values[key] = float(text)
-            except ValueError:
-                values[key] = text
-    return values
 
 
 class LocalBackend(Backend):
@@ -240,6 +228,6 @@ def _summary(log: Path, max_bytes: int = 65536) -> dict[str, float | str]:
         f.seek(max(0, log.stat().st_size - max_bytes))
         lines = f.read().decode(errors="replace").splitlines()
     for line in reversed(lines):
-        if line.startswith("summary "):
-            return parse_key_values(line)
+        if line.startswith(f"{SUMMARY_PREFIX} "):
+            return parse_fields(line)
     return {}

@@ -19,8 +19,9 @@ from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Ren
 from launcher.backends.cloudwatch import LOG_GROUP, log_lines
 from launcher.backends.images import training_image
 from launcher.bundle import ARCHIVE_NAME, Bundle, unpack_entrypoint
+from launcher.contract.metrics import METRIC_REGEXES
 from launcher.errors import LauncherError, UsageError
-from launcher.spec import METRIC_KEYS, JobSpec, Placement
+from launcher.spec import JobSpec, Placement, SageMakerSettings
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 OUTPUT_DIR = "/opt/ml/output/data"
@@ -28,20 +29,20 @@ CHANNELS_DIR = "/opt/ml/input/data"
 CODE_DIR = "/opt/ml/code"
 ROLE_EXAMPLE = "arn:aws:iam::<account>:role/<SageMakerExecutionRole>"
 
-_FLOAT = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
-
-
-def _metric_regex(key: str) -> str:
-    # Fields are space separated after `metrics step=N`; the space before the key keeps `loss`
-    # from matching inside another key. No anchor: the platform may prefix the line.
-    return r"metrics step=(\d+)" if key == "step" else rf"metrics step=\d+.* {key}={_FLOAT}"
-
-
-# SageMaker reads these from the job's log lines (contract 2) into CloudWatch metrics.
-METRIC_DEFINITIONS = [{"Name": f"train:{key}", "Regex": _metric_regex(key)} for key in METRIC_KEYS]
+# SageMaker reads these from the job's log lines (launcher.contract.metrics) into CloudWatch metrics.
+METRIC_DEFINITIONS = [{"Name": f"train:{key}", "Regex": regex} for key, regex in METRIC_REGEXES.items()]
 
 
 # --- where things go ---------------------------------------------------------------------------
+
+
+def settings(spec: JobSpec) -> SageMakerSettings:
+    """The spec's SageMaker part; a spec built for another backend has none."""
+    if spec.sagemaker is None:
+        raise UsageError(
+            f"{spec.name} is a {spec.backend} spec with no SageMaker settings; build it with backend='sagemaker'"
+        )
+    return spec.sagemaker
 
 
 def role_account(role_arn: str) -> str:
@@ -60,7 +61,7 @@ class Locations:
 
     @classmethod
     def of(cls, spec: JobSpec) -> Locations:
-        cloud = spec.cloud
+        cloud = settings(spec)
         if cloud.output_uri:
             root = cloud.output_uri.rstrip("/")
             bucket, default = root.removeprefix("s3://").split("/", 1)[0], False
@@ -81,7 +82,7 @@ class Locations:
 
 def create_training_job_request(spec: JobSpec, *, code_uri: str, locations: Locations) -> dict:
     """The CreateTrainingJob request for `spec`: what dry-run prints and submit sends."""
-    cloud, resources = spec.cloud, spec.resources
+    cloud, resources = settings(spec), spec.resources
     environment = {
         **spec.env,
         "LAUNCHER_BUNDLE": f"{CHANNELS_DIR}/code/{ARCHIVE_NAME}",
@@ -137,23 +138,23 @@ def create_training_job_request(spec: JobSpec, *, code_uri: str, locations: Loca
         "CheckpointConfig": {"S3Uri": locations.checkpoints, "LocalPath": spec.checkpoint_dir},
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run_s},
         "EnableManagedSpotTraining": spec.spot,
-        "EnableNetworkIsolation": spec.networking.isolation,
-        "EnableInterContainerTrafficEncryption": spec.networking.encrypt_inter_node,
+        "EnableNetworkIsolation": cloud.networking.isolation,
+        "EnableInterContainerTrafficEncryption": cloud.networking.encrypt_inter_node,
         "Environment": environment,
         "Tags": [{"Key": k, "Value": v} for k, v in (*spec.tags, ("launcher:recipe", spec.recipe_name))],
     }
     if spec.spot:
-        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = spec.max_wait_s
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = cloud.max_wait_s
     if cloud.kms_key_id:
         request["OutputDataConfig"]["KmsKeyId"] = cloud.kms_key_id
         request["ResourceConfig"]["VolumeKmsKeyId"] = cloud.kms_key_id
-    if spec.networking.subnets:
+    if cloud.networking.subnets:
         request["VpcConfig"] = {
-            "Subnets": list(spec.networking.subnets),
-            "SecurityGroupIds": list(spec.networking.security_group_ids),
+            "Subnets": list(cloud.networking.subnets),
+            "SecurityGroupIds": list(cloud.networking.security_group_ids),
         }
-    if cloud.retries:
-        request["RetryStrategy"] = {"MaximumRetryAttempts": cloud.retries}
+    if spec.retries:
+        request["RetryStrategy"] = {"MaximumRetryAttempts": spec.retries}
     return request
 
 
@@ -176,7 +177,7 @@ class SageMakerBackend(Backend):
 
     def problems(self, spec: JobSpec) -> list[str]:
         problems = super().problems(spec)
-        if not spec.cloud.role_arn:
+        if not settings(spec).role_arn:
             problems.append(
                 f"sagemaker.role_arn: not set; the job runs as an IAM execution role: add it to the recipe's sagemaker "
                 f"section or pass --set sagemaker.role_arn={ROLE_EXAMPLE}"
@@ -203,7 +204,7 @@ class SageMakerBackend(Backend):
 
     def _submit(self, rendering: Rendering) -> JobRef:
         spec = rendering.spec
-        region = spec.cloud.region
+        region = settings(spec).region
         locations: Locations = rendering.payload["locations"]
         upload_bundle(rendering.payload["bundle"], rendering.payload["code_uri"], locations, spec)
         sm = aws.client("sagemaker", region)
@@ -341,7 +342,7 @@ def upload_bundle(bundle: Bundle, code_uri: str, locations: Locations, spec: Job
     """Put the bundle at its content-addressed key, unless an identical object is already there."""
     from botocore.exceptions import ClientError
 
-    region = spec.cloud.region
+    region = settings(spec).region
     s3 = aws.client("s3", region)
     bucket, key = code_uri.removeprefix("s3://").split("/", 1)
     try:
@@ -355,8 +356,9 @@ def upload_bundle(bundle: Bundle, code_uri: str, locations: Locations, spec: Job
             if error.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
                 raise
         extra = {"ContentType": "application/gzip", "Metadata": {"sha256": bundle.sha256}}
-        if spec.cloud.kms_key_id:
-            extra.update(ServerSideEncryption="aws:kms", SSEKMSKeyId=spec.cloud.kms_key_id)
+        kms_key_id = settings(spec).kms_key_id
+        if kms_key_id:
+            extra.update(ServerSideEncryption="aws:kms", SSEKMSKeyId=kms_key_id)
         with _progress(len(bundle.data), f"uploading code to {code_uri}") as advance:
             s3.upload_fileobj(io.BytesIO(bundle.data), bucket, key, ExtraArgs=extra, Callback=advance)
     except LauncherError:

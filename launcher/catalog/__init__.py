@@ -15,6 +15,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from launcher.contract.text import choices  # noqa: F401  (catalog.choices: how messages list valid values)
+
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -136,9 +138,3 @@ def instance_types() -> dict[str, InstanceType]:
 
 def _host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def choices(names) -> str:
-    """'a, b or c': how error messages list what would be valid."""
-    names = [str(n) for n in names]
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]

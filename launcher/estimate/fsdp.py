@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from math import ceil
 
+from launcher.contract.fp8 import collective_backend, float8_all_gather
+from launcher.contract.layout import layers_per_rank, rank_stages, stage_layers
 from launcher.estimate.memory import StageMemory, Workload, empty_breakdown
 from launcher.estimate.overheads import device_overheads
 from launcher.estimate.pipeline import first_backward
@@ -131,11 +133,8 @@ def _checkpointed_on_rank(workload: Workload, rank: int) -> int:
     """How many of the layers pipeline rank `rank` holds are checkpointed (its stages are
     rank, rank + p, ... of p x v, each a contiguous run of layers)."""
     layout, mode = workload.layout, workload.activation_checkpointing
-    per_stage = workload.arch.num_layers // layout.num_stages
-    return sum(
-        _checkpointed_below(mode, (s + 1) * per_stage) - _checkpointed_below(mode, s * per_stage)
-        for s in range(rank, layout.num_stages, layout.pipeline)
-    )
+    runs = (stage_layers(workload.arch.num_layers, layout.num_stages, s) for s in rank_stages(rank, layout))
+    return sum(_checkpointed_below(mode, run.stop) - _checkpointed_below(mode, run.start) for run in runs)
 
 
 class _Context:
@@ -147,15 +146,15 @@ class _Context:
         self.w, self.device = workload, device
         self.cb = FP32 if workload.dtype == "fp32" else 2
         # Float8 collectives exist on nccl only; gloo (the CPU) all-gathers in the compute dtype.
-        float8_all_gather = workload.fp8 and workload.fp8_recipe == "tensorwise" and device == "cuda"
-        self.block = _Block(workload, self.cb, float8_all_gather=float8_all_gather)
+        gather = float8_all_gather(fp8=workload.fp8, fp8_recipe=workload.fp8_recipe, backend=collective_backend(device))
+        self.block = _Block(workload, self.cb, float8_all_gather=gather)
         self.loss = _Loss(workload, self.cb)
 
 
 def stage_peaks(workload: Workload, *, device: str = "cuda") -> list[StageMemory]:
     """Each pipeline rank at its largest moment, with the device overheads added."""
     context = _Context(workload, device)
-    layers = workload.arch.num_layers // workload.layout.pipeline
+    layers = layers_per_rank(workload.arch.num_layers, workload.layout)
     stages = []
     for rank in range(workload.layout.pipeline):
         found = _rank_moments(context, rank)
@@ -172,7 +171,7 @@ def saved_activation_bytes(workload: Workload, *, rank: int = 0) -> int:
     checkpointing reduce and longer sequences increase."""
     context = _Context(workload, "cuda")
     block, cb = context.block, context.cb
-    layers = workload.arch.num_layers // workload.layout.pipeline
+    layers = layers_per_rank(workload.arch.num_layers, workload.layout)
     checkpointed = _checkpointed_on_rank(workload, rank)
     total = checkpointed * block.layer_input + (layers - checkpointed) * block.saved
     if rank == workload.layout.pipeline - 1:
@@ -200,7 +199,7 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
     shard = layout.fsdp_shard
     first, last = rank == 0, rank == p - 1
     tokens = _tokens(w)
-    n = arch.num_layers // p
+    n = layers_per_rank(arch.num_layers, layout)
 
     vocab_matrix = V * h / t
     root_params = (vocab_matrix if first else 0) + ((0 if arch.tie_embeddings else vocab_matrix) + h if last else 0)
@@ -310,10 +309,10 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     """
     layout = w.layout
     p, v, m = layout.pipeline, layout.virtual_stages, w.grad_accum_steps
-    n = w.arch.num_layers // p
+    n = layers_per_rank(w.arch.num_layers, layout)
     tokens = _tokens(w)
     schedule = first_backward(rank, layout, w.pipeline_schedule, m)
-    stages = range(rank, p * v, p)
+    stages = rank_stages(rank, layout)
     last_stage = p * v - 1
     boundary = cb * tokens / layout.tensor * w.arch.hidden_size
     receive_buffers = boundary * m * sum((s > 0) + (s < last_stage) for s in stages)

@@ -14,9 +14,9 @@ FP8 is not part of the published accounting and does not change this mode's numb
 from __future__ import annotations
 
 from launcher.catalog import ModelArch
+from launcher.contract.layout import Layout, layers_per_rank
 from launcher.estimate.memory import StageMemory, Workload, empty_breakdown
-from launcher.estimate.pipeline import in_flight, layers_per_rank
-from launcher.layout import Layout
+from launcher.estimate.pipeline import in_flight
 
 FP32 = 4
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from launcher.catalog import Accelerator, ModelArch, choices
+from launcher.contract.layout import Layout
 from launcher.errors import UsageError
-from launcher.layout import Layout
 
 Mode = Literal["fsdp", "megatron"]
 MODES: tuple[str, ...] = ("fsdp", "megatron")

@@ -6,7 +6,7 @@ CUDA devices only; a CPU run has none of them.
 
 from __future__ import annotations
 
-from launcher.layout import Layout
+from launcher.contract.layout import Layout
 
 GIB = 2**30
 MIB = 2**20

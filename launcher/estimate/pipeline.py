@@ -1,7 +1,7 @@
 """Pipeline schedules: how many micro-batches a rank holds at once, read from torch's code.
 
 Layers split evenly into p*v stages; pipeline rank r holds stages r, r+p, ..., r+(v-1)p
-(torch.distributed.pipelining's interleaved placement). Stage 0 has the embedding; the last
+(torch.distributed.pipelining's interleaved placement; `launcher.contract.layout.rank_stages`). Stage 0 has the embedding; the last
 stage, which rank p-1 holds, has the final norm and the output layer. A "chunk" is one stage
 of one micro-batch: 1/v of a rank's layers.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.layout import Layout
+from launcher.contract.layout import Layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,3 @@ def first_backward(rank: int, layout: Layout, schedule: str, microbatches: int) 
 def in_flight(rank: int, layout: Layout, schedule: str, microbatches: int) -> float:
     """The most micro-batches' activations a rank holds at once, in units of all its layers."""
     return first_backward(rank, layout, schedule, microbatches).forwards / layout.virtual_stages
-
-
-def layers_per_rank(num_layers: int, layout: Layout) -> int:
-    return num_layers // layout.pipeline

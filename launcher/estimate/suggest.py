@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from launcher.contract.layout import Layout, tensor_choices
 from launcher.estimate.memory import (
     DEFAULT_THRESHOLD,
     MemoryEstimate,
@@ -21,8 +22,7 @@ from launcher.estimate.memory import (
     estimate_workload,
     format_bytes,
 )
-from launcher.layout import Layout
-from launcher.recipe.rules import layout_problems, tensor_choices
+from launcher.recipe.rules import layout_problems
 
 if TYPE_CHECKING:
     from launcher.recipe import Recipe

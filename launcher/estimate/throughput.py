@@ -39,8 +39,9 @@ from math import ceil
 from typing import Any
 
 from launcher.catalog import Accelerator, ModelArch
+from launcher.contract.fp8 import collective_backend, float8_all_gather
+from launcher.contract.layout import Layout, layers_per_rank
 from launcher.errors import UsageError
-from launcher.layout import Layout
 
 GB = 1e9
 
@@ -301,7 +302,7 @@ def predict(
     t, c, p, v = layout.tensor, layout.context, layout.pipeline, layout.virtual_stages
     shard, replicas = layout.fsdp_shard, layout.data_replicate
     b, s, m = micro_batch_size, seq_len, grad_accum_steps
-    layers = -(-arch.num_layers // p)  # the heaviest rank, if layers do not split evenly
+    layers = layers_per_rank(arch.num_layers, layout)
     recompute = AC_RECOMPUTE[activation_checkpointing]
     fp8 = fp8 and accelerator.has_fp8
 
@@ -349,8 +350,8 @@ def predict(
     forward_ew_s = fused * forward_bytes * rows / t / hbm
     cast_forward_s = 0.0
     # Tensorwise FP8 on NCCL all-gathers float8 weights (FSDP) and activations (TP): the entrypoints'
-    # fp8.py. Weights are then cast on the local shard before the gather.
-    fp8_gather = fp8 and fp8_recipe == "tensorwise"
+    # fp8.py. Weights are then cast on the local shard before the gather. Predictions are for GPUs.
+    fp8_gather = float8_all_gather(fp8=fp8, fp8_recipe=fp8_recipe, backend=collective_backend("cuda"))
     if fp8:
         # Forward casts: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each), the inputs of wo and
         # w2 (h/t, f/t) and this rank's weights; backward casts as many again (gradients, transposes).

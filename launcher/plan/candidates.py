@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from launcher.catalog import ModelArch
-from launcher.layout import Layout
-from launcher.recipe.rules import divisors, layout_problems, tensor_choices
+from launcher.contract.layout import Layout, divisors, seq_len_divisor, tensor_choices
+from launcher.recipe.rules import layout_problems
 
 MAX_VIRTUAL_STAGES = 8
 """Interleaving beyond 8 stages per rank gains little bubble and costs a send/recv per stage."""
@@ -52,7 +52,7 @@ def shapes(
         if world_size % t or seq_len % t:
             continue
         for c in divisors(world_size // t):
-            if c > 1 and seq_len % (2 * c * t):
+            if seq_len % seq_len_divisor(c, t):
                 continue
             for p in divisors(world_size // (t * c)):
                 if layers % p:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.contract.layout import Layout
 from launcher.estimate import MemoryEstimate
 from launcher.estimate.throughput import Throughput
-from launcher.layout import Layout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,15 +10,14 @@ import yaml
 from pydantic import PrivateAttr, ValidationError, model_validator
 
 from launcher.catalog import ModelArch
+from launcher.contract.config import FORMAT as RESOLVED_FORMAT
+from launcher.contract.layout import Layout
 from launcher.errors import Problem, RecipeError
-from launcher.layout import Layout
 from launcher.recipe import rules
 from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw, parse_set_options
 from launcher.recipe.messages import problems_from_validation
 from launcher.recipe.resolve import Hardware, resolve_hardware, resolve_model
 from launcher.recipe.schema import RecipeSpec
-
-RESOLVED_FORMAT = 1
 
 
 class RuleViolations(ValueError):

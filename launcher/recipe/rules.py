@@ -1,16 +1,19 @@
 """Rules that relate a recipe's fields to each other and to the hardware.
 
-`layout_problems` is what the planner calls for every layout it considers, so a layout the
-planner proposes can never be one the recipe layer rejects.
+The layout rules themselves live in `launcher.contract.layout`, shared with the entrypoints;
+`layout_problems` returns them as recipe Problems. It is what the planner calls for every layout
+it considers, so a layout the planner proposes can never be one the recipe layer rejects. The
+rest here are the hardware, SageMaker and training rules.
 """
 
 from __future__ import annotations
 
 import re
 
-from launcher.catalog import ModelArch, choices
+from launcher.catalog import ModelArch
+from launcher.contract import layout as contract_layout
+from launcher.contract.layout import Layout, fill_data_shard
 from launcher.errors import Problem
-from launcher.layout import Layout, fill_data_shard
 from launcher.recipe.resolve import Hardware
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S, RecipeSpec
 
@@ -24,15 +27,6 @@ KMS_KEY_RE = re.compile(r"^[a-zA-Z0-9:/_\-]+$")
 IMAGE_RE = re.compile(r"^[\S]{1,255}$")
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def tensor_choices(arch: ModelArch, gpus_per_node: int) -> list[int]:
-    """TP degrees that split both query and KV heads evenly and stay inside one node."""
-    return [t for t in divisors(arch.num_kv_heads) if arch.num_heads % t == 0 and t <= gpus_per_node]
-
-
 def layout_problems(
     layout: Layout,
     arch: ModelArch,
@@ -43,100 +37,18 @@ def layout_problems(
     gpus_per_node: int,
     schedule: str,
 ) -> list[Problem]:
-    """Every rule a parallel layout must satisfy for this model and batch."""
-    problems = []
-    t, c, p, v = layout.tensor, layout.context, layout.pipeline, layout.virtual_stages
-
-    if arch.num_heads % t or arch.num_kv_heads % t:
-        heads = arch.num_heads if arch.num_heads % t else arch.num_kv_heads
-        kind = "attention heads" if arch.num_heads % t else "KV heads"
-        problems.append(
-            Problem(
-                "parallel.tensor",
-                f"{t} does not divide {heads} {kind}; use {choices(tensor_choices(arch, gpus_per_node))}",
-            )
-        )
-    elif t > gpus_per_node:
-        problems.append(
-            Problem(
-                "parallel.tensor",
-                f"{t} exceeds the {gpus_per_node} GPUs of one node; tensor parallelism needs NVLink, use {choices(tensor_choices(arch, gpus_per_node))}",
-            )
-        )
-
-    stages = p * v
-    if arch.num_layers % stages:
-        valid_p = [d // v for d in divisors(arch.num_layers) if d % v == 0]
-        where = "parallel.pipeline" if v == 1 else "parallel.virtual_stages"
-        fix = f"use pipeline {choices(valid_p)}" if valid_p else f"use virtual_stages dividing {arch.num_layers}"
-        problems.append(
-            Problem(
-                where,
-                f"pipeline {p} x virtual_stages {v} = {stages} stages do not divide {arch.num_layers} layers; {fix}",
-            )
-        )
-    if v > 1 and schedule != "interleaved_1f1b":
-        problems.append(
-            Problem(
-                "parallel.virtual_stages",
-                f"{v} stages per rank need pipeline_schedule: interleaved_1f1b, not {schedule}",
-            )
-        )
-    if schedule == "interleaved_1f1b" and v < 2:
-        problems.append(
-            Problem(
-                "parallel.pipeline_schedule",
-                "interleaved_1f1b needs virtual_stages of 2 or more; set virtual_stages or use 1f1b",
-            )
-        )
-    if v > 1 and p == 1:
-        problems.append(
-            Problem("parallel.virtual_stages", f"{v} needs pipeline > 1; virtual stages interleave pipeline ranks")
-        )
-    if arch.tie_embeddings and p > 1:
-        # The first stage owns the embedding and the last the output layer; tying them would
-        # need a cross-stage gradient all-reduce the entrypoints do not do.
-        problems.append(
-            Problem("parallel.pipeline", f"{p} splits a model with tied embeddings over stages; use pipeline: 1")
-        )
-
-    # Zigzag CP cuts the sequence into 2c chunks; sequence parallel then splits each rank's
-    # tokens over the tensor group.
-    divisor = 2 * c * t if c > 1 else t
-    if seq_len % divisor:
-        why = f"2 x context {c} x tensor {t}" if c > 1 else f"tensor {t} (sequence parallel)"
-        lower = seq_len - seq_len % divisor
-        hint = f"{lower} or {lower + divisor}" if lower else f"{divisor}"
-        problems.append(
-            Problem("training.seq_len", f"{seq_len} is not divisible by {why} = {divisor}; use e.g. {hint}")
-        )
-
-    dp = layout.data_parallel
-    per_step = micro_batch_size * dp
-    if global_batch_size % per_step:
-        problems.append(
-            Problem(
-                "training.global_batch_size",
-                f"{global_batch_size} is not a multiple of micro_batch_size {micro_batch_size} x data-parallel size {dp} = {per_step}; use a multiple of {per_step}",
-            )
-        )
-    elif p > 1:
-        microbatches = global_batch_size // per_step
-        if microbatches < p:
-            problems.append(
-                Problem(
-                    "training.global_batch_size",
-                    f"{global_batch_size} gives {microbatches} micro-batches per step, fewer than the {p} pipeline stages; use at least {p * per_step}",
-                )
-            )
-        elif schedule == "interleaved_1f1b" and microbatches % p:
-            problems.append(
-                Problem(
-                    "training.global_batch_size",
-                    f"interleaved 1F1B needs micro-batches per step ({microbatches}) divisible by pipeline {p}; use a multiple of {p * per_step}",
-                )
-            )
-    return problems
+    """Every rule a parallel layout must satisfy for this model and batch: the contract's rules,
+    which the entrypoints check again on the resolved config, as recipe Problems."""
+    found = contract_layout.layout_problems(
+        layout,
+        arch,
+        seq_len=seq_len,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        gpus_per_node=gpus_per_node,
+        schedule=schedule,
+    )
+    return [Problem(path, message) for path, message in found]
 
 
 def resolve_layout(spec: RecipeSpec, world_size: int, hardware_text: str) -> tuple[Layout | None, list[Problem]]:

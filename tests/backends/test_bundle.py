@@ -1,4 +1,5 @@
-"""The code bundle: deterministic bytes, no caches or secrets, resolved.json at the root."""
+"""The code bundle: deterministic bytes, no caches or secrets, resolved.json at the root, and the
+contract the entrypoints import (nothing else of the launcher) beside them."""
 
 from __future__ import annotations
 
@@ -46,14 +47,20 @@ def test_a_changed_recipe_changes_the_hash(source):
 def test_members_are_sorted_with_fixed_owner_time_and_mode(source):
     infos = members(Bundle.build(RESOLVED, source))
     names = [i.name for i in infos]
+    contract = sorted(f"launcher/contract/{p.name}" for p in (REPO / "launcher" / "contract").glob("*.py"))
     assert names == [
         "entrypoints",
         "entrypoints/model",
         "entrypoints/model/llama.py",
         "entrypoints/run.sh",
         "entrypoints/train.py",
+        "launcher",
+        "launcher/__init__.py",
+        "launcher/contract",
+        *contract,
         "resolved.json",
     ]
+    assert "launcher/contract/config.py" in contract and "launcher/contract/layout.py" in contract
     assert {(i.uid, i.gid, i.uname, i.gname, i.mtime) for i in infos} == {(0, 0, "", "", FIXED_MTIME)}
     modes = {i.name: i.mode for i in infos}
     assert modes["entrypoints/run.sh"] == 0o755 and modes["entrypoints/train.py"] == 0o644
@@ -80,7 +87,8 @@ def test_caches_vcs_data_and_secrets_stay_out(source, unwanted):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("secret")
     bundle = Bundle.build(RESOLVED, source)
-    assert not any(unwanted.split("/")[-1] in i.name for i in members(bundle))
+    packed = [i.name for i in members(bundle) if i.name.startswith("entrypoints/")]
+    assert not any(unwanted.split("/")[-1] in name for name in packed)
     assert bundle.data == Bundle.build(RESOLVED, source).data
 
 
@@ -117,3 +125,48 @@ def test_finds_the_entrypoints_shipped_inside_an_installed_wheel(tmp_path):
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.stdout.strip() == str(site / "launcher" / "_entrypoints"), out.stderr
+
+
+# Run in a fresh interpreter: keep only the bundle and the directories that hold torch on the
+# path, drop the editable-install finder that maps `launcher` to this checkout, import every
+# entrypoints module, and report where each launcher/entrypoints module came from.
+_IMPORT_ALL = """
+import importlib, importlib.machinery, json, pathlib, sys
+bundle = pathlib.Path(sys.argv[1])
+sys.meta_path[:] = [f for f in sys.meta_path if f in (importlib.machinery.BuiltinImporter,
+                    importlib.machinery.FrozenImporter, importlib.machinery.PathFinder)]
+sys.path[:] = [str(bundle)] + [p for p in sys.path if p and not pathlib.Path(p, "launcher").exists()
+                               and not pathlib.Path(p, "entrypoints").exists()]
+sys.path_importer_cache.clear()
+names = sorted(".".join(p.relative_to(bundle).with_suffix("").parts).removesuffix(".__init__")
+               for p in (bundle / "entrypoints").rglob("*.py"))
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({name: getattr(module, "__file__", None) for name, module in sys.modules.items()
+                  if name.split(".")[0] in ("launcher", "entrypoints", "pydantic", "yaml", "boto3")}))
+"""
+
+
+def test_the_entrypoints_import_from_an_unpacked_bundle_with_nothing_else_of_the_launcher(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = Bundle.build(RESOLVED).extract(tmp_path / "code")
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL, str(root)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "entrypoints.train" in loaded and "entrypoints.parallel.pipeline" in loaded
+    assert {name for name in loaded if name.startswith("launcher")} == {
+        "launcher",
+        "launcher.contract",
+        "launcher.contract.config",
+        "launcher.contract.fp8",
+        "launcher.contract.layout",
+        "launcher.contract.metrics",
+        "launcher.contract.text",
+    }
+    outside = {name: path for name, path in loaded.items() if not path or not path.startswith(str(root))}
+    assert outside == {}, f"imported from outside the bundle: {outside}"

@@ -160,16 +160,22 @@ def test_metric_definitions_ignore_other_lines_and_nan():
     assert re.search(METRIC_DEFINITIONS[5]["Regex"], "[algo-1] metrics step=1 loss=2 mfu=1e-3").group(1) == "1e-3"
 
 
-def test_metric_keys_are_the_fields_the_entrypoints_print():
-    # Read entrypoints/metrics.py as text: importing it would import torch.
+def test_metric_definitions_read_every_key_of_the_line_the_entrypoints_print():
+    # Read entrypoints/metrics.py as text (importing it would import torch): it prints its lines
+    # with the contract's metrics_line, so the definitions read what the entrypoints print.
     import ast
 
-    from launcher.spec import METRIC_KEYS
+    from launcher.contract.metrics import METRIC_KEYS, metrics_line
 
     tree = ast.parse((REPO / "entrypoints" / "metrics.py").read_text())
-    (fields,) = [
-        ast.literal_eval(node.value)
-        for node in tree.body
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "STEP_FIELDS" for t in node.targets)
-    ]
-    assert tuple(fields) == METRIC_KEYS
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "launcher.contract.metrics"
+        for alias in node.names
+    }
+    assert "metrics_line" in imported
+    record = {key: 7 if key == "step" else 0.25 * (i + 1) for i, key in enumerate(METRIC_KEYS)}
+    line = metrics_line(record)
+    values = {m["Name"]: float(re.search(m["Regex"], line).group(1)) for m in METRIC_DEFINITIONS}
+    assert values == {f"train:{key}": float(value) for key, value in record.items()}

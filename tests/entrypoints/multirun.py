@@ -23,10 +23,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from entrypoints.config import load_config  # noqa: E402
 from entrypoints.parallel.context import ContextParallelAttention, shard_sequence  # noqa: E402
 from entrypoints.parallel.process_group import process_group  # noqa: E402
 from entrypoints.train import train  # noqa: E402
+from launcher.contract.config import load_config  # noqa: E402
 
 
 def run_train(job: dict, env) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from entrypoints import train
-from entrypoints.config import ConfigError, JobConfig, load_config
+from launcher.contract.config import ConfigError, JobConfig, load_config
 from launcher.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_rejects_tied_embeddings_split_into_pipeline_stages(resolved):
     broken = copy.deepcopy(resolved)
     broken["model"]["tie_embeddings"] = True
     broken["parallel"].update(tensor=1, pipeline=2, grad_accum_steps=2)
-    with pytest.raises(ConfigError, match=r"^parallel\.pipeline: a model with tied embeddings cannot be split"):
+    with pytest.raises(ConfigError, match=r"^parallel\.pipeline: 2 splits a model with tied embeddings over stages"):
         JobConfig.from_dict(broken)
 
 

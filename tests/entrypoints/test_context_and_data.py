@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from entrypoints.config import ConfigError
 from entrypoints.data import DataLoader, SyntheticTokens, TokenFiles, token_files
 from entrypoints.parallel.context import shard_sequence, unshard_sequence, zigzag_attention, zigzag_positions
+from launcher.contract.config import ConfigError
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from entrypoints.config import ModelConfig, RopeScaling
 from entrypoints.model.init import canonical_name, init_std, materialize
 from entrypoints.model.llama import apply_rotary, build_model, rope_inv_freq, rope_table
 from entrypoints.model.loss import chunk_tokens, linear_cross_entropy
+from launcher.contract.config import ModelConfig, RopeScaling
 
 LLAMA31_SCALING = RopeScaling(
     type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_context=8192

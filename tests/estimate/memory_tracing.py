@@ -324,11 +324,11 @@ def trace_resolved(resolved: dict, *, stage: int = 0, dump_at: int | None = None
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from entrypoints.config import JobConfig
     from entrypoints.fp8 import fp8_settings
     from entrypoints.optim import Optimizers, clip_grad_norm
     from entrypoints.parallel.mesh import build_mesh
     from entrypoints.parallel.parallelize import build_model_parts
+    from launcher.contract.config import JobConfig
 
     apply_tracing_patches()
     cfg = JobConfig.from_dict(resolved)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from launcher.catalog import accelerators, models
+from launcher.contract.layout import Layout
 from launcher.estimate import fsdp
 from launcher.estimate.memory import ALLOCATED_COMPONENTS, Workload, estimate_workload
 from launcher.estimate.overheads import CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION, NCCL_BYTES_PER_COMMUNICATOR
-from launcher.layout import Layout
 
 TINY = models()["llama-tiny"]
 H100 = accelerators()["h100-80gb"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from launcher.catalog import accelerators, models
+from launcher.contract.layout import Layout
 from launcher.estimate import megatron
 from launcher.estimate.memory import Workload, estimate_workload
-from launcher.layout import Layout
 
 TINY = models()["llama-tiny"]
 LAYOUT = Layout(tensor=2, context=2, pipeline=2, data_shard=2)

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.catalog import accelerators, models
+from launcher.contract.layout import Layout
 from launcher.estimate import fsdp, megatron
 from launcher.estimate.memory import COMPONENTS, Workload, estimate_workload
-from launcher.layout import Layout
 
 H200 = accelerators()["h200-141gb"]
 ARCHS = [models()[key] for key in ("llama3.1-8b", "llama3.1-70b", "mistral-7b", "llama3.2-1b", "llama-tiny")]

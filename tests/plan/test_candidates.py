@@ -7,9 +7,9 @@ import itertools
 import pytest
 
 from launcher import catalog
-from launcher.layout import Layout
+from launcher.contract.layout import Layout, divisors
 from launcher.plan.candidates import MAX_VIRTUAL_STAGES, shapes
-from launcher.recipe.rules import divisors, layout_problems
+from launcher.recipe.rules import layout_problems
 
 TINY = catalog.models()["llama-tiny"]  # 8 heads, 4 KV heads, 4 layers
 

@@ -8,6 +8,7 @@ import pytest
 
 from launcher import catalog
 from launcher.catalog import ModelArch
+from launcher.contract.layout import Layout
 from launcher.estimate.throughput import (
     BREAKDOWN,
     CONSTANTS,
@@ -17,7 +18,6 @@ from launcher.estimate.throughput import (
     predict,
     predict_recipe,
 )
-from launcher.layout import Layout
 from launcher.recipe import Recipe
 from tests import REPO
 
@@ -58,8 +58,8 @@ def test_model_flops_per_token_is_6n_plus_6_lhs_causal_by_hand():
 
 
 def test_mfu_counts_flops_as_the_entrypoints_log_them():
-    from entrypoints.config import ModelConfig
     from entrypoints.metrics import flops_per_token
+    from launcher.contract.config import ModelConfig
 
     fields = {k: v for k, v in LLAMA8B.model_dump().items() if k in ModelConfig.__dataclass_fields__}
     config = ModelConfig(name="llama3.1-8b", **{**fields, "rope_scaling": None})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher import catalog
-from launcher.recipe.rules import tensor_choices
+from launcher.contract.layout import tensor_choices
 
 # Parameter counts as published on each model card (billions, rounded as published).
 PUBLISHED_PARAMS_B = {

@@ -1,9 +1,11 @@
 """The resolved job config: the one file the entrypoints read.
 
 `launcher` writes it (``Recipe.resolved()``, ``"format": 1``); the entrypoints parse it into
-frozen stdlib dataclasses here and never import the launcher. Every field the training code
-uses is listed below with its meaning; a missing field or a wrong type is a `ConfigError`
-naming its key path, and a file of another format is refused with the format it expects.
+frozen stdlib dataclasses here (part of the contract both sides import, standard library only).
+Every field the training code uses is listed below with its meaning; a missing field or a wrong
+type is a `ConfigError` naming its key path, a layout the rules of `layout.py` refuse is one
+naming the recipe key to change, and a file of another format is refused with the format it
+expects.
 
     cfg = load_config("resolved.json")        # or JobConfig.from_dict(recipe.resolved())
     cfg.model.head_dim, cfg.parallel.fsdp_shard, cfg.training.seq_len
@@ -20,6 +22,8 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from launcher.contract.layout import Layout, layout_problems
 
 FORMAT = 1
 
@@ -115,54 +119,22 @@ class PrecisionConfig:
 
 
 @_config
-class ParallelConfig:
-    """Degrees of the 5-D mesh, outermost first: pp, dp_replicate, dp_shard, cp, tp."""
+class ParallelConfig(Layout):
+    """The layout's degrees (pp, dp_replicate, dp_shard, cp, tp; see `Layout`), how it schedules."""
 
-    tensor: int = 1
-    context: int = 1
-    pipeline: int = 1
-    data_replicate: int = 1
-    data_shard: int = 1
-    virtual_stages: int = 1
     pipeline_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
-    world_size: int
+    world_size: int = field()
+    """The product of the degrees, written out so that a config is never run on another world size."""
     grad_accum_steps: int
 
     def __post_init__(self):
-        product = self.pipeline * self.data_replicate * self.data_shard * self.context * self.tensor
+        product = Layout.world_size.fget(self)
         if product != self.world_size:
             raise ConfigError(
                 f"parallel: pipeline x data_replicate x data_shard x context x tensor = {product}, "
                 f"but world_size is {self.world_size}"
             )
-        if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved_1f1b":
-            raise ConfigError(
-                f"parallel.virtual_stages: {self.virtual_stages} needs pipeline_schedule interleaved_1f1b"
-            )
-
-    @property
-    def data_parallel(self) -> int:
-        """Ranks that read different data: HSDP replicas x FSDP shards."""
-        return self.data_replicate * self.data_shard
-
-    @property
-    def fsdp_shard(self) -> int:
-        """Ranks that shard parameters, gradients and optimizer states: dp_shard x cp."""
-        return self.data_shard * self.context
-
-    @property
-    def num_stages(self) -> int:
-        return self.pipeline * self.virtual_stages
-
-    def mesh_shape(self) -> dict[str, int]:
-        return {
-            "pp": self.pipeline,
-            "dp_replicate": self.data_replicate,
-            "dp_shard": self.data_shard,
-            "cp": self.context,
-            "tp": self.tensor,
-        }
 
 
 @_config
@@ -216,23 +188,17 @@ class JobConfig:
                 f"training.global_batch_size: {t.global_batch_size} != micro_batch_size {t.micro_batch_size} "
                 f"x data-parallel {p.data_parallel} x grad_accum_steps {p.grad_accum_steps}"
             )
-        divisor = 2 * p.context * p.tensor if p.context > 1 else p.tensor
-        if t.seq_len % divisor:
-            raise ConfigError(f"training.seq_len: {t.seq_len} is not divisible by {divisor} (zigzag context x tensor)")
-        if self.model.num_heads % p.tensor or self.model.num_kv_heads % p.tensor:
-            raise ConfigError(f"parallel.tensor: {p.tensor} does not divide the attention and KV head counts")
-        if self.model.num_layers % p.num_stages:
-            raise ConfigError(f"parallel: {p.num_stages} pipeline stages do not divide {self.model.num_layers} layers")
-        if self.model.tie_embeddings and p.pipeline > 1:
-            raise ConfigError(
-                "parallel.pipeline: a model with tied embeddings cannot be split into pipeline stages "
-                "(the first and last stage would share one weight); use pipeline 1"
-            )
-        if p.pipeline > 1 and p.grad_accum_steps < p.pipeline:
-            raise ConfigError(
-                f"training.global_batch_size: {p.grad_accum_steps} micro-batches per step are fewer than "
-                f"the {p.pipeline} pipeline stages"
-            )
+        problems = layout_problems(
+            p,
+            self.model,
+            seq_len=t.seq_len,
+            global_batch_size=t.global_batch_size,
+            micro_batch_size=t.micro_batch_size,
+            gpus_per_node=self.runtime.nproc_per_node,
+            schedule=p.pipeline_schedule,
+        )
+        if problems:
+            raise ConfigError(f"{problems[0].path}: {problems[0].message}")
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> JobConfig:

@@ -1,0 +1,12 @@
+"""What the launcher and the entrypoints agree on, in one place: standard library only.
+
+    config.py   the resolved config the entrypoints read (`Recipe.resolved()` writes it)
+    layout.py   the parallel layout, its validity rules and the pipeline stage split
+    metrics.py  the metric keys, the `metrics ...` / `summary ...` log lines and their regexes
+    fp8.py      when FP8 training all-gathers float8 weights
+    text.py     how messages list what would be valid
+
+The code bundle ships this package (with launcher/__init__.py, which imports nothing) beside
+entrypoints/, so the training processes import it with only torch installed. Nothing here may
+import anything but the standard library and this package.
+"""

@@ -1,0 +1,255 @@
+"""The parallel layout and every rule it must satisfy: plain integers, standard library only.
+
+A layout splits `world_size` GPUs into a 5-D mesh, outermost first:
+pp (pipeline) x dp_replicate (HSDP replicas) x dp_shard (FSDP) x cp (context) x tp (tensor).
+TP is innermost so it stays on NVLink inside a node; CP next, because its K/V all-gathers are
+the next most frequent collective. The entrypoints build their DeviceMesh in this same order.
+
+The launcher (recipe validation, the planner, the estimator) and the entrypoints (the resolved
+config, the pipeline split) both read the rules here, so a layout one side accepts is one the
+other runs. Rules return `LayoutProblem(path, message)`: a recipe key path and one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import NamedTuple, Protocol
+
+from launcher.contract.text import choices
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    tensor: int = 1
+    context: int = 1
+    pipeline: int = 1
+    data_replicate: int = 1
+    data_shard: int = 1
+    virtual_stages: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline * self.data_replicate * self.data_shard * self.context * self.tensor
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that see different data: HSDP replicas times FSDP shards."""
+        return self.data_replicate * self.data_shard
+
+    @property
+    def fsdp_shard(self) -> int:
+        """Ranks that shard parameters, gradients and optimizer states: dp_shard x cp."""
+        return self.data_shard * self.context
+
+    @property
+    def num_stages(self) -> int:
+        return self.pipeline * self.virtual_stages
+
+    def mesh_shape(self) -> dict[str, int]:
+        return dict(
+            zip(
+                MESH_DIMS,
+                (self.pipeline, self.data_replicate, self.data_shard, self.context, self.tensor),
+                strict=True,
+            )
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        """The six degrees (subclasses such as the entrypoints' ParallelConfig add more fields)."""
+        return {f.name: getattr(self, f.name) for f in fields(Layout)}
+
+    def __str__(self) -> str:
+        parts = [f"{name}{size}" for name, size in self.mesh_shape().items() if size > 1]
+        if self.virtual_stages > 1:
+            parts.append(f"v{self.virtual_stages}")
+        return "x".join(parts) or "single"
+
+
+def fill_data_shard(*, world_size: int, tensor: int, context: int, pipeline: int, data_replicate: int) -> int | None:
+    """The data_shard that makes the product equal world_size, or None if none does."""
+    others = tensor * context * pipeline * data_replicate
+    if others > world_size or world_size % others:
+        return None
+    return world_size // others
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# --- the sequence and the pipeline split ---------------------------------------------------------
+
+
+def seq_len_divisor(context: int, tensor: int) -> int:
+    """What seq_len must be a multiple of: zigzag context parallelism cuts the sequence into
+    2 x context chunks, and sequence parallelism splits each rank's tokens over the tensor group."""
+    return 2 * context * tensor if context > 1 else tensor
+
+
+def stage_layers(num_layers: int, num_stages: int, stage: int) -> range:
+    """The layers pipeline stage `stage` holds: an even, contiguous run (the rules below refuse a
+    stage count that does not divide the layers)."""
+    if num_layers % num_stages:
+        raise ValueError(f"{num_stages} pipeline stages do not divide {num_layers} layers")
+    per_stage = num_layers // num_stages
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
+def rank_stages(pp_rank: int, layout: Layout) -> list[int]:
+    """The stages pipeline rank `pp_rank` holds: r, r + pp, r + 2·pp, ... (the "loop" placement
+    torch.distributed.pipelining's interleaved 1F1B expects); the first holds the embedding, the
+    last (on rank pp - 1) the final norm and the output layer."""
+    return [pp_rank + v * layout.pipeline for v in range(layout.virtual_stages)]
+
+
+def layers_per_rank(num_layers: int, layout: Layout) -> int:
+    """How many layers each pipeline rank holds: virtual_stages stages of `stage_layers` each."""
+    if num_layers % layout.num_stages:
+        raise ValueError(f"{layout.num_stages} pipeline stages do not divide {num_layers} layers")
+    return num_layers // layout.pipeline
+
+
+# --- the rules ---------------------------------------------------------------------------------------
+
+
+class LayoutProblem(NamedTuple):
+    path: str
+    """The recipe key to change, e.g. "parallel.tensor"."""
+    message: str
+
+
+class ModelShape(Protocol):
+    """What the rules read of a model: the catalog's ModelArch and the entrypoints' ModelConfig."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    tie_embeddings: bool
+
+
+def tensor_choices(model: ModelShape, gpus_per_node: int) -> list[int]:
+    """TP degrees that split both query and KV heads evenly and stay inside one node."""
+    return [t for t in divisors(model.num_kv_heads) if model.num_heads % t == 0 and t <= gpus_per_node]
+
+
+def layout_problems(
+    layout: Layout,
+    model: ModelShape,
+    *,
+    seq_len: int,
+    global_batch_size: int,
+    micro_batch_size: int,
+    gpus_per_node: int,
+    schedule: str,
+) -> list[LayoutProblem]:
+    """Every rule a parallel layout must satisfy for this model and batch."""
+    return [
+        *_tensor_problems(layout, model, gpus_per_node),
+        *_pipeline_problems(layout, model, schedule),
+        *_sequence_problems(layout, seq_len),
+        *_batch_problems(layout, global_batch_size, micro_batch_size, schedule),
+    ]
+
+
+def _tensor_problems(layout: Layout, model: ModelShape, gpus_per_node: int) -> list[LayoutProblem]:
+    t = layout.tensor
+    if model.num_heads % t or model.num_kv_heads % t:
+        heads = model.num_heads if model.num_heads % t else model.num_kv_heads
+        kind = "attention heads" if model.num_heads % t else "KV heads"
+        valid = choices(tensor_choices(model, gpus_per_node))
+        return [LayoutProblem("parallel.tensor", f"{t} does not divide {heads} {kind}; use {valid}")]
+    if t > gpus_per_node:
+        valid = choices(tensor_choices(model, gpus_per_node))
+        return [
+            LayoutProblem(
+                "parallel.tensor",
+                f"{t} exceeds the {gpus_per_node} GPUs of one node; tensor parallelism needs NVLink, use {valid}",
+            )
+        ]
+    return []
+
+
+def _pipeline_problems(layout: Layout, model: ModelShape, schedule: str) -> list[LayoutProblem]:
+    p, v, layers = layout.pipeline, layout.virtual_stages, model.num_layers
+    problems = []
+    stages = layout.num_stages
+    if layers % stages:
+        valid_p = [d // v for d in divisors(layers) if d % v == 0]
+        where = "parallel.pipeline" if v == 1 else "parallel.virtual_stages"
+        fix = f"use pipeline {choices(valid_p)}" if valid_p else f"use virtual_stages dividing {layers}"
+        problems.append(
+            LayoutProblem(
+                where, f"pipeline {p} x virtual_stages {v} = {stages} stages do not divide {layers} layers; {fix}"
+            )
+        )
+    if v > 1 and schedule != "interleaved_1f1b":
+        problems.append(
+            LayoutProblem(
+                "parallel.virtual_stages",
+                f"{v} stages per rank need pipeline_schedule: interleaved_1f1b, not {schedule}",
+            )
+        )
+    if schedule == "interleaved_1f1b" and v < 2:
+        problems.append(
+            LayoutProblem(
+                "parallel.pipeline_schedule",
+                "interleaved_1f1b needs virtual_stages of 2 or more; set virtual_stages or use 1f1b",
+            )
+        )
+    if v > 1 and p == 1:
+        problems.append(
+            LayoutProblem(
+                "parallel.virtual_stages", f"{v} needs pipeline > 1; virtual stages interleave pipeline ranks"
+            )
+        )
+    if model.tie_embeddings and p > 1:
+        # The first stage owns the embedding and the last the output layer; tying them would
+        # need a cross-stage gradient all-reduce the entrypoints do not do.
+        problems.append(
+            LayoutProblem("parallel.pipeline", f"{p} splits a model with tied embeddings over stages; use pipeline: 1")
+        )
+    return problems
+
+
+def _sequence_problems(layout: Layout, seq_len: int) -> list[LayoutProblem]:
+    c, t = layout.context, layout.tensor
+    divisor = seq_len_divisor(c, t)
+    if seq_len % divisor == 0:
+        return []
+    why = f"2 x context {c} x tensor {t}" if c > 1 else f"tensor {t} (sequence parallel)"
+    lower = seq_len - seq_len % divisor
+    hint = f"{lower} or {lower + divisor}" if lower else f"{divisor}"
+    return [LayoutProblem("training.seq_len", f"{seq_len} is not divisible by {why} = {divisor}; use e.g. {hint}")]
+
+
+def _batch_problems(
+    layout: Layout, global_batch_size: int, micro_batch_size: int, schedule: str
+) -> list[LayoutProblem]:
+    p, dp = layout.pipeline, layout.data_parallel
+    per_step = micro_batch_size * dp
+    key = "training.global_batch_size"
+    if global_batch_size % per_step:
+        return [
+            LayoutProblem(
+                key,
+                f"{global_batch_size} is not a multiple of micro_batch_size {micro_batch_size} x data-parallel size {dp} = {per_step}; use a multiple of {per_step}",
+            )
+        ]
+    microbatches = global_batch_size // per_step
+    if p > 1 and microbatches < p:
+        return [
+            LayoutProblem(
+                key,
+                f"{global_batch_size} gives {microbatches} micro-batches per step, fewer than the {p} pipeline stages; use at least {p * per_step}",
+            )
+        ]
+    if p > 1 and schedule == "interleaved_1f1b" and microbatches % p:
+        return [
+            LayoutProblem(
+                key,
+                f"interleaved 1F1B needs micro-batches per step ({microbatches}) divisible by pipeline {p}; use a multiple of {p * per_step}",
+            )
+        ]
+    return []

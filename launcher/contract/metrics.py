@@ -1,0 +1,80 @@
+"""The metric lines the entrypoints print on rank 0 and the launcher's backends read.
+
+Every logged step prints exactly one line, every run one summary line at the end:
+
+    metrics step=12 loss=2.3456 grad_norm=0.8123 lr=0.0003 tokens_per_s_per_gpu=5321.4 mfu=0.3712 step_time_s=1.5394 mem_alloc_gib=61.2 mem_reserved_gib=70.5
+    summary steps=3 final_loss=2.1 mean_tokens_per_s_per_gpu=310.5 ...
+
+`METRIC_REGEXES` are what log scrapers (SageMaker MetricDefinitions) apply to these lines, one
+capture group each; `parse_fields` reads any such line back into numbers (nan included).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+METRIC_KEYS = (
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "step_time_s",
+    "mem_alloc_gib",
+    "mem_reserved_gib",
+)
+SUMMARY_KEYS = (
+    "steps",
+    "final_loss",
+    "mean_tokens_per_s_per_gpu",
+    "mean_mfu",
+    "mean_step_time_s",
+    "peak_mem_alloc_gib",
+    "peak_mem_reserved_gib",
+    "total_time_s",
+)
+METRICS_PREFIX = "metrics"
+SUMMARY_PREFIX = "summary"
+
+_FLOAT = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+
+
+def metric_regex(key: str) -> str:
+    # Fields are space separated after `metrics step=N`; the space before the key keeps `loss`
+    # from matching inside another key. No anchor: the platform may prefix the line. nan does
+    # not match: a scraped metric is a number or absent.
+    return rf"{METRICS_PREFIX} step=(\d+)" if key == "step" else rf"{METRICS_PREFIX} step=\d+.* {key}={_FLOAT}"
+
+
+METRIC_REGEXES = {key: metric_regex(key) for key in METRIC_KEYS}
+
+
+def format_value(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.6g}"
+
+
+def metrics_line(record: Mapping[str, float]) -> str:
+    return f"{METRICS_PREFIX} " + " ".join(f"{k}={format_value(record[k])}" for k in METRIC_KEYS)
+
+
+def summary_line(summary: Mapping[str, float]) -> str:
+    return f"{SUMMARY_PREFIX} " + " ".join(f"{k}={format_value(summary[k])}" for k in SUMMARY_KEYS)
+
+
+def parse_fields(line: str) -> dict[str, float | str]:
+    """`summary loss=2.1 tokens_per_s_per_gpu=310.5` as a dict (numbers where they parse)."""
+    values: dict[str, float | str] = {}
+    for token in line.split()[1:]:
+        key, sep, text = token.partition("=")
+        if sep:
+            try:
+                values[key] = float(text)
+            except ValueError:
+                values[key] = text
+    return values
