@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "Recipe": "launcher.recipe",
-    "Layout": "launcher.layout",
+    "Layout": "launcher.contract.layout",
     "LauncherError": "launcher.errors",
     "RecipeError": "launcher.errors",
     "JobSpec": "launcher.spec",
@@ -25,6 +25,7 @@ _EXPORTS = {
     "JobStatus": "launcher.backends.base",
     "list_jobs": "launcher.jobs",
     "submit": "launcher.api",
+    "to_model_trainer": "launcher.backends.model_trainer",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,9 +16,10 @@ from typing import Any, get_args
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.errors import UsageError
 from launcher.estimate.memory import format_bytes
-from launcher.jobs import Job, list_jobs, save
+from launcher.jobs import Job, list_jobs
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import Cluster
+from launcher.registry import save
 from launcher.spec import JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name

@@ -1,69 +1,17 @@
-"""Job handles and the job registry under $LAUNCHER_HOME (default ~/.launcher).
+"""Job handles: a submitted job on any backend, found again by name, and how jobs print.
 
-Every submitted job, on any backend, gets `jobs/<name>/` with `job.json` (which backend and
-region to ask), `spec.json` and `resolved.json`; the local backend also keeps its logs,
-status and metrics there. `Job` is the handle `submit` returns and `launcher status NAME` finds.
+`Job` is the handle `submit` returns and `launcher status NAME` finds through the registry
+(`launcher.registry`, below the backends); it asks the job's backend for status, logs and stop.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
-from launcher.backends.base import JobRef, JobStatus
-from launcher.errors import UsageError
-from launcher.spec import JobSpec
-
-RECORD = "job.json"
-
-
-def launcher_home() -> Path:
-    return Path(os.environ.get("LAUNCHER_HOME") or "~/.launcher").expanduser()
-
-
-def job_dir(name: str) -> Path:
-    return launcher_home() / "jobs" / name
-
-
-def job_dir_placement(recipe, name: str):
-    """Outputs in the job directory, checkpoints in the recipe's checkpoint.dir or beside them:
-    for backends whose processes see this machine's files (local, Slurm on a shared home)."""
-    from launcher.spec import Placement
-
-    directory = job_dir(name)
-    return Placement(checkpoint_dir=recipe.checkpoint.dir or str(directory / "checkpoints"), output_dir=str(directory))
-
-
-def write_json(path: Path, data) -> None:
-    """Write so that readers never see half a file: to a temporary name, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, indent=2) + "\n")
-    temporary.replace(path)
-
-
-def save(ref: JobRef, spec: JobSpec) -> Path:
-    directory = job_dir(ref.name)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json(directory / "spec.json", spec.to_dict())
-    (directory / "resolved.json").write_text(spec.resolved_json)
-    write_json(directory / RECORD, ref.to_dict())
-    return directory
-
-
-def load(name: str) -> JobRef | None:
-    path = job_dir(name) / RECORD
-    if not path.is_file():
-        return None
-    return JobRef(**json.loads(path.read_text()))
-
-
-def records() -> list[JobRef]:
-    root = launcher_home() / "jobs"
-    refs = [ref for path in root.glob(f"*/{RECORD}") if (ref := load(path.parent.name)) is not None]
-    return sorted(refs, key=lambda r: r.created or "", reverse=True)
+from launcher.backends import get_backend
+from launcher.backends.base import Backend, JobStatus
+from launcher.errors import LauncherError, UsageError
+from launcher.registry import JobRef, launcher_home, load, records
 
 
 class Job:
@@ -92,9 +40,7 @@ class Job:
         return self.ref.name
 
     @property
-    def backend(self):
-        from launcher.backends import get_backend
-
+    def backend(self) -> Backend:
         return get_backend(self.ref.backend)
 
     def status(self) -> JobStatus:
@@ -119,9 +65,6 @@ class Job:
 
 def list_jobs(*, backend: str | None = None, region: str | None = None, limit: int = 50) -> list[JobStatus]:
     """Jobs on one backend (as that engine lists them), or every job submitted from here."""
-    from launcher.backends import get_backend
-    from launcher.errors import LauncherError
-
     if backend is not None:
         return get_backend(backend).list(region=region, limit=limit)
     statuses = []

@@ -1,10 +1,12 @@
 """`JobSpec`: one backend-neutral, immutable description of a training job.
 
 Everything a backend needs is here, already decided: the unique name, the image, the torchrun
-argv, the environment, resources, where data, outputs and checkpoints live, stopping, spot,
-networking and tags. The resolved recipe travels with it as JSON text and lands in the code
-bundle as `resolved.json`; it is never flattened into hyperparameters (SageMaker caps those at
-100 entries of 2,500 characters).
+argv, the environment, resources, where data, outputs and checkpoints live, the time limit,
+retries, spot capacity and tags. What only one engine reads travels in that engine's typed part
+(`JobSpec.sagemaker`: region, role, S3 locations, KMS, spot wait, VPC), set only for that
+backend. The resolved recipe travels with it as JSON text and lands in the code bundle as
+`resolved.json`; it is never flattened into hyperparameters (SageMaker caps those at 100
+entries of 2,500 characters).
 """
 
 from __future__ import annotations
@@ -32,19 +34,6 @@ SUFFIX_LEN = 4
 RDZV_PORT = 29500
 CONFIG_FILE = "resolved.json"
 ENTRYPOINT = "entrypoints/train.py"
-
-# The metric line every entrypoint prints on rank 0 (contract 2): `metrics key=value ...`.
-METRIC_KEYS = (
-    "step",
-    "loss",
-    "grad_norm",
-    "lr",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "step_time_s",
-    "mem_alloc_gib",
-    "mem_reserved_gib",
-)
 
 
 def job_name(recipe_name: str, *, now: datetime.datetime | None = None, max_len: int = MAX_JOB_NAME) -> str:
@@ -124,15 +113,43 @@ class Networking:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Cloud:
-    """AWS settings; other backends carry them but use none of them."""
+class SageMakerSettings:
+    """What only a SageMaker training job reads: where it runs, as whom, where its files go."""
 
     region: str
     role_arn: str | None
     output_uri: str | None
     checkpoint_uri: str | None
     kms_key_id: str | None
-    retries: int
+    max_wait_s: int | None
+    """With spot: how long to wait for capacity, run time included (MaxWaitTimeInSeconds)."""
+    networking: Networking
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> SageMakerSettings:
+        sm = recipe.sagemaker
+        max_wait = None
+        if sm.spot:
+            max_wait = sm.max_wait or max(sm.max_run, min(2 * sm.max_run, SAGEMAKER_MAX_RUN_S))
+        return cls(
+            region=sm.region,
+            role_arn=sm.role_arn,
+            output_uri=sm.output_uri,
+            checkpoint_uri=sm.checkpoint_uri,
+            kms_key_id=sm.kms_key_id,
+            max_wait_s=max_wait,
+            networking=Networking(
+                subnets=tuple(sm.subnets),
+                security_group_ids=tuple(sm.security_group_ids),
+                isolation=sm.network_isolation,
+                encrypt_inter_node=sm.encrypt_inter_container_traffic,
+            ),
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SageMakerSettings:
+        networking = Networking(**{k: _tuple(v) for k, v in data["networking"].items()})
+        return cls(**{**data, "networking": networking})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,11 +169,14 @@ class JobSpec:
     output_dir: str
     mounts: tuple[Mount, ...]
     max_run_s: int
-    max_wait_s: int | None
+    """The time limit: the job is stopped after this many seconds of running."""
+    retries: int
+    """How many times the engine reruns the job after a failure."""
     spot: bool
-    networking: Networking
-    cloud: Cloud
+    """Run on interruptible (spot) capacity; backends without it refuse the spec."""
     tags: tuple[tuple[str, str], ...]
+    sagemaker: SageMakerSettings | None
+    """The SageMaker-only settings; None for every other backend."""
     resolved_json: str = field(repr=False)
     """The resolved recipe (`Recipe.resolved`) as canonical JSON: the entrypoints' only input."""
 
@@ -180,9 +200,6 @@ class JobSpec:
             container = (placement.s3_data_dir or recipe.data.source) if is_s3 else recipe.data.source
             inputs = (DataInput(name="train", source=recipe.data.source, container_path=container),)
         resolved = recipe.resolved(checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir)
-        max_wait = None
-        if sm.spot:
-            max_wait = sm.max_wait or max(sm.max_run, min(2 * sm.max_run, SAGEMAKER_MAX_RUN_S))
         return cls(
             name=name,
             recipe_name=recipe.name,
@@ -196,23 +213,10 @@ class JobSpec:
             output_dir=placement.output_dir,
             mounts=placement.mounts,
             max_run_s=sm.max_run,
-            max_wait_s=max_wait,
+            retries=sm.retries,
             spot=sm.spot,
-            networking=Networking(
-                subnets=tuple(sm.subnets),
-                security_group_ids=tuple(sm.security_group_ids),
-                isolation=sm.network_isolation,
-                encrypt_inter_node=sm.encrypt_inter_container_traffic,
-            ),
-            cloud=Cloud(
-                region=sm.region,
-                role_arn=sm.role_arn,
-                output_uri=sm.output_uri,
-                checkpoint_uri=sm.checkpoint_uri,
-                kms_key_id=sm.kms_key_id,
-                retries=sm.retries,
-            ),
             tags=tuple(sorted(sm.tags.items())),
+            sagemaker=SageMakerSettings.of(recipe) if backend == "sagemaker" else None,
             resolved_json=canonical_json(resolved),
         )
 
@@ -245,10 +249,9 @@ class JobSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobSpec:
         data = dict(data)
-        nested = {"resources": Resources, "networking": Networking, "cloud": Cloud}
-        for key, kind in nested.items():
-            value = dict(data[key])
-            data[key] = kind(**{f.name: _tuple(value[f.name]) for f in fields(kind)})
+        data["resources"] = Resources(**{f.name: data["resources"][f.name] for f in fields(Resources)})
+        if data["sagemaker"] is not None:
+            data["sagemaker"] = SageMakerSettings.from_dict(data["sagemaker"])
         data["inputs"] = tuple(DataInput(**item) for item in data["inputs"])
         data["mounts"] = tuple(Mount(**item) for item in data["mounts"])
         data["command"] = tuple(data["command"])
@@ -261,13 +264,7 @@ class JobSpec:
     def from_json(cls, text: str) -> JobSpec:
         return cls.from_dict(json.loads(text))
 
-    # --- notebooks and the SageMaker SDK ---------------------------------------------------------
-
-    def to_model_trainer(self, **kwargs: Any):
-        """The equivalent `sagemaker.train.ModelTrainer` (needs the `sagemaker` extra)."""
-        from launcher.backends.model_trainer import model_trainer
-
-        return model_trainer(self, **kwargs)
+    # --- notebooks ---------------------------------------------------------------------------------
 
     def summary_rows(self) -> list[tuple[str, str]]:
         r = self.resources
@@ -279,13 +276,17 @@ class JobSpec:
             ("command", " ".join(self.command)),
             ("checkpoints", self.checkpoint_dir),
             ("output", self.output_dir),
-            ("max run", f"{self.max_run_s} s" + (f", spot (wait up to {self.max_wait_s} s)" if self.spot else "")),
+            ("max run", f"{self.max_run_s} s" + (", spot" if self.spot else "") + self._spot_wait()),
         ]
         rows += [(f"input {i.name}", f"{i.source} -> {i.container_path}") for i in self.inputs]
         rows += [("mount", f"{m.source} -> {m.target}{' (read-only)' if m.read_only else ''}") for m in self.mounts]
         if r.has_efa:
             rows.append(("efa", f"{r.efa_interfaces} interfaces per node"))
         return rows
+
+    def _spot_wait(self) -> str:
+        wait = self.sagemaker.max_wait_s if self.sagemaker else None
+        return f" (wait up to {wait} s)" if self.spot and wait else ""
 
     def __repr__(self) -> str:
         r = self.resources

@@ -2,7 +2,8 @@
 
 Public methods check what a backend supports and then call the backend's private hooks, so
 an unsupported request (spot on Slurm, four nodes on the local machine) fails with a reason
-before anything is uploaded or created.
+before anything is uploaded or created. Backends are found by name here too (`get_backend`),
+each module imported only when asked for.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import datetime
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from launcher.catalog import choices
 from launcher.errors import LauncherError, UsageError
+from launcher.registry import JobRef
 from launcher.spec import MAX_JOB_NAME, JobSpec, Placement, job_name
 
 if TYPE_CHECKING:
@@ -34,21 +38,6 @@ class Capabilities:
     pipeline_parallel: bool = True
     submits: bool = True
     """False for render-only targets (the accelerate config)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobRef:
-    """Enough to find a job again: what `launcher status NAME` reads from the job registry."""
-
-    name: str
-    backend: str
-    region: str | None = None
-    native_id: str | None = None
-    """The engine's own id where it differs from the name (a Slurm job id)."""
-    created: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,9 +110,6 @@ class Backend(ABC):
         problems = []
 
         def others(capability: str) -> str:
-            from launcher.backends import backend_class, backends_with
-            from launcher.catalog import choices
-
             names = [n for n in backends_with(capability) if n != self.name and backend_class(n).capabilities.submits]
             return choices(names) if names else "another backend"
 
@@ -196,6 +182,33 @@ class Backend(ABC):
 
     def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
         return []
+
+
+# name -> "module:class"; a backend's module is imported only when that backend is asked for.
+_BACKENDS = {
+    "sagemaker": "launcher.backends.sagemaker:SageMakerBackend",
+    "local": "launcher.backends.local:LocalBackend",
+    "docker": "launcher.backends.docker:DockerBackend",
+    "slurm": "launcher.backends.slurm:SlurmBackend",
+    "k8s": "launcher.backends.k8s:KubernetesBackend",
+    "accelerate": "launcher.backends.accelerate:AccelerateBackend",
+}
+NAMES = tuple(_BACKENDS)
+
+
+def backend_class(name: str) -> type[Backend]:
+    if name not in _BACKENDS:
+        raise UsageError(f"'{name}' is not a backend; use {choices(_BACKENDS)}")
+    module, _, attribute = _BACKENDS[name].partition(":")
+    return getattr(import_module(module), attribute)
+
+
+def get_backend(name: str) -> Backend:
+    return backend_class(name)()
+
+
+def backends_with(capability: str) -> list[str]:
+    return [name for name in _BACKENDS if getattr(backend_class(name).capabilities, capability)]
 
 
 def utc_now() -> str:

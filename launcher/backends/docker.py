@@ -18,7 +18,7 @@ from launcher.backends.images import training_image
 from launcher.backends.tools import ToolFailed, run_tool, stream_tool
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
-from launcher.jobs import job_dir
+from launcher.registry import job_dir
 from launcher.spec import JobSpec, Mount, Placement
 
 ROOT = "/opt/launcher"

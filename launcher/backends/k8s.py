@@ -98,7 +98,7 @@ def pytorchjob_manifest(spec: JobSpec, bundle: Bundle) -> list[dict]:
         "spec": {
             "runPolicy": {
                 "cleanPodPolicy": "None",
-                "backoffLimit": spec.cloud.retries,
+                "backoffLimit": spec.retries,
                 "activeDeadlineSeconds": spec.max_run_s,
             },
             "nprocPerNode": str(r.procs_per_node),

@@ -1,8 +1,9 @@
 """The detached process that runs one local job: `python -m launcher.backends.local_runner JOB_DIR`.
 
 It starts torchrun in a new process group (so `stop` can signal torchrun and all its workers
-at once), waits for it, and is the only writer of `status.json` while it lives. Standard
-library only: it must start fast and survive whatever the launcher's own imports do.
+at once), waits for it, and is the only writer of `status.json` while it lives. Besides the
+standard library it uses only the registry's atomic JSON write: it must start fast and never
+depend on torch or the cloud SDKs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+from launcher.registry import write_json
 
 STATUS = "status.json"
 LAUNCH = "launch.json"
@@ -27,10 +30,7 @@ def now() -> str:
 
 
 def write_status(job_dir: Path, status: dict) -> None:
-    path = job_dir / STATUS
-    temporary = path.with_name(f".{STATUS}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(status, indent=2) + "\n")
-    temporary.replace(path)
+    write_json(job_dir / STATUS, status)
 
 
 def read_status(job_dir: Path) -> dict:

@@ -1,4 +1,7 @@
-"""`JobSpec.to_model_trainer()`: the same job as a SageMaker SDK `ModelTrainer`, for notebooks.
+"""`to_model_trainer(spec)`: the same job as a SageMaker SDK `ModelTrainer`, for notebooks.
+
+    from launcher.backends.model_trainer import to_model_trainer
+    trainer = to_model_trainer(spec)          # spec built with backend="sagemaker"
 
 The trainer runs the spec's torchrun argv as its SourceCode command from the bundle root,
 with the spec's image, resources, environment, S3 locations, spot, networking and tags; it
@@ -10,14 +13,15 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launcher.backends.sagemaker import METRIC_DEFINITIONS, Locations
+from launcher.backends.sagemaker import METRIC_DEFINITIONS, Locations, settings
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
-from launcher.jobs import job_dir
+from launcher.registry import job_dir
 from launcher.spec import JobSpec
 
 
-def model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str | Path | None = None):
+def to_model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str | Path | None = None):
+    """The equivalent `sagemaker.train.ModelTrainer` (needs the `sagemaker` extra)."""
     if spec.backend != "sagemaker":
         raise UsageError(
             f"to_model_trainer() needs a sagemaker spec, not {spec.backend}; build it with backend='sagemaker'"
@@ -39,21 +43,21 @@ def model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str | Pa
     except ImportError:
         raise UsageError("to_model_trainer() needs the SageMaker SDK: pip install 'launcher[sagemaker]'") from None
 
-    locations = Locations.of(spec)
+    locations, cloud = Locations.of(spec), settings(spec)
     if sagemaker_session is None:
         import boto3
         from sagemaker.core.helper.session_helper import Session
 
         sagemaker_session = Session(
-            boto_session=boto3.Session(region_name=spec.cloud.region), default_bucket=locations.bucket
+            boto_session=boto3.Session(region_name=cloud.region), default_bucket=locations.bucket
         )
     if source_dir is None:
         source_dir = Bundle.build(spec.resolved_json).extract(job_dir(spec.name) / "code")
 
-    r, net = spec.resources, spec.networking
+    r, net = spec.resources, cloud.networking
     trainer = ModelTrainer(
         sagemaker_session=sagemaker_session,
-        role=spec.cloud.role_arn,
+        role=cloud.role_arn,
         base_job_name=spec.recipe_name,
         training_image=spec.image,
         source_code=SourceCode(source_dir=str(source_dir), command=shlex.join(spec.command)),
@@ -61,7 +65,7 @@ def model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str | Pa
             instance_type=r.instance_type,
             instance_count=r.instance_count,
             volume_size_in_gb=r.volume_size_gb,
-            volume_kms_key_id=spec.cloud.kms_key_id,
+            volume_kms_key_id=cloud.kms_key_id,
             enable_managed_spot_training=spec.spot,
         ),
         networking=Networking(
@@ -71,9 +75,9 @@ def model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str | Pa
             enable_inter_container_traffic_encryption=net.encrypt_inter_node,
         ),
         stopping_condition=StoppingCondition(
-            max_runtime_in_seconds=spec.max_run_s, max_wait_time_in_seconds=spec.max_wait_s
+            max_runtime_in_seconds=spec.max_run_s, max_wait_time_in_seconds=cloud.max_wait_s
         ),
-        output_data_config=OutputDataConfig(s3_output_path=locations.output, kms_key_id=spec.cloud.kms_key_id),
+        output_data_config=OutputDataConfig(s3_output_path=locations.output, kms_key_id=cloud.kms_key_id),
         checkpoint_config=CheckpointConfig(s3_uri=locations.checkpoints, local_path=spec.checkpoint_dir),
         input_data_config=[InputData(channel_name=d.name, data_source=d.source) for d in spec.inputs] or None,
         environment=spec.env,
@@ -82,6 +86,6 @@ def model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str | Pa
     trainer = trainer.with_metric_definitions(
         [MetricDefinition(name=m["Name"], regex=m["Regex"]) for m in METRIC_DEFINITIONS]
     )
-    if spec.cloud.retries:
-        trainer = trainer.with_retry_strategy(RetryStrategy(maximum_retry_attempts=spec.cloud.retries))
+    if spec.retries:
+        trainer = trainer.with_retry_strategy(RetryStrategy(maximum_retry_attempts=spec.retries))
     return trainer

@@ -17,7 +17,7 @@ from launcher.backends.tail import follow_file
 from launcher.backends.tools import run_tool
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
-from launcher.jobs import job_dir, job_dir_placement, records
+from launcher.registry import job_dir, job_dir_placement, records
 from launcher.spec import RDZV_PORT, JobSpec, Placement
 
 SCRIPT = "job.sbatch"

@@ -1,9 +1,11 @@
-"""spec.to_model_trainer(): the same job through the SageMaker SDK's ModelTrainer, under moto."""
+"""to_model_trainer(spec): the same job through the SageMaker SDK's ModelTrainer, under moto."""
 
 from __future__ import annotations
 
 import boto3
 import pytest
+
+from launcher.backends.model_trainer import to_model_trainer
 
 from .helpers import REGION, spec_for
 
@@ -13,7 +15,7 @@ pytest.importorskip("sagemaker.train", reason="the sagemaker extra is not instal
 def test_model_trainer_submits_the_same_resources_image_and_command(aws, home, fake_bundle, monkeypatch):
     monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")  # moto has no iam:SimulatePrincipalPolicy
     spec = spec_for("llama70b-128k", "sagemaker")
-    trainer = spec.to_model_trainer()
+    trainer = to_model_trainer(spec)
     assert trainer.source_code.command == " ".join(spec.command)
     assert trainer.training_image == spec.image
 
@@ -26,9 +28,9 @@ def test_model_trainer_submits_the_same_resources_image_and_command(aws, home, f
     assert job["ResourceConfig"]["InstanceType"] == "ml.p5e.48xlarge"
     assert job["ResourceConfig"]["InstanceCount"] == 4
     assert job["AlgorithmSpecification"]["TrainingImage"] == spec.image
-    assert job["CheckpointConfig"] == {"S3Uri": spec.cloud.checkpoint_uri, "LocalPath": "/opt/ml/checkpoints"}
+    assert job["CheckpointConfig"] == {"S3Uri": spec.sagemaker.checkpoint_uri, "LocalPath": "/opt/ml/checkpoints"}
     assert job["StoppingCondition"]["MaxRuntimeInSeconds"] == spec.max_run_s
-    assert job["RoleArn"] == spec.cloud.role_arn
+    assert job["RoleArn"] == spec.sagemaker.role_arn
     assert "train" in {c["ChannelName"] for c in job["InputDataConfig"]}
 
 
@@ -36,4 +38,4 @@ def test_only_sagemaker_specs_convert(home, fake_bundle):
     from launcher.errors import UsageError
 
     with pytest.raises(UsageError, match="needs a sagemaker spec, not local"):
-        spec_for("tiny-cpu", "local").to_model_trainer()
+        to_model_trainer(spec_for("tiny-cpu", "local"))

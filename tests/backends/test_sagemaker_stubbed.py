@@ -47,7 +47,7 @@ def description(state: str, secondary: str, *, transitions=(), failure: str | No
 def registered(home, monkeypatch):
     """A SageMaker job recorded in the job registry, and fake credentials (Stubber sends nothing)."""
     from launcher.backends.base import JobRef
-    from launcher.jobs import write_json
+    from launcher.registry import write_json
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
