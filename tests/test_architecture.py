@@ -1,0 +1,201 @@
+"""Imports point one way (docs/architecture.md): down the flow, never up, and never in a circle.
+
+Every `import` and `from ... import` in launcher/ and entrypoints/ is read from the source (AST),
+at module level, inside functions and under TYPE_CHECKING alike, so a function-level import
+cannot hide an upward dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "launcher"
+
+# Each room of the launcher and its rank: a module may import from its own room or from rooms of
+# a lower rank, never a higher one. `launcher` itself is the lazy package __init__, which the
+# bundle ships beside the contract and which must import nothing.
+RANKS = {
+    "launcher": 0,
+    "contract": 0,
+    "errors": 1,
+    "catalog": 2,
+    "recipe": 3,
+    "workload": 4,
+    "estimate": 5,
+    "plan": 6,
+    "spec": 7,
+    "bundle": 8,
+    "registry": 9,
+    "backends": 10,
+    "jobs": 11,
+    "api": 12,
+    "cli": 13,
+    "__main__": 14,
+}
+TRAINING_PACKAGES = {"torch", "torchao"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def python_files(root: Path) -> list[Path]:
+    # launcher/_entrypoints is the wheel's link to entrypoints/, not launcher code.
+    return sorted(p for p in root.rglob("*.py") if "_entrypoints" not in p.parts and "__pycache__" not in p.parts)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file; `from a import b` gives a.b when
+    b is a module of this repository, else a."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                is_module = (REPO / Path(*candidate.split("."))).is_dir() or (
+                    REPO / Path(*candidate.split(".")).with_suffix(".py")
+                ).is_file()
+                # `from launcher import Recipe`: a lazy export, resolved by launcher_imports.
+                lazy = node.module == "launcher"
+                found.append((node.lineno, candidate if is_module or lazy else node.module))
+    return found
+
+
+def lazy_export_target(name: str) -> str | None:
+    """`from launcher import Recipe` reaches the module the lazy package __init__ names."""
+    tree = ast.parse((LAUNCHER / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
+            return ast.literal_eval(node.value).get(name)
+    return None
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "launcher"
+
+
+def launcher_imports() -> dict[str, list[tuple[int, str]]]:
+    """launcher module -> the launcher modules it imports."""
+    graph = {}
+    for path in python_files(LAUNCHER):
+        targets = []
+        for line, target in imported_modules(path):
+            if target.split(".")[0] != "launcher":
+                continue
+            if target.startswith("launcher.") and target.count(".") == 1 and room(target) not in RANKS:
+                target = lazy_export_target(target.split(".")[1]) or target
+            targets.append((line, target))
+        graph[module_name(path)] = targets
+    return graph
+
+
+def test_every_room_of_the_launcher_has_a_rank():
+    rooms = {room(module) for module in launcher_imports()}
+    assert rooms <= set(RANKS), f"give these rooms a rank in RANKS and docs/architecture.md: {rooms - set(RANKS)}"
+
+
+def test_no_module_imports_from_a_room_above_its_own():
+    upward = [
+        f"{module} (line {line}) imports {target}: {room(module)} ({RANKS[room(module)]}) "
+        f"is below {room(target)} ({RANKS[room(target)]})"
+        for module, targets in launcher_imports().items()
+        for line, target in targets
+        if room(target) != room(module) and RANKS[room(target)] >= RANKS[room(module)]
+    ]
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_no_import_cycle_between_launcher_modules():
+    graph = {m: {t for _, t in targets if t != m and t in _known()} for m, targets in launcher_imports().items()}
+    cycles = [sorted(component) for component in strongly_connected(graph) if len(component) > 1]
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def _known() -> set[str]:
+    return {module_name(p) for p in python_files(LAUNCHER)}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's algorithm, iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                components.append(component)
+    return components
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert [c for c in strongly_connected(graph) if len(c) > 1] == [{"a", "b", "c"}]
+
+
+@pytest.mark.parametrize("path", python_files(REPO / "entrypoints"), ids=lambda p: str(p.relative_to(REPO)))
+def test_the_entrypoints_import_only_torch_the_standard_library_and_the_contract(path):
+    wrong = [
+        f"line {line}: {target}"
+        for line, target in imported_modules(path)
+        if not (
+            target.split(".")[0] in sys.stdlib_module_names
+            or target.split(".")[0] in TRAINING_PACKAGES | {"entrypoints", "__future__"}
+            or target == "launcher.contract"
+            or target.startswith("launcher.contract.")
+        )
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", python_files(LAUNCHER / "contract"), ids=lambda p: p.name)
+def test_the_contract_imports_only_the_standard_library(path):
+    wrong = [
+        f"line {line}: {target}"
+        for line, target in imported_modules(path)
+        if target.split(".")[0] not in sys.stdlib_module_names | {"__future__"}
+        and not target.startswith("launcher.contract")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_package_init_the_bundle_ships_imports_only_the_standard_library():
+    targets = [target for _, target in imported_modules(LAUNCHER / "__init__.py")]
+    assert all(t.split(".")[0] in sys.stdlib_module_names | {"__future__"} for t in targets), targets
