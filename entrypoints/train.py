@@ -11,7 +11,7 @@ Reads only the resolved config (and SM_CHANNEL_TRAIN for s3 data). Outputs:
 Exit status: 0 when every step ran, 2 for a config it cannot run (one line on stderr), 143
 after SIGTERM (a final checkpoint is written first when it fits in STOP_BUDGET_S; spot
 interruptions end this way). A failure's message goes to torchrun's TORCHELASTIC_ERROR_FILE
-(`@record`), so torchrun reports the first failing rank's error as the root cause.
+(failure.py), with the time it was raised, so the launcher can name the first failing rank.
 
 Checkpoints are saved every `checkpoint.every_steps` steps and every `checkpoint.every_minutes`
 minutes (by rank 0's clock, shared in the per-step all-reduce so all ranks save at the same step),
@@ -36,8 +36,8 @@ if __package__ in (None, ""):  # run as a script: make the `entrypoints` package
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
+from entrypoints import failure
 from entrypoints.checkpoint import Checkpointer, Placement
 from entrypoints.config import ConfigError, JobConfig, load_config
 from entrypoints.data import DataLoader
@@ -220,18 +220,18 @@ def _layout(par) -> str:
     return "x".join(parts) or "single"
 
 
-@record
+@failure.record
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train a Llama model from a resolved launcher config.")
     parser.add_argument("--config", required=True, help="path of the resolved config JSON")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)
-        with process_group(cfg.runtime.device) as env:
+        with process_group(cfg.runtime.device) as env, failure.timed():
             summary = train(cfg, env)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        get_error_handler().record_exception(err)  # torchrun's root cause names it, not a peer's symptom
+        failure.HANDLER.record_exception(err)  # so torchrun's failure report names it too
         return EXIT_CONFIG
     return EXIT_SIGTERM if summary["interrupted"] else 0
 
