@@ -171,7 +171,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             if written == env.world_size:
                 checkpoints.finish_pending()
             if stop:
-                _save_after_sigterm(checkpoints, step, env, sigterm_at=sigterm[1])
+                _save_after_sigterm(checkpoints, step, env, sigterm_at=sigterm[1] or time.monotonic())
                 interrupted = True
                 break
             if checkpoints.due(step) or time_due > 0 or step == t.steps:
@@ -183,7 +183,10 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
 
 
 def _save_after_sigterm(checkpoints: Checkpointer, step: int, env: DistEnv, *, sigterm_at: float) -> None:
-    """Finish the pending save, then save `step` if rank 0 judges that it fits in the budget."""
+    """Finish the pending save, then save `step` if rank 0 judges that it fits in the budget.
+
+    `sigterm_at`: when this rank got SIGTERM (now, if only another rank did); rank 0's counts.
+    """
     checkpoints.finish_pending()
     saved = checkpoints.last_saved_step == step
     if not saved:
