@@ -1,28 +1,41 @@
 """Checkpoints with torch.distributed.checkpoint (DCP): save, keep the newest K, resume, reshard.
 
-    checkpoints = Checkpointer(directory, cfg.checkpoint, parts=..., optimizers=..., data=..., rank=...)
+    checkpoints = Checkpointer(directory, cfg.checkpoint, parts=..., optimizers=..., data=..., placement=...)
     step = checkpoints.resume()          # 0 when starting fresh
-    checkpoints.save(step)
+    checkpoints.save(step)               # starts an asynchronous save where DCP supports it
+    checkpoints.finish_pending()         # collective: once every rank's save is written (train.py asks)
 
 A checkpoint is a directory `step-00000120/` holding
 - the DCP shards of {"model": ..., "optimizer": ...} from get_state_dict (sharded DTensors keyed
   by parameter name, so a checkpoint written by one layout loads into any other: world size,
-  FSDP/TP/CP/PP degrees and activation checkpointing may all change);
+  FSDP/TP/CP/PP degrees and activation checkpointing may all change), and DCP's `.metadata`;
 - train_state.json (rank 0): step, data position (samples seen), learning-rate schedule step;
 - rng/rank-<r>.pt: each rank's torch RNG states, restored when the world size is unchanged;
-- COMPLETE, written by rank 0 after every rank has finished writing. Only directories with
-  this marker count; a job killed mid-save leaves a directory that is ignored and later removed.
-After each save rank 0 deletes all but the newest `keep` complete checkpoints.
+- COMPLETE.node-<k>-of-<n>, one per host, written by the host's first rank once every rank's
+  files are written and fsync'd. Only directories with all n markers count; a job killed
+  mid-save leaves a directory that is ignored and later removed. checkpoint_files.py says which
+  host owns which file and why only the owner writes or deletes it (SageMaker's per-host sync).
+After each checkpoint is complete every host deletes its own files of all but the newest `keep`
+complete checkpoints (and of incomplete ones), then empty directories are removed.
+
+Saving does not stall training: `dcp.async_save` copies the state to CPU memory (staging) and
+writes it from a background thread on a separate gloo process group (DCP's own collectives must
+not interleave with the training loop's on the default group). Measured on torch 2.13: this works
+on CPU/gloo as well as on CUDA/nccl, so it is used everywhere. The loop's per-step all-reduce
+tells every rank when all ranks' writes have finished; then the markers are written and old
+checkpoints pruned, at the same step on every rank. The last step's save and the save after
+SIGTERM are synchronous, because the process exits right after them.
 
 Resume: "auto" takes the newest complete checkpoint in the directory (none: a fresh start),
 "never" ignores them, any other value is the path of the checkpoint directory to load.
+Rank 0 decides and every rank follows its decision.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import re
-import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -30,34 +43,33 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+from entrypoints.checkpoint_files import (
+    Placement,
+    complete_checkpoints,
+    is_complete,
+    remove_empty_dirs,
+    remove_own_files,
+    step_dir_name,
+    step_dirs,
+    write_durable,
+)
 from launcher.contract.config import CheckpointConfig, ConfigError
 
-MARKER = "COMPLETE"
-_STEP_DIR = re.compile(r"^step-(\d{8})$")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint in `directory`, oldest first."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for path in directory.iterdir():
-        match = _STEP_DIR.match(path.name)
-        if match and (path / MARKER).is_file():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
+__all__ = ["Checkpointer", "Placement", "complete_checkpoints", "is_complete", "step_dir_name"]
 
 
 class Checkpointer:
-    def __init__(self, directory: Path, cfg: CheckpointConfig, *, parts, optimizers, data, rank: int, world_size: int):
+    def __init__(self, directory: Path, cfg: CheckpointConfig, *, parts, optimizers, data, placement: Placement):
         self.directory, self.cfg = directory, cfg
         self.parts, self.optimizers, self.data = parts, optimizers, data
-        self.rank, self.world_size = rank, world_size
+        self.placement = placement
+        self.rank, self.world_size = placement.rank, placement.world_size
         self.last_saved_step: int | None = None
+        self.complete_steps: list[int] = []  # complete on every host, as every rank knows it
+        self.last_save_s: float | None = None  # how long the last save took to become durable
+        self._last_save_started = time.monotonic()
+        self._pending: tuple[int, float, object] | None = None  # (step, started, future)
+        self._group = None
 
     # --- what goes into a checkpoint -----------------------------------------------------
 
@@ -73,22 +85,53 @@ class Checkpointer:
             set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
         self.optimizers.load_state_dict(state["optimizer"])
 
-    # --- save --------------------------------------------------------------------------------
+    # --- when to save ------------------------------------------------------------------------
 
     def due(self, step: int) -> bool:
         return self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0
 
-    def save(self, step: int) -> Path:
-        """Write checkpoint `step` from every rank; returns its directory once it is complete."""
+    def time_due_vote(self) -> float:
+        """1.0 on rank 0 when every_minutes have passed since the last save started, else 0.0.
+
+        Only rank 0's clock counts: the vote travels in the loop's all-reduce, so every rank
+        sees the same decision at the same step.
+        """
+        minutes = self.cfg.every_minutes
+        if self.rank != 0 or not minutes:
+            return 0.0
+        return float(time.monotonic() - self._last_save_started >= minutes * 60)
+
+    # --- save --------------------------------------------------------------------------------
+
+    def save(self, step: int, *, blocking: bool = False) -> Path:
+        """Write checkpoint `step` from every rank (collective). Returns its directory.
+
+        Non-blocking: the state is staged and written in the background; `finish_pending`
+        completes it. Blocking: it is complete (all markers, pruned) when this returns.
+        """
+        self.finish_pending()
         path = self.directory / step_dir_name(step)
-        if self.rank == 0:
-            if path.exists():  # an incomplete attempt at this step from a killed run
-                shutil.rmtree(path)
-            path.mkdir(parents=True)
-        dist.barrier()
-        dcp.save(self._state(), checkpoint_id=str(path))
+        self._last_save_started = started = time.monotonic()
+        if self.placement.is_node_leader:
+            path.mkdir(parents=True, exist_ok=True)
+            # A killed attempt's files at this step: this host's marker goes first, then its files.
+            remove_own_files(path, self.placement)
+        dist.barrier()  # nobody writes before every host has withdrawn its old part
+        self._write_small_files(path, step)
+        if blocking:
+            dcp.save(self._state(), checkpoint_id=str(path))
+            self._complete(step, started)
+        else:
+            future = dcp.async_save(self._state(), checkpoint_id=str(path), process_group=self._save_group())
+            self._pending = (step, started, future)
+        self.last_saved_step = step
+        return path
+
+    def _write_small_files(self, path: Path, step: int) -> None:
         (path / "rng").mkdir(exist_ok=True)
-        torch.save(_rng_state(), path / "rng" / f"rank-{self.rank:05d}.pt")
+        buffer = io.BytesIO()
+        torch.save(_rng_state(), buffer)
+        write_durable(path / "rng" / f"rank-{self.rank:05d}.pt", buffer.getvalue())
         if self.rank == 0:
             train_state = {
                 "step": step,
@@ -96,24 +139,59 @@ class Checkpointer:
                 "lr_schedule": {"step": self.optimizers.step_count},
                 "world_size": self.world_size,
             }
-            (path / "train_state.json").write_text(json.dumps(train_state, indent=2) + "\n")
-        dist.barrier()
-        if self.rank == 0:
-            (path / MARKER).write_text(f"{step}\n")
-            self._prune(keep_from=path)
-        dist.barrier()
-        self.last_saved_step = step
-        return path
+            write_durable(path / "train_state.json", (json.dumps(train_state, indent=2) + "\n").encode())
 
-    def _prune(self, keep_from: Path) -> None:
-        complete = complete_checkpoints(self.directory)
-        for _, old in complete[: -self.cfg.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        newest = complete[-1][0]
-        for path in self.directory.iterdir():
-            match = _STEP_DIR.match(path.name)
-            if match and int(match.group(1)) < newest and not (path / MARKER).exists():
-                shutil.rmtree(path, ignore_errors=True)
+    def _save_group(self):
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def pending_written(self) -> bool:
+        """This rank's part of the pending save is on disk (False when none is pending)."""
+        return self._pending is not None and self._pending[2].done()
+
+    def finish_pending(self) -> None:
+        """Collective: wait for the pending save, then mark it complete and prune. No-op if none."""
+        if self._pending is None:
+            return
+        step, started, future = self._pending
+        self._pending = None
+        future.result()  # raises here if this rank's write failed
+        self._complete(step, started)
+
+    def _complete(self, step: int, started: float) -> None:
+        # DCP's save ends with a collective after every rank's write (fsync'd): all data is durable.
+        dist.barrier()
+        path = self.directory / step_dir_name(step)
+        if self.placement.is_node_leader:
+            write_durable(path / self.placement.marker, f"{step}\n".encode())
+        dist.barrier()  # every host's marker is on disk: the checkpoint is complete everywhere
+        self.last_save_s = time.monotonic() - started
+        if self.rank == 0:
+            # The measured save time: what launcher/catalog/instances.yaml's checkpoint bandwidths model.
+            print(f"checkpoint step={step} written_s={self.last_save_s:.3f} dir={path}", flush=True)
+        self.complete_steps = sorted({*self.complete_steps, step})
+        self._prune()
+
+    def _prune(self) -> None:
+        """Every host deletes its own files of checkpoints outside the newest `keep` complete ones."""
+        keep = set(self.complete_steps[-self.cfg.keep :])
+        doomed = [path for step, path in step_dirs(self.directory) if step not in keep]
+        if self.placement.is_node_leader:
+            for path in doomed:
+                remove_own_files(path, self.placement)
+        dist.barrier()  # on a shared directory, every host's files are gone before rmdir
+        if self.placement.is_node_leader:
+            for path in doomed:
+                remove_empty_dirs(path)
+        self.complete_steps = sorted(keep)
+
+    def close(self) -> None:
+        """Finish a pending save and release the save process group (collective)."""
+        self.finish_pending()
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
 
     # --- resume ------------------------------------------------------------------------------
 
@@ -125,15 +203,22 @@ class Checkpointer:
             complete = complete_checkpoints(self.directory)
             return complete[-1][1] if complete else None
         path = Path(resume)
-        if not (path / MARKER).is_file():
-            raise ConfigError(f"checkpoint.resume: {path} is not a complete checkpoint (no {MARKER} marker)")
+        if not is_complete(path):
+            raise ConfigError(
+                f"checkpoint.resume: {path} is not a complete checkpoint (not every host's COMPLETE.node-* marker)"
+            )
         return path
 
     def resume(self) -> int:
         """Load the checkpoint to resume from, if any; returns the step it was taken at (0: none)."""
-        path = self.to_resume()
-        if path is None:
+        path = self.to_resume()  # on every rank, so a bad checkpoint.resume fails everywhere alike
+        decision = [str(path) if path else None, [step for step, _ in complete_checkpoints(self.directory)]]
+        if self.world_size > 1:
+            dist.broadcast_object_list(decision, src=0)
+        chosen, self.complete_steps = decision
+        if chosen is None:
             return 0
+        path = Path(chosen)
         state = self._state()
         dcp.load(state, checkpoint_id=str(path))
         self._load_state(state)

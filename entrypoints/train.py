@@ -9,7 +9,13 @@ Reads only the resolved config (and SM_CHANNEL_TRAIN for s3 data). Outputs:
 - checkpoints: checkpoint.dir, else /opt/ml/checkpoints on SageMaker (SM_TRAINING_ENV set),
   else ./checkpoints (checkpoint.py).
 Exit status: 0 when every step ran, 2 for a config it cannot run (one line on stderr), 143
-after SIGTERM (a final checkpoint is written first; spot interruptions end this way).
+after SIGTERM (a final checkpoint is written first when it fits in STOP_BUDGET_S; spot
+interruptions end this way). A failure's message goes to torchrun's TORCHELASTIC_ERROR_FILE
+(failure.py), with the time it was raised, so the launcher can name the first failing rank.
+
+Checkpoints are saved every `checkpoint.every_steps` steps and every `checkpoint.every_minutes`
+minutes (by rank 0's clock, shared in the per-step all-reduce so all ranks save at the same step),
+at the last step, and after SIGTERM.
 
 `train(cfg, env)` runs one job inside an existing process group and returns its summary, so
 tests can run several jobs in one torchrun launch.
@@ -31,7 +37,8 @@ if __package__ in (None, ""):  # run as a script: make the `entrypoints` package
 import torch
 import torch.distributed as dist
 
-from entrypoints.checkpoint import Checkpointer
+from entrypoints import failure
+from entrypoints.checkpoint import Checkpointer, Placement
 from entrypoints.data import DataLoader
 from entrypoints.fp8 import after_optimizer_step, fp8_settings
 from entrypoints.metrics import MetricsLogger, flops_per_token
@@ -45,6 +52,9 @@ from launcher.contract.config import ConfigError, JobConfig, load_config
 
 EXIT_CONFIG = 2
 EXIT_SIGTERM = 128 + signal.SIGTERM
+# After SIGTERM SageMaker sends SIGKILL about 120 s later; the final save is skipped when the
+# pending save plus the last measured save time would not fit in this budget.
+STOP_BUDGET_S = 100.0
 
 
 def output_dir(cfg: JobConfig) -> Path:
@@ -59,10 +69,12 @@ def checkpoint_dir(cfg: JobConfig) -> Path:
 
 @contextmanager
 def sigterm_flag():
-    """A one-element list that turns True on SIGTERM (the loop checks it between steps)."""
-    flag = [False]
+    """A list whose first element turns True on SIGTERM (the loop checks it between steps)."""
+    flag = [False, 0.0]  # [received, time.monotonic() when received]
 
     def handler(signum, frame):
+        if not flag[0]:
+            flag[1] = time.monotonic()
         flag[0] = True
 
     previous = signal.signal(signal.SIGTERM, handler)
@@ -98,8 +110,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         parts=parts,
         optimizers=optimizers,
         data=data,
-        rank=env.rank,
-        world_size=env.world_size,
+        placement=Placement.from_env(env.rank, env.world_size),
     )
     start = checkpoints.resume()
     metrics = MetricsLogger(
@@ -143,29 +154,55 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             after_optimizer_step(parts, fp8)
             optimizers.zero_grad()
 
-            # One all-reduce per step carries the global loss and whether any rank got SIGTERM.
-            report = torch.zeros(2, device=env.device)
+            # One all-reduce per step carries the global loss, whether any rank got SIGTERM, rank 0's
+            # vote that a timed checkpoint is due, and how many ranks have written the pending save.
+            report = torch.zeros(4, device=env.device)
             if holds_loss:
                 report[0] = loss * loss_share
             report[1] = float(sigterm[0])
+            report[2] = checkpoints.time_due_vote()
+            report[3] = float(checkpoints.pending_written())
             dist.all_reduce(report)
-            global_loss, stop = report.tolist()
+            global_loss, stop, time_due, written = report.tolist()
             step_time = time.perf_counter() - step_start
 
             if step % t.log_every == 0 or step == t.steps:
                 metrics.log(step=step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time)
-            if checkpoints.due(step) or step == t.steps:
-                checkpoints.save(step)
+            if written == env.world_size:
+                checkpoints.finish_pending()
             if stop:
-                if checkpoints.last_saved_step != step:
-                    checkpoints.save(step)
-                if env.rank == 0:
-                    print(f"interrupted by SIGTERM after step {step}; checkpoint saved", flush=True)
+                _save_after_sigterm(checkpoints, step, env, sigterm_at=sigterm[1] or time.monotonic())
                 interrupted = True
                 break
+            if checkpoints.due(step) or time_due > 0 or step == t.steps:
+                checkpoints.save(step, blocking=step == t.steps)
+    checkpoints.close()
     summary = metrics.summary(time.perf_counter() - began)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _save_after_sigterm(checkpoints: Checkpointer, step: int, env: DistEnv, *, sigterm_at: float) -> None:
+    """Finish the pending save, then save `step` if rank 0 judges that it fits in the budget.
+
+    `sigterm_at`: when this rank got SIGTERM (now, if only another rank did); rank 0's counts.
+    """
+    checkpoints.finish_pending()
+    saved = checkpoints.last_saved_step == step
+    if not saved:
+        left = STOP_BUDGET_S - (time.monotonic() - sigterm_at)
+        fits = torch.tensor(
+            [float(checkpoints.last_save_s is None or checkpoints.last_save_s < left)], device=env.device
+        )
+        dist.broadcast(fits, src=0)
+        if fits.item():
+            checkpoints.save(step, blocking=True)
+            saved = True
+    if env.rank == 0:
+        what = (
+            "checkpoint saved" if saved else f"no time for a checkpoint; the last is step {checkpoints.last_saved_step}"
+        )
+        print(f"interrupted by SIGTERM after step {step}; {what}", flush=True)
 
 
 def _accumulate(model, data: DataLoader) -> torch.Tensor:
@@ -179,16 +216,18 @@ def _accumulate(model, data: DataLoader) -> torch.Tensor:
     return total / len(micro_batches)
 
 
+@failure.record
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train a Llama model from a resolved launcher config.")
     parser.add_argument("--config", required=True, help="path of the resolved config JSON")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)
-        with process_group(cfg.runtime.device) as env:
+        with process_group(cfg.runtime.device) as env, failure.timed():
             summary = train(cfg, env)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        failure.HANDLER.record_exception(err)  # so torchrun's failure report names it too
         return EXIT_CONFIG
     return EXIT_SIGTERM if summary["interrupted"] else 0
 

@@ -109,6 +109,11 @@ class InstanceType(BaseModel):
     usd_per_hour: float
     price_date: datetime.date | None
     price_source: str
+    checkpoint_write_gb_per_s: float | None = None
+    """GB/s one host writes checkpoint files to its checkpoint directory (local NVMe)."""
+    checkpoint_upload_gb_per_s: float | None = None
+    """GB/s one host's checkpoint directory is uploaded to S3 (SageMaker's checkpoint sync)."""
+    checkpoint_bandwidth_source: str = ""
 
     @property
     def has_efa(self) -> bool:

@@ -148,6 +148,8 @@ class DataConfig:
 class CheckpointConfig:
     dir: str | None = None
     every_steps: int = 0
+    every_minutes: float = 0.0
+    """Also save when this many minutes have passed since the last save began (0: off), by rank 0's clock."""
     keep: int = 3
     resume: str = "auto"
     """'auto' (newest complete checkpoint, if any), 'never', or the path of one checkpoint."""

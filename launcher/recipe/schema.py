@@ -219,6 +219,9 @@ class Checkpoint(Section):
     """Where checkpoints go; default /opt/ml/checkpoints on SageMaker, the job directory elsewhere."""
     every_steps: int = Field(default=0, ge=0)
     """Save every this many steps (0: only at the end and on SIGTERM)."""
+    every_minutes: float = Field(default=0, ge=0)
+    """Also save when this many minutes have passed since the last save began (0: off). Bounds the
+    work an interruption can lose whatever the step time; e.g. 30 on spot capacity."""
     keep: PositiveInt = 3
     """Keep the newest this many complete checkpoints."""
     resume: str = "auto"

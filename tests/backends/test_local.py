@@ -145,3 +145,39 @@ def test_submit_prints_how_to_follow_the_job(no_torchrun, cli):
     assert result.out.strip() == f"{name}: follow with `launcher logs {name} --follow`"
     assert "memory: fits" in result.err
     assert list(Job.find(name).logs(follow=True, poll_s=0.05))[-1].startswith("summary")
+
+
+def failure_report(tmp_path, failures: list[tuple[int, str, float | None]], root: int) -> None:
+    """An output.log ending in torchrun's failure report, with one error file per failed rank."""
+
+    def entry(rank: int) -> str:
+        message, raised_at = next((m, t) for r, m, t in failures if r == rank)
+        extra = {"py_callstack": "Traceback ...", "timestamp": "1796016076"}
+        if raised_at is not None:
+            extra["raised_at"] = f"{raised_at:.6f}"
+        path = tmp_path / f"error-{rank}.json"
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+        return f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : 1 (pid: 1)\n  error_file: {path}\n"
+
+    others = "".join(f"[{i}]:\n{entry(r)}" for i, (r, _, _) in enumerate(failures, 1) if r != root)
+    report = f"Failures:\n{others}----\nRoot Cause (first observed failure):\n[0]:\n{entry(root)}====\n"
+    (tmp_path / "output.log").write_text(f"metrics step=1 loss=2.0\n{report}")
+
+
+def test_the_failure_reason_is_the_rank_that_raised_first_not_torchruns_first_exit(tmp_path):
+    from launcher.backends.local_runner import root_cause
+
+    closed = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4747"
+    failure_report(
+        tmp_path,
+        [(0, "NotADirectoryError: [Errno 20] Not a directory: '/x'", 100.25), (1, closed, 100.5), (3, closed, 100.3)],
+        root=3,
+    )
+    assert root_cause(tmp_path) == "rank 0: NotADirectoryError: [Errno 20] Not a directory: '/x'"
+
+
+def test_without_raise_times_the_reason_is_torchruns_root_cause(tmp_path):
+    from launcher.backends.local_runner import root_cause
+
+    failure_report(tmp_path, [(0, "ValueError: bad", None), (2, "RuntimeError: symptom", None)], root=2)
+    assert root_cause(tmp_path) == "rank 2: RuntimeError: symptom"

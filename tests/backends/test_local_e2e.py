@@ -51,3 +51,41 @@ def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(tmp_path):
     status = json.loads(launcher("status", name, "--json", home=home).stdout)
     assert (status["state"], status["exit_code"]) == ("Completed", 0)
     assert status["details"]["summary"]["steps"] == 20
+
+
+def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_path):
+    # Rank 0 alone creates the checkpoint directory; under a regular file that fails, while ranks 1-3
+    # wait in a barrier and then fail with gloo's "Connection closed by peer" (the symptom).
+    (tmp_path / "a-file").write_text("")
+    home = tmp_path / "home"
+    overrides = ["training.steps=2", "checkpoint.every_steps=1", f"checkpoint.dir={tmp_path / 'a-file' / 'ckpt'}"]
+    args = [arg for override in overrides for arg in ("--set", override)]
+    # `python -m launcher` from the checkout: the code under test, whichever environment runs it.
+    env = {**os.environ, "LAUNCHER_HOME": str(home)}
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode != 0
+    assert "Connection closed by peer" in result.stdout  # the symptom is in the log...
+    name = result.stdout.splitlines()[-1].split(":")[0]
+    status = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "launcher", "status", name, "--json"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
+    # ...but the reason is rank 0's error.
+    assert status["state"] == "Failed"
+    assert status["failure_reason"] == (
+        f"torchrun exited with code 1: rank 0: NotADirectoryError: [Errno 20] Not a directory: "
+        f"'{tmp_path / 'a-file' / 'ckpt' / 'step-00000001'}'"
+    )

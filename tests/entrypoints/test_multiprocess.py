@@ -70,7 +70,9 @@ def test_checkpoints_are_marked_complete_and_keep_the_newest(runs):
     names = sorted(p.name for p in directory.iterdir())
     assert names == ["step-00000002", "step-00000003"]
     for name in names:
-        assert (directory / name / "COMPLETE").read_text().strip() == str(int(name[-8:]))
+        # One host of 4 ranks: one marker, and each rank's shard and RNG state.
+        assert (directory / name / "COMPLETE.node-0-of-1").read_text().strip() == str(int(name[-8:]))
+        assert sorted(p.name for p in (directory / name / "rng").iterdir()) == [f"rank-{r:05d}.pt" for r in range(4)]
 
 
 @pytest.mark.parametrize("cp", [2, 4])

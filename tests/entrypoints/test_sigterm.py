@@ -65,7 +65,7 @@ def test_sigterm_saves_a_final_checkpoint_exits_143_and_the_job_resumes_after_it
     last = steps[-1]
     assert f"interrupted by SIGTERM after step {last}; checkpoint saved" in out
     checkpoint = tmp_path / "checkpoints" / f"step-{last:08d}"
-    assert (checkpoint / "COMPLETE").is_file()
+    assert (checkpoint / "COMPLETE.node-0-of-1").read_text() == f"{last}\n"
     assert json.loads((checkpoint / "train_state.json").read_text())["data"] == {"samples_seen": 2 * last}
 
     resumed = subprocess.run(

@@ -1,4 +1,4 @@
-"""Learning-rate schedule, metrics lines, checkpoint bookkeeping and FP8 conversion, in one process."""
+"""Learning-rate schedule, metrics lines and FP8 conversion, in one process (checkpoints: test_checkpoint_files.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from entrypoints.checkpoint import MARKER, Checkpointer, complete_checkpoints
+from launcher.contract.config import ConfigError, ModelConfig, OptimizerConfig
 from entrypoints.fp8 import Fp8Settings, convert_to_float8, fp8_settings
 from entrypoints.metrics import MetricsLogger, flops_per_token, matmul_params
 from entrypoints.model.llama import build_model
@@ -64,49 +64,6 @@ def test_mfu_is_measured_against_the_bf16_peak(tmp_path, capsys):
     record = logger.log(step=1, loss=1.0, grad_norm=1.0, lr=1.0, step_time_s=0.5)
     assert record["mfu"] == pytest.approx(2000 * 2e9 / 1e13)
     assert capsys.readouterr().out == "" and not (tmp_path / "metrics.jsonl").exists()
-
-
-def make_checkpoint(directory, step: int, complete: bool):
-    path = directory / f"step-{step:08d}"
-    path.mkdir(parents=True)
-    if complete:
-        (path / MARKER).write_text(f"{step}\n")
-    return path
-
-
-def test_only_checkpoints_with_a_completion_marker_count(tmp_path):
-    make_checkpoint(tmp_path, 10, True)
-    make_checkpoint(tmp_path, 20, False)
-    (tmp_path / "notes").mkdir()
-    assert [s for s, _ in complete_checkpoints(tmp_path)] == [10]
-    checkpoints = Checkpointer(tmp_path, CheckpointConfig(), parts=[], optimizers=None, data=None, rank=0, world_size=1)
-    assert checkpoints.to_resume() == tmp_path / "step-00000010"
-    assert (
-        Checkpointer(
-            tmp_path, CheckpointConfig(resume="never"), parts=[], optimizers=None, data=None, rank=0, world_size=1
-        ).to_resume()
-        is None
-    )
-
-
-def test_resume_from_an_incomplete_checkpoint_path_is_refused(tmp_path):
-    path = make_checkpoint(tmp_path, 20, False)
-    checkpoints = Checkpointer(
-        tmp_path, CheckpointConfig(resume=str(path)), parts=[], optimizers=None, data=None, rank=0, world_size=1
-    )
-    with pytest.raises(ConfigError, match="is not a complete checkpoint"):
-        checkpoints.to_resume()
-
-
-def test_pruning_keeps_the_newest_complete_and_drops_stale_incomplete_ones(tmp_path):
-    for step, complete in [(10, True), (15, False), (20, True), (30, True), (40, True), (50, False)]:
-        make_checkpoint(tmp_path, step, complete)
-    checkpoints = Checkpointer(
-        tmp_path, CheckpointConfig(keep=2), parts=[], optimizers=None, data=None, rank=0, world_size=1
-    )
-    checkpoints._prune(keep_from=tmp_path / "step-00000040")
-    # step 50 is newer than the newest complete one: it may still be being written.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000030", "step-00000040", "step-00000050"]
 
 
 def test_fp8_converts_the_block_linears_but_not_the_output_projection():

@@ -1,0 +1,170 @@
+"""Which host owns which checkpoint file, per-host completion markers, and pruning by owner.
+
+Standard library only, so the rules can be tested without torch.
+
+Checkpoint directories must be right in two storage models:
+- shared (local disk, Slurm on a shared file system): every host sees one directory;
+- per host (SageMaker): /opt/ml/checkpoints is local to each host, uploaded to one S3 prefix as
+  files appear, deleted in S3 when deleted locally, and downloaded to every host at job start.
+  Host B's copy of a file host A wrote is only a download: if B deleted it, the deletion could
+  reach S3 after A uploaded a newer file of the same name and erase it.
+
+So every file name in a step directory has exactly one owner host, and only its owner writes or
+deletes it. Ranks are placed on hosts as torchrun places them, `procs_per_node` consecutive ranks
+per host:
+- `__<r>_<i>.distcp` (DCP's shards of rank r) and `rng/rank-<r>.pt`: the host of rank r;
+- `COMPLETE.node-<k>-of-<n>`: host k, written by its first rank after its ranks' files are durable;
+- `.metadata`, `train_state.json` and anything else: host 0 (global rank 0 writes them).
+A name that maps to no host of this run (a bigger earlier run) belongs to host 0.
+
+A checkpoint counts when the markers of all n hosts of one run exist (`is_complete`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+MARKER = re.compile(r"^COMPLETE\.node-(\d+)-of-(\d+)$")
+_RANK_FILE = re.compile(r"^(?:__(\d+)_\d+\.distcp|rng/rank-(\d+)\.pt)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def marker_name(node: int, nnodes: int) -> str:
+    return f"COMPLETE.node-{node}-of-{nnodes}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process sits: its rank and how ranks are spread over hosts."""
+
+    rank: int
+    world_size: int
+    procs_per_node: int
+
+    def __post_init__(self):
+        if self.procs_per_node < 1 or self.world_size % self.procs_per_node:
+            raise ValueError(f"{self.world_size} ranks do not split into hosts of {self.procs_per_node}")
+
+    @classmethod
+    def from_env(cls, rank: int, world_size: int) -> Placement:
+        """torchrun's LOCAL_WORLD_SIZE ranks per host (one host when run without torchrun)."""
+        return cls(rank, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+
+    @property
+    def nnodes(self) -> int:
+        return self.world_size // self.procs_per_node
+
+    @property
+    def node(self) -> int:
+        return self.node_of(self.rank)
+
+    @property
+    def is_node_leader(self) -> bool:
+        """The host's first rank: writes the host's marker and prunes the host's files."""
+        return self.rank % self.procs_per_node == 0
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.procs_per_node if rank < self.world_size else 0
+
+    def owner(self, relative: str) -> int:
+        """The host that writes and deletes `relative`, a path inside a step directory."""
+        match = _RANK_FILE.match(relative)
+        if match:
+            return self.node_of(int(match.group(1) or match.group(2)))
+        match = MARKER.match(relative)
+        if match and int(match.group(1)) < self.nnodes:
+            return int(match.group(1))
+        return 0
+
+    @property
+    def marker(self) -> str:
+        return marker_name(self.node, self.nnodes)
+
+
+def is_complete(path: Path) -> bool:
+    """All hosts' markers of one run are present: `COMPLETE.node-k-of-n` for every k < n."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return False
+    nodes_by_total: dict[int, set[int]] = defaultdict(set)
+    for name in names:
+        match = MARKER.match(name)
+        if match:
+            nodes_by_total[int(match.group(2))].add(int(match.group(1)))
+    return any(total > 0 and nodes >= set(range(total)) for total, nodes in nodes_by_total.items())
+
+
+def step_dirs(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every step directory, complete or not, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in directory.iterdir():
+        match = STEP_DIR.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint in `directory`, oldest first."""
+    return [(step, path) for step, path in step_dirs(directory) if is_complete(path)]
+
+
+def own_files(path: Path, placement: Placement) -> list[Path]:
+    """The files in step directory `path` that this host owns; its marker first."""
+    files = []
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = Path(root) / name
+            if placement.owner(full.relative_to(path).as_posix()) == placement.node:
+                files.append(full)
+    # The marker goes first: a host's part must stop counting before any of its files disappear.
+    return sorted(files, key=lambda f: (not MARKER.match(f.name), f.as_posix()))
+
+
+def remove_own_files(path: Path, placement: Placement) -> None:
+    for file in own_files(path, placement):
+        file.unlink(missing_ok=True)
+    if path.is_dir():
+        fsync_dir(path)
+
+
+def remove_empty_dirs(path: Path) -> None:
+    """Remove `path` and its subdirectories where they are empty (other hosts' files stay)."""
+    for sub in sorted((p for p in path.glob("**/*") if p.is_dir()), reverse=True):
+        _try_rmdir(sub)
+    _try_rmdir(path)
+
+
+def _try_rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:  # not empty (another host's files), or already removed by another host
+        pass
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Write `data` and fsync the file and its directory: on disk before anyone is told."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,195 @@
+"""Checkpoint size, save time, and what an interruption can cost: pure arithmetic, no torch.
+
+    est = estimate_checkpoint(params=70_553_706_496, nnodes=4, instance=instance_types()["ml.p5e.48xlarge"],
+                              every_steps=200, every_minutes=0, step_time_s=402.0)
+    est.line()        # 'checkpoint 847 GB (12 B/param), 212 GB per host: ~53 s to write, ~85 s to S3; every 200 steps (22.3 h)'
+    est.warnings      # one line each: loss bound, stop grace, back-to-back saves
+
+What the entrypoints save (entrypoints/checkpoint.py): the model's parameters and the AdamW
+states, sharded over every rank. FSDP keeps fp32 master weights in its shards whatever the
+compute dtype (entrypoints/parallel/fsdp.py), and AdamW keeps exp_avg and exp_avg_sq in the
+parameters' dtype (entrypoints/optim.py), so a checkpoint holds 4 + 4 + 4 = 12 bytes per
+parameter (FP8 training keeps fp32 master weights too). The per-rank step counters, RNG states
+and train_state.json are kilobytes. Llama 3.1 70B: 70.55e9 x 12 B = 847 GB.
+
+Time: every host writes its share (size / hosts) to its own checkpoint directory at the
+instance's checkpoint_write_gb_per_s; on SageMaker the sync then uploads each file once it is
+written, at checkpoint_upload_gb_per_s (both per host, launcher/catalog/instances.yaml, with
+their source). A checkpoint is safe from the loss of the hosts once it is in S3, so
+
+    durable_s = write_s + upload_s          (upload_s = 0 where nothing is uploaded)
+
+An interruption loses the work since the last durable checkpoint: at worst one interval plus
+the time the next one needs to become durable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+BYTES_PER_PARAM = 12  # fp32 master weights + fp32 exp_avg + fp32 exp_avg_sq
+# SageMaker sends SIGKILL about 120 s after SIGTERM (stop, spot interruption): the final save
+# must be durable within it.
+SAGEMAKER_STOP_GRACE_S = 120.0
+# Without every_minutes, warn when an interruption can lose more than this much work.
+LOSS_WARNING_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointEstimate:
+    size_bytes: int
+    nnodes: int
+    write_s: float | None  # per host, to its checkpoint directory; None: bandwidth unknown
+    upload_s: float | None  # per host, to S3; None: no upload (not SageMaker) or unknown
+    interval_s: float | None  # between checkpoint starts; None: only at the end and on SIGTERM
+    interval_text: str
+    worst_loss_s: float | None  # work an interruption can lose; None: unknown
+    warnings: tuple[str, ...]
+
+    @property
+    def bytes_per_host(self) -> float:
+        return self.size_bytes / self.nnodes
+
+    @property
+    def durable_s(self) -> float | None:
+        if self.write_s is None:
+            return None
+        return self.write_s + (self.upload_s or 0.0)
+
+    def line(self) -> str:
+        """One line for `submit`: size, save time, interval."""
+        text = f"checkpoint {_gb(self.size_bytes)} ({BYTES_PER_PARAM} B/param)"
+        if self.nnodes > 1:
+            text += f", {_gb(self.bytes_per_host)} per host"
+        if self.write_s is not None:
+            text += f": ~{self.write_s:.0f} s to write"
+            if self.upload_s is not None:
+                text += f", ~{self.upload_s:.0f} s to S3"
+        return f"{text}; {self.interval_text}"
+
+
+def checkpoint_bytes(num_params: int) -> int:
+    return num_params * BYTES_PER_PARAM
+
+
+def estimate_checkpoint(
+    *,
+    params: int,
+    nnodes: int,
+    instance,
+    every_steps: int,
+    every_minutes: float,
+    step_time_s: float | None,
+    uploads_to_s3: bool = True,
+    stop_grace_s: float | None = SAGEMAKER_STOP_GRACE_S,
+) -> CheckpointEstimate:
+    """Size and timing of one checkpoint of `params` parameters on `nnodes` x `instance`.
+
+    `instance` is a catalog InstanceType; `step_time_s` the predicted step time (None when
+    unknown, e.g. on a CPU). `uploads_to_s3` and `stop_grace_s` describe SageMaker; other
+    backends pass False and None.
+    """
+    size = checkpoint_bytes(params)
+    per_host = size / nnodes
+    write_s = _seconds(per_host, instance.checkpoint_write_gb_per_s)
+    upload_s = _seconds(per_host, instance.checkpoint_upload_gb_per_s) if uploads_to_s3 else None
+    interval_s, interval_text = _interval(every_steps, every_minutes, step_time_s)
+    durable_s = None if write_s is None else write_s + (upload_s or 0.0)
+    worst = None if interval_s is None or durable_s is None else interval_s + durable_s
+    estimate = CheckpointEstimate(
+        size_bytes=size,
+        nnodes=nnodes,
+        write_s=write_s,
+        upload_s=upload_s,
+        interval_s=interval_s,
+        interval_text=interval_text,
+        worst_loss_s=worst,
+        warnings=(),
+    )
+    warnings = _warnings(estimate, every_minutes=every_minutes, step_time_s=step_time_s, stop_grace_s=stop_grace_s)
+    return dataclasses.replace(estimate, warnings=tuple(warnings))
+
+
+def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointEstimate:
+    """`estimate_checkpoint` for a recipe's model, cluster and checkpoint settings."""
+    sagemaker = recipe.cluster.backend == "sagemaker"
+    return estimate_checkpoint(
+        params=recipe.arch.num_params(),
+        nnodes=recipe.cluster.instance_count,
+        instance=recipe.hardware.instance,
+        every_steps=recipe.checkpoint.every_steps,
+        every_minutes=recipe.checkpoint.every_minutes,
+        step_time_s=step_time_s,
+        uploads_to_s3=sagemaker,
+        stop_grace_s=SAGEMAKER_STOP_GRACE_S if sagemaker else None,
+    )
+
+
+def _interval(every_steps: int, every_minutes: float, step_time_s: float | None) -> tuple[float | None, str]:
+    """Seconds between checkpoint starts, and how to say it. Saves happen between steps."""
+    by_steps = every_steps * step_time_s if every_steps and step_time_s else None
+    by_minutes = None
+    if every_minutes:
+        # A timed save waits for the end of a step: at least one step apart.
+        by_minutes = (
+            every_minutes * 60
+            if step_time_s is None
+            else max(1, math.ceil(every_minutes * 60 / step_time_s)) * step_time_s
+        )
+    chosen = [s for s in (by_steps, by_minutes) if s is not None]
+    parts = []
+    if every_steps:
+        parts.append(f"every {every_steps} steps" + (f" ({_duration(by_steps)})" if by_steps else ""))
+    if every_minutes:
+        parts.append(f"every {every_minutes:g} min" + (f" ({_duration(by_minutes)})" if step_time_s else ""))
+    text = " or ".join(parts) if parts else "only at the end and on SIGTERM"
+    return (min(chosen) if chosen else None), text
+
+
+def _warnings(est: CheckpointEstimate, *, every_minutes: float, step_time_s: float | None, stop_grace_s) -> list[str]:
+    out = []
+    durable = est.durable_s
+    if every_minutes and step_time_s and step_time_s > every_minutes * 60:
+        out.append(
+            f"checkpoint.every_minutes {every_minutes:g} is shorter than one step ({_duration(step_time_s)}): "
+            "checkpoints are a step apart"
+        )
+    if est.interval_s is None and step_time_s is not None:
+        out.append(
+            "no periodic checkpoints (checkpoint.every_steps and every_minutes are 0): "
+            "a host failure loses everything since the start; set checkpoint.every_minutes"
+        )
+    elif est.worst_loss_s is not None and not every_minutes and est.worst_loss_s > LOSS_WARNING_S:
+        out.append(
+            f"an interruption can lose up to {_duration(est.worst_loss_s)} of training "
+            f"({est.interval_text} + {durable:.0f} s to save); set checkpoint.every_minutes, e.g. 60"
+        )
+    if durable is not None and est.interval_s is not None and durable > est.interval_s:
+        out.append(
+            f"saving takes ~{durable:.0f} s, longer than the {_duration(est.interval_s)} between checkpoints: "
+            "each save waits for the previous one and stalls training"
+        )
+    if durable is not None and stop_grace_s is not None and durable > stop_grace_s:
+        out.append(
+            f"saving takes ~{durable:.0f} s, longer than SageMaker's {stop_grace_s:.0f} s stop grace: the "
+            "checkpoint after a stop or spot interruption cannot finish; the last periodic one counts"
+        )
+    return out
+
+
+def _seconds(size_bytes: float, gb_per_s: float | None) -> float | None:
+    return None if not gb_per_s else size_bytes / (gb_per_s * 1e9)
+
+
+def _gb(size_bytes: float) -> str:
+    return f"{size_bytes / 1e9:.0f} GB" if size_bytes >= 1e9 else f"{size_bytes / 1e6:.1f} MB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"

@@ -1,0 +1,134 @@
+"""Checkpoint bookkeeping in one process: file ownership per host, per-host markers, resume, pruning.
+
+The multi-host behaviour on real torchrun processes is in test_multihost_checkpoints.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from entrypoints.checkpoint_files import (
+    Placement,
+    complete_checkpoints,
+    is_complete,
+    marker_name,
+    own_files,
+    remove_empty_dirs,
+    remove_own_files,
+)
+
+# Two hosts of two ranks: ranks 0, 1 on host 0; ranks 2, 3 on host 1.
+HOST0 = Placement(rank=0, world_size=4, procs_per_node=2)
+HOST1 = Placement(rank=2, world_size=4, procs_per_node=2)
+
+
+def make_checkpoint(directory, step: int, nodes: list[int], nnodes: int = 2, ranks: int = 4):
+    """A step directory with every rank's files, and markers for `nodes` of `nnodes`."""
+    path = directory / f"step-{step:08d}"
+    (path / "rng").mkdir(parents=True)
+    for rank in range(ranks):
+        (path / f"__{rank}_0.distcp").write_bytes(b"shard")
+        (path / "rng" / f"rank-{rank:05d}.pt").write_bytes(b"rng")
+    (path / ".metadata").write_bytes(b"meta")
+    (path / "train_state.json").write_text("{}")
+    for node in nodes:
+        (path / marker_name(node, nnodes)).write_text(f"{step}\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "name, owner",
+    [
+        ("__0_0.distcp", 0),
+        ("__1_0.distcp", 0),
+        ("__2_0.distcp", 1),
+        ("__3_1.distcp", 1),
+        ("rng/rank-00003.pt", 1),
+        ("rng/rank-00001.pt", 0),
+        ("COMPLETE.node-1-of-2", 1),
+        ("COMPLETE.node-0-of-2", 0),
+        (".metadata", 0),
+        ("train_state.json", 0),
+        ("__9_0.distcp", 0),  # a rank of a bigger earlier run: host 0 cleans it up
+        ("COMPLETE.node-5-of-8", 0),
+    ],
+)
+def test_every_file_has_exactly_one_owner_host(name, owner):
+    assert HOST0.owner(name) == HOST1.owner(name) == owner
+
+
+def test_placement_follows_torchrun_consecutive_ranks_per_host():
+    assert (HOST1.node, HOST1.nnodes, HOST1.is_node_leader, HOST1.marker) == (1, 2, True, "COMPLETE.node-1-of-2")
+    assert not Placement(rank=3, world_size=4, procs_per_node=2).is_node_leader
+    with pytest.raises(ValueError, match="do not split into hosts"):
+        Placement(rank=0, world_size=4, procs_per_node=3)
+
+
+def test_a_checkpoint_counts_only_with_every_hosts_marker(tmp_path):
+    make_checkpoint(tmp_path, 10, [0, 1])
+    make_checkpoint(tmp_path, 20, [0])  # host 1 was killed mid-save
+    make_checkpoint(tmp_path, 30, [1])
+    single = make_checkpoint(tmp_path, 40, [0], nnodes=1, ranks=1)
+    (tmp_path / "notes").mkdir()
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [10, 40]
+    # Markers of two different runs (2 and 3 hosts) never add up to one complete set.
+    (single / marker_name(0, 1)).unlink()
+    (single / marker_name(1, 3)).write_text("40\n")
+    (single / marker_name(0, 2)).write_text("40\n")
+    assert not is_complete(single)
+
+
+def test_a_host_owns_its_ranks_shards_and_its_marker_which_goes_first(tmp_path):
+    path = make_checkpoint(tmp_path, 10, [0, 1])
+    names = [p.relative_to(path).as_posix() for p in own_files(path, HOST1)]
+    assert names == ["COMPLETE.node-1-of-2", "__2_0.distcp", "__3_0.distcp", "rng/rank-00002.pt", "rng/rank-00003.pt"]
+
+
+def test_on_a_shared_directory_both_hosts_together_remove_everything(tmp_path):
+    path = make_checkpoint(tmp_path, 10, [0, 1])
+    remove_own_files(path, HOST1)
+    assert not is_complete(path) and (path / ".metadata").exists()
+    remove_own_files(path, HOST0)
+    remove_empty_dirs(path)
+    assert not path.exists()
+
+
+def test_on_a_per_host_directory_another_hosts_downloaded_files_are_left_alone(tmp_path):
+    # SageMaker: host 1's directory holds host 0's files as downloaded at the start. Deleting
+    # them here could delete host 0's newer upload of the same name in S3.
+    path = make_checkpoint(tmp_path, 10, [0, 1])
+    remove_own_files(path, HOST1)
+    remove_empty_dirs(path)
+    left = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+    assert left == [
+        ".metadata",
+        "COMPLETE.node-0-of-2",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "rng/rank-00000.pt",
+        "rng/rank-00001.pt",
+        "train_state.json",
+    ]
+
+
+def checkpointer(directory, **cfg):
+    from entrypoints.checkpoint import Checkpointer
+    from entrypoints.config import CheckpointConfig
+
+    placement = Placement(rank=0, world_size=1, procs_per_node=1)
+    return Checkpointer(directory, CheckpointConfig(**cfg), parts=[], optimizers=None, data=None, placement=placement)
+
+
+def test_auto_resume_takes_the_newest_checkpoint_every_host_completed(tmp_path):
+    make_checkpoint(tmp_path, 10, [0, 1])
+    make_checkpoint(tmp_path, 20, [0])
+    assert checkpointer(tmp_path).to_resume() == tmp_path / "step-00000010"
+    assert checkpointer(tmp_path, resume="never").to_resume() is None
+
+
+def test_resume_from_an_incomplete_checkpoint_path_is_refused(tmp_path):
+    from entrypoints.config import ConfigError
+
+    path = make_checkpoint(tmp_path, 20, [1])
+    with pytest.raises(ConfigError, match=r"is not a complete checkpoint \(not every host's COMPLETE.node-\* marker\)"):
+        checkpointer(tmp_path, resume=str(path)).to_resume()

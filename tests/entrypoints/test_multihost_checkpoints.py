@@ -1,0 +1,203 @@
+"""Checkpoints across hosts, on one machine: two torchrun "hosts" (--nnodes 2, static rendezvous on
+127.0.0.1), one process each.
+
+Launch 1 gives each host its OWN checkpoint directory, as SageMaker does (/opt/ml/checkpoints is
+local to each host and synced to one S3 prefix). It runs an uninterrupted reference, a job that
+stops after step 4 saving every step (keep 2), and a job saved by time only (every_minutes).
+The test then merges the two host directories the way SageMaker's download at job start does.
+Launch 2 runs both hosts on the merged directory (a shared directory, as on Slurm): a job
+resumes from it, and another resumes from a copy whose newest checkpoint lacks host 1's marker.
+
+The learning rate is constant, so a 4-step job and the first 4 steps of a 6-step job match.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from entrypoints.checkpoint_files import complete_checkpoints, is_complete
+
+REPO = Path(__file__).resolve().parents[2]
+MULTIRUN = REPO / "tests" / "entrypoints" / "multirun.py"
+HOSTS = 2
+
+pytestmark = pytest.mark.torchrun
+
+BASE = {
+    "model": "llama3.1-tiny",
+    "cluster.nproc_per_node": HOSTS,  # the world: 2 ranks, one per "host"
+    "parallel.tensor": 1,
+    "training.seq_len": 64,
+    "training.global_batch_size": 4,
+    "training.micro_batch_size": 2,
+    "training.optimizer.warmup_steps": 0,
+    "training.optimizer.schedule": "constant",
+    "checkpoint.every_steps": 0,
+    "checkpoint.keep": 2,
+}
+
+
+def write_config(root: Path, name: str, host: int, checkpoint_dir: Path, **overrides) -> dict:
+    from launcher.recipe import Recipe
+
+    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {**BASE, **overrides})
+    resolved = recipe.resolved(checkpoint_dir=str(checkpoint_dir), output_dir=str(root / name / "output"))
+    path = root / name / f"resolved-host{host}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(resolved, indent=2))
+    return {"kind": "train", "config": str(path), "result": str(root / name / "result.json")}
+
+
+def launch_hosts(root: Path, plans: list[list[dict]], name: str) -> str:
+    """torchrun once per host (node rank 0 and 1), each with its own plan; returns host 0's stdout."""
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    procs = []
+    for host, plan in enumerate(plans):
+        plan_path = root / f"plan-{name}-host{host}.json"
+        plan_path.write_text(json.dumps({"jobs": plan}))
+        cmd = [
+            str(torchrun),
+            f"--nnodes={HOSTS}",
+            "--nproc_per_node=1",
+            f"--node_rank={host}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            str(MULTIRUN),
+            str(plan_path),
+        ]
+        log = (root / f"log-{name}-host{host}.txt").open("w")
+        procs.append((subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    codes = []
+    for proc, log in procs:
+        try:
+            codes.append(proc.wait(timeout=600))
+        finally:
+            proc.kill()
+            log.close()
+    logs = [(root / f"log-{name}-host{h}.txt").read_text() for h in range(HOSTS)]
+    if any(codes):
+        pytest.fail(f"{name}: exit codes {codes}\n" + "\n".join(text[-4000:] for text in logs))
+    return logs[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def losses(root: Path, name: str) -> list[tuple[int, float]]:
+    lines = (root / name / "output" / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
+
+
+def files(directory: Path) -> dict[str, list[str]]:
+    """{step directory: sorted relative file paths} under one checkpoint directory."""
+    return {
+        step_dir.name: sorted(p.relative_to(step_dir).as_posix() for p in step_dir.rglob("*") if p.is_file())
+        for step_dir in sorted(directory.iterdir())
+    }
+
+
+def merge(sources: list[Path], target: Path) -> None:
+    """What SageMaker's download does: every host's uploads land in one directory."""
+    for source in sources:
+        shutil.copytree(source, target, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("multihost")
+    per_host = [
+        [
+            write_config(root, "reference", h, root / f"reference-host{h}", **{"training.steps": 6}),
+            write_config(
+                root, "split", h, root / f"split-host{h}", **{"training.steps": 4, "checkpoint.every_steps": 1}
+            ),
+            write_config(
+                root,
+                "timed",
+                h,
+                root / f"timed-host{h}",
+                **{"training.steps": 3, "checkpoint.every_minutes": 0.0001, "checkpoint.keep": 10},
+            ),
+        ]
+        for h in range(HOSTS)
+    ]
+    (root / "stdout-hosts.txt").write_text(launch_hosts(root, per_host, "own-dirs"))
+
+    merged, torn = root / "merged", root / "torn"
+    merge([root / f"split-host{h}" for h in range(HOSTS)], merged)
+    shutil.copytree(merged, torn)
+    (torn / "step-00000004" / "COMPLETE.node-1-of-2").unlink()
+    shared = [
+        [
+            write_config(root, "resumed", h, merged, **{"training.steps": 6}),
+            write_config(root, "torn-resumed", h, torn, **{"training.steps": 6}),
+        ]
+        for h in range(HOSTS)
+    ]
+    (root / "stdout-shared.txt").write_text(launch_hosts(root, shared, "shared-dir"))
+    return root
+
+
+def test_each_host_directory_holds_only_its_own_files_of_the_newest_two_checkpoints(runs):
+    host0, host1 = files(runs / "split-host0"), files(runs / "split-host1")
+    assert list(host0) == list(host1) == ["step-00000003", "step-00000004"]
+    for step in host0:
+        assert host0[step] == [
+            ".metadata",
+            "COMPLETE.node-0-of-2",
+            "__0_0.distcp",
+            "rng/rank-00000.pt",
+            "train_state.json",
+        ]
+        assert host1[step] == ["COMPLETE.node-1-of-2", "__1_0.distcp", "rng/rank-00001.pt"]
+    # Neither host's directory is a complete checkpoint alone; merged (as S3 holds them) they are.
+    assert complete_checkpoints(runs / "split-host0") == complete_checkpoints(runs / "split-host1") == []
+
+
+def test_merged_host_directories_resume_with_the_losses_of_an_uninterrupted_run(runs):
+    reference = dict(losses(runs, "reference"))
+    resumed = losses(runs, "resumed")
+    assert [step for step, _ in resumed] == [5, 6]
+    for step, loss in resumed:
+        assert loss == pytest.approx(reference[step], abs=1e-5), step
+    split = dict(losses(runs, "split"))
+    assert [split[s] for s in range(1, 5)] == pytest.approx([reference[s] for s in range(1, 5)], abs=1e-6)
+    assert "resumed_from_step=4" in (runs / "stdout-shared.txt").read_text()
+    assert [s for s, _ in complete_checkpoints(runs / "merged")] == [4, 6]
+
+
+def test_a_checkpoint_missing_one_hosts_marker_is_ignored_and_then_removed(runs):
+    reference = dict(losses(runs, "reference"))
+    resumed = losses(runs, "torn-resumed")
+    assert [step for step, _ in resumed] == [4, 5, 6]  # from step 3, the newest complete one
+    for step, loss in resumed:
+        assert loss == pytest.approx(reference[step], abs=1e-5), step
+    assert "resumed_from_step=3" in (runs / "stdout-shared.txt").read_text()
+    # Keep 2: steps 3 and 6 remain; both hosts removed their files of the torn step 4.
+    assert sorted(p.name for p in (runs / "torn").iterdir()) == ["step-00000003", "step-00000006"]
+    assert all(is_complete(p) for p in (runs / "torn").iterdir())
+
+
+def test_every_minutes_saves_without_every_steps(runs):
+    for host in range(HOSTS):
+        assert sorted(p.name for p in (runs / f"timed-host{host}").iterdir()) == [
+            "step-00000001",
+            "step-00000002",
+            "step-00000003",
+        ]
+    stdout = (runs / "stdout-hosts.txt").read_text()
+    for step in (1, 2, 3):
+        assert f"checkpoint step={step} written_s=" in stdout
