@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: make the `entrypoints` package
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from entrypoints.checkpoint import Checkpointer
 from entrypoints.config import ConfigError, JobConfig, load_config
@@ -186,6 +187,9 @@ def _layout(par) -> str:
     return "x".join(parts) or "single"
 
 
+# @record: an exception's message and traceback go to torchrun's error file, so torchrun (and
+# entrypoints/bootstrap.py's failure file) names this rank's root cause.
+@record
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train a Llama model from a resolved launcher config.")
     parser.add_argument("--config", required=True, help="path of the resolved config JSON")

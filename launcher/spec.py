@@ -32,6 +32,7 @@ SUFFIX_LEN = 4
 RDZV_PORT = 29500
 CONFIG_FILE = "resolved.json"
 ENTRYPOINT = "entrypoints/train.py"
+BOOTSTRAP = "entrypoints/bootstrap.py"
 
 # The metric line every entrypoint prints on rank 0 (contract 2): `metrics key=value ...`.
 METRIC_KEYS = (
@@ -85,6 +86,9 @@ class Placement:
     image: str | None = None
     """The container image; None runs on the machines' own Python environment."""
     mounts: tuple[Mount, ...] = ()
+    bootstrap: bool = False
+    """Run torchrun through entrypoints/bootstrap.py, which picks the rendezvous from the engine's
+    own host list (SageMaker's resourceconfig.json), installs pinned wheels and writes the failure file."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +137,7 @@ class Cloud:
     checkpoint_uri: str | None
     kms_key_id: str | None
     retries: int
+    training_plan_arn: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,7 +193,9 @@ class JobSpec:
             recipe_name=recipe.name,
             backend=backend,
             image=placement.image,
-            command=torchrun_command(resources, name=name, rendezvous_host=placement.rendezvous_host),
+            command=torchrun_command(
+                resources, name=name, rendezvous_host=placement.rendezvous_host, bootstrap=placement.bootstrap
+            ),
             environment=tuple(sorted(job_environment(resources, inputs).items())),
             resources=resources,
             inputs=inputs,
@@ -211,6 +218,7 @@ class JobSpec:
                 checkpoint_uri=sm.checkpoint_uri,
                 kms_key_id=sm.kms_key_id,
                 retries=sm.retries,
+                training_plan_arn=sm.training_plan_arn,
             ),
             tags=tuple(sorted(sm.tags.items())),
             resolved_json=canonical_json(resolved),
@@ -311,8 +319,15 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-def torchrun_command(resources: Resources, *, name: str, rendezvous_host: str | None) -> tuple[str, ...]:
-    """The torchrun argv of contract 1, run from the bundle root."""
+def torchrun_command(
+    resources: Resources, *, name: str, rendezvous_host: str | None, bootstrap: bool = False
+) -> tuple[str, ...]:
+    """The torchrun argv of contract 1, run from the bundle root.
+
+    With `bootstrap`, entrypoints/bootstrap.py runs it and adds the node count and rendezvous itself."""
+    tail = ["--max-restarts=0", ENTRYPOINT, "--config", CONFIG_FILE]
+    if bootstrap:
+        return ("python3", BOOTSTRAP, "torchrun", f"--nproc-per-node={resources.procs_per_node}", *tail)
     argv = ["torchrun", f"--nnodes={resources.instance_count}", f"--nproc-per-node={resources.procs_per_node}"]
     if resources.instance_count == 1:
         argv.append("--standalone")
@@ -320,8 +335,7 @@ def torchrun_command(resources: Resources, *, name: str, rendezvous_host: str | 
         argv += ["--rdzv-backend=c10d", f"--rdzv-id={name}"]
         if rendezvous_host is not None:
             argv.append(f"--rdzv-endpoint={rendezvous_host}:{RDZV_PORT}")
-    argv += ["--max-restarts=0", ENTRYPOINT, "--config", CONFIG_FILE]
-    return tuple(argv)
+    return (*argv, *tail)
 
 
 # libfabric and NCCL settings for EFA. Set from the catalog's efa_interfaces, so every EFA

@@ -107,6 +107,8 @@ class InstanceType(BaseModel):
     usd_per_hour: float
     price_date: datetime.date | None
     price_source: str
+    local_nvme: bool = False
+    """Instance-store NVMe, hardware-encrypted: SageMaker refuses a VolumeKmsKeyId for it."""
 
     @property
     def has_efa(self) -> bool:
