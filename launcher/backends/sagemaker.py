@@ -127,14 +127,14 @@ def create_training_job_request(
         "LAUNCHER_JOB_NAME": spec.name,
     }
     channels = [_channel("code", code_uri, "File")]
+    for data in spec.inputs:
+        # Long-context corpora are large: stream them instead of copying them first.
+        channels.append(_channel(data.name, data.source, "FastFile"))
     if wheels:
         # entrypoints/bootstrap.py installs these with pip --no-index: no network needed.
         channels.append(_channel(WHEELS_CHANNEL, locations.wheels_uri(wheels), "File"))
         environment["LAUNCHER_REQUIREMENTS"] = " ".join(w.requirement for w in wheels)
         environment["LAUNCHER_WHEELHOUSE"] = f"{CHANNELS_DIR}/{WHEELS_CHANNEL}"
-    for data in spec.inputs:
-        # Long-context corpora are large: stream them instead of copying them first.
-        channels.append(_channel(data.name, data.source, "FastFile"))
     request: dict = {
         "TrainingJobName": spec.name,
         "RoleArn": cloud.role_arn,
