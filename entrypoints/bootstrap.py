@@ -205,30 +205,36 @@ def root_cause(error_file: str, tail: list[str]) -> tuple[str, int | None]:
     """(a few lines naming the first failing rank's error, that rank's exit code if known).
 
     torchrun copies the first failing worker's error file (written by the entrypoint's `@record`
-    main) to TORCHELASTIC_ERROR_FILE; without one, use its summary and the last error line."""
-    summary = "\n".join(tail)
-    rank = re.findall(r"^\s*rank\s*:\s*(\d+)", summary, re.M)
-    host = re.findall(r"^\s*host\s*:\s*(\S+)", summary, re.M)
-    codes = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", summary, re.M)
-    where = f"rank {rank[0]}" + (f" on {host[0]}" if host else "") if rank else "a worker"
-    code = int(codes[0]) if codes else None
+    main) to TORCHELASTIC_ERROR_FILE. Without one, use the rank, host and exit code of torchrun's
+    "Root Cause (first observed failure)" summary and the workers' last error lines."""
+    cut = next((i for i, line in enumerate(tail) if "Root Cause" in line), len(tail))
+    cause = "\n".join(tail[cut:])
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", cause, re.M)
+    host = re.search(r"^\s*host\s*:\s*(\S+)", cause, re.M)
+    exitcode = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", cause, re.M)
+    where = (f"rank {rank[1]}" + (f" on {host[1]}" if host else "")) if rank else "a worker"
+    code = _exit_status(int(exitcode[1])) if exitcode else None
     try:
         data = json.loads(Path(error_file).read_text())["message"]
         message, stack = data["message"], data.get("extraInfo", {}).get("py_callstack", "")
-        code = int(data.get("errorCode") or code or 1)
+        code = _exit_status(int(data.get("errorCode") or code or 1))
         frames = [line for line in stack.strip().splitlines() if line.strip()][-5:-1]
         return "\n".join([f"{where} failed: {message}", *frames]), code
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    before_summary = tail[: next((i for i, line in enumerate(tail) if "Root Cause" in line), len(tail))]
     # Exception lines and `error: ...` lines of the workers; torchrun's own ChildFailedError is no cause.
     errors = [
         line
-        for line in before_summary
+        for line in tail[:cut]
         if re.search(r"\b\w*(Error|Exception)\b.*:|^error:", line) and "ChildFailedError" not in line
     ]
-    lines = errors[-3:] or [line for line in before_summary if line.strip()][-3:]
+    lines = list(dict.fromkeys(errors))[-3:] or [line for line in tail[:cut] if line.strip()][-3:]
     return "\n".join([f"{where} failed (exit code {code if code is not None else 'unknown'}):", *lines]), code
+
+
+def _exit_status(code: int) -> int:
+    """A shell-style exit status: a worker killed by signal N (torchrun reports -N) becomes 128 + N."""
+    return 128 - code if code < 0 else code
 
 
 def write_failure(path: str, text: str) -> None:

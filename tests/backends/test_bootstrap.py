@@ -32,7 +32,16 @@ record = {{"argv": sys.argv[1:], "error_file": os.environ.get("TORCHELASTIC_ERRO
 with open(os.environ["FAKE_TORCHRUN_RECORD"], "w") as f:
     json.dump(record, f)
 summary = '''[E] failed (exitcode: 3) local_rank: 1
-ChildFailedError:
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Failures:
+[1]:
+  time      : 2026-11-30_05:00:00
+  host      : ip-10-0-0-12
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 4241)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4241
+------------------------------------------------------------
 Root Cause (first observed failure):
 [0]:
   time      : 2026-11-30_05:00:00
@@ -320,8 +329,37 @@ def test_a_real_worker_failure_becomes_the_failure_file(sagemaker_host, tmp_path
     argv, env = sagemaker_host(hosts=["algo-1"], current="algo-1", argv=job)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode != 0
-    text = failure(tmp_path)
-    assert re.match(r"rank \d on \S+ failed", text), text
-    assert "error:" in text or "Error" in text, text
-    assert len(text.splitlines()) <= 6 and len(text) <= 1024
+    assert result.returncode == 2  # train.py's exit code for a bad config
+    lines = failure(tmp_path).splitlines()
+    assert re.fullmatch(r"rank [01] on \S+ failed \(exit code 2\):", lines[0]), lines
+    assert lines[1:] == [
+        "error: format: 'not a launcher config' is not a resolved config format these entrypoints read; expected 1 "
+        "(write it with `launcher show --json` or Recipe.resolved() of the same launcher version)"
+    ]
+
+
+RAISING_WORKER = """
+import os, time
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("shard 7 of the train channel is truncated")
+    time.sleep(60)  # rank 0 is still working when torchrun stops it: a symptom, not the cause
+
+main()
+"""
+
+
+@pytest.mark.torchrun
+def test_a_real_recorded_exception_reaches_the_failure_file_through_torchrun(sagemaker_host, tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(RAISING_WORKER)
+    argv, env = sagemaker_host(hosts=["algo-1"], current="algo-1", argv=["torchrun", "--nproc-per-node=2", str(worker)])
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = failure(tmp_path).splitlines()
+    assert re.fullmatch(r"rank 1 on \S+ failed: RuntimeError: shard 7 of the train channel is truncated", lines[0])
+    assert any("in main" in line for line in lines[1:]), lines
