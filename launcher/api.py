@@ -153,6 +153,8 @@ def submit(
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
 
     rendering = target.render(spec)
+    for warning in rendering.data.get("warnings", ()):
+        tell(Stage.RENDER, f"warning: {warning}")
     if dry_run:
         return Submission(loaded, estimate, spec, rendering)
 

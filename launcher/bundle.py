@@ -58,9 +58,17 @@ UNPACK_SCRIPT = (
 )
 
 
-def unpack_entrypoint() -> list[str]:
-    """Container entrypoint argv; the torchrun argv follows it as arguments."""
-    return ["/bin/bash", "-c", UNPACK_SCRIPT, "launcher-bootstrap"]
+def unpack_entrypoint(*, image_entrypoint: str | None = None) -> list[str]:
+    """Container entrypoint argv; the job's argv follows it as arguments.
+
+    `image_entrypoint`: the image's own ENTRYPOINT, which the container entrypoint replaces; when
+    that file exists in the container, the job's argv runs through it (it must end in exec "$@")."""
+    script = UNPACK_SCRIPT
+    if image_entrypoint:
+        script = script.replace(
+            'exec "$@"', f'if [ -x {image_entrypoint} ]; then set -- {image_entrypoint} "$@"; fi; exec "$@"'
+        )
+    return ["/bin/bash", "-c", script, "launcher-bootstrap"]
 
 
 def find_entrypoints() -> Path:

@@ -34,6 +34,7 @@ SUFFIX_LEN = 4
 RDZV_PORT = 29500
 CONFIG_FILE = "resolved.json"
 ENTRYPOINT = "entrypoints/train.py"
+BOOTSTRAP = "entrypoints/bootstrap.py"
 
 
 def job_name(recipe_name: str, *, now: datetime.datetime | None = None, max_len: int = MAX_JOB_NAME) -> str:
@@ -74,6 +75,9 @@ class Placement:
     image: str | None = None
     """The container image; None runs on the machines' own Python environment."""
     mounts: tuple[Mount, ...] = ()
+    bootstrap: bool = False
+    """Run torchrun through entrypoints/bootstrap.py, which picks the rendezvous from the engine's
+    own host list (SageMaker's resourceconfig.json), installs pinned wheels and writes the failure file."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +128,8 @@ class SageMakerSettings:
     max_wait_s: int | None
     """With spot: how long to wait for capacity, run time included (MaxWaitTimeInSeconds)."""
     networking: Networking
+    training_plan_arn: str | None = None
+    """A SageMaker training plan's ARN: the job runs on that plan's reserved capacity."""
 
     @classmethod
     def of(cls, recipe: Recipe) -> SageMakerSettings:
@@ -138,6 +144,7 @@ class SageMakerSettings:
             checkpoint_uri=sm.checkpoint_uri,
             kms_key_id=sm.kms_key_id,
             max_wait_s=max_wait,
+            training_plan_arn=sm.training_plan_arn,
             networking=Networking(
                 subnets=tuple(sm.subnets),
                 security_group_ids=tuple(sm.security_group_ids),
@@ -205,7 +212,9 @@ class JobSpec:
             recipe_name=recipe.name,
             backend=backend,
             image=placement.image,
-            command=torchrun_command(resources, name=name, rendezvous_host=placement.rendezvous_host),
+            command=torchrun_command(
+                resources, name=name, rendezvous_host=placement.rendezvous_host, bootstrap=placement.bootstrap
+            ),
             environment=tuple(sorted(job_environment(resources, inputs).items())),
             resources=resources,
             inputs=inputs,
@@ -312,8 +321,15 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
-def torchrun_command(resources: Resources, *, name: str, rendezvous_host: str | None) -> tuple[str, ...]:
-    """The torchrun argv of contract 1, run from the bundle root."""
+def torchrun_command(
+    resources: Resources, *, name: str, rendezvous_host: str | None, bootstrap: bool = False
+) -> tuple[str, ...]:
+    """The torchrun argv of contract 1, run from the bundle root.
+
+    With `bootstrap`, entrypoints/bootstrap.py runs it and adds the node count and rendezvous itself."""
+    tail = ["--max-restarts=0", ENTRYPOINT, "--config", CONFIG_FILE]
+    if bootstrap:
+        return ("python3", BOOTSTRAP, "torchrun", f"--nproc-per-node={resources.procs_per_node}", *tail)
     argv = ["torchrun", f"--nnodes={resources.instance_count}", f"--nproc-per-node={resources.procs_per_node}"]
     if resources.instance_count == 1:
         argv.append("--standalone")
@@ -321,8 +337,7 @@ def torchrun_command(resources: Resources, *, name: str, rendezvous_host: str | 
         argv += ["--rdzv-backend=c10d", f"--rdzv-id={name}"]
         if rendezvous_host is not None:
             argv.append(f"--rdzv-endpoint={rendezvous_host}:{RDZV_PORT}")
-    argv += ["--max-restarts=0", ENTRYPOINT, "--config", CONFIG_FILE]
-    return tuple(argv)
+    return (*argv, *tail)
 
 
 # libfabric and NCCL settings for EFA. Set from the catalog's efa_interfaces, so every EFA

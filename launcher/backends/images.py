@@ -1,4 +1,6 @@
-"""The default training image: the region's PyTorch Deep Learning Container (dlc_images.yaml)."""
+"""The default training image: the region's PyTorch Deep Learning Container (dlc_images.yaml).
+
+The same file pins the wheels that image lacks (launcher/backends/wheelhouse.py reads them)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from launcher.errors import UsageError
 
 
 @cache
-def _images() -> dict:
+def image_catalog() -> dict:
     return yaml.safe_load(files(__package__).joinpath("dlc_images.yaml").read_text())
 
 
 def default_image(region: str) -> str:
-    images = _images()
+    images = image_catalog()
     account = images["accounts"].get(region)
     if account is None:
         raise UsageError(

@@ -2,8 +2,10 @@
 
 One function, `create_training_job_request`, builds the CreateTrainingJob request; `--dry-run`
 prints its result and `submit` sends that same dict, so what you review is what runs. The
-container unpacks the code bundle (the `code` channel) and execs the spec's torchrun argv;
-the resolved recipe is `resolved.json` inside the bundle, never hyperparameters.
+container unpacks the code bundle (the `code` channel) and runs entrypoints/bootstrap.py, which
+installs the `wheels` channel offline, picks the static rendezvous from resourceconfig.json and
+runs torchrun (docs/sagemaker.md). The resolved recipe is `resolved.json` inside the bundle,
+never hyperparameters.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from launcher.backends import aws, aws_model
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.cloudwatch import LOG_GROUP, log_lines
 from launcher.backends.images import training_image
+from launcher.backends.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
 from launcher.bundle import ARCHIVE_NAME, Bundle, unpack_entrypoint
+from launcher.catalog import instance_types
 from launcher.contract.metrics import METRIC_REGEXES
 from launcher.errors import LauncherError, UsageError
 from launcher.spec import JobSpec, Placement, SageMakerSettings
@@ -27,6 +31,10 @@ CHECKPOINT_DIR = "/opt/ml/checkpoints"
 OUTPUT_DIR = "/opt/ml/output/data"
 CHANNELS_DIR = "/opt/ml/input/data"
 CODE_DIR = "/opt/ml/code"
+WHEELS_CHANNEL = "wheels"
+# The DLC's own ENTRYPOINT (CUDA forward-compatibility setup, then exec "$@"); a ContainerEntrypoint
+# replaces it, so the bootstrap runs through it where the image has it.
+IMAGE_ENTRYPOINT = "/usr/local/bin/entrypoint.sh"
 ROLE_EXAMPLE = "arn:aws:iam::<account>:role/<SageMakerExecutionRole>"
 
 # SageMaker reads these from the job's log lines (launcher.contract.metrics) into CloudWatch metrics.
@@ -58,6 +66,7 @@ class Locations:
     output: str
     checkpoints: str
     code_prefix: str
+    wheels_prefix: str
 
     @classmethod
     def of(cls, spec: JobSpec) -> Locations:
@@ -71,16 +80,45 @@ class Locations:
             bucket, default = f"sagemaker-{cloud.region}-{role_account(cloud.role_arn)}", True
             root = f"s3://{bucket}/launcher"
         checkpoints = cloud.checkpoint_uri or f"{root}/{spec.recipe_name}/checkpoints"
-        return cls(bucket, default, f"{root}/{spec.recipe_name}", checkpoints.rstrip("/"), f"{root}/code")
+        output = f"{root}/{spec.recipe_name}"
+        return cls(bucket, default, output, checkpoints.rstrip("/"), f"{root}/code", f"{root}/wheels")
 
     def code_uri(self, bundle: Bundle) -> str:
         return f"{self.code_prefix}/{bundle.sha256}/{ARCHIVE_NAME}"
+
+    def wheels_uri(self, wheels: tuple[Wheel, ...]) -> str:
+        """Content-addressed prefix holding exactly these wheel files (the `wheels` channel)."""
+        return f"{self.wheels_prefix}/{wheelhouse_key(wheels)}/"
 
 
 # --- the request ---------------------------------------------------------------------------------
 
 
-def create_training_job_request(spec: JobSpec, *, code_uri: str, locations: Locations) -> dict:
+def _channel(name: str, uri: str, mode: str) -> dict:
+    source = {"S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}
+    return {"ChannelName": name, "DataSource": {"S3DataSource": source}, "InputMode": mode}
+
+
+def local_nvme(instance_type: str) -> bool:
+    instance = instance_types().get(instance_type)
+    return bool(instance and instance.local_nvme)
+
+
+def request_warnings(spec: JobSpec) -> list[str]:
+    """What the request leaves out of the recipe, and why (printed by dry-run and submit)."""
+    instance = spec.resources.instance_type
+    if settings(spec).kms_key_id and local_nvme(instance):
+        return [
+            f"sagemaker.kms_key_id: not used for the training volumes: {instance} stores them on local NVMe, "
+            "which its hardware encrypts, and SageMaker rejects VolumeKmsKeyId for it; the key still encrypts "
+            "the output and the code upload"
+        ]
+    return []
+
+
+def create_training_job_request(
+    spec: JobSpec, *, code_uri: str, locations: Locations, wheels: tuple[Wheel, ...] = ()
+) -> dict:
     """The CreateTrainingJob request for `spec`: what dry-run prints and submit sends."""
     cloud, resources = settings(spec), spec.resources
     environment = {
@@ -89,41 +127,22 @@ def create_training_job_request(spec: JobSpec, *, code_uri: str, locations: Loca
         "LAUNCHER_CODE": CODE_DIR,
         "LAUNCHER_JOB_NAME": spec.name,
     }
-    channels = [
-        {
-            "ChannelName": "code",
-            "DataSource": {
-                "S3DataSource": {
-                    "S3DataType": "S3Prefix",
-                    "S3Uri": code_uri,
-                    "S3DataDistributionType": "FullyReplicated",
-                }
-            },
-            "InputMode": "File",
-        }
-    ]
+    channels = [_channel("code", code_uri, "File")]
     for data in spec.inputs:
-        channels.append(
-            {
-                "ChannelName": data.name,
-                "DataSource": {
-                    "S3DataSource": {
-                        "S3DataType": "S3Prefix",
-                        "S3Uri": data.source,
-                        "S3DataDistributionType": "FullyReplicated",
-                    }
-                },
-                # Long-context corpora are large: stream them instead of copying them first.
-                "InputMode": "FastFile",
-            }
-        )
+        # Long-context corpora are large: stream them instead of copying them first.
+        channels.append(_channel(data.name, data.source, "FastFile"))
+    if wheels:
+        # entrypoints/bootstrap.py installs these with pip --no-index: no network needed.
+        channels.append(_channel(WHEELS_CHANNEL, locations.wheels_uri(wheels), "File"))
+        environment["LAUNCHER_REQUIREMENTS"] = " ".join(w.requirement for w in wheels)
+        environment["LAUNCHER_WHEELHOUSE"] = f"{CHANNELS_DIR}/{WHEELS_CHANNEL}"
     request: dict = {
         "TrainingJobName": spec.name,
         "RoleArn": cloud.role_arn,
         "AlgorithmSpecification": {
             "TrainingImage": spec.image,
             "TrainingInputMode": "File",
-            "ContainerEntrypoint": unpack_entrypoint(),
+            "ContainerEntrypoint": unpack_entrypoint(image_entrypoint=IMAGE_ENTRYPOINT),
             "ContainerArguments": list(spec.command),
             "MetricDefinitions": METRIC_DEFINITIONS,
             "EnableSageMakerMetricsTimeSeries": True,
@@ -147,7 +166,10 @@ def create_training_job_request(spec: JobSpec, *, code_uri: str, locations: Loca
         request["StoppingCondition"]["MaxWaitTimeInSeconds"] = cloud.max_wait_s
     if cloud.kms_key_id:
         request["OutputDataConfig"]["KmsKeyId"] = cloud.kms_key_id
-        request["ResourceConfig"]["VolumeKmsKeyId"] = cloud.kms_key_id
+        if not local_nvme(resources.instance_type):
+            request["ResourceConfig"]["VolumeKmsKeyId"] = cloud.kms_key_id
+    if cloud.training_plan_arn:
+        request["ResourceConfig"]["TrainingPlanArn"] = cloud.training_plan_arn
     if cloud.networking.subnets:
         request["VpcConfig"] = {
             "Subnets": list(cloud.networking.subnets),
@@ -166,13 +188,13 @@ class SageMakerBackend(Backend):
     capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=False)
 
     def placement(self, recipe, name: str) -> Placement:
-        # Every host resolves algo-1, the first instance, which hosts the rendezvous store.
+        # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.
         return Placement(
             checkpoint_dir=CHECKPOINT_DIR,
             output_dir=OUTPUT_DIR,
-            rendezvous_host="algo-1",
             s3_data_dir=f"{CHANNELS_DIR}/train",
             image=training_image(recipe),
+            bootstrap=True,
         )
 
     def problems(self, spec: JobSpec) -> list[str]:
@@ -188,18 +210,23 @@ class SageMakerBackend(Backend):
         bundle = Bundle.build(spec.resolved_json)
         locations = Locations.of(spec)
         code_uri = locations.code_uri(bundle)
-        request = create_training_job_request(spec, code_uri=code_uri, locations=locations)
+        wheels = job_wheels(spec.resolved)
+        request = create_training_job_request(spec, code_uri=code_uri, locations=locations, wheels=wheels)
         problems = aws_model.validate("sagemaker", "CreateTrainingJob", request)
         if problems:
             raise UsageError(
                 "\n".join(f"the CreateTrainingJob request breaks the SageMaker API: {p}" for p in problems)
             )
         data = {"request": request, "bundle": bundle.describe(code_uri)}
+        if wheels:
+            data["wheels"] = {"uri": locations.wheels_uri(wheels), "files": [w.file for w in wheels]}
+        if warnings := request_warnings(spec):
+            data["warnings"] = warnings
         return Rendering(
             spec=spec,
             data=data,
             text=json.dumps(data, indent=2),
-            payload={"bundle": bundle, "locations": locations, "code_uri": code_uri},
+            payload={"bundle": bundle, "locations": locations, "code_uri": code_uri, "wheels": wheels},
         )
 
     def _submit(self, rendering: Rendering) -> JobRef:
@@ -207,6 +234,8 @@ class SageMakerBackend(Backend):
         region = settings(spec).region
         locations: Locations = rendering.payload["locations"]
         upload_bundle(rendering.payload["bundle"], rendering.payload["code_uri"], locations, spec)
+        if rendering.payload["wheels"]:
+            upload_wheels(rendering.payload["wheels"], locations, spec)
         sm = aws.client("sagemaker", region)
         try:
             sm.create_training_job(**rendering.data["request"])
@@ -340,31 +369,47 @@ def _iso(value) -> str | None:
 
 def upload_bundle(bundle: Bundle, code_uri: str, locations: Locations, spec: JobSpec) -> None:
     """Put the bundle at its content-addressed key, unless an identical object is already there."""
+    _put_once(bundle.data, code_uri, bundle.sha256, "application/gzip", "the code bundle", locations, spec)
+
+
+def upload_wheels(wheels: tuple[Wheel, ...], locations: Locations, spec: JobSpec) -> None:
+    """Fetch the pinned wheels once (cached under $LAUNCHER_HOME) and put them under the wheels prefix."""
+
+    prefix = locations.wheels_uri(wheels)
+    for wheel in wheels:
+        data = ensure(wheel).read_bytes()
+        _put_once(
+            data, prefix + wheel.file, wheel.sha256, "application/zip", f"the {wheel.name} wheel", locations, spec
+        )
+
+
+def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, locations: Locations, spec) -> None:
+    """Upload to a content-addressed key, unless an object of the same size is already there."""
     from botocore.exceptions import ClientError
 
     region = settings(spec).region
     s3 = aws.client("s3", region)
-    bucket, key = code_uri.removeprefix("s3://").split("/", 1)
+    bucket, key = uri.removeprefix("s3://").split("/", 1)
     try:
         if locations.default_bucket:
             _ensure_bucket(s3, bucket, region)
         try:
             head = s3.head_object(Bucket=bucket, Key=key)
-            if head["ContentLength"] == len(bundle.data):
+            if head["ContentLength"] == len(data):
                 return
         except ClientError as error:
             if error.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
                 raise
-        extra = {"ContentType": "application/gzip", "Metadata": {"sha256": bundle.sha256}}
+        extra = {"ContentType": content_type, "Metadata": {"sha256": sha256}}
         kms_key_id = settings(spec).kms_key_id
         if kms_key_id:
             extra.update(ServerSideEncryption="aws:kms", SSEKMSKeyId=kms_key_id)
-        with _progress(len(bundle.data), f"uploading code to {code_uri}") as advance:
-            s3.upload_fileobj(io.BytesIO(bundle.data), bucket, key, ExtraArgs=extra, Callback=advance)
+        with _progress(len(data), f"uploading {what} to {uri}") as advance:
+            s3.upload_fileobj(io.BytesIO(data), bucket, key, ExtraArgs=extra, Callback=advance)
     except LauncherError:
         raise
     except Exception as error:
-        raise aws.explain(error, action=f"uploading the code bundle to bucket {bucket}", region=region) from None
+        raise aws.explain(error, action=f"uploading {what} to bucket {bucket}", region=region) from None
 
 
 def _ensure_bucket(s3, bucket: str, region: str) -> None:

@@ -109,6 +109,8 @@ class InstanceType(BaseModel):
     usd_per_hour: float
     price_date: datetime.date | None
     price_source: str
+    local_nvme: bool = False
+    """Instance-store NVMe, hardware-encrypted: SageMaker refuses a VolumeKmsKeyId for it."""
     checkpoint_write_gb_per_s: float | None = None
     """GB/s one host writes checkpoint files to its checkpoint directory (local NVMe)."""
     checkpoint_upload_gb_per_s: float | None = None

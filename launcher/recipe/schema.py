@@ -205,6 +205,12 @@ class SageMaker(Section):
     tags: dict[str, str] = {}
     retries: int = Field(default=0, ge=0, le=30)
     """Times SageMaker retries the job after an internal server error (0 to 30)."""
+    # Pattern and length: ResourceConfig.TrainingPlanArn in botocore's sagemaker service model.
+    training_plan_arn: str | None = Field(
+        default=None, pattern=r"^arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]*:[0-9]{12}:training-plan/.+$", max_length=2048
+    )
+    """Run on a SageMaker training plan's reserved capacity (the usual way to get ml.p5e), e.g.
+    arn:aws:sagemaker:us-west-2:123456789012:training-plan/my-plan; default: on-demand or spot."""
 
 
 class Data(Section):

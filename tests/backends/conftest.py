@@ -75,6 +75,28 @@ def aws(moto_server, monkeypatch):
     aws_clients.reset_clients()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_wheel_cache(tmp_path_factory):
+    """One wheel cache for the session: FP8 submits fetch the pinned torchao wheel once, not per test."""
+    from launcher.backends.wheelhouse import CACHE_ENV
+
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("wheel-cache"))
+    yield Path(os.environ[CACHE_ENV])
+    if previous is None:
+        os.environ.pop(CACHE_ENV)
+    else:
+        os.environ[CACHE_ENV] = previous
+
+
+@pytest.fixture(scope="session")
+def torchao_wheel(shared_wheel_cache) -> Path:
+    """The real pinned torchao wheel (pip download on first use, then the cache)."""
+    from launcher.backends.wheelhouse import ensure, pinned
+
+    return ensure(pinned("torchao"))
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
     """A private $LAUNCHER_HOME."""

@@ -15,6 +15,8 @@ from launcher.errors import UsageError
 
 from .helpers import REPO, ROLE, spec_for
 
+IMAGE_2_13 = "{account}.dkr.ecr.{region}.amazonaws.com{suffix}/pytorch:2.13.0-cu133-amzn2023-sagemaker"
+
 SAGEMAKER_RECIPES = sorted(
     p.stem
     for p in (REPO / "recipes").glob("*.yaml")
@@ -35,11 +37,18 @@ def test_every_sagemaker_recipe_gives_a_request_the_service_model_accepts(recipe
 def test_the_request_carries_the_whole_job(fake_bundle, home):
     request = request_for("llama70b-128k")
     algorithm = request["AlgorithmSpecification"]
-    assert (
-        algorithm["TrainingImage"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-py313"
-    )
+    assert algorithm["TrainingImage"] == IMAGE_2_13.format(account="763104351884", region="us-west-2", suffix="")
     assert algorithm["ContainerEntrypoint"][:2] == ["/bin/bash", "-c"]
-    assert algorithm["ContainerArguments"][0] == "torchrun" and algorithm["ContainerArguments"][-1] == "resolved.json"
+    assert algorithm["ContainerArguments"] == [
+        "python3",
+        "entrypoints/bootstrap.py",
+        "torchrun",
+        "--nproc-per-node=8",
+        "--max-restarts=0",
+        "entrypoints/train.py",
+        "--config",
+        "resolved.json",
+    ]
     assert request["ResourceConfig"] == {"InstanceType": "ml.p5e.48xlarge", "InstanceCount": 4, "VolumeSizeInGB": 500}
     assert request["CheckpointConfig"] == {
         "S3Uri": "s3://my-training-bucket/checkpoints/llama70b-128k",
@@ -82,7 +91,8 @@ def test_spot_vpc_kms_isolation_encryption_and_retries(fake_bundle, home):
     assert request["EnableManagedSpotTraining"] is True
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 2 * 86400, "MaxWaitTimeInSeconds": 3 * 86400}
     assert request["VpcConfig"] == {"Subnets": ["subnet-0abc"], "SecurityGroupIds": ["sg-0def"]}
-    assert request["OutputDataConfig"]["KmsKeyId"] == request["ResourceConfig"]["VolumeKmsKeyId"] == "alias/training"
+    assert request["OutputDataConfig"]["KmsKeyId"] == "alias/training"
+    assert "VolumeKmsKeyId" not in request["ResourceConfig"]  # p5: local NVMe (see below)
     assert request["EnableNetworkIsolation"] is True and request["EnableInterContainerTrafficEncryption"] is True
     assert request["RetryStrategy"] == {"MaximumRetryAttempts": 3}
     assert validate("sagemaker", "CreateTrainingJob", request) == []
@@ -104,10 +114,10 @@ def test_a_recipe_image_and_output_uri_are_used_as_given(fake_bundle, home):
 @pytest.mark.parametrize(
     "region, uri",
     [
-        ("us-east-1", "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.10.0-gpu-py313"),
-        ("ap-east-1", "871362719292.dkr.ecr.ap-east-1.amazonaws.com/pytorch-training:2.10.0-gpu-py313"),
-        ("cn-north-1", "727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn/pytorch-training:2.10.0-gpu-py313"),
-        ("us-gov-west-1", "442386744353.dkr.ecr.us-gov-west-1.amazonaws.com/pytorch-training:2.10.0-gpu-py313"),
+        ("us-east-1", IMAGE_2_13.format(account="763104351884", region="us-east-1", suffix="")),
+        ("ap-east-1", IMAGE_2_13.format(account="871362719292", region="ap-east-1", suffix="")),
+        ("cn-north-1", IMAGE_2_13.format(account="727897471807", region="cn-north-1", suffix=".cn")),
+        ("us-gov-west-1", IMAGE_2_13.format(account="442386744353", region="us-gov-west-1", suffix="")),
     ],
 )
 def test_the_default_image_is_the_regions_pytorch_dlc(region, uri):

@@ -41,7 +41,7 @@ def test_names_respect_a_backends_shorter_limit():
 
 
 def test_single_node_runs_torchrun_standalone_from_the_bundle_root():
-    spec = spec_for("llama3-8b-8k", "sagemaker")
+    spec = spec_for("llama3-8b-8k", "slurm")
     assert spec.command == (
         "torchrun",
         "--nnodes=1",
@@ -55,16 +55,31 @@ def test_single_node_runs_torchrun_standalone_from_the_bundle_root():
 
 
 def test_multi_node_uses_c10d_rendezvous_on_the_first_host():
-    spec = spec_for("llama70b-128k", "sagemaker")
+    spec = spec_for("llama70b-128k", "k8s")
     assert spec.command[:6] == (
         "torchrun",
         "--nnodes=4",
         "--nproc-per-node=8",
         "--rdzv-backend=c10d",
         f"--rdzv-id={spec.name}",
-        "--rdzv-endpoint=algo-1:29500",
+        f"--rdzv-endpoint={spec.name}-master-0:29500",
     )
     assert spec.command[-3:] == ("entrypoints/train.py", "--config", "resolved.json")
+
+
+def test_on_sagemaker_the_bootstrap_runs_torchrun_and_chooses_the_rendezvous():
+    # entrypoints/bootstrap.py adds --nnodes/--node-rank/--master-addr from resourceconfig.json.
+    for recipe in ("llama3-8b-8k", "llama70b-128k"):
+        assert spec_for(recipe, "sagemaker").command == (
+            "python3",
+            "entrypoints/bootstrap.py",
+            "torchrun",
+            "--nproc-per-node=8",
+            "--max-restarts=0",
+            "entrypoints/train.py",
+            "--config",
+            "resolved.json",
+        )
 
 
 @pytest.mark.parametrize(

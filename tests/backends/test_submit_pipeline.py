@@ -53,7 +53,7 @@ def test_dry_run_stops_after_render_and_creates_nothing(aws, home, fake_bundle):
     result = api.submit(recipe_path("llama70b-128k"), dry_run=True, report=lambda stage, _: stages.append(stage))
     assert result.dry_run and result.job is None
     assert stages == [api.Stage.ESTIMATE, api.Stage.SPEC]
-    assert set(result.rendering.data) == {"request", "bundle"}
+    assert set(result.rendering.data) == {"request", "bundle", "wheels"}  # wheels: FP8 needs torchao
     assert nothing_created(home)
 
 

@@ -9,13 +9,12 @@ import re
 import pytest
 import torch
 
-from launcher.contract.config import ConfigError, ModelConfig, OptimizerConfig
 from entrypoints.fp8 import Fp8Settings, convert_to_float8, fp8_settings
 from entrypoints.metrics import MetricsLogger, flops_per_token, matmul_params
 from entrypoints.model.llama import build_model
 from entrypoints.optim import lr_at
 from launcher.catalog import models
-from launcher.contract.config import CheckpointConfig, ConfigError, ModelConfig, OptimizerConfig
+from launcher.contract.config import ConfigError, ModelConfig, OptimizerConfig
 from launcher.contract.metrics import parse_fields
 
 

@@ -1,0 +1,283 @@
+"""The first Python a SageMaker container runs: check, install, rendezvous, run torchrun, report.
+
+Usage (the container's working directory is the unpacked bundle):
+
+    python3 entrypoints/bootstrap.py torchrun --nproc-per-node=8 ... entrypoints/train.py --config resolved.json
+
+In order:
+1. Check that the image's torch is a release the entrypoints support (read from the package
+   metadata, so a wrong image fails in a second, with one line, before torch is imported).
+2. Install the job's pinned wheels (torchao for FP8) offline from the wheelhouse channel,
+   only those the image lacks. `--no-index` makes this work under network isolation.
+3. Read /opt/ml/input/config/resourceconfig.json and add a static rendezvous to the torchrun
+   argv: master = the first of the sorted hosts, node rank = this host's index in that order.
+   This is what AWS's own launchers do; a c10d rendezvous would compare this container's
+   hostname with `algo-1`, and SageMaker containers are not reliably named algo-N.
+4. Run torchrun with a shutdown timeout inside SageMaker's grace period, in its own session,
+   and pass SIGTERM/SIGINT on to it once: workers get time to write their last checkpoint.
+5. On failure, write /opt/ml/output/failure (SageMaker's FailureReason) with the first failing
+   rank's error, and exit with the workers' exit code.
+
+Standard library only: it runs before anything else is known to be importable.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.metadata
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+# The torch releases the entrypoints support, [lowest, first unsupported). The `train` extra in
+# pyproject.toml states the same range (tests/backends/test_bootstrap.py checks they agree).
+SUPPORTED_TORCH = ((2, 13), (2, 15))
+
+RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
+FAILURE_FILE = "/opt/ml/output/failure"
+MASTER_PORT = 29500
+# SageMaker sends SIGKILL about 120 s after SIGTERM. torchrun gives workers this long to save
+# and exit before it kills them, leaving itself and this script 20 s to finish.
+SHUTDOWN_TIMEOUT_S = 100
+# SageMaker keeps the first 1024 characters of the failure file as the job's FailureReason.
+MAX_FAILURE_CHARS = 1024
+EXIT_SETUP = 2  # this script refused to start the job (wrong image, bad wheelhouse, bad config)
+TAIL_LINES = 200
+
+# Paths SageMaker fixes; tests and other engines override them through the environment.
+ENV_RESOURCE_CONFIG = "LAUNCHER_RESOURCE_CONFIG"
+ENV_FAILURE_FILE = "LAUNCHER_FAILURE_FILE"
+ENV_REQUIREMENTS = "LAUNCHER_REQUIREMENTS"
+"""Space-separated `name==version` pins the job needs; empty: nothing to install."""
+ENV_WHEELHOUSE = "LAUNCHER_WHEELHOUSE"
+"""The directory holding the pinned wheels (SageMaker's `wheels` channel)."""
+
+
+class SetupError(Exception):
+    """A reason not to start the job, in one line."""
+
+
+# --- 1. the image's torch -------------------------------------------------------------------------
+
+
+def _release(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if not match:
+        raise SetupError(f"cannot read the torch version {version!r}")
+    return int(match[1]), int(match[2])
+
+
+def check_torch() -> str:
+    """The image's torch version, or SetupError when the entrypoints do not support it."""
+    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_TORCH
+    wanted = f"torch>={lo_major}.{lo_minor},<{hi_major}.{hi_minor}"
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        raise SetupError(
+            f"torch is not installed for {sys.executable}; use an image with {wanted} (sagemaker.image_uri)"
+        ) from None
+    if not SUPPORTED_TORCH[0] <= _release(version) < SUPPORTED_TORCH[1]:
+        raise SetupError(
+            f"the image has torch {version}; the entrypoints support {wanted}: "
+            "set sagemaker.image_uri to such an image, or leave it unset for the default"
+        )
+    return version
+
+
+# --- 2. offline install from the wheelhouse --------------------------------------------------------
+
+
+def missing(requirements: list[str]) -> list[str]:
+    """The `name==version` pins whose exact version is not installed."""
+    result = []
+    for requirement in requirements:
+        name, _, version = requirement.partition("==")
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+        if installed != version:
+            result.append(requirement)
+    return result
+
+
+def install_offline(requirements: list[str], wheelhouse: str | None) -> list[str]:
+    """pip-install the missing pins from `wheelhouse` without any index; returns what it installed."""
+    needed = missing(requirements)
+    if not needed:
+        return []
+    if not wheelhouse or not Path(wheelhouse).is_dir():
+        raise SetupError(f"the job needs {' '.join(needed)} but the wheelhouse {wheelhouse!r} is not a directory")
+    command = [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", wheelhouse, "--no-deps"]
+    command += ["--disable-pip-version-check", "--no-input", *needed]
+    result = subprocess.run(command, capture_output=True, text=True)
+    still = missing(needed) if result.returncode == 0 else needed
+    if still:
+        last = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
+        raise SetupError(f"offline install of {' '.join(still)} from {wheelhouse} failed: {last}")
+    return needed
+
+
+# --- 3. static rendezvous from SageMaker's resourceconfig.json ------------------------------------
+
+
+def read_hosts(path: str) -> tuple[list[str], str]:
+    """(hosts, current_host) of the job, hosts sorted: every host computes the same order."""
+    try:
+        config = json.loads(Path(path).read_text())
+        hosts, current = sorted(config["hosts"]), config["current_host"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SetupError(f"cannot read the hosts from {path}: {error}") from None
+    if current not in hosts:
+        raise SetupError(f"{path}: current_host {current!r} is not one of the hosts {hosts}")
+    return hosts, current
+
+
+def rendezvous_args(hosts: list[str], current: str) -> list[str]:
+    if len(hosts) == 1:
+        return ["--standalone"]
+    return [
+        f"--nnodes={len(hosts)}",
+        f"--node-rank={hosts.index(current)}",
+        f"--master-addr={hosts[0]}",
+        f"--master-port={MASTER_PORT}",
+    ]
+
+
+def torchrun_argv(argv: list[str], rendezvous: list[str]) -> list[str]:
+    """The job's `torchrun ...` argv with the rendezvous and the shutdown timeout added."""
+    if not argv or Path(argv[0]).name != "torchrun":
+        raise SetupError(f"expected a torchrun command after bootstrap.py, got {' '.join(argv) or 'nothing'}")
+    taken = [a for a in argv[1:] if a.split("=")[0] in ("--nnodes", "--standalone", "--rdzv-endpoint", "--node-rank")]
+    if taken:
+        raise SetupError(f"the rendezvous is the bootstrap's to choose; remove {' '.join(taken)} from the command")
+    return [argv[0], *rendezvous, f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}", *argv[1:]]
+
+
+# --- 4. torchrun, with signals passed on ----------------------------------------------------------
+
+
+class Torchrun:
+    """torchrun in its own session: its stderr is relayed (and its tail kept), signals forwarded once."""
+
+    def __init__(self, argv: list[str], error_file: str):
+        env = {**os.environ, "TORCHELASTIC_ERROR_FILE": error_file}
+        # Its own session: a signal to this script's process group reaches torchrun only through
+        # `forward`, once. A second SIGTERM while torchrun waits for its workers cuts that wait short.
+        self.process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.signalled: int | None = None
+        self._relay = threading.Thread(target=self._relay_stderr, daemon=True)
+        self._relay.start()
+
+    def _relay_stderr(self) -> None:
+        out = sys.stderr.buffer
+        for line in self.process.stderr:
+            out.write(line)
+            out.flush()
+            self.tail.append(line.decode(errors="replace").rstrip("\n"))
+
+    def forward(self, signum: int, _frame=None) -> None:
+        if self.signalled is None and self.process.poll() is None:
+            self.signalled = signum
+            print(f"bootstrap: got {signal.Signals(signum).name}; passing it to torchrun", file=sys.stderr, flush=True)
+            self.process.send_signal(signum)
+
+    def wait(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.forward)
+        code = self.process.wait()
+        self._relay.join(timeout=10)
+        return code
+
+
+# --- 5. the root cause ------------------------------------------------------------------------
+
+
+def root_cause(error_file: str, tail: list[str]) -> tuple[str, int | None]:
+    """(a few lines naming the first failing rank's error, that rank's exit code if known).
+
+    torchrun copies the first failing worker's error file (written by the entrypoint's `@record`
+    main) to TORCHELASTIC_ERROR_FILE. Without one, use the rank, host and exit code of torchrun's
+    "Root Cause (first observed failure)" summary and the workers' last error lines."""
+    cut = next((i for i, line in enumerate(tail) if "Root Cause" in line), len(tail))
+    cause = "\n".join(tail[cut:])
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", cause, re.M)
+    host = re.search(r"^\s*host\s*:\s*(\S+)", cause, re.M)
+    exitcode = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", cause, re.M)
+    where = (f"rank {rank[1]}" + (f" on {host[1]}" if host else "")) if rank else "a worker"
+    code = _exit_status(int(exitcode[1])) if exitcode else None
+    try:
+        data = json.loads(Path(error_file).read_text())["message"]
+        message, stack = data["message"], data.get("extraInfo", {}).get("py_callstack", "")
+        code = _exit_status(int(data.get("errorCode") or code or 1))
+        frames = [line for line in stack.strip().splitlines() if line.strip()][-5:-1]
+        return "\n".join([f"{where} failed: {message}", *frames]), code
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    # Exception lines and `error: ...` lines of the workers; torchrun's own ChildFailedError is no cause.
+    errors = [
+        line
+        for line in tail[:cut]
+        if re.search(r"\b\w*(Error|Exception)\b.*:|^error:", line) and "ChildFailedError" not in line
+    ]
+    lines = list(dict.fromkeys(errors))[-3:] or [line for line in tail[:cut] if line.strip()][-3:]
+    return "\n".join([f"{where} failed (exit code {code if code is not None else 'unknown'}):", *lines]), code
+
+
+def _exit_status(code: int) -> int:
+    """A shell-style exit status: a worker killed by signal N (torchrun reports -N) becomes 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def write_failure(path: str, text: str) -> None:
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text[:MAX_FAILURE_CHARS])
+    except OSError as error:
+        print(f"bootstrap: cannot write {path}: {error}", file=sys.stderr)
+
+
+def run(argv: list[str]) -> int:
+    check_torch()
+    requirements = os.environ.get(ENV_REQUIREMENTS, "").split()
+    installed = install_offline(requirements, os.environ.get(ENV_WHEELHOUSE))
+    if installed:
+        print(f"bootstrap: installed {' '.join(installed)} offline", file=sys.stderr, flush=True)
+    hosts, current = read_hosts(os.environ.get(ENV_RESOURCE_CONFIG, RESOURCE_CONFIG))
+    command = torchrun_argv(argv, rendezvous_args(hosts, current))
+    print(f"bootstrap: {current} is node {hosts.index(current)} of {len(hosts)}: {' '.join(command)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="launcher-bootstrap-") as scratch:
+        error_file = os.path.join(scratch, "error.json")
+        torchrun = Torchrun(command, error_file)
+        code = torchrun.wait()
+        if code == 0:
+            return 0
+        failure_file = os.environ.get(ENV_FAILURE_FILE, FAILURE_FILE)
+        if torchrun.signalled is not None:
+            name = signal.Signals(torchrun.signalled).name
+            write_failure(failure_file, f"stopped by {name} (a stop request or a spot interruption) on {current}")
+            return 128 + torchrun.signalled
+        text, worker_code = root_cause(error_file, list(torchrun.tail))
+        write_failure(failure_file, text)
+        return worker_code or code
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except SetupError as error:
+        print(f"bootstrap: {error}", file=sys.stderr, flush=True)
+        write_failure(os.environ.get(ENV_FAILURE_FILE, FAILURE_FILE), str(error))
+        return EXIT_SETUP
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Pinned wheels the training image lacks (torchao for FP8), fetched once and cached by content.
+
+The pins live in backends/dlc_images.yaml with each wheel's file name and sha256, so a dry run
+names the job's wheelhouse without any download, and `pip download` output is checked against
+them. The cache is `$LAUNCHER_HOME/wheelhouse/<sha256>/<file>`: one download per pinned wheel,
+reused by every job. Inside the container, entrypoints/bootstrap.py installs them with
+`pip install --no-index`, so this also works under network isolation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.backends.images import image_catalog
+from launcher.errors import LauncherError
+from launcher.registry import launcher_home
+
+
+@dataclass(frozen=True)
+class Wheel:
+    name: str
+    version: str
+    file: str
+    sha256: str
+    platform: str
+    python: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+def pinned(name: str) -> Wheel:
+    """The catalog's pin for `name`, for the default training image's platform and Python."""
+    catalog = image_catalog()
+    entry = catalog["wheels"][name]
+    return Wheel(
+        name=name,
+        version=str(entry["version"]),
+        file=entry["file"],
+        sha256=entry["sha256"],
+        platform=catalog["wheel_platform"],
+        python=str(catalog["python"]),
+    )
+
+
+def job_wheels(resolved: dict) -> tuple[Wheel, ...]:
+    """The wheels a job needs beyond the image: torchao when the recipe trains in FP8."""
+    return (pinned("torchao"),) if resolved.get("precision", {}).get("fp8") else ()
+
+
+def wheelhouse_key(wheels: tuple[Wheel, ...]) -> str:
+    """A content address for a set of wheels (the S3 prefix of the job's wheels channel)."""
+    return hashlib.sha256("\n".join(sorted(f"{w.file} {w.sha256}" for w in wheels)).encode()).hexdigest()
+
+
+CACHE_ENV = "LAUNCHER_WHEEL_CACHE"
+
+
+def cache_root() -> Path:
+    """$LAUNCHER_WHEEL_CACHE (a cache shared by several homes, as in CI), else $LAUNCHER_HOME/wheelhouse."""
+    shared = os.environ.get(CACHE_ENV)
+    return Path(shared) if shared else launcher_home() / "wheelhouse"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def ensure(wheel: Wheel) -> Path:
+    """The cached wheel file, downloaded with pip on first use and checked against its sha256."""
+    target = cache_root() / wheel.sha256 / wheel.file
+    if target.is_file() and _sha256(target) == wheel.sha256:
+        return target
+    with tempfile.TemporaryDirectory(prefix="launcher-wheel-") as scratch:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+        command += ["--platform", wheel.platform, "--python-version", wheel.python, "--implementation", "cp"]
+        command += ["--disable-pip-version-check", "--dest", scratch, wheel.requirement]
+        result = subprocess.run(command, capture_output=True, text=True)
+        downloaded = Path(scratch) / wheel.file
+        if result.returncode != 0 or not downloaded.is_file():
+            last = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
+            got = ", ".join(p.name for p in Path(scratch).iterdir()) or "nothing"
+            raise LauncherError(
+                f"cannot fetch {wheel.requirement} ({wheel.file}) for the job's wheelhouse: {last} (got {got}); "
+                f"FP8 jobs need it: check pip's access to the package index, or put the file in {target.parent}"
+            )
+        actual = _sha256(downloaded)
+        if actual != wheel.sha256:
+            raise LauncherError(
+                f"{wheel.file} from pip has sha256 {actual}, not the pinned {wheel.sha256} "
+                "(launcher/backends/dlc_images.yaml); refusing to ship it"
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        shutil.copyfile(downloaded, partial)
+        partial.replace(target)  # atomic: a concurrent submit never sees half a wheel
+    return target
+
+
+def build(wheels: tuple[Wheel, ...]) -> list[Path]:
+    """Every wheel of the set, from the cache (fetched where missing)."""
+    return [ensure(wheel) for wheel in wheels]

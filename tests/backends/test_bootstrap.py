@@ -1,0 +1,365 @@
+"""entrypoints/bootstrap.py, the SageMaker container's first Python, run as a subprocess.
+
+A fake `torchrun` first on PATH records the argv and environment the bootstrap gives it and
+plays the failures torchrun reports; the last tests run the real torchrun and train.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from .helpers import REPO
+
+BOOTSTRAP = REPO / "entrypoints" / "bootstrap.py"
+JOB_ARGV = ["torchrun", "--nproc-per-node=2", "--max-restarts=0", "entrypoints/train.py", "--config", "resolved.json"]
+
+FAKE_TORCHRUN = f"""#!{sys.executable}
+import json, os, signal, sys, time
+mode = os.environ.get("FAKE_TORCHRUN", "ok")
+record = {{"argv": sys.argv[1:], "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"), "sid": os.getsid(0)}}
+with open(os.environ["FAKE_TORCHRUN_RECORD"], "w") as f:
+    json.dump(record, f)
+summary = '''[E] failed (exitcode: 3) local_rank: 1
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Failures:
+[1]:
+  time      : 2026-11-30_05:00:00
+  host      : ip-10-0-0-12
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 4241)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4241
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_05:00:00
+  host      : ip-10-0-0-12
+  rank      : 3 (local_rank: 1)
+  exitcode  : 3 (pid: 4242)
+  error_file: <N/A>
+'''
+if mode == "fail":
+    json.dump({{"message": {{"message": "RuntimeError: shard 7 of s3://bucket/tokens is truncated",
+        "extraInfo": {{"py_callstack": "Traceback (most recent call last):\\n  File \\"entrypoints/train.py\\", line 9, in main\\n    train()\\n  File \\"entrypoints/data.py\\", line 5, in load\\n    raise RuntimeError(...)\\nRuntimeError: shard 7 of s3://bucket/tokens is truncated\\n",
+        "timestamp": "1"}}, "errorCode": 3}}}}, open(os.environ["TORCHELASTIC_ERROR_FILE"], "w"))
+    sys.stderr.write("[rank1]: RuntimeError: gloo connection closed by peer\\n" + summary)
+    sys.exit(1)
+if mode == "fail-no-error-file":
+    sys.stderr.write("Traceback (most recent call last):\\n  File \\"entrypoints/train.py\\", line 9\\n")
+    sys.stderr.write("ValueError: parallel.context 3 does not divide seq_len\\n" + summary)
+    sys.exit(1)
+if mode == "term":
+    def on_term(signum, frame):
+        open(os.environ["FAKE_TORCHRUN_RECORD"] + ".term", "a").write("TERM\\n")
+        time.sleep(0.5)  # workers saving their last checkpoint
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, on_term)
+    open(os.environ["FAKE_TORCHRUN_RECORD"] + ".ready", "w").close()
+    while True:
+        time.sleep(0.05)
+print("fake torchrun ran", flush=True)
+"""
+
+
+@pytest.fixture
+def sagemaker_host(tmp_path):
+    """A fake /opt/ml (resourceconfig.json, failure file path) and a fake torchrun first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(FAKE_TORCHRUN)
+    (bin_dir / "torchrun").chmod(0o755)
+
+    def run(hosts=("algo-1", "algo-2"), current="algo-2", argv=JOB_ARGV, mode="ok", python=sys.executable, **env):
+        config = tmp_path / "opt_ml" / "input" / "config" / "resourceconfig.json"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(json.dumps({"current_host": current, "hosts": list(hosts), "network_interface_name": "eth0"}))
+        environment = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "LAUNCHER_RESOURCE_CONFIG": str(config),
+            "LAUNCHER_FAILURE_FILE": str(tmp_path / "opt_ml" / "output" / "failure"),
+            "FAKE_TORCHRUN": mode,
+            "FAKE_TORCHRUN_RECORD": str(tmp_path / "torchrun.json"),
+            **env,
+        }
+        return [python, str(BOOTSTRAP), *argv], environment
+
+    return run
+
+
+def recorded(tmp_path) -> dict:
+    return json.loads((tmp_path / "torchrun.json").read_text())
+
+
+def failure(tmp_path) -> str:
+    return (tmp_path / "opt_ml" / "output" / "failure").read_text()
+
+
+def test_node_rank_and_master_come_from_the_sorted_hosts_not_the_hostname(sagemaker_host, tmp_path):
+    assert not socket.gethostname().startswith("algo-")  # as on SageMaker: the hostname proves nothing
+    argv, env = sagemaker_host(hosts=["algo-2", "algo-1"], current="algo-2")
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert recorded(tmp_path)["argv"] == [
+        "--nnodes=2",
+        "--node-rank=1",
+        "--master-addr=algo-1",
+        "--master-port=29500",
+        "--shutdown-timeout=100",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        "entrypoints/train.py",
+        "--config",
+        "resolved.json",
+    ]
+    assert "fake torchrun ran" in result.stdout
+    assert not (tmp_path / "opt_ml" / "output" / "failure").exists()
+
+
+def test_the_first_sorted_host_is_node_zero_and_a_single_host_is_standalone(sagemaker_host, tmp_path):
+    argv, env = sagemaker_host(hosts=["algo-3", "algo-1", "algo-2"], current="algo-1")
+    assert subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode == 0
+    assert recorded(tmp_path)["argv"][:4] == [
+        "--nnodes=3",
+        "--node-rank=0",
+        "--master-addr=algo-1",
+        "--master-port=29500",
+    ]
+
+    argv, env = sagemaker_host(hosts=["algo-1"], current="algo-1")
+    assert subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode == 0
+    assert recorded(tmp_path)["argv"][:2] == ["--standalone", "--shutdown-timeout=100"]
+
+
+def test_a_rendezvous_in_the_command_is_refused(sagemaker_host, tmp_path):
+    argv, env = sagemaker_host(argv=["torchrun", "--rdzv-endpoint=algo-1:29500", *JOB_ARGV[1:]])
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "bootstrap: the rendezvous is the bootstrap's to choose; remove --rdzv-endpoint=algo-1:29500 from the command"
+    )
+    assert not (tmp_path / "torchrun.json").exists()
+
+
+def test_an_image_with_an_unsupported_torch_is_refused_in_one_line(sagemaker_host, tmp_path):
+    # A torch 2.10 distribution ahead of the real one on sys.path: what an older DLC would have.
+    site = tmp_path / "old-image-site"
+    (site / "torch-2.10.0.dist-info").mkdir(parents=True)
+    (site / "torch-2.10.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.10.0\n")
+    argv, env = sagemaker_host(PYTHONPATH=str(site))
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    line = (
+        "the image has torch 2.10.0; the entrypoints support torch>=2.13,<2.15: set sagemaker.image_uri "
+        "to such an image, or leave it unset for the default"
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"bootstrap: {line}"]
+    assert failure(tmp_path) == line
+    assert not (tmp_path / "torchrun.json").exists()  # torchrun never started
+
+
+def test_the_failure_file_names_the_first_failing_ranks_error_and_the_exit_code_is_its(sagemaker_host, tmp_path):
+    argv, env = sagemaker_host(mode="fail")
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3
+    # torchrun got an error file to copy the root cause into, and its stderr still reaches the logs.
+    assert recorded(tmp_path)["error_file"].endswith("error.json")
+    assert "gloo connection closed by peer" in result.stderr
+    lines = failure(tmp_path).splitlines()
+    assert lines[0] == "rank 3 on ip-10-0-0-12 failed: RuntimeError: shard 7 of s3://bucket/tokens is truncated"
+    assert lines[1:] == [
+        '  File "entrypoints/train.py", line 9, in main',
+        "    train()",
+        '  File "entrypoints/data.py", line 5, in load',
+        "    raise RuntimeError(...)",
+    ]
+    assert "gloo" not in failure(tmp_path)  # another rank's symptom is not the cause
+
+
+def test_without_an_error_file_the_failure_is_the_ranks_last_error_line(sagemaker_host, tmp_path):
+    argv, env = sagemaker_host(mode="fail-no-error-file")
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3
+    assert failure(tmp_path).splitlines() == [
+        "rank 3 on ip-10-0-0-12 failed (exit code 3):",
+        "ValueError: parallel.context 3 does not divide seq_len",
+    ]
+
+
+def test_sigterm_reaches_torchrun_once_and_the_bootstrap_waits_for_it(sagemaker_host, tmp_path):
+    argv, env = sagemaker_host(mode="term")
+    # Its own process group, as PID 1 of a container would be: the signal goes to the bootstrap only.
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "torchrun.json.ready").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert (tmp_path / "torchrun.json.term").read_text() == "TERM\n"  # forwarded exactly once
+    assert recorded(tmp_path)["sid"] != process.pid  # torchrun runs in its own session
+    assert "bootstrap: got SIGTERM; passing it to torchrun" in err.decode()
+    assert failure(tmp_path) == "stopped by SIGTERM (a stop request or a spot interruption) on algo-2"
+
+
+def test_the_supported_torch_range_is_the_train_extras():
+    from entrypoints.bootstrap import SUPPORTED_TORCH
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
+    (torch,) = [r for r in extra if re.match(r"torch[<>=]", r)]
+    (lo, hi) = SUPPORTED_TORCH
+    assert torch == f"torch>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}"
+
+
+def test_the_bootstrap_imports_only_the_standard_library():
+    tree = ast.parse(BOOTSTRAP.read_text())
+    modules = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert modules - {"__future__"} <= set(sys.stdlib_module_names), modules - set(sys.stdlib_module_names)
+
+
+# --- the real thing: pip with no network, torchrun, train.py ------------------------------------------------
+
+
+def fresh_venv_with_torch_but_no_torchao(root: Path) -> Path:
+    """A new venv that sees this one's packages except torchao: the image before the install."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root)], check=True, timeout=300)
+    python = root / "bin" / "python"
+    site_packages = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    ours = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir()))
+    shadow = root / "image-packages"
+    shadow.mkdir()
+    for entry in ours.iterdir():
+        if not entry.name.startswith("torchao") and not entry.name.endswith(".pth"):
+            (shadow / entry.name).symlink_to(entry)
+    (site_packages / "zz-image-packages.pth").write_text(f"{shadow}\n")
+    return python
+
+
+@pytest.mark.torchrun
+def test_the_real_torchao_wheel_installs_offline_with_no_network(sagemaker_host, tmp_path, torchao_wheel):
+    python = fresh_venv_with_torch_but_no_torchao(tmp_path / "image")
+    probe = [python, "-c", "import importlib.util as u; print(u.find_spec('torchao') is None)"]
+    assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "True"
+
+    wheelhouse = tmp_path / "opt_ml" / "input" / "data" / "wheels"
+    wheelhouse.mkdir(parents=True)
+    (wheelhouse / torchao_wheel.name).write_bytes(torchao_wheel.read_bytes())
+    argv, env = sagemaker_host(
+        python=str(python), LAUNCHER_REQUIREMENTS="torchao==0.18.0", LAUNCHER_WHEELHOUSE=str(wheelhouse)
+    )
+    # A network namespace with nothing but a down loopback: pip cannot reach any index.
+    result = subprocess.run(["unshare", "--net", *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "bootstrap: installed torchao==0.18.0 offline" in result.stderr
+
+    check = "import torchao, torch; print(torchao.__version__, torchao.__file__)"
+    version, location = subprocess.run([python, "-c", check], capture_output=True, text=True).stdout.split()
+    assert version == "0.18.0" and location.startswith(str(tmp_path / "image"))
+
+    again = subprocess.run(["unshare", "--net", *argv], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "installed" not in again.stderr  # already importable: nothing to do
+
+
+def test_a_wheelhouse_without_the_pin_stops_the_job_in_one_line(sagemaker_host, tmp_path):
+    empty = tmp_path / "wheels"
+    empty.mkdir()
+    argv, env = sagemaker_host(LAUNCHER_REQUIREMENTS="not-a-real-package-xyz==1.0", LAUNCHER_WHEELHOUSE=str(empty))
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert re.fullmatch(
+        rf"bootstrap: offline install of not-a-real-package-xyz==1\.0 from {re.escape(str(empty))} failed: .*"
+        r"(No matching distribution|Could not find a version).*\n",
+        result.stderr,
+    ), result.stderr
+    assert not (tmp_path / "torchrun.json").exists()
+
+
+def tiny_resolved(tmp_path: Path, **overrides) -> Path:
+    from launcher.recipe import Recipe
+
+    changes = {"cluster.nproc_per_node": 2, "training.steps": 3, "training.global_batch_size": 2}
+    changes |= {"checkpoint.every_steps": 0, **overrides}
+    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", changes)
+    resolved = recipe.resolved(checkpoint_dir=str(tmp_path / "checkpoints"), output_dir=str(tmp_path / "output"))
+    path = tmp_path / "resolved.json"
+    path.write_text(json.dumps(resolved))
+    return path
+
+
+@pytest.mark.torchrun
+def test_the_bootstrap_runs_the_real_torchrun_and_train_py_on_one_host(sagemaker_host, tmp_path):
+    config = tiny_resolved(tmp_path)
+    job = ["torchrun", "--nproc-per-node=2", "--max-restarts=0", "entrypoints/train.py", "--config", str(config)]
+    argv, env = sagemaker_host(hosts=["algo-1"], current="algo-1", argv=job)
+    env["PATH"] = os.environ["PATH"]  # the real torchrun
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env["OMP_NUM_THREADS"] = "1"
+    result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^metrics step=3 loss=[\d.]+", result.stdout, re.M), result.stdout[-2000:]
+    assert "bootstrap: algo-1 is node 0 of 1" in result.stdout
+
+
+@pytest.mark.torchrun
+def test_a_real_worker_failure_becomes_the_failure_file(sagemaker_host, tmp_path):
+    config = tmp_path / "resolved.json"
+    config.write_text(json.dumps({"format": "not a launcher config"}))
+    job = ["torchrun", "--nproc-per-node=2", "--max-restarts=0", "entrypoints/train.py", "--config", str(config)]
+    argv, env = sagemaker_host(hosts=["algo-1"], current="algo-1", argv=job)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2  # train.py's exit code for a bad config
+    lines = failure(tmp_path).splitlines()
+    assert re.fullmatch(r"rank [01] on \S+ failed \(exit code 2\):", lines[0]), lines
+    assert lines[1:] == [
+        "error: format: 'not a launcher config' is not a resolved config format these entrypoints read; expected 1 "
+        "(write it with `launcher show --json` or Recipe.resolved() of the same launcher version)"
+    ]
+
+
+RAISING_WORKER = """
+import os, time
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("shard 7 of the train channel is truncated")
+    time.sleep(60)  # rank 0 is still working when torchrun stops it: a symptom, not the cause
+
+main()
+"""
+
+
+@pytest.mark.torchrun
+def test_a_real_recorded_exception_reaches_the_failure_file_through_torchrun(sagemaker_host, tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(RAISING_WORKER)
+    argv, env = sagemaker_host(hosts=["algo-1"], current="algo-1", argv=["torchrun", "--nproc-per-node=2", str(worker)])
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = failure(tmp_path).splitlines()
+    assert re.fullmatch(r"rank 1 on \S+ failed: RuntimeError: shard 7 of the train channel is truncated", lines[0])
+    assert any("in main" in line for line in lines[1:]), lines
