@@ -162,7 +162,7 @@ def create_training_job_request(spec: JobSpec, *, code_uri: str, locations: Loca
 
 class SageMakerBackend(Backend):
     name = "sagemaker"
-    capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=False)
+    capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=True)
 
     def placement(self, recipe, name: str) -> Placement:
         # Every host resolves algo-1, the first instance, which hosts the rendezvous store.
