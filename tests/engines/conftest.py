@@ -62,11 +62,18 @@ def sim(s3, image, tmp_path) -> Simulation:
 
 @pytest.fixture
 def train_data(s3) -> str:
-    """Token shards in S3 (uint16, llama-tiny's vocabulary): the job's `train` channel."""
+    """Token shards in S3 (uint16, llama-tiny's vocabulary): the job's `train` channel.
+
+    A random walk (each token 1 to 4 above the last), so there is something to learn and the
+    loss falls within a few steps.
+    """
     s3.create_bucket(Bucket=DATA_BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
     generator = random.Random(0)
     for shard in range(2):
-        tokens = array("H", (generator.randrange(VOCAB) for _ in range(40_000)))
+        tokens, token = array("H"), generator.randrange(VOCAB)
+        for _ in range(40_000):
+            token = (token + generator.randint(1, 4)) % VOCAB
+            tokens.append(token)
         s3.put_object(Bucket=DATA_BUCKET, Key=f"tokens/shard-{shard}.bin", Body=tokens.tobytes())
     return f"s3://{DATA_BUCKET}/tokens/"
 

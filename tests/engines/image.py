@@ -18,8 +18,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Left out of the image: what no SageMaker PyTorch image has.
-_ABSENT = re.compile(r"^(torchao|launcher)([-_.].*)?$|^__editable__.*launcher.*$", re.IGNORECASE)
+# Left out of the image: what no SageMaker PyTorch image has (with every top-level file and
+# directory their RECORD lists: torchao's wheel also installs a top-level `test` package).
+_ABSENT = re.compile(r"^(torchao|launcher)-[^-]+\.dist-info$", re.IGNORECASE)
+_EDITABLE = re.compile(r"^__editable__.*launcher.*$")
+
+
+def absent_entries(site: Path) -> set[str]:
+    """Names in `site` that belong to the distributions the image must not have."""
+    names = set()
+    for info in site.iterdir():
+        if not _ABSENT.match(info.name):
+            continue
+        names.add(info.name)
+        record = info / "RECORD"
+        for line in record.read_text().splitlines() if record.is_file() else []:
+            top = line.split(",", 1)[0].split("/", 1)[0]
+            if top and top != "..":
+                names.add(top)
+    return names | {entry.name for entry in site.iterdir() if _EDITABLE.match(entry.name)}
 
 
 def site_packages(venv: Path) -> Path:
@@ -34,8 +51,9 @@ def build_image(source_venv: Path, destination: Path) -> Path:
     python = source_venv / "bin" / "python"
     subprocess.run([str(python), "-m", "venv", "--without-pip", str(destination)], check=True, timeout=120)
     source, target = site_packages(source_venv), site_packages(destination)
+    absent = absent_entries(source)
     for entry in sorted(source.iterdir()):
-        if _ABSENT.match(entry.name) or (target / entry.name).exists():
+        if entry.name in absent or (target / entry.name).exists():
             continue
         os.symlink(entry, target / entry.name)
     # Console scripts the container's command may name; their shebang is the image's Python.

@@ -56,22 +56,21 @@ def _signature(path: Path) -> tuple[int, int]:
 class CheckpointSync:
     """Mirror `local` to the S3 prefix `uri` in a background thread (see the module docstring).
 
-    `halt_before(relative_path)` lets a test end the instance at an exact point: when it returns
-    True for a file about to be uploaded, `on_halt()` runs (the harness SIGKILLs the host) and
-    the sync stops there, so that file and everything after it never reaches S3.
+    `hold(relative_path)` models an upload still under way: files it matches are not uploaded
+    until the sync finishes (a multi-GB shard takes minutes to reach S3). An instance lost in
+    that window (`abandon`) never uploads them.
     """
 
-    def __init__(self, s3, local: Path, uri: str, *, poll_s: float = 0.2,
-                 halt_before: Callable[[str], bool] | None = None, on_halt: Callable[[], None] | None = None):  # fmt: skip
+    def __init__(self, s3, local: Path, uri: str, *, poll_s: float = 0.2, hold: Callable[[str], bool] | None = None):
         self.s3, self.local, self.poll_s = s3, local, poll_s
         self.bucket, prefix = split_uri(uri.rstrip("/") + "/")
         self.prefix = prefix
-        self.halt_before, self.on_halt = halt_before, on_halt
+        self.hold = hold
         self.uploaded: dict[str, tuple[int, int]] = {}  # relative path -> signature in S3
         self.halted = False
         self.errors: list[str] = []
         self._stop = threading.Event()
-        self._lock = threading.RLock()  # on_halt may call abandon() from inside sync_once
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=f"checkpoint-sync {local}", daemon=True)
 
     def download(self) -> int:
@@ -97,7 +96,7 @@ class CheckpointSync:
             except Exception as error:  # a file vanished mid-scan: the next pass sees the truth
                 self.errors.append(repr(error))
 
-    def sync_once(self) -> None:
+    def sync_once(self, *, final: bool = False) -> None:
         with self._lock:
             if self.halted:
                 return
@@ -108,11 +107,8 @@ class CheckpointSync:
             for relative, signature in present.items():
                 if self.uploaded.get(relative) == signature:
                     continue
-                if self.halt_before is not None and self.halt_before(relative):
-                    self.halted = True
-                    if self.on_halt is not None:
-                        self.on_halt()
-                    return
+                if not final and self.hold is not None and self.hold(relative):
+                    continue
                 self.s3.upload_file(str(self.local / relative), self.bucket, self.prefix + relative)
                 self.uploaded[relative] = signature
             for relative in sorted(set(self.uploaded) - set(present)):
@@ -124,12 +120,12 @@ class CheckpointSync:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
-        self.sync_once()
+        self.sync_once(final=True)
 
     def abandon(self) -> None:
         """The instance is gone: stop without another upload."""
         with self._lock:
             self.halted = True
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+        if self._thread.is_alive():
             self._thread.join(timeout=30)

@@ -265,16 +265,17 @@ class Simulation:
         self.grace_s, self.sync_poll_s = grace_s, sync_poll_s
         self.attempts = 0
 
-    def start(self, request: dict, *, halt_sync: dict[str, Callable[[str], bool]] | None = None) -> Attempt:
+    def start(self, request: dict, *, hold_uploads: dict[str, Callable[[str], bool]] | None = None) -> Attempt:
         """Provision fresh hosts for `request` and start its containers (one attempt of the job).
 
-        `halt_sync` maps a host name to a predicate on checkpoint paths: the first file it
-        matches kills that host before the file is uploaded (an instance lost mid-checkpoint).
+        `hold_uploads` maps a host name to a predicate on checkpoint paths: files it matches stay
+        on that host until the job ends (an upload still under way), so `kill(host)` in that
+        window leaves a checkpoint that is complete on the hosts but not in S3.
         """
         self.attempts += 1
         attempt = Attempt(self, TrainingJobRequest(request), self.workdir / f"attempt-{self.attempts}")
         try:
-            attempt.provision(halt_sync or {})
+            attempt.provision(hold_uploads or {})
             attempt.launch()
         except BaseException:
             attempt.close()
@@ -303,7 +304,7 @@ class Attempt:
 
     # --- provisioning ------------------------------------------------------------------------
 
-    def provision(self, halt_sync: dict[str, Callable[[str], bool]]) -> None:
+    def provision(self, hold_uploads: dict[str, Callable[[str], bool]]) -> None:
         sweep_stale()
         self.network.__enter__()
         aliases = dict(zip(self.request.hosts, self.hostnames, strict=True))
@@ -311,7 +312,7 @@ class Attempt:
             host = Host(name, net, self.root / name)
             self._prepare_opt_ml(host)
             (host.root / "hosts").write_text(self.network.hosts_file(net, aliases))
-            self._prepare_checkpoints(host, halt_sync.get(name))
+            self._prepare_checkpoints(host, hold_uploads.get(name))
             self.hosts.append(host)
 
     def _prepare_opt_ml(self, host: Host) -> None:
@@ -334,7 +335,7 @@ class Attempt:
             if not download_channel(self.sim.s3, channel.uri, target):
                 raise RuntimeError(f"channel {channel.name}: nothing in S3 under {channel.uri}")
 
-    def _prepare_checkpoints(self, host: Host, halt_before: Callable[[str], bool] | None) -> None:
+    def _prepare_checkpoints(self, host: Host, hold: Callable[[str], bool] | None) -> None:
         if self.request.checkpoint is None:
             return
         uri, local_path = self.request.checkpoint
@@ -347,8 +348,7 @@ class Attempt:
             host.local(local_path),
             uri,
             poll_s=self.sim.sync_poll_s,
-            halt_before=halt_before,
-            on_halt=lambda: host.signal(signal.SIGKILL),
+            hold=hold,
         )
         host.sync.download()
 
@@ -434,7 +434,7 @@ class Attempt:
         if self.outcome is None:
             self._terminate()
             for host in self.hosts:
-                if host.sync is not None and not host.killed and not host.sync.halted:
+                if host.sync is not None and not host.killed:
                     host.sync.finish()
                 elif host.sync is not None:
                     host.sync.abandon()

@@ -16,6 +16,7 @@ import textwrap
 
 import pytest
 
+from .conftest import DATA_BUCKET
 from .s3sync import list_keys, split_uri
 
 ATTEMPT_TIMEOUT_S = 150.0
@@ -78,7 +79,9 @@ def uninterrupted() -> dict:
 def reference(uninterrupted, submit, sim, train_data):
     def get() -> dict[int, float]:
         if "losses" not in uninterrupted:
-            with sim.start(submit(f"data.source={train_data}")) as attempt:
+            # Its own checkpoint prefix: the scenario's job must not find this run's checkpoints.
+            own = f"sagemaker.checkpoint_uri=s3://{DATA_BUCKET}/reference-checkpoints"
+            with sim.start(submit(f"data.source={train_data}", own)) as attempt:
                 outcome = attempt.wait(timeout_s=ATTEMPT_TIMEOUT_S)
             assert outcome.status == "Completed", outcome.report()
             uninterrupted["losses"] = outcome_losses(outcome)
@@ -239,9 +242,12 @@ def test_a_spot_interruption_resumes_on_fresh_hosts_with_the_same_losses(submit,
 def test_a_host_killed_mid_checkpoint_leaves_a_checkpoint_that_is_ignored(submit, sim, s3, train_data, reference):
     want = reference()
     request = submit(f"data.source={train_data}")
-    # algo-2 dies as its first file of the step-4 checkpoint is about to reach S3.
+    # Every host writes the step-4 checkpoint, but algo-2's part is still on its way to S3 (a big
+    # shard uploads for minutes) when algo-2 is lost, after step 5.
     torn_step = "step-00000004"
-    with sim.start(request, halt_sync={"algo-2": lambda path: path.startswith(torn_step + "/")}) as first:
+    with sim.start(request, hold_uploads={"algo-2": lambda path: path.startswith(torn_step + "/")}) as first:
+        first.wait_for(lambda a: 5 in live_losses(a), timeout_s=ATTEMPT_TIMEOUT_S, what="step 5")
+        first.kill("algo-2")
         torn = first.wait(timeout_s=ATTEMPT_TIMEOUT_S)
     assert torn.status == "Failed", torn.report()
     assert torn.hosts[1].exit_code == 137, torn.report()
