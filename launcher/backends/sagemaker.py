@@ -185,7 +185,7 @@ def create_training_job_request(
 
 class SageMakerBackend(Backend):
     name = "sagemaker"
-    capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=False)
+    capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=True)
 
     def placement(self, recipe, name: str) -> Placement:
         # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.

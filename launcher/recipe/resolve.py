@@ -171,6 +171,12 @@ def resolve_hardware(spec: RecipeSpec) -> tuple[Hardware | None, list[Problem]]:
                 return None, problems
             accelerator_key = cluster.accelerator
         procs = cluster.nproc_per_node or 1
+    elif instance.accelerator == "cpu":
+        # A CPU instance type: cluster.nproc_per_node gloo processes, no GPU to size.
+        accelerator_key = "cpu"
+        if cluster.device != "cpu":
+            problems.append(Problem("cluster.device", f"{key} has no GPUs; use device: cpu"))
+        procs = cluster.nproc_per_node or 1
     else:
         accelerator_key = instance.accelerator
         if cluster.device == "cpu":

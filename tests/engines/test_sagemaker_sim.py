@@ -1,0 +1,288 @@
+"""The job `launcher submit --backend sagemaker` creates, run as SageMaker runs it on two hosts.
+
+Each scenario submits tiny-cpu (2 instances x 2 CPU processes) to moto, takes the exact
+CreateTrainingJob request that was sent, and runs it in the simulation (sagemaker_sim.py):
+hostnames that are not algo-N, /opt/ml per host, checkpoints synced with moto's S3, no route out.
+The first two tests check the harness itself with a hand-written request, so a failure in the
+scenarios below them is the job's, not the simulation's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import textwrap
+
+import pytest
+
+from .conftest import DATA_BUCKET
+from .s3sync import list_keys, split_uri
+
+ATTEMPT_TIMEOUT_S = 150.0
+STEPS = 8
+_METRICS = re.compile(r"^metrics step=(\d+) loss=(\S+)")
+_RESUMED = re.compile(r"resumed_from_step=(\d+)")
+_INTERRUPTED = re.compile(r"interrupted by SIGTERM after step (\d+)")
+
+pytestmark = pytest.mark.torchrun
+
+
+# --- reading what the job printed ----------------------------------------------------------------
+
+
+def losses(stdouts: list[str]) -> dict[int, float]:
+    found: dict[int, float] = {}
+    for text in stdouts:
+        for line in text.splitlines():
+            match = _METRICS.match(line)
+            if match:
+                found[int(match.group(1))] = float(match.group(2))
+    return found
+
+
+def live_losses(attempt) -> dict[int, float]:
+    return losses([host.stdout() for host in attempt.hosts])
+
+
+def outcome_losses(outcome) -> dict[int, float]:
+    return losses([host.stdout for host in outcome.hosts])
+
+
+def first_match(pattern: re.Pattern, outcome) -> int:
+    for host in outcome.hosts:
+        match = pattern.search(host.stdout)
+        if match:
+            return int(match.group(1))
+    raise AssertionError(f"no line matches {pattern.pattern}\n{outcome.report()}")
+
+
+def checkpoint_dirs(s3, request: dict) -> set[str]:
+    uri = request["CheckpointConfig"]["S3Uri"].rstrip("/") + "/"
+    _, prefix = split_uri(uri)
+    return {key.removeprefix(prefix).split("/", 1)[0] for key in list_keys(s3, uri)}
+
+
+def assert_same_losses(got: dict[int, float], want: dict[int, float], steps: range) -> None:
+    assert sorted(got) == list(steps), f"logged steps {sorted(got)}, expected {list(steps)}"
+    for step in steps:
+        assert got[step] == pytest.approx(want[step], rel=1e-4, abs=1e-5), f"step {step}: {got[step]} != {want[step]}"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted() -> dict:
+    """Losses of the uninterrupted run, recorded by the first scenario (computed on demand)."""
+    return {}
+
+
+@pytest.fixture
+def reference(uninterrupted, submit, sim, train_data):
+    def get() -> dict[int, float]:
+        if "losses" not in uninterrupted:
+            # Its own checkpoint prefix: the scenario's job must not find this run's checkpoints.
+            own = f"sagemaker.checkpoint_uri=s3://{DATA_BUCKET}/reference-checkpoints"
+            with sim.start(submit(f"data.source={train_data}", own)) as attempt:
+                outcome = attempt.wait(timeout_s=ATTEMPT_TIMEOUT_S)
+            assert outcome.status == "Completed", outcome.report()
+            uninterrupted["losses"] = outcome_losses(outcome)
+        return uninterrupted["losses"]
+
+    return get
+
+
+# --- the harness itself --------------------------------------------------------------------------
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, pathlib, signal, socket, sys, time
+    config = json.loads(pathlib.Path("/opt/ml/input/config/resourceconfig.json").read_text())
+    me = config["current_host"]
+    peer = [h for h in config["hosts"] if h != me][0]
+    print("hostname", socket.gethostname(), "pid", os.getpid(), "me", me, flush=True)
+    print("resolve", socket.gethostbyname(me), socket.gethostbyname(peer), flush=True)
+    print("code", sorted(os.listdir("/opt/ml/input/data/code")), flush=True)
+    print("env", os.environ["TRAINING_JOB_NAME"], os.environ.get("SM_CURRENT_HOST"), flush=True)
+    checkpoints = pathlib.Path("/opt/ml/checkpoints")
+    print("downloaded", sorted(p.name for p in checkpoints.iterdir()), flush=True)
+    (checkpoints / f"from-{me}").write_text(me)
+    if me == "algo-1":
+        (checkpoints / "old").unlink()
+        server = socket.create_server(("0.0.0.0", 29400)); conn, _ = server.accept()
+        print("peer says", conn.recv(64).decode(), flush=True)
+    else:
+        for _ in range(100):
+            try:
+                socket.create_connection((peer, 29400), timeout=1).sendall(b"hello from " + me.encode()); break
+            except OSError:
+                time.sleep(0.1)
+    signal.signal(signal.SIGTERM, lambda *a: (print("SIGTERM as pid", os.getpid(), flush=True), sys.exit(3)))
+    time.sleep(60)
+    """
+)
+
+
+def probe_request(image_python: str, bucket: str) -> dict:
+    return {
+        "TrainingJobName": "probe",
+        "RoleArn": "arn:aws:iam::111122223333:role/SageMakerTrainingRole",
+        "AlgorithmSpecification": {
+            "TrainingImage": "unused",
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": [image_python, "-c"],
+            "ContainerArguments": [PROBE],
+        },
+        "InputDataConfig": [
+            {
+                "ChannelName": "code",
+                "DataSource": {
+                    "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://{bucket}/code/abc/code.tar.gz"}
+                },
+            }
+        ],
+        "ResourceConfig": {"InstanceType": "ml.c5.2xlarge", "InstanceCount": 2, "VolumeSizeInGB": 10},
+        "CheckpointConfig": {"S3Uri": f"s3://{bucket}/ckpt", "LocalPath": "/opt/ml/checkpoints"},
+        "Environment": {"PYTHONUNBUFFERED": "1"},
+    }
+
+
+def test_harness_gives_each_host_the_sagemaker_container_contract(sim, s3, image):
+    bucket = "probe-bucket"
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    s3.put_object(Bucket=bucket, Key="code/abc/code.tar.gz", Body=b"bundle")
+    s3.put_object(Bucket=bucket, Key="ckpt/old", Body=b"from an earlier attempt")
+    request = probe_request(str(image / "bin" / "python"), bucket)
+    with sim.start(request) as attempt:
+        attempt.wait_for(
+            lambda a: "peer says" in a.host("algo-1").stdout(), timeout_s=60, what="algo-2 reaching algo-1"
+        )
+        attempt.wait_for(lambda a: "from-algo-2" in checkpoint_dirs(s3, request), timeout_s=10, what="upload")
+        routes = [
+            subprocess.run(["ip", "-n", h.net.namespace, "route"], capture_output=True, text=True).stdout
+            for h in attempt.hosts
+        ]
+        outcome = attempt.stop()
+    one, two = (host.stdout for host in outcome.hosts)
+    assert "hostname ip-10-213-7-11 pid 1 me algo-1" in one and "hostname ip-10-213-7-12 pid 1 me algo-2" in two
+    assert "resolve 10.213.7.11 10.213.7.12" in one and "resolve 10.213.7.12 10.213.7.11" in two
+    assert "code ['code.tar.gz']" in one and "env probe None" in one  # no SM_* without the toolkit
+    assert "downloaded ['old']" in one and "downloaded ['old']" in two
+    assert "peer says hello from algo-2" in one
+    assert [r.split()[0] for r in routes] == ["10.213.7.0/24", "10.213.7.0/24"] and all(
+        len(r.splitlines()) == 1 for r in routes
+    )
+    # SIGTERM reached each container's PID 1, which exited within the grace period.
+    assert all("SIGTERM as pid 1" in h.stdout and h.exit_code == 3 for h in outcome.hosts), outcome.report()
+    # algo-1 deleted `old` and each host added a file: S3 follows.
+    assert checkpoint_dirs(s3, request) == {"from-algo-1", "from-algo-2"}
+
+
+def test_harness_reports_a_failed_host_and_stops_the_others(sim, s3, image):
+    bucket = "probe-bucket"
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    s3.put_object(Bucket=bucket, Key="code/abc/code.tar.gz", Body=b"bundle")
+    request = probe_request(str(image / "bin" / "python"), bucket)
+    request["AlgorithmSpecification"]["ContainerArguments"] = [
+        "import json, pathlib, time\n"
+        "me = json.loads(pathlib.Path('/opt/ml/input/config/resourceconfig.json').read_text())['current_host']\n"
+        "if me == 'algo-2':\n"
+        "    pathlib.Path('/opt/ml/output/failure').write_text('ValueError: algo-2 broke')\n"
+        "    raise SystemExit(5)\n"
+        "time.sleep(60)\n"
+    ]
+    sim.grace_s = 3.0
+    with sim.start(request) as attempt:
+        outcome = attempt.wait(timeout_s=30)
+    assert outcome.status == "Failed" and outcome.failure_reason == "ValueError: algo-2 broke"
+    # algo-1 ignores SIGTERM as PID 1 without a handler (as in docker), so the grace ends in SIGKILL.
+    assert [h.exit_code for h in outcome.hosts] == [137, 5]
+
+
+# --- the scenarios -------------------------------------------------------------------------------
+
+
+def test_the_job_trains_to_the_end(submit, sim, s3, train_data, uninterrupted):
+    request = submit(f"data.source={train_data}")
+    assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["code", "train"]
+    with sim.start(request) as attempt:
+        outcome = attempt.wait(timeout_s=ATTEMPT_TIMEOUT_S)
+    assert outcome.status == "Completed", outcome.report()
+    assert [h.exit_code for h in outcome.hosts] == [0, 0]
+    assert first_match(_RESUMED, outcome) == 0
+    found = outcome_losses(outcome)
+    assert sorted(found) == list(range(1, STEPS + 1)) and all(math.isfinite(v) for v in found.values())
+    assert found[STEPS] < found[1], f"the loss did not fall: {found}"
+    assert len(outcome.lines("summary ")) == 1
+    # Only the newest `keep` (2) checkpoints remain in S3: every host pruned its own part.
+    assert checkpoint_dirs(s3, request) == {"step-00000006", "step-00000008"}
+    uninterrupted["losses"] = found
+
+
+def test_a_spot_interruption_resumes_on_fresh_hosts_with_the_same_losses(submit, sim, s3, train_data, reference):
+    want = reference()
+    request = submit(f"data.source={train_data}", "sagemaker.spot=true", "sagemaker.max_wait=2d")
+    assert request["EnableManagedSpotTraining"] is True
+    with sim.start(request) as first:
+        first.wait_for(lambda a: 5 in live_losses(a), timeout_s=ATTEMPT_TIMEOUT_S, what="step 5")
+        interrupted = first.stop()
+    # Every container finished within the grace period, with a checkpoint of the step it was on.
+    assert not any(h.exit_code == 137 for h in interrupted.hosts), interrupted.report()
+    stopped_at = first_match(_INTERRUPTED, interrupted)
+    assert stopped_at >= 5
+    assert f"step-{stopped_at:08d}" in checkpoint_dirs(s3, request)
+    before = outcome_losses(interrupted)
+    assert_same_losses(before, want, range(1, stopped_at + 1))
+
+    with sim.start(request) as second:
+        outcome = second.wait(timeout_s=ATTEMPT_TIMEOUT_S)
+    assert outcome.status == "Completed", outcome.report()
+    assert first_match(_RESUMED, outcome) == stopped_at
+    assert_same_losses(outcome_losses(outcome), want, range(stopped_at + 1, STEPS + 1))
+
+
+def test_a_host_killed_mid_checkpoint_leaves_a_checkpoint_that_is_ignored(submit, sim, s3, train_data, reference):
+    want = reference()
+    request = submit(f"data.source={train_data}")
+    # Every host writes the step-4 checkpoint, but algo-2's part is still on its way to S3 (a big
+    # shard uploads for minutes) when algo-2 is lost, after step 5.
+    torn_step = "step-00000004"
+    with sim.start(request, hold_uploads={"algo-2": lambda path: path.startswith(torn_step + "/")}) as first:
+        first.wait_for(lambda a: 5 in live_losses(a), timeout_s=ATTEMPT_TIMEOUT_S, what="step 5")
+        first.kill("algo-2")
+        torn = first.wait(timeout_s=ATTEMPT_TIMEOUT_S)
+    assert torn.status == "Failed", torn.report()
+    assert torn.hosts[1].exit_code == 137, torn.report()
+    assert torn_step in checkpoint_dirs(s3, request), "algo-1's part of the torn checkpoint should be in S3"
+
+    with sim.start(request) as second:
+        outcome = second.wait(timeout_s=ATTEMPT_TIMEOUT_S)
+    assert outcome.status == "Completed", outcome.report()
+    assert first_match(_RESUMED, outcome) == 2
+    assert_same_losses(outcome_losses(outcome), want, range(3, STEPS + 1))
+
+
+def test_fp8_installs_torchao_offline_inside_the_namespace(submit, sim, s3, image, moto_server):
+    request = submit(
+        "precision.fp8=true", "sagemaker.network_isolation=true", "checkpoint.every_steps=0", "training.steps=4"
+    )
+    assert request["EnableNetworkIsolation"] is True
+    port = moto_server.rsplit(":", 1)[1]
+    reach_moto = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+    with sim.start(request) as attempt:
+        # The hosts cannot reach anything outside the cluster, not even the S3 server on this machine.
+        for host in attempt.hosts:
+            probe = subprocess.run(
+                ["ip", "netns", "exec", host.net.namespace, str(image / "bin" / "python"), "-c", reach_moto],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            assert probe.returncode != 0 and "ConnectionRefusedError" in probe.stderr, probe.stderr
+        outcome = attempt.wait(timeout_s=ATTEMPT_TIMEOUT_S)
+    assert outcome.status == "Completed", outcome.report()
+    assert re.search(r"^start .* fp8=tensorwise ", "\n".join(h.stdout for h in outcome.hosts), re.M), outcome.report()
+    found = outcome_losses(outcome)
+    assert sorted(found) == [1, 2, 3, 4] and all(math.isfinite(v) for v in found.values())
+    # What the containers installed stayed in their own layers: the image still has no torchao.
+    check = subprocess.run(
+        [str(image / "bin" / "python"), "-c", "import importlib.util as u; print(u.find_spec('torchao'))"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert check.stdout.strip() == "None"
