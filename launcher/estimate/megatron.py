@@ -14,8 +14,9 @@ FP8 is not part of the published accounting and does not change this mode's numb
 from __future__ import annotations
 
 from launcher.catalog import ModelArch
-from launcher.estimate.memory import StageMemory, Workload, empty_breakdown
+from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.pipeline import in_flight, layers_per_rank
+from launcher.estimate.workload import Workload
 from launcher.layout import Layout
 
 FP32 = 4

@@ -12,9 +12,10 @@ validates recipes, so a layout the planner proposes is always one a recipe accep
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.catalog import ModelArch
+from launcher.estimate import Workload
 from launcher.layout import Layout
 from launcher.recipe.rules import divisors, layout_problems, tensor_choices
 
@@ -32,6 +33,18 @@ class Shape:
     micro_batch_size: int
     grad_accum_steps: int
     pipeline_schedule: str
+
+    def workload(self, base: Workload, *, activation_checkpointing: str, fp8: bool) -> Workload:
+        """`base` (the recipe's workload) with this shape, checkpointing and FP8 setting."""
+        return replace(
+            base,
+            layout=self.layout,
+            micro_batch_size=self.micro_batch_size,
+            grad_accum_steps=self.grad_accum_steps,
+            pipeline_schedule=self.pipeline_schedule,
+            activation_checkpointing=activation_checkpointing,
+            fp8=fp8,
+        )
 
 
 def shapes(
