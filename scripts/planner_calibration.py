@@ -391,7 +391,8 @@ every parallel layout of the recipe's model that the recipe rules accept on that
 keeps those the memory estimator says fit (80% of GPU memory by default), and ranks them by
 predicted tokens/s/GPU, with MFU and dollars per million tokens; then it says why the best wins.
 `launcher estimate --json` adds `predicted` for the recipe's own layout, `launcher submit
---auto-plan` switches to the best layout first, and `launcher.api.plan(recipe, gpus=..., top=...)` is the API.
+--auto-plan` switches to the best layout first, and `launcher.api.plan(recipe, gpus=..., top=...)`
+is the API.
 
 ## The search
 
@@ -410,8 +411,8 @@ predicted tokens/s/GPU, with MFU and dollars per million tokens; then it says wh
 
 ## How a layout is scored
 
-`launcher/plan/throughput.py`, one function per term. For one micro-batch on one GPU of the last pipeline rank (its
-blocks plus the output layer and the loss):
+`launcher/plan/throughput.py`, one function per term. For one micro-batch on one GPU of the last
+pipeline rank (its blocks plus the output layer and the loss):
 
 | term | model | overlap assumption |
 |---|---|---|
