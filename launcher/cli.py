@@ -42,7 +42,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 # here would slow down `launcher --help`. A test keeps the help text equal to the constant.
 ThresholdOpt = Annotated[
     float | None,
-    typer.Option(help="Fraction of GPU memory a job may use and still fit [default: 0.8].", show_default=False),
+    typer.Option(help="Fraction of GPU memory a job may use and still fit (default 0.8).", show_default=False),
 ]
 
 

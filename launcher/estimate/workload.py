@@ -51,4 +51,5 @@ class Workload:
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens one optimizer step trains on, over all data-parallel ranks."""
         return self.seq_len * self.micro_batch_size * self.grad_accum_steps * self.layout.data_parallel

@@ -61,9 +61,10 @@ def suggestion(recipe: Recipe, *, mode: Mode = "fsdp", threshold: float = DEFAUL
     """One sentence for a recipe that does not fit: the change that does, or what to do instead."""
     found = find_fitting_change(recipe, mode=mode, threshold=threshold)
     if found is None:
+        scale = _scales(recipe)[-1]
+        where = "this machine" if scale == 1 else f"up to {scale}x the GPUs"
         return (
-            f"no layout on up to {INSTANCE_SCALES[-1]}x the GPUs fits under {threshold:.0%}; "
-            "use GPUs with more memory or a shorter training.seq_len"
+            f"no layout on {where} fits under {threshold:.0%}; use GPUs with more memory or a shorter training.seq_len"
         )
     change, fitted = found
     return f"{change.describe()} (estimated {format_bytes(fitted.per_gpu_peak_bytes)}, {fitted.utilization:.0%})"
@@ -74,8 +75,7 @@ def find_fitting_change(
 ) -> tuple[Change, MemoryEstimate] | None:
     """The change with the fewest edits that fits, on the smallest budget where one does, with its estimate."""
     current = recipe_settings(Workload.from_recipe(recipe), recipe.hardware)
-    scales = (1,) if recipe.hardware.instance_key == "local" else INSTANCE_SCALES
-    for scale in scales:
+    for scale in _scales(recipe):
         budget = resolve_budget(recipe, instances=None if scale == 1 else recipe.cluster.instance_count * scale)
         by_edits: dict[int, list[Scored]] = {}
         for workload in candidate_workloads(recipe, budget):
@@ -93,6 +93,11 @@ def find_fitting_change(
                 item, estimate = min(scored, key=lambda pair: pair[0].sort_key())
                 return Change(_edits(recipe, current, item.workload, budget)), estimate
     return None
+
+
+def _scales(recipe: Recipe) -> tuple[int, ...]:
+    """Multiples of the recipe's instances to try: this machine has only its own GPUs."""
+    return (1,) if recipe.hardware.instance_key == "local" else INSTANCE_SCALES
 
 
 def _edits(

@@ -555,7 +555,7 @@ def _throughput(step: _Step, breakdown: dict[str, float]) -> Throughput:
     w, layout = step.w, step.w.layout
     step_s = sum(breakdown.values())
     world = layout.world_size
-    tokens_per_step = w.micro_batch_size * w.seq_len * w.grad_accum_steps * layout.data_parallel
+    tokens_per_step = w.tokens_per_step
     tokens_per_s_per_gpu = tokens_per_step / step_s / world
     flops_per_token = model_flops_per_token(w.arch, w.seq_len, causal=True)
     instances = ceil(world / step.gpus_per_node)

@@ -92,4 +92,4 @@ def test_the_threshold_option_names_the_estimators_default():
     from launcher import cli
     from launcher.estimate import DEFAULT_THRESHOLD
 
-    assert f"[default: {DEFAULT_THRESHOLD}]" in cli.ThresholdOpt.__metadata__[0].help
+    assert f"(default {DEFAULT_THRESHOLD})" in cli.ThresholdOpt.__metadata__[0].help
