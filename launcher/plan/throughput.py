@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cache
 from math import ceil
-from typing import Any
+from typing import Any, NamedTuple
 
 from launcher.catalog import Accelerator, ModelArch
 from launcher.errors import UsageError
@@ -359,8 +359,7 @@ class _Step:
         return self.inter, k.latency_inter_s
 
 
-@dataclass(frozen=True, slots=True)
-class _Compute:
+class _Compute(NamedTuple):
     """The compute of one micro-batch on one GPU, by kind, in seconds."""
 
     matmul: float
