@@ -1,4 +1,5 @@
-"""The Python API of the launcher: submit a recipe, then status, logs, stop and list its jobs.
+"""The Python API of the launcher, which every CLI verb goes through: load a recipe, estimate its
+memory, plan its layout, submit it, then status, logs, stop and list its jobs.
 
 `submit` is one pipeline of named stages: load -> plan -> estimate -> spec -> render -> submit.
 `dry_run` stops after render; it has no code path of its own, so what it prints is exactly
@@ -15,8 +16,12 @@ from typing import Any, get_args
 
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.errors import UsageError
-from launcher.estimate.memory import format_bytes
+from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.jobs import Job, list_jobs
+from launcher.plan import LayoutPlan, Search, search
+from launcher.plan.apply import auto_plan as best_layout
+from launcher.plan.suggest import suggestion
+from launcher.plan.throughput import CONSTANTS, Constants, predicted_summary
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import Cluster
 from launcher.registry import save
@@ -24,7 +29,22 @@ from launcher.spec import JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
 
-__all__ = ["Job", "Stage", "Submission", "WontFit", "list_jobs", "logs", "status", "stop", "submit"]
+__all__ = [
+    "Job",
+    "Stage",
+    "Submission",
+    "WontFit",
+    "estimate",
+    "list_jobs",
+    "load",
+    "logs",
+    "plan",
+    "plan_search",
+    "predicted_summary",
+    "status",
+    "stop",
+    "submit",
+]
 
 
 class Stage(enum.Enum):
@@ -45,7 +65,7 @@ class Submission:
     """What `submit` did: the checked recipe, its estimate, the spec, the rendering, and the job."""
 
     recipe: Recipe
-    estimate: Any
+    estimate: MemoryEstimate
     spec: JobSpec
     rendering: Rendering
     job: Job | None = None
@@ -78,7 +98,10 @@ class Submission:
 
 
 def load(recipe: Recipe | str | Path, *, backend: str | None = None, set_options: Sequence[str] = ()) -> Recipe:
-    """The recipe, with `--set` overrides and `--backend` (which overrides cluster.backend)."""
+    """The recipe, with `--set` overrides and `--backend` (which overrides cluster.backend).
+
+    The one loader: every CLI verb that reads a recipe file comes through here.
+    """
     overrides = parse_set_options(set_options)
     origin = "--set" if overrides else "--backend"
     if backend in RECIPE_BACKENDS:
@@ -89,20 +112,85 @@ def load(recipe: Recipe | str | Path, *, backend: str | None = None, set_options
     return Recipe.load(recipe, overrides, origin=origin)
 
 
-def check_memory(recipe: Recipe, *, force: bool, threshold: float = 0.8):
+def estimate(
+    recipe: Recipe | str | Path, *, mode: Mode = "fsdp", threshold: float = DEFAULT_THRESHOLD
+) -> MemoryEstimate:
+    """Per-GPU peak memory per pipeline stage, the verdict, and a change that fits if it does not.
+
+    `mode` is "fsdp" (what the entrypoints allocate) or "megatron" (Fujii et al. 2024's published
+    accounting). The suggestion is the planner's search for the smallest change that fits.
+    """
+    recipe = load(recipe)
+    result = estimate_memory(Workload.from_recipe(recipe), recipe.hardware, mode=mode, threshold=threshold)
+    if result.fits:
+        return result
+    return result.with_suggestion(suggestion(recipe, mode=mode, threshold=threshold))
+
+
+def plan_search(
+    recipe: Recipe | str | Path,
+    *,
+    gpus: int | None = None,
+    instances: int | None = None,
+    instance_type: str | None = None,
+    top: int = 10,
+    vary_fp8: bool = False,
+    threshold: float = DEFAULT_THRESHOLD,
+    constants: Constants = CONSTANTS,
+) -> Search:
+    """The planner's search for this recipe or another GPU budget, with the numbers behind it."""
+    return search(
+        load(recipe),
+        gpus=gpus,
+        instances=instances,
+        instance_type=instance_type,
+        top=top,
+        vary_fp8=vary_fp8,
+        threshold=threshold,
+        constants=constants,
+    )
+
+
+def plan(
+    recipe: Recipe | str | Path,
+    *,
+    gpus: int | None = None,
+    instances: int | None = None,
+    instance_type: str | None = None,
+    top: int = 10,
+    vary_fp8: bool = False,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> list[LayoutPlan]:
+    """The `top` fastest parallel layouts that fit, for this recipe or another GPU budget, best first.
+
+    Apply one with `recipe.with_changes(plan.overrides(recipe))`.
+    """
+    found = plan_search(
+        recipe,
+        gpus=gpus,
+        instances=instances,
+        instance_type=instance_type,
+        top=top,
+        vary_fp8=vary_fp8,
+        threshold=threshold,
+    )
+    return found.ranked
+
+
+def check_memory(recipe: Recipe, *, force: bool, threshold: float = DEFAULT_THRESHOLD) -> MemoryEstimate:
     """The memory estimate; refuses `oom` always and `risky` unless forced."""
-    estimate = recipe.estimate(threshold=threshold)
-    need = f"{format_bytes(estimate.per_gpu_peak_bytes)} of the {format_bytes(estimate.gpu_memory_bytes)}"
-    where = f"per {recipe.hardware.accelerator_key} ({estimate.utilization:.0%})"
-    hint = f"; try: {estimate.suggestion}" if estimate.suggestion else ""
-    if estimate.verdict == "oom":
+    found = estimate(recipe, threshold=threshold)
+    need = f"{format_bytes(found.per_gpu_peak_bytes)} of the {format_bytes(found.gpu_memory_bytes)}"
+    where = f"per {recipe.hardware.accelerator_key} ({found.utilization:.0%})"
+    hint = f"; try: {found.suggestion}" if found.suggestion else ""
+    if found.verdict == "oom":
         raise WontFit(f"{recipe.name}: would run out of memory: needs {need} {where}{hint}; nothing was submitted")
-    if estimate.verdict == "risky" and not force:
+    if found.verdict == "risky" and not force:
         raise WontFit(
             f"{recipe.name}: risky: needs {need} {where}, above the {threshold:.0%} safety margin{hint}; "
             "pass --force to submit anyway"
         )
-    return estimate
+    return found
 
 
 def submit(
@@ -114,7 +202,7 @@ def submit(
     force: bool = False,
     wait: bool = False,
     auto_plan: bool = False,
-    threshold: float = 0.8,
+    threshold: float = DEFAULT_THRESHOLD,
     report: Callable[[Stage, str], None] | None = None,
     on_line: Callable[[str], None] | None = None,
     poll_s: float = 5.0,
@@ -136,17 +224,15 @@ def submit(
     target = get_backend(backend or loaded.cluster.backend)
 
     if auto_plan:
-        from launcher.plan.apply import auto_plan as best_layout
-
         planned = best_layout(loaded, threshold=threshold)
         for line in planned.lines():
             tell(Stage.PLAN, line)
         loaded = planned.recipe
 
-    estimate = check_memory(loaded, force=force, threshold=threshold)
+    memory = check_memory(loaded, force=force, threshold=threshold)
     tell(
         Stage.ESTIMATE,
-        f"memory: {estimate.verdict}, {format_bytes(estimate.per_gpu_peak_bytes)} per {loaded.hardware.accelerator_key} ({estimate.utilization:.0%})",
+        f"memory: {memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per {loaded.hardware.accelerator_key} ({memory.utilization:.0%})",
     )
 
     spec = target.spec(loaded)
@@ -156,16 +242,16 @@ def submit(
     for warning in rendering.data.get("warnings", ()):
         tell(Stage.RENDER, f"warning: {warning}")
     if dry_run:
-        return Submission(loaded, estimate, spec, rendering)
+        return Submission(loaded, memory, spec, rendering)
 
     ref = target.submit(rendering)
     save(ref, spec)
     job = Job(ref)
     tell(Stage.SUBMIT, f"submitted {spec.name} to {target.name}")
     if not wait:
-        return Submission(loaded, estimate, spec, rendering, job)
+        return Submission(loaded, memory, spec, rendering, job)
     final = job.wait(on_line=on_line, poll_s=poll_s)
-    return Submission(loaded, estimate, spec, rendering, job, final)
+    return Submission(loaded, memory, spec, rendering, job, final)
 
 
 def status(name: str, *, backend: str | None = None, region: str | None = None) -> JobStatus:

@@ -10,12 +10,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, RecipeError
+
+if TYPE_CHECKING:  # the CLI imports the API inside each verb, so `launcher --help` stays fast
+    from launcher.recipe import Recipe
 
 app = typer.Typer(
     name="launcher",
@@ -35,15 +38,27 @@ SetOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+# None means launcher.estimate.DEFAULT_THRESHOLD, read when a verb runs: importing the estimator
+# here would slow down `launcher --help`. A test keeps the help text equal to the constant.
+ThresholdOpt = Annotated[
+    float | None,
+    typer.Option(help="Fraction of GPU memory a job may use and still fit (default 0.8).", show_default=False),
+]
 
 
-def _load(path: Path, set_options: list[str] | None):
-    from launcher.recipe import Recipe
+def _load(path: Path, set_options: list[str] | None) -> Recipe:
+    from launcher import api
 
-    recipe = Recipe.load_with_options(path, set_options or [])
+    recipe = api.load(path, set_options=set_options or [])
     for note in recipe.warnings:
         err.print(f"[yellow]warning:[/] {recipe.source}: {note}")
     return recipe
+
+
+def _threshold(value: float | None) -> float:
+    from launcher.estimate import DEFAULT_THRESHOLD
+
+    return DEFAULT_THRESHOLD if value is None else value
 
 
 def _print_json(data) -> None:
@@ -56,8 +71,6 @@ def validate(
     set_: SetOpt = None,
 ) -> None:
     """Check recipes against the schema, the catalogs and every layout rule."""
-    from launcher.errors import RecipeError
-
     failed = False
     for path in recipes:
         try:
@@ -92,20 +105,19 @@ def estimate(
     mode: Annotated[
         str, typer.Option(help="fsdp: what the entrypoints allocate; megatron: Fujii et al. 2024's accounting.")
     ] = "fsdp",
-    threshold: Annotated[float, typer.Option(help="Fraction of GPU memory a job may use and still fit.")] = 0.8,
+    threshold: ThresholdOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Per-GPU peak memory per pipeline stage, whether it fits, and a change that does."""
+    from launcher import api
     from launcher.estimate.memory import check_options
 
+    threshold = _threshold(threshold)
     check_options(mode, threshold)
     loaded = _load(recipe, set_)
-    result = loaded.estimate(mode=mode, threshold=threshold)
+    result = api.estimate(loaded, mode=mode, threshold=threshold)
     if json_:
-        from launcher.estimate.throughput import predicted_summary
-
-        report = {**result.to_json(), "predicted": predicted_summary(loaded)}
-        _print_json(report)
+        _print_json({**result.to_json(), "predicted": api.predicted_summary(loaded)})
     else:
         from launcher.estimate.table import estimate_table
 
@@ -122,22 +134,22 @@ def plan(
     ] = None,
     top: Annotated[int, typer.Option(help="How many layouts to show.")] = 10,
     vary_fp8: Annotated[bool, typer.Option("--vary-fp8", help="Also try the other precision.fp8 setting.")] = False,
-    threshold: Annotated[float, typer.Option(help="Fraction of GPU memory a layout may use.")] = 0.8,
+    threshold: ThresholdOpt = None,
     set_: SetOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Rank every valid parallel layout that fits by predicted throughput and cost."""
-    from launcher.plan import search
+    from launcher import api
 
     loaded = _load(recipe, set_)
-    found = search(
+    found = api.plan_search(
         loaded,
         gpus=gpus,
         instances=instances,
         instance_type=instance_type,
         top=top,
         vary_fp8=vary_fp8,
-        threshold=threshold,
+        threshold=_threshold(threshold),
     )
     if json_:
         _print_json([layout.to_json() for layout in found.ranked])
@@ -245,9 +257,10 @@ def list_(
     json_: JsonOpt = False,
 ) -> None:
     """Jobs submitted from here (newest first), or those a backend knows with --backend."""
-    from launcher.jobs import list_jobs, list_text
+    from launcher import api
+    from launcher.jobs import list_text
 
-    found = list_jobs(backend=backend, region=region, limit=limit)
+    found = api.list_jobs(backend=backend, region=region, limit=limit)
     _print_json([s.to_dict() for s in found]) if json_ else out.print(list_text(found), markup=False)
 
 

@@ -4,8 +4,8 @@
     .venv/bin/python scripts/bench_estimate.py --write   # also put it into docs/estimator.md
 
 Times `estimate_memory` (no suggestion search) on layouts from one stage to 16 interleaved
-pipeline stages, and `Recipe.estimate` for a recipe that fits (no search) and one that does
-not (the suggestion search re-estimates candidate layouts). Best of 5 repeats.
+pipeline stages, and `launcher.api.estimate` for a recipe that fits (no search) and one that
+does not (the suggestion is the planner's search). Best of 5 repeats.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.catalog import accelerators, models  # noqa: E402
+from launcher import api  # noqa: E402
+from launcher.catalog import models  # noqa: E402
 from launcher.contract.layout import Layout  # noqa: E402
-from launcher.estimate import estimate_memory  # noqa: E402
+from launcher.estimate import Workload, estimate_memory  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
+from launcher.recipe.resolve import hardware_for  # noqa: E402
 
-H100, H200 = accelerators()["h100-80gb"], accelerators()["h200-141gb"]
+H100, H200 = hardware_for("ml.p5.48xlarge"), hardware_for("ml.p5en.48xlarge")
 CASES = [
     ("8B, 8K, FSDP 8", "llama3.1-8b", Layout(data_shard=8), 8192, "selective", "1f1b", 1, H100),
     ("70B, 128K, TP 2 x CP 16, FP8", "llama3.1-70b", Layout(tensor=2, context=16), 131072, "full", "1f1b", 1, H200),
@@ -43,24 +45,24 @@ def best_of(function, number: int) -> float:
 def run() -> list[tuple[str, float]]:
     results = []
     for name, model, layout, seq_len, ac, schedule, accum, gpu in CASES:
-        kwargs = dict(
+        workload = Workload(
+            arch=models()[model],
+            layout=layout,
             seq_len=seq_len,
             micro_batch_size=1,
             grad_accum_steps=accum,
-            dtype="bf16",
             fp8="FP8" in name,
-            fp8_recipe="tensorwise",
             activation_checkpointing=ac,
             pipeline_schedule=schedule,
-            accelerator=gpu,
         )
-        arch = models()[model]
-        call = functools.partial(estimate_memory, arch, layout, **kwargs)
+        call = functools.partial(estimate_memory, workload, gpu)
         results.append((f"estimate_memory: {name}", best_of(call, 500)))
     fits = Recipe.load(REPO / "recipes" / "llama3-8b-8k.yaml")
-    results.append(("Recipe.estimate: llama3-8b-8k (fits, no search)", best_of(fits.estimate, 200)))
+    results.append(("api.estimate: llama3-8b-8k (fits, no search)", best_of(lambda: api.estimate(fits), 200)))
     oom = fits.with_changes({"parallel.activation_checkpointing": "none", "training.seq_len": 32768})
-    results.append(("Recipe.estimate: the same at 32K, no AC (oom, suggestion search)", best_of(oom.estimate, 20)))
+    results.append(
+        ("api.estimate: the same at 32K, no AC (oom, suggestion search)", best_of(lambda: api.estimate(oom), 20))
+    )
     return results
 
 

@@ -78,13 +78,14 @@ def merged(base: dict, changes: dict) -> dict:
 
 
 def prepare(directory: Path) -> None:
+    from launcher import api
     from launcher.recipe import Recipe
 
     directory.mkdir(parents=True, exist_ok=True)
     prepared = []
     for name, changes in CONFIGS:
         recipe = Recipe.from_dict(merged(BASE, changes))
-        estimate = recipe.estimate()
+        estimate = api.estimate(recipe)
         prepared.append({"name": name, "resolved": recipe.resolved(), "estimate": estimate.to_json()})
     (directory / "configs.json").write_text(json.dumps(prepared, indent=1))
     print(f"estimator_gpu: {len(prepared)} configs written to {directory / 'configs.json'}")

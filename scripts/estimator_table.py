@@ -34,6 +34,8 @@ def traced_table() -> str:
     from memory_tracing import trace_in_subprocess
     from traced_configs import CONFIGS
 
+    from launcher import api
+
     rows = [
         "| config | layout | traced GiB | estimated GiB | difference MiB | error | traced peak at | estimated peak at |",
         "|---|---|---:|---:|---:|---:|---|---|",
@@ -42,7 +44,7 @@ def traced_table() -> str:
     for config in CONFIGS:
         recipe = config.recipe()
         traced = trace_in_subprocess(recipe.resolved(), stage=config.stage)
-        stage = recipe.estimate().stages[config.stage]
+        stage = api.estimate(recipe).stages[config.stage]
         error = stage.allocated_bytes / traced.peak_bytes - 1
         worst = max(worst, abs(error))
         where = traced.phase.replace(".default", "")
@@ -59,6 +61,7 @@ def traced_table() -> str:
 
 
 def recipes_table() -> str:
+    from launcher import api
     from launcher.recipe import Recipe
 
     rows = [
@@ -67,8 +70,8 @@ def recipes_table() -> str:
     ]
     for path in sorted((REPO / "recipes").glob("*.yaml")):
         recipe = Recipe.load(path)
-        estimate = recipe.estimate()
-        megatron = recipe.estimate(mode="megatron")
+        estimate = api.estimate(recipe)
+        megatron = api.estimate(recipe, mode="megatron")
         rows.append(
             f"| {path.name} | {recipe.layout} | {gib(estimate.per_gpu_peak_bytes)} | {estimate.utilization:.0%} "
             f"| {estimate.verdict} | {estimate.largest_component} | {estimate.peak_phase} "
@@ -80,6 +83,7 @@ def recipes_table() -> str:
 def gpu_table() -> str:
     from estimator_gpu import BASE, CONFIGS, merged
 
+    from launcher import api
     from launcher.recipe import Recipe
 
     measured = json.loads(GPU_RESULTS.read_text())
@@ -94,7 +98,7 @@ def gpu_table() -> str:
         if "error" in run:
             rows.append(f"| {run['name']} | {run['error']} | | | | |")
             continue
-        estimate = Recipe.from_dict(merged(BASE, changes[run["name"]])).estimate()
+        estimate = api.estimate(Recipe.from_dict(merged(BASE, changes[run["name"]])))
         allocated = run["max_allocated"]
         rows.append(
             f"| {run['name']} | {gib(allocated)} | {gib(estimate.allocated_bytes)} "

@@ -3,7 +3,7 @@
     python scripts/planner_calibration.py          # regenerate docs/planner.md
     python scripts/planner_calibration.py --check  # exit 1 if docs/planner.md is out of date
 
-Every published measurement below is set beside `launcher.estimate.throughput.predict` for the
+Every published measurement below is set beside `launcher.plan.throughput.predict` for the
 same model, layout, batch and hardware, with the error (predicted / measured - 1). The GPU
 measurements of our own code come from docs/planner_gpu.json (scripts/planner_gpu_kernels.py) and
 from scripts/gpu_check.sh. The section that scripts/bench_plan.py writes is kept as it is.
@@ -25,11 +25,12 @@ sys.path.insert(0, str(ROOT))
 
 from launcher import catalog  # noqa: E402
 from launcher.contract.layout import Layout  # noqa: E402
-from launcher.estimate import throughput  # noqa: E402
-from launcher.estimate.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
-from launcher.plan import search  # noqa: E402
+from launcher.estimate import Workload  # noqa: E402
+from launcher.plan import search, throughput  # noqa: E402
 from launcher.plan.explain import against_recipe  # noqa: E402
+from launcher.plan.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
+from launcher.recipe.resolve import Hardware, hardware_for  # noqa: E402
 
 DOC = ROOT / "docs" / "planner.md"
 GPU_JSON = ROOT / "docs" / "planner_gpu.json"
@@ -125,24 +126,34 @@ def run(point: Point) -> tuple[float, float, object]:
         arch = arch.model_copy(update=point.arch_changes)
     layout = point.layout
     assert layout.world_size == point.gpus, (point, layout.world_size)
-    speed = predict(
-        arch,
-        layout,
+    workload = Workload(
+        arch=arch,
+        layout=layout,
         seq_len=point.seq_len,
         micro_batch_size=point.micro_batch,
         grad_accum_steps=point.global_batch // (point.micro_batch * layout.data_parallel),
-        accelerator=catalog.accelerators()[point.accelerator],
-        gpus_per_node=point.gpus_per_node,
-        network_gbps=point.network_gbps,
         fp8=point.fp8,
         activation_checkpointing=point.ac,
         pipeline_schedule=point.schedule,
         compile=point.compile,
     )
+    speed = predict(workload, hardware(point))
     measured = point.measured
     if point.tflops:
         measured = point.measured * 1e12 / model_flops_per_token(arch, point.seq_len, causal=False)
     return measured, speed.tokens_per_s_per_gpu, speed
+
+
+def hardware(point: Point) -> Hardware:
+    """The point's GPU model, node size and network bandwidth on a p5's record (the price is unused)."""
+    p5 = hardware_for("ml.p5.48xlarge")
+    return dataclasses.replace(
+        p5,
+        accelerator_key=point.accelerator,
+        accelerator=catalog.accelerators()[point.accelerator],
+        procs_per_node=point.gpus_per_node,
+        instance=p5.instance.model_copy(update={"efa_gbps": point.network_gbps}),
+    )
 
 
 def layout_text(layout: Layout) -> str:
@@ -380,7 +391,8 @@ every parallel layout of the recipe's model that the recipe rules accept on that
 keeps those the memory estimator says fit (80% of GPU memory by default), and ranks them by
 predicted tokens/s/GPU, with MFU and dollars per million tokens; then it says why the best wins.
 `launcher estimate --json` adds `predicted` for the recipe's own layout, `launcher submit
---auto-plan` switches to the best layout first, and `recipe.plan(gpus=..., top=...)` is the API.
+--auto-plan` switches to the best layout first, and `launcher.api.plan(recipe, gpus=..., top=...)`
+is the API.
 
 ## The search
 
@@ -399,8 +411,8 @@ predicted tokens/s/GPU, with MFU and dollars per million tokens; then it says wh
 
 ## How a layout is scored
 
-`launcher/estimate/throughput.py`. For one micro-batch on one GPU of the last pipeline rank (its
-blocks plus the output layer and the loss):
+`launcher/plan/throughput.py`, one function per term. For one micro-batch on one GPU of the last
+pipeline rank (its blocks plus the output layer and the loss):
 
 | term | model | overlap assumption |
 |---|---|---|

@@ -1,35 +1,33 @@
-"""Memory estimates: per-GPU peak memory of a recipe, per pipeline stage, and whether it fits.
+"""Memory estimates: per-GPU peak memory of a workload, per pipeline stage, and whether it fits.
 
-    from launcher.estimate import estimate_memory, estimate_recipe
-    estimate_recipe(recipe).verdict        # "fits" | "risky" | "oom"
+    from launcher.estimate import Workload, estimate_memory
+    estimate_memory(Workload.from_recipe(recipe), recipe.hardware).verdict   # "fits" | "risky" | "oom"
 
 Pure arithmetic, no torch: the planner calls `estimate_memory` thousands of times.
+`launcher.api.estimate(recipe)` adds a suggestion when a recipe does not fit.
 """
 
+from launcher.estimate.breakdown import COMPONENTS, StageMemory
 from launcher.estimate.memory import (
-    COMPONENTS,
     DEFAULT_THRESHOLD,
     MODES,
     MemoryEstimate,
-    StageMemory,
-    Workload,
+    Mode,
     estimate_memory,
-    estimate_workload,
     format_bytes,
     verdict,
 )
-from launcher.estimate.suggest import estimate_recipe
+from launcher.estimate.workload import Workload
 
 __all__ = [
     "COMPONENTS",
     "DEFAULT_THRESHOLD",
     "MODES",
     "MemoryEstimate",
+    "Mode",
     "StageMemory",
     "Workload",
     "estimate_memory",
-    "estimate_recipe",
-    "estimate_workload",
     "format_bytes",
     "verdict",
 ]

@@ -30,9 +30,10 @@ from math import ceil
 
 from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import layers_per_rank, rank_stages, stage_layers
-from launcher.estimate.memory import StageMemory, Workload, empty_breakdown
+from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.overheads import device_overheads
 from launcher.estimate.pipeline import first_backward
+from launcher.estimate.workload import Workload
 
 FP32 = 4
 INT64 = 8
@@ -192,7 +193,7 @@ def moments(workload: Workload, *, rank: int = 0, device: str = "cuda") -> dict[
 
 
 def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
-    workload, block, cb, device = context.w, context.block, context.cb, context.device
+    workload, block, device = context.w, context.block, context.device
     w, arch, layout = workload, workload.arch, workload.layout
     h, V = arch.hidden_size, arch.vocab_size
     t, p = layout.tensor, layout.pipeline
@@ -211,85 +212,98 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
     base["parameters"] = FP32 * stage_params / shard + FP32 * tokens * arch.head_dim  # + fp32 RoPE table
     base["optimizer_states"] = 2 * FP32 * stage_params / shard
     grads_full = FP32 * stage_params / shard
-    mode = w.activation_checkpointing
-    rope_cast = cb * tokens * arch.head_dim  # the RoPE table in the compute dtype, shared by layers
-    loss = context.loss if last else None
-    head_saved = loss.head_saved if last else 0
-
-    def kept(count: int, checkpointed: int) -> tuple[float, float, float]:
-        """(bytes, of which TP-gathered, of which CP-gathered) kept by `count` layers."""
-        full = count - checkpointed
-        return (
-            checkpointed * block.layer_input + full * block.saved,
-            full * block.tp_gathered,
-            full * block.cp_gathered,
-        )
-
-    def with_activations(breakdown: dict, alive: tuple[float, float, float], extra: float) -> dict:
-        total, tp, cp = alive
-        breakdown["activations"] = total - tp - cp + extra
-        breakdown["tp_buffers"] = tp
-        breakdown["cp_buffers"] = cp
-        return breakdown
 
     found: dict[str, dict] = {}
     if p > 1:
         checkpointed = _checkpointed_on_rank(w, rank)
+        loss = context.loss if last else None
+        head_saved = loss.head_saved if last else 0
+        kept = _kept(block, n, checkpointed)
         found.update(
-            _pipelined_moments(
-                w, block, cb, rank, kept(n, checkpointed), checkpointed, base, loss, head_saved, root_params
-            )
+            _pipelined_moments(w, block, context.cb, rank, kept, checkpointed, base, loss, head_saved, root_params)
         )
     else:
-        all_kept = kept(n, _checkpointed_below(mode, n))
-        accumulating = w.grad_accum_steps > 1  # earlier micro-batches' gradient shards
-        gathered_root = cb * root_params
-        # The loss: forward, then backward (the output weight's gradient stays unsharded until
-        # the root's reduce-scatter at the very end of backward).
-        forward = dict(base)
-        forward["gradients"] = grads_full if accumulating else 0
-        forward["fsdp_buffers"] = gathered_root
-        forward["loss"] = loss.forward_working
-        found["loss forward"] = with_activations(forward, all_kept, rope_cast + head_saved)
-        # FSDP's root pre-backward hook has already prefetched the last block's all-gather.
-        backward = dict(forward)
-        backward["fsdp_buffers"] = gathered_root + cb * vocab_matrix + (block.gathered if n else 0)
-        backward["loss"] = loss.backward_working
-        found["loss backward"] = with_activations(backward, all_kept, rope_cast + head_saved)
-        # Blocks in backward, last layer first. The k-th one reached holds the kept
-        # activations of the layers below it, its own full set (recomputed if checkpointed),
-        # its gathered weights and the next block's prefetched all-gather buffer; from the
-        # second block on also the previous block's fp32 reduce-scatter input and the
-        # gradient shards of the blocks done.
-        output_grad = 0 if arch.tie_embeddings else cb * vocab_matrix
-        for k in sorted({k for k in (0, 1, n - 2, n - 1) if 0 <= k < n}):
-            index = n - 1 - k
-            below = kept(index, _checkpointed_below(mode, index))
-            alive = (below[0] + block.saved, below[1] + block.tp_gathered, below[2] + block.cp_gathered)
-            moment = dict(base)
-            moment["gradients"] = grads_full if accumulating else FP32 * k * block.params / shard
-            prefetch = block.gathered if index > 0 else 0
-            reduce_scatter = FP32 * block.params if k >= 1 else 0
-            moment["fsdp_buffers"] = (
-                gathered_root + output_grad + block.gathered + prefetch + reduce_scatter + block.weight_grad_w2
-            )
-            moment["working"] = block.backward_working
-            moment["fp8"] = block.fp8_cast
-            found[f"backward of layer {index}"] = with_activations(moment, alive, rope_cast)
-        # The embedding's backward, last: every block's gradient shard and the last block's
-        # reduce-scatter input exist, and the embedding gradient is dense over the whole
-        # vocabulary even under TP (DTensor computes the row-parallel embedding's gradient at
-        # its global size before sharding it). Under TP the output weight's unsharded
-        # gradient also has a copy (DTensor's to_local backward).
-        moment = dict(base)
-        moment["gradients"] = grads_full if accumulating else FP32 * n * block.params / shard
-        moment["fsdp_buffers"] = gathered_root + output_grad * (2 if t > 1 else 1) + FP32 * block.params + cb * V * h
-        found["backward of the embedding"] = moment
+        found.update(_unpipelined_moments(context, n, base, root_params, grads_full))
     optimizer = dict(base)
     optimizer["gradients"] = grads_full
     if device == "cpu":
         optimizer["optimizer_temp"] = FP32 * stage_params / shard  # foreach AdamW on the CPU
     found["optimizer step"] = optimizer
+    return found
+
+
+def _kept(block: _Block, count: int, checkpointed: int) -> tuple[float, float, float]:
+    """(bytes, of which TP-gathered, of which CP-gathered) kept by `count` layers."""
+    full = count - checkpointed
+    return (
+        checkpointed * block.layer_input + full * block.saved,
+        full * block.tp_gathered,
+        full * block.cp_gathered,
+    )
+
+
+def _with_activations(breakdown: dict, alive: tuple[float, float, float], extra: float) -> dict:
+    total, tp, cp = alive
+    breakdown["activations"] = total - tp - cp + extra
+    breakdown["tp_buffers"] = tp
+    breakdown["cp_buffers"] = cp
+    return breakdown
+
+
+def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: float, grads_full: float) -> dict:
+    """The one rank of a layout without pipeline parallelism, holding all `n` layers: the loss's
+    forward and backward, the blocks' backward and the embedding's backward."""
+    w, block, cb, loss = context.w, context.block, context.cb, context.loss
+    arch, t, shard = w.arch, w.layout.tensor, w.layout.fsdp_shard
+    h, V = arch.hidden_size, arch.vocab_size
+    mode = w.activation_checkpointing
+    vocab_matrix = V * h / t
+    rope_cast = cb * _tokens(w) * arch.head_dim  # the RoPE table in the compute dtype, shared by layers
+    all_kept = _kept(block, n, _checkpointed_below(mode, n))
+    accumulating = w.grad_accum_steps > 1  # earlier micro-batches' gradient shards
+    gathered_root = cb * root_params
+    found: dict[str, dict] = {}
+    # The loss: forward, then backward (the output weight's gradient stays unsharded until
+    # the root's reduce-scatter at the very end of backward).
+    forward = dict(base)
+    forward["gradients"] = grads_full if accumulating else 0
+    forward["fsdp_buffers"] = gathered_root
+    forward["loss"] = loss.forward_working
+    found["loss forward"] = _with_activations(forward, all_kept, rope_cast + loss.head_saved)
+    # FSDP's root pre-backward hook has already prefetched the last block's all-gather.
+    backward = dict(forward)
+    backward["fsdp_buffers"] = gathered_root + cb * vocab_matrix + (block.gathered if n else 0)
+    backward["loss"] = loss.backward_working
+    found["loss backward"] = _with_activations(backward, all_kept, rope_cast + loss.head_saved)
+    # Blocks in backward, last layer first. The k-th one reached holds the kept
+    # activations of the layers below it, its own full set (recomputed if checkpointed),
+    # its gathered weights and the next block's prefetched all-gather buffer; from the
+    # second block on also the previous block's fp32 reduce-scatter input and the
+    # gradient shards of the blocks done.
+    output_grad = 0 if arch.tie_embeddings else cb * vocab_matrix
+    for k in sorted({k for k in (0, 1, n - 2, n - 1) if 0 <= k < n}):
+        index = n - 1 - k
+        below = _kept(block, index, _checkpointed_below(mode, index))
+        alive = (below[0] + block.saved, below[1] + block.tp_gathered, below[2] + block.cp_gathered)
+        moment = dict(base)
+        moment["gradients"] = grads_full if accumulating else FP32 * k * block.params / shard
+        prefetch = block.gathered if index > 0 else 0
+        reduce_scatter = FP32 * block.params if k >= 1 else 0
+        moment["fsdp_buffers"] = (
+            gathered_root + output_grad + block.gathered + prefetch + reduce_scatter + block.weight_grad_w2
+        )
+        moment["working"] = block.backward_working
+        moment["fp8"] = block.fp8_cast
+        found[f"backward of layer {index}"] = _with_activations(moment, alive, rope_cast)
+    # The embedding's backward, last: every block's gradient shard and the last block's
+    # reduce-scatter input exist, and the embedding gradient is dense over the whole
+    # vocabulary even under TP (DTensor computes the row-parallel embedding's gradient at
+    # its global size before sharding it). Under TP the output weight's unsharded
+    # gradient also has a copy (DTensor's to_local backward).
+    moment = dict(base)
+    moment["gradients"] = grads_full if accumulating else FP32 * n * block.params / shard
+    moment["fsdp_buffers"] = gathered_root + output_grad * (2 if t > 1 else 1) + FP32 * block.params + cb * V * h
+    found["backward of the embedding"] = moment
     return found
 
 

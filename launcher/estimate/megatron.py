@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from launcher.catalog import ModelArch
 from launcher.contract.layout import Layout, layers_per_rank
-from launcher.estimate.memory import StageMemory, Workload, empty_breakdown
+from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.pipeline import in_flight
+from launcher.estimate.workload import Workload
 
 FP32 = 4
 

@@ -16,83 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from launcher.catalog import Accelerator, ModelArch, choices
-from launcher.contract.layout import Layout
+from launcher.catalog import Accelerator, choices
 from launcher.errors import UsageError
+from launcher.estimate import fsdp, megatron
+from launcher.estimate.breakdown import StageMemory
+from launcher.estimate.workload import Workload
+from launcher.recipe.resolve import Hardware
 
 Mode = Literal["fsdp", "megatron"]
 MODES: tuple[str, ...] = ("fsdp", "megatron")
 Verdict = Literal["fits", "risky", "oom"]
 DEFAULT_THRESHOLD = 0.8
-
-# Components in the order tables print them. Every breakdown has exactly these keys.
-COMPONENTS: tuple[str, ...] = (
-    "parameters",  # sharded weights (fp32 masters in fsdp mode)
-    "gradients",  # sharded gradients (fp32)
-    "optimizer_states",  # AdamW exp_avg and exp_avg_sq
-    "optimizer_temp",  # temporaries of the optimizer step and gradient clipping
-    "activations",  # tensors autograd saves for backward, over all in-flight micro-batches
-    "fp8",  # float8 weight casts and scale state
-    "fsdp_buffers",  # all-gathered unsharded blocks (with prefetch), unsharded grads, reduce-scatter input
-    "cp_buffers",  # context parallel: K/V gathered from the whole sequence
-    "tp_buffers",  # sequence parallel: the sequence gathered over the tensor group
-    "working",  # one block's transient tensors in forward or backward (gradients of activations)
-    "loss",  # logits and their gradients in the loss
-    "cuda_context",  # CUDA context, cuBLAS workspace: allocated outside the caching allocator
-    "nccl",  # NCCL communicator buffers: allocated outside the caching allocator
-    "fragmentation",  # caching allocator: reserved but not allocated
-)
-# What torch.cuda.max_memory_allocated counts: everything but the last three.
-ALLOCATED_COMPONENTS: tuple[str, ...] = COMPONENTS[:-3]
+ACCOUNTINGS = {"fsdp": fsdp, "megatron": megatron}
 
 
 def format_bytes(n: float) -> str:
     """'52.5 GiB', or '37 MiB' below a GiB: how every memory number reaches the user."""
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Workload:
-    """What one estimate describes: a model, a layout and how each step runs."""
-
-    arch: ModelArch
-    layout: Layout
-    seq_len: int
-    micro_batch_size: int
-    grad_accum_steps: int
-    dtype: str = "bf16"
-    fp8: bool = False
-    fp8_recipe: str = "tensorwise"
-    activation_checkpointing: str = "none"
-    pipeline_schedule: str = "1f1b"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageMemory:
-    """One pipeline rank at the moment it peaks."""
-
-    stage: int  # pipeline rank
-    layers: int  # transformer blocks on this rank (all its virtual stages)
-    phase: str  # "forward", "backward" or "optimizer": where this rank peaks
-    breakdown: dict[str, int]
-
-    @property
-    def allocated_bytes(self) -> int:
-        return sum(self.breakdown[name] for name in ALLOCATED_COMPONENTS)
-
-    @property
-    def peak_bytes(self) -> int:
-        return sum(self.breakdown.values())
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "layers": self.layers,
-            "phase": self.phase,
-            "peak_bytes": self.peak_bytes,
-            "allocated_bytes": self.allocated_bytes,
-            "breakdown": dict(self.breakdown),
-        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,45 +112,12 @@ def verdict(peak_bytes: int, gpu_memory_bytes: int, threshold: float = DEFAULT_T
 
 
 def estimate_memory(
-    arch: ModelArch,
-    layout: Layout,
-    *,
-    seq_len: int,
-    micro_batch_size: int,
-    grad_accum_steps: int,
-    dtype: str,
-    fp8: bool,
-    fp8_recipe: str,
-    activation_checkpointing: str,
-    pipeline_schedule: str,
-    accelerator: Accelerator,
-    mode: Mode = "fsdp",
-    threshold: float = DEFAULT_THRESHOLD,
+    workload: Workload, hardware: Hardware, *, mode: Mode = "fsdp", threshold: float = DEFAULT_THRESHOLD
 ) -> MemoryEstimate:
-    """Per-GPU peak memory for one layout; no suggestion (see `estimate_recipe`)."""
-    workload = Workload(
-        arch=arch,
-        layout=layout,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        grad_accum_steps=grad_accum_steps,
-        dtype=dtype,
-        fp8=fp8,
-        fp8_recipe=fp8_recipe,
-        activation_checkpointing=activation_checkpointing,
-        pipeline_schedule=pipeline_schedule,
-    )
-    return estimate_workload(workload, accelerator, mode=mode, threshold=threshold)
-
-
-def estimate_workload(
-    workload: Workload, accelerator: Accelerator, *, mode: Mode = "fsdp", threshold: float = DEFAULT_THRESHOLD
-) -> MemoryEstimate:
+    """Per-GPU peak memory of `workload` on `hardware`; no suggestion (see `launcher.api.estimate`)."""
     check_options(mode, threshold)
-    if mode == "fsdp":
-        from launcher.estimate import fsdp as accounting
-    else:
-        from launcher.estimate import megatron as accounting
+    accounting = ACCOUNTINGS[mode]
+    accelerator = hardware.accelerator
     stages = accounting.stage_peaks(workload, device=_device_kind(accelerator))
     heaviest = max(stages, key=lambda s: s.peak_bytes)
     peak = heaviest.peak_bytes
@@ -234,13 +141,11 @@ def check_options(mode: str, threshold: float) -> None:
     if mode not in MODES:
         raise UsageError(f"mode '{mode}' is not an accounting mode; use {choices(MODES)}")
     if not 0 < threshold <= 1:
-        raise UsageError(f"threshold {threshold} is not a fraction of GPU memory; use a value in (0, 1], e.g. 0.8")
+        raise UsageError(
+            f"threshold {threshold} is not a fraction of GPU memory; use a value in (0, 1], e.g. {DEFAULT_THRESHOLD}"
+        )
 
 
 def _device_kind(accelerator: Accelerator) -> str:
     # The host CPU has no CUDA context, NCCL or caching allocator.
     return "cpu" if accelerator.peak_bf16_tflops is None and accelerator.hbm_gbps is None else "cuda"
-
-
-def empty_breakdown() -> dict[str, int]:
-    return dict.fromkeys(COMPONENTS, 0)

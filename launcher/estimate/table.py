@@ -6,7 +6,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from launcher.estimate.memory import COMPONENTS, MemoryEstimate
+from launcher.estimate.breakdown import COMPONENTS
+from launcher.estimate.memory import MemoryEstimate
 
 GIB = 2**30
 VERDICT_STYLE = {"fits": "green", "risky": "yellow", "oom": "red"}

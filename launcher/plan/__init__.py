@@ -4,12 +4,13 @@
     best = plan(recipe, gpus=64, top=5)[0]
     recipe.with_changes(best.overrides(recipe))
 
-Pure arithmetic, no torch: candidates come from `candidates`, speed from
-`launcher.estimate.throughput`, memory from `launcher.estimate.estimate_memory`.
+Pure arithmetic, no torch: candidates come from `candidates`, speed from `throughput`, memory
+from `launcher.estimate.estimate_memory`. `suggest` asks the same search for the smallest
+change that makes a recipe fit.
 """
 
-from launcher.plan.budget import Budget, resolve_budget
-from launcher.plan.rank import Search, plan, search
-from launcher.plan.result import LayoutPlan
+from launcher.plan.budget import resolve_budget
+from launcher.plan.rank import plan, search
+from launcher.plan.result import LayoutPlan, Search
 
-__all__ = ["Budget", "LayoutPlan", "Search", "plan", "resolve_budget", "search"]
+__all__ = ["LayoutPlan", "Search", "plan", "resolve_budget", "search"]

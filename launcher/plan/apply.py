@@ -8,11 +8,12 @@ from typing import Any
 from launcher.estimate import DEFAULT_THRESHOLD
 from launcher.plan.rank import search
 from launcher.plan.result import LayoutPlan
+from launcher.recipe import Recipe
 
 
 @dataclass(frozen=True, slots=True)
 class AutoPlan:
-    recipe: Any  # the recipe with the best layout applied (the same recipe if it already had it)
+    recipe: Recipe  # the recipe with the best layout applied (the same recipe if it already had it)
     best: LayoutPlan
     changes: dict[str, tuple[Any, Any]]  # dotted key -> (before, after)
     before: LayoutPlan | None  # the recipe's own layout, predicted
@@ -28,7 +29,7 @@ class AutoPlan:
         return [head] + [f"  {key}: {_show(old)} -> {_show(new)}" for key, (old, new) in self.changes.items()]
 
 
-def auto_plan(recipe, *, threshold: float = DEFAULT_THRESHOLD) -> AutoPlan:
+def auto_plan(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD) -> AutoPlan:
     """The recipe with the fastest layout that fits on its own instances, and what changed."""
     found = search(recipe, top=1, threshold=threshold)
     changes = found.best.changes(recipe)

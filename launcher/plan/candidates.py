@@ -12,10 +12,11 @@ validates recipes, so a layout the planner proposes is always one a recipe accep
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.catalog import ModelArch
 from launcher.contract.layout import Layout, divisors, seq_len_divisor, tensor_choices
+from launcher.estimate import Workload
 from launcher.recipe.rules import layout_problems
 
 MAX_VIRTUAL_STAGES = 8
@@ -32,6 +33,18 @@ class Shape:
     micro_batch_size: int
     grad_accum_steps: int
     pipeline_schedule: str
+
+    def workload(self, base: Workload, *, activation_checkpointing: str, fp8: bool) -> Workload:
+        """`base` (the recipe's workload) with this shape, checkpointing and FP8 setting."""
+        return replace(
+            base,
+            layout=self.layout,
+            micro_batch_size=self.micro_batch_size,
+            grad_accum_steps=self.grad_accum_steps,
+            pipeline_schedule=self.pipeline_schedule,
+            activation_checkpointing=activation_checkpointing,
+            fp8=fp8,
+        )
 
 
 def shapes(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from launcher.estimate.throughput import BREAKDOWN, BREAKDOWN_WORDS
-from launcher.plan.result import LayoutPlan
+from launcher.plan.result import LayoutPlan, Search
+from launcher.plan.throughput import BREAKDOWN, BREAKDOWN_WORDS
 
 
-def why(search) -> str:
+def why(search: Search) -> str:
+    """'<best> is fastest at N tokens/s/GPU (M% MFU): X% ahead of the runner-up (...), which spends ..."."""
     best = search.best
     head = (
         f"{best.describe()} is fastest at {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU ({best.throughput.mfu:.0%} MFU)"
@@ -22,7 +23,7 @@ def why(search) -> str:
     return head + (": " + "; ".join(clauses) if clauses else "") + "."
 
 
-def against_recipe(search) -> str | None:
+def against_recipe(search: Search) -> str | None:
     """How the recipe's own layout compares, when the plan searched the recipe's own budget."""
     current, best = search.current, search.best
     if current is None:

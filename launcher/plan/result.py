@@ -1,28 +1,58 @@
-"""One planned layout: what to set in the recipe, its memory and its predicted speed and cost."""
+"""What the planner returns: one `LayoutPlan` per layout (what to set in the recipe, its memory,
+its predicted speed and cost) and the `Search` that ranked them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from launcher.contract.layout import Layout
-from launcher.estimate import MemoryEstimate
-from launcher.estimate.throughput import Throughput
+from launcher.estimate import MemoryEstimate, Workload
+from launcher.plan.throughput import Throughput
+from launcher.recipe import Recipe
+from launcher.recipe.resolve import Hardware
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayoutPlan:
-    layout: Layout
-    micro_batch_size: int
-    grad_accum_steps: int
-    pipeline_schedule: str
-    activation_checkpointing: str
-    fp8: bool
-    instance_type: str
-    instance_count: int
-    nproc_per_node: int
+    """A workload (the recipe's, with another layout, micro-batch, checkpointing or FP8) on a budget."""
+
+    workload: Workload
+    hardware: Hardware
     memory: MemoryEstimate
     throughput: Throughput
+
+    @property
+    def layout(self) -> Layout:
+        return self.workload.layout
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.workload.micro_batch_size
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.workload.grad_accum_steps
+
+    @property
+    def pipeline_schedule(self) -> str:
+        return self.workload.pipeline_schedule
+
+    @property
+    def activation_checkpointing(self) -> str:
+        return self.workload.activation_checkpointing
+
+    @property
+    def fp8(self) -> bool:
+        return self.workload.fp8
+
+    @property
+    def instance_type(self) -> str:
+        return self.hardware.instance_key
+
+    @property
+    def instance_count(self) -> int:
+        return self.hardware.instance_count
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -42,20 +72,11 @@ class LayoutPlan:
 
     def settings(self) -> dict[str, Any]:
         """The recipe values this plan sets, as dotted keys (`Recipe.with_changes` takes them)."""
-        return _settings(
-            self.layout,
-            pipeline_schedule=self.pipeline_schedule,
-            activation_checkpointing=self.activation_checkpointing,
-            micro_batch_size=self.micro_batch_size,
-            fp8=self.fp8,
-            instance_type=self.instance_type,
-            instance_count=self.instance_count,
-            nproc_per_node=self.nproc_per_node,
-        )
+        return recipe_settings(self.workload, self.hardware)
 
-    def changes(self, recipe) -> dict[str, tuple[Any, Any]]:
+    def changes(self, recipe: Recipe) -> dict[str, tuple[Any, Any]]:
         """{dotted key: (recipe's value, planned value)} for what differs from the recipe."""
-        current = _current(recipe)
+        current = recipe_settings(Workload.from_recipe(recipe), recipe.hardware)
         changed = {key: (current[key], new) for key, new in self.settings().items() if current[key] != new}
         if "cluster.instance_type" in changed:
             # A catalog instance type fixes the GPU model and the processes per node.
@@ -65,7 +86,7 @@ class LayoutPlan:
                     changed[key] = (value, None)
         return changed
 
-    def overrides(self, recipe) -> dict[str, Any]:
+    def overrides(self, recipe: Recipe) -> dict[str, Any]:
         """What `Recipe.with_changes` needs to turn `recipe` into this plan."""
         return {key: new for key, (_, new) in self.changes(recipe).items()}
 
@@ -91,38 +112,46 @@ class LayoutPlan:
         }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Search:
+    """What `search` found: the ranked layouts and how it got there."""
+
+    budget: Hardware
+    ranked: list[LayoutPlan]
+    considered: int  # valid layouts scored (layout x micro batch x AC x fp8)
+    estimated: int  # memory estimates made
+    faster_but_too_big: int  # layouts faster than the last shown that do not fit
+    threshold: float
+    elapsed_s: float
+    current: LayoutPlan | None = None  # the recipe's own layout, when it is in this budget
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> LayoutPlan:
+        return self.ranked[0]
+
+
 _DEGREES = ("tensor", "context", "pipeline", "data_replicate", "data_shard")
+_LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 
 
-def _current(recipe) -> dict[str, Any]:
-    return _settings(
-        recipe.layout,
-        pipeline_schedule=recipe.parallel.pipeline_schedule,
-        activation_checkpointing=recipe.parallel.activation_checkpointing,
-        micro_batch_size=recipe.training.micro_batch_size,
-        fp8=recipe.precision.fp8,
-        instance_type=recipe.cluster.instance_type,
-        instance_count=recipe.cluster.instance_count,
-        nproc_per_node=recipe.hardware.procs_per_node,
-    )
-
-
-def _settings(layout: Layout, *, pipeline_schedule, activation_checkpointing, micro_batch_size, fp8, instance_type,
-              instance_count, nproc_per_node) -> dict[str, Any]:  # fmt: skip
-    values = {f"parallel.{name}": value for name, value in layout.as_dict().items()}
+def recipe_settings(workload: Workload, hardware: Hardware) -> dict[str, Any]:
+    """The recipe keys a workload on a budget sets."""
+    layout = workload.layout
+    values = {f"parallel.{name}": getattr(layout, name) for name in _LAYOUT_FIELDS}
     values |= {
-        "parallel.pipeline_schedule": pipeline_schedule,
-        "parallel.activation_checkpointing": activation_checkpointing,
-        "training.micro_batch_size": micro_batch_size,
-        "precision.fp8": fp8,
-        "cluster.instance_type": instance_type,
-        "cluster.instance_count": instance_count,
+        "parallel.pipeline_schedule": workload.pipeline_schedule,
+        "parallel.activation_checkpointing": workload.activation_checkpointing,
+        "training.micro_batch_size": workload.micro_batch_size,
+        "precision.fp8": workload.fp8,
+        "cluster.instance_type": hardware.instance_key,
+        "cluster.instance_count": hardware.instance_count,
     }
-    if instance_type == "local":
-        values["cluster.nproc_per_node"] = nproc_per_node
+    if hardware.instance_key == "local":
+        values["cluster.nproc_per_node"] = hardware.procs_per_node
     return values
 
 
-def _lookup(recipe, dotted: str) -> Any:
+def _lookup(recipe: Recipe, dotted: str) -> Any:
     section, name = dotted.split(".")
     return getattr(getattr(recipe, section), name)

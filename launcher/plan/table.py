@@ -7,8 +7,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from launcher.plan.explain import against_recipe
-from launcher.plan.rank import Search
+from launcher.plan.explain import against_recipe, why
+from launcher.plan.result import Search
 
 COLUMNS = (
     "#",
@@ -50,7 +50,7 @@ def plan_table(search: Search, title: str = "") -> Group:
             f"{speed.usd_per_million_tokens:.2f}",
             style="bold" if rank == 1 else None,
         )
-    lines: list = [table, Text(search.why())]
+    lines: list = [table, Text(why(search))]
     note = against_recipe(search)
     if note:
         lines.append(Text(note))

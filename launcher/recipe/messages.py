@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 from launcher.catalog import choices
 from launcher.errors import Problem
 from launcher.recipe.resolve import suggest
-from launcher.recipe.schema import MODEL_REF_TAGS
+from launcher.recipe.schema import MODEL_REF_TAGS, HFConfigModel, ModelOverride
 
 
 def show(value: Any) -> str:
@@ -90,8 +90,6 @@ def _location(loc: tuple, data: Any, kind: str) -> tuple:
 
 def _fields_at(model: type[BaseModel], path: tuple, data: Any) -> list[str]:
     """Field names valid at `path` (for 'unknown key' messages)."""
-    from launcher.recipe.schema import HFConfigModel, ModelOverride
-
     current: Any = model
     for part in path[:-1]:
         if current is None:

@@ -14,7 +14,7 @@ from launcher.contract.config import FORMAT as RESOLVED_FORMAT
 from launcher.contract.layout import Layout
 from launcher.errors import Problem, RecipeError
 from launcher.recipe import rules
-from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw, parse_set_options
+from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw
 from launcher.recipe.messages import problems_from_validation
 from launcher.recipe.resolve import Hardware, resolve_hardware, resolve_model
 from launcher.recipe.schema import RecipeSpec
@@ -31,6 +31,9 @@ class RuleViolations(ValueError):
 class Recipe(RecipeSpec):
     """A recipe that passed every rule. Build it with `Recipe.load(path)`; it never changes.
 
+    A recipe is a value: it knows nothing of its consumers. `launcher.api.estimate(recipe)` and
+    `launcher.api.plan(recipe)` estimate its memory and plan its layout.
+
     `arch`, `hardware` and `layout` are the recipe resolved against the catalogs: the model's
     exact shapes, the GPUs it runs on, and the parallel layout with `data_shard` filled in.
     """
@@ -46,7 +49,7 @@ class Recipe(RecipeSpec):
         hardware, hardware_problems = resolve_hardware(self)
         problems += hardware_problems + rules.sagemaker_problems(self) + rules.training_problems(self)
         if arch is not None and hardware is not None:
-            world_size = self.cluster.instance_count * hardware.procs_per_node
+            world_size = hardware.world_size
             where = (
                 f"{self.cluster.instance_count} x {hardware.instance_key}"
                 if hardware.instance_key != "local"
@@ -97,11 +100,6 @@ class Recipe(RecipeSpec):
         return recipe
 
     @classmethod
-    def load_with_options(cls, path: str | Path, set_options: list[str]) -> Recipe:
-        """`Recipe.load` with overrides written as the CLI's `--set KEY=VALUE` options."""
-        return cls.load(path, parse_set_options(set_options), origin="--set")
-
-    @classmethod
     def from_dict(cls, data: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> Recipe:
         raw = RawRecipe(dict(data))
         if overrides:
@@ -126,43 +124,6 @@ class Recipe(RecipeSpec):
         recipe = type(self).from_dict(self.to_dict(), overrides)
         recipe._source = self._source
         return recipe
-
-    def estimate(self, *, mode: str = "fsdp", threshold: float = 0.8):
-        """Per-GPU peak memory per pipeline stage, the verdict, and a change that fits if it does not.
-
-        Returns a `launcher.estimate.MemoryEstimate`; `mode` is "fsdp" (what the entrypoints
-        allocate) or "megatron" (Fujii et al. 2024's published accounting).
-        """
-        from launcher.estimate import estimate_recipe
-
-        return estimate_recipe(self, mode=mode, threshold=threshold)
-
-    def plan(
-        self,
-        *,
-        gpus: int | None = None,
-        instances: int | None = None,
-        instance_type: str | None = None,
-        top: int = 10,
-        vary_fp8: bool = False,
-        threshold: float = 0.8,
-    ):
-        """The `top` fastest parallel layouts that fit, for this recipe or another GPU budget.
-
-        Returns a list of `launcher.plan.LayoutPlan`, best first; apply one with
-        `recipe.with_changes(plan.overrides(recipe))`.
-        """
-        from launcher.plan import plan
-
-        return plan(
-            self,
-            gpus=gpus,
-            instances=instances,
-            instance_type=instance_type,
-            top=top,
-            vary_fp8=vary_fp8,
-            threshold=threshold,
-        )
 
     # --- what the recipe resolves to -------------------------------------------------------
 

@@ -40,7 +40,7 @@ def test_an_oom_recipe_is_refused_before_any_upload(aws, home, fake_bundle, cli)
 
 def test_a_risky_recipe_needs_force(aws, home, fake_bundle):
     recipe = load("llama3-8b-8k")
-    threshold = recipe.estimate().utilization / 2  # same peak, a stricter margin: risky, not oom
+    threshold = api.estimate(recipe).utilization / 2  # same peak, a stricter margin: risky, not oom
     with pytest.raises(api.WontFit, match="risky: needs .* pass --force to submit anyway"):
         api.submit(recipe, threshold=threshold)
     assert nothing_created(home)

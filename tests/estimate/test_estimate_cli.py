@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from launcher import api
 from launcher.estimate import COMPONENTS
 from launcher.recipe import Recipe
 
@@ -46,7 +47,7 @@ def test_json_has_the_contract_keys_and_matches_the_python_api(cli):
     assert report["verdict"] in ("fits", "risky", "oom")
     assert {"stage", "layers", "phase", "peak_bytes", "breakdown"} <= report["stages"][0].keys()
     report.pop("predicted", None)  # the throughput model's part of the report
-    assert report == Recipe.load(RECIPE).estimate().to_json()
+    assert report == api.estimate(Recipe.load(RECIPE)).to_json()
 
 
 def test_megatron_mode_and_threshold_reach_the_estimate(cli):
@@ -54,7 +55,7 @@ def test_megatron_mode_and_threshold_reach_the_estimate(cli):
     assert report["mode"] == "megatron"
     assert report["threshold"] == 0.5
     report.pop("predicted", None)
-    assert report == Recipe.load(RECIPE).estimate(mode="megatron", threshold=0.5).to_json()
+    assert report == api.estimate(Recipe.load(RECIPE), mode="megatron", threshold=0.5).to_json()
 
 
 def test_set_overrides_apply_before_estimating(cli):
@@ -84,3 +85,11 @@ def test_usage_errors_are_one_line_and_exit_2(cli, args, message):
     assert len(result.err_lines) == 1, result.err
     assert result.err_lines[0].startswith(message)
     assert result.out == ""
+
+
+def test_the_threshold_option_names_the_estimators_default():
+    # The CLI leaves the default to the estimator (None) so `launcher --help` need not import it.
+    from launcher import cli
+    from launcher.estimate import DEFAULT_THRESHOLD
+
+    assert f"(default {DEFAULT_THRESHOLD})" in cli.ThresholdOpt.__metadata__[0].help

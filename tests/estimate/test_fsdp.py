@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.catalog import accelerators, models
+from launcher.catalog import models
 from launcher.contract.layout import Layout
-from launcher.estimate import fsdp
-from launcher.estimate.memory import ALLOCATED_COMPONENTS, Workload, estimate_workload
+from launcher.estimate import Workload, estimate_memory, fsdp
+from launcher.estimate.breakdown import ALLOCATED_COMPONENTS
 from launcher.estimate.overheads import CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION, NCCL_BYTES_PER_COMMUNICATOR
+from launcher.recipe.resolve import hardware_for
 
 TINY = models()["llama-tiny"]
-H100 = accelerators()["h100-80gb"]
+P5 = hardware_for("ml.p5.48xlarge")  # 8 x h100-80gb
 
 P_BLOCK = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352 + 2 * 128  # 184,576
 P_ROOT = 2 * 512 * 128 + 128  # embedding, output, final norm: 131,200
@@ -156,5 +157,5 @@ def test_peak_is_the_largest_moment_plus_device_overheads():
     assert stage.breakdown["cuda_context"] == CUDA_CONTEXT_BYTES
     assert stage.breakdown["nccl"] == 2 * NCCL_BYTES_PER_COMMUNICATOR  # world + FSDP group
     assert stage.breakdown["fragmentation"] == round(FRAGMENTATION_FRACTION * stage.allocated_bytes)
-    estimate = estimate_workload(w, H100)
+    estimate = estimate_memory(w, P5)
     assert estimate.allocated_bytes == sum(estimate.breakdown[c] for c in ALLOCATED_COMPONENTS)

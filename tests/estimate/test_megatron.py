@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.catalog import accelerators, models
+from launcher.catalog import models
 from launcher.contract.layout import Layout
-from launcher.estimate import megatron
-from launcher.estimate.memory import Workload, estimate_workload
+from launcher.estimate import Workload, estimate_memory, megatron
+from launcher.recipe.resolve import hardware_for
 
 TINY = models()["llama-tiny"]
 LAYOUT = Layout(tensor=2, context=2, pipeline=2, data_shard=2)
@@ -110,7 +110,7 @@ def test_selective_recomputation_drops_only_the_materialised_scores():
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_the_estimate_is_the_sum_of_the_terms_with_no_device_overheads(fp8):
-    result = estimate_workload(workload(fp8=fp8), accelerators()["h100-80gb"], mode="megatron")
+    result = estimate_memory(workload(fp8=fp8), hardware_for("ml.p5.48xlarge"), mode="megatron")
     assert result.per_gpu_peak_bytes == result.allocated_bytes == 3_138_048
     assert result.breakdown["cuda_context"] == result.breakdown["nccl"] == result.breakdown["fragmentation"] == 0
 

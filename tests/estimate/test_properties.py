@@ -7,12 +7,12 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.catalog import accelerators, models
+from launcher.catalog import models
 from launcher.contract.layout import Layout
-from launcher.estimate import fsdp, megatron
-from launcher.estimate.memory import COMPONENTS, Workload, estimate_workload
+from launcher.estimate import COMPONENTS, Workload, estimate_memory, fsdp, megatron
+from launcher.recipe.resolve import hardware_for
 
-H200 = accelerators()["h200-141gb"]
+H200 = hardware_for("ml.p5en.48xlarge")  # 8 x h200-141gb
 ARCHS = [models()[key] for key in ("llama3.1-8b", "llama3.1-70b", "mistral-7b", "llama3.2-1b", "llama-tiny")]
 MODES = ("none", "selective", "full")
 ACTIVATION_COMPONENTS = ("activations", "tp_buffers", "cp_buffers")
@@ -54,7 +54,7 @@ def activation_bytes(w: Workload, mode: str) -> int:
 
 
 def peak(w: Workload, mode: str = "fsdp") -> int:
-    return estimate_workload(w, H200, mode=mode).per_gpu_peak_bytes
+    return estimate_memory(w, H200, mode=mode).per_gpu_peak_bytes
 
 
 @settings(max_examples=150, deadline=None)
@@ -118,7 +118,7 @@ def test_megatron_mode_ignores_fp8(w):
 @settings(max_examples=100, deadline=None)
 @given(workloads())
 def test_every_stage_reports_every_component_and_the_peak_is_the_heaviest_stage(w):
-    estimate = estimate_workload(w, H200)
+    estimate = estimate_memory(w, H200)
     assert len(estimate.stages) == w.layout.pipeline
     for stage in estimate.stages:
         assert tuple(stage.breakdown) == COMPONENTS

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from launcher.estimate import verdict
-from launcher.estimate.memory import MemoryEstimate
-from launcher.estimate.suggest import find_fitting_change, recipe_workload
+from launcher import api
+from launcher.estimate import MemoryEstimate, Workload, format_bytes, verdict
+from launcher.plan import plan
+from launcher.plan.suggest import find_fitting_change
 from launcher.recipe import Recipe
 from launcher.recipe.rules import layout_problems
 
@@ -31,13 +33,13 @@ def test_threshold_is_configurable():
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_every_shipped_recipe_fits(path):
-    estimate = Recipe.load(path).estimate()
+    estimate = api.estimate(Recipe.load(path))
     assert estimate.verdict == "fits", estimate.headline()
     assert estimate.suggestion is None
 
 
 def test_a_fitting_recipe_reports_its_peak_stage_and_largest_component():
-    estimate = Recipe.load("recipes/llama3-8b-8k.yaml").estimate()
+    estimate = api.estimate(Recipe.load("recipes/llama3-8b-8k.yaml"))
     assert isinstance(estimate, MemoryEstimate)
     assert estimate.largest_component == max(estimate.breakdown, key=estimate.breakdown.get)
     assert estimate.utilization == estimate.per_gpu_peak_bytes / estimate.gpu_memory_bytes
@@ -59,27 +61,55 @@ def test_a_recipe_that_does_not_fit_gets_a_suggestion_that_fits():
     # Mistral 7B at 32K on one p5 (dp_shard 4 x cp 2) without checkpointing needs about
     # twice an H100.
     recipe = Recipe.from_dict(MISTRAL_32K)
-    estimate = recipe.estimate()
+    estimate = api.estimate(recipe)
     assert estimate.verdict == "oom"
-    assert estimate.suggestion.startswith("set parallel.activation_checkpointing: ")
     change, fitted = find_fitting_change(recipe)
+    assert estimate.suggestion == (
+        f"{change.describe()} (estimated {format_bytes(fitted.per_gpu_peak_bytes)}, {fitted.utilization:.0%})"
+    )
     # The suggested recipe passes every recipe rule and fits when estimated again.
     changed = recipe.with_changes(change.as_overrides())
-    assert changed.estimate().verdict == "fits"
-    assert fitted.per_gpu_peak_bytes == changed.estimate().per_gpu_peak_bytes
+    assert api.estimate(changed).verdict == "fits"
+    assert fitted.per_gpu_peak_bytes == api.estimate(changed).per_gpu_peak_bytes
+
+
+def test_the_suggestion_is_the_planners_fastest_layout_among_those_with_the_fewest_edits():
+    recipe = Recipe.from_dict(MISTRAL_32K)
+    change, _ = find_fitting_change(recipe)
+    # Every layout the planner finds that fits, fastest first, with the recipe keys it changes
+    # (data_shard "auto" follows the other degrees by itself).
+    edits = [
+        {key: value for key, value in planned.overrides(recipe).items() if key != "parallel.data_shard"}
+        for planned in plan(recipe, top=100_000)
+    ]
+    fewest = min(len(e) for e in edits)
+    assert fewest == 1 and len(change.edits) == 1
+    assert change.as_overrides() == next(e for e in edits if len(e) == fewest)
+    assert re.fullmatch(r"(set \S+: \S+|(raise|lower) \S+ to \d+)", change.describe())
+
+
+def test_a_model_too_large_for_the_recipes_gpus_gets_more_instances():
+    # 70B needs 16 bytes per parameter for weights, gradients and AdamW: over 64 GiB per GPU
+    # on one or two p5 instances, whatever the layout.
+    recipe = Recipe.from_dict(MISTRAL_32K, {"model": "llama3.1-70b", "parallel.activation_checkpointing": "full"})
+    assert api.estimate(recipe).verdict == "oom"
+    change, fitted = find_fitting_change(recipe)
+    assert change.as_overrides()["cluster.instance_count"] in (2, 4)
+    assert api.estimate(recipe.with_changes(change.as_overrides())).per_gpu_peak_bytes == fitted.per_gpu_peak_bytes
+    assert fitted.fits
 
 
 def test_suggestion_raises_a_parallel_degree_when_checkpointing_is_already_full():
     recipe = Recipe.from_dict(MISTRAL_32K, {"parallel.activation_checkpointing": "full", "parallel.context": 1})
-    estimate = recipe.estimate(threshold=0.3)
+    estimate = api.estimate(recipe, threshold=0.3)
     assert estimate.verdict != "fits"
     change, fitted = find_fitting_change(recipe, threshold=0.3)
     assert fitted.per_gpu_peak_bytes <= 0.3 * fitted.gpu_memory_bytes
     assert estimate.suggestion.startswith(change.describe())
     assert estimate.suggestion.startswith("raise parallel.")
     changed = recipe.with_changes(change.as_overrides())  # validates every recipe rule
-    assert changed.estimate(threshold=0.3).verdict == "fits"
-    workload = recipe_workload(changed)
+    assert api.estimate(changed, threshold=0.3).verdict == "fits"
+    workload = Workload.from_recipe(changed)
     assert not layout_problems(
         workload.layout,
         workload.arch,
@@ -106,12 +136,12 @@ def test_no_fitting_layout_says_what_to_change_instead():
         MISTRAL_32K,
         {"model": "llama3.1-405b", "training.seq_len": 131072, "cluster.instance_type": "ml.p4d.24xlarge"},
     )
-    estimate = recipe.estimate()
+    estimate = api.estimate(recipe)
     assert estimate.verdict == "oom"
     assert estimate.suggestion.startswith("no layout on up to 16x the GPUs fits")
 
 
 def test_megatron_mode_verdict_uses_the_published_estimate_without_overheads():
-    estimate = Recipe.load("recipes/llama3-8b-8k.yaml").estimate(mode="megatron")
+    estimate = api.estimate(Recipe.load("recipes/llama3-8b-8k.yaml"), mode="megatron")
     assert estimate.mode == "megatron"
     assert estimate.per_gpu_peak_bytes == estimate.allocated_bytes

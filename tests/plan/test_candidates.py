@@ -22,8 +22,8 @@ def brute_force(arch, *, world_size, gpus_per_node, seq_len, global_batch_size):
         if world_size % (t * c * p * r):
             continue
         shard = world_size // (t * c * p * r)
-        # p * v stages must divide the layers, so v must too; rules.layout_problems raises
-        # IndexError building its message for a v that divides no layer count (reported).
+        # p * v stages must divide the layers, so v must too: the rules reject every other v,
+        # and leaving them out keeps the product small.
         for v in (v for v in range(1, MAX_VIRTUAL_STAGES + 1) if arch.num_layers % v == 0):
             for b in range(1, global_batch_size + 1):
                 layout = Layout(tensor=t, context=c, pipeline=p, data_replicate=r, data_shard=shard, virtual_stages=v)

@@ -12,8 +12,8 @@ from collections import defaultdict
 
 import pytest
 
-from launcher.estimate.throughput import CONSTANTS
 from launcher.plan import LayoutPlan, plan
+from launcher.plan.throughput import CONSTANTS
 from launcher.recipe import Recipe
 from tests import REPO
 

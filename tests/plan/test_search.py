@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from launcher.api import estimate
 from launcher.errors import UsageError
-from launcher.estimate import estimate_memory
-from launcher.estimate.throughput import predict
+from launcher.estimate import DEFAULT_THRESHOLD, Workload, estimate_memory
 from launcher.plan import plan, search
 from launcher.plan.candidates import shapes
+from launcher.plan.explain import why
 from launcher.plan.rank import AC_MODES
+from launcher.plan.throughput import predict
 from launcher.recipe import Recipe
 from tests import REPO
 
@@ -18,50 +22,30 @@ RECIPES = REPO / "recipes"
 GPU_RECIPES = sorted(p for p in RECIPES.glob("*.yaml") if p.name != "tiny-cpu.yaml")
 
 
-def exhaustive(recipe, threshold=0.8):
+def exhaustive(recipe, threshold=DEFAULT_THRESHOLD):
     """Every valid layout estimated and scored: what the pruned search must return."""
-    hw, t, pr = recipe.hardware, recipe.training, recipe.precision
+    hw, base = recipe.hardware, Workload.from_recipe(recipe)
     found = []
     for shape in shapes(
         recipe.arch,
         world_size=recipe.world_size,
         gpus_per_node=hw.procs_per_node,
-        seq_len=t.seq_len,
-        global_batch_size=t.global_batch_size,
+        seq_len=base.seq_len,
+        global_batch_size=recipe.training.global_batch_size,
         schedule=recipe.parallel.pipeline_schedule,
     ):
         for ac in AC_MODES:
-            common = dict(
-                seq_len=t.seq_len, micro_batch_size=shape.micro_batch_size, grad_accum_steps=shape.grad_accum_steps
-            )
-            memory = estimate_memory(
-                recipe.arch,
-                shape.layout,
-                **common,
-                dtype=pr.dtype,
-                fp8=pr.fp8,
-                fp8_recipe=pr.fp8_recipe,
-                activation_checkpointing=ac,
+            workload = replace(
+                base,
+                layout=shape.layout,
+                micro_batch_size=shape.micro_batch_size,
+                grad_accum_steps=shape.grad_accum_steps,
                 pipeline_schedule=shape.pipeline_schedule,
-                accelerator=hw.accelerator,
-                threshold=threshold,
+                activation_checkpointing=ac,
             )
-            if memory.verdict != "fits":
+            if estimate_memory(workload, hw, threshold=threshold).verdict != "fits":
                 continue
-            speed = predict(
-                recipe.arch,
-                shape.layout,
-                **common,
-                accelerator=hw.accelerator,
-                gpus_per_node=hw.procs_per_node,
-                network_gbps=hw.instance.efa_gbps,
-                dtype=pr.dtype,
-                fp8=pr.fp8,
-                fp8_recipe=pr.fp8_recipe,
-                activation_checkpointing=ac,
-                pipeline_schedule=shape.pipeline_schedule,
-                compile=t.compile,
-            )
+            speed = predict(workload, hw)
             found.append((shape.layout, shape.micro_batch_size, ac, speed.tokens_per_s_per_gpu))
     return found
 
@@ -80,18 +64,18 @@ def test_pruned_search_returns_exactly_the_fitting_layouts_fastest_first(path):
 @pytest.mark.parametrize("path", [p.name for p in GPU_RECIPES])
 def test_every_planned_layout_is_a_valid_recipe(path):
     recipe = Recipe.load(RECIPES / path)
-    for planned in recipe.plan(top=5):
+    for planned in plan(recipe, top=5):
         changed = recipe.with_changes(planned.overrides(recipe))
         assert changed.layout == planned.layout
         assert changed.training.micro_batch_size == planned.micro_batch_size
         assert changed.grad_accum_steps == planned.grad_accum_steps
         assert changed.parallel.activation_checkpointing == planned.activation_checkpointing
-        assert changed.estimate().per_gpu_peak_bytes == planned.memory.per_gpu_peak_bytes
+        assert estimate(changed).per_gpu_peak_bytes == planned.memory.per_gpu_peak_bytes
 
 
 def test_planning_another_budget_changes_the_instance_count():
     recipe = Recipe.load(RECIPES / "llama3-8b-8k.yaml")
-    best = recipe.plan(gpus=32, top=1)[0]
+    best = plan(recipe, gpus=32, top=1)[0]
     assert best.layout.world_size == 32 and best.instance_count == 4
     assert best.overrides(recipe)["cluster.instance_count"] == 4
     assert recipe.with_changes(best.overrides(recipe)).world_size == 32
@@ -114,10 +98,10 @@ def test_vary_fp8_tries_both_precisions_on_hopper():
 
 def test_the_explanation_names_the_runner_up_and_the_reason():
     found = search(Recipe.load(RECIPES / "llama3-8b-8k.yaml"), top=3)
-    why = found.why()
-    assert why.startswith(found.best.describe() + " is fastest at ")
-    assert found.ranked[1].describe() in why
-    assert "more per step on" in why
+    why_text = why(found)
+    assert why_text.startswith(found.best.describe() + " is fastest at ")
+    assert found.ranked[1].describe() in why_text
+    assert "more per step on" in why_text
 
 
 @pytest.mark.parametrize(
@@ -154,7 +138,7 @@ def test_a_local_gpu_machine_plans_its_process_count(tmp_path):
         "cluster: {backend: local, instance_type: local, device: cuda, accelerator: h200-141gb, nproc_per_node: 2}\n"
     )
     recipe = Recipe.load(path)
-    best = recipe.plan(gpus=4, top=1)[0]
+    best = plan(recipe, gpus=4, top=1)[0]
     assert best.instance_count == 1 and best.throughput.usd_per_million_tokens == 0
     changed = recipe.with_changes(best.overrides(recipe))
     assert changed.cluster.nproc_per_node == 4 and changed.world_size == 4

@@ -9,16 +9,17 @@ import pytest
 from launcher import catalog
 from launcher.catalog import ModelArch
 from launcher.contract.layout import Layout
-from launcher.estimate.throughput import (
+from launcher.estimate import Workload
+from launcher.plan.throughput import (
     BREAKDOWN,
     CONSTANTS,
     ThroughputUnknown,
     bubble_fraction,
     model_flops_per_token,
     predict,
-    predict_recipe,
 )
 from launcher.recipe import Recipe
+from launcher.recipe.resolve import hardware_for
 from tests import REPO
 
 RECIPES = REPO / "recipes"
@@ -27,20 +28,41 @@ H100 = catalog.accelerators()["h100-80gb"]
 LLAMA8B = catalog.models()["llama3.1-8b"]
 LLAMA70B = catalog.models()["llama3.1-70b"]
 P5 = catalog.instance_types()["ml.p5.48xlarge"]
+P5_FREE = hardware_for("ml.p5.48xlarge", usd_per_hour=0.0)  # 8 x h100-80gb; a test sets the price
 
 
-def run(arch=LLAMA8B, layout=None, *, seq_len=8192, micro_batch_size=1, grad_accum_steps=1, **kw):
-    kw.setdefault("accelerator", H100)
-    kw.setdefault("gpus_per_node", 8)
-    kw.setdefault("network_gbps", P5.efa_gbps)
-    return predict(
-        arch,
-        layout or Layout(data_shard=8),
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        grad_accum_steps=grad_accum_steps,
-        **kw,
+def run(
+    arch=LLAMA8B,
+    layout=None,
+    *,
+    seq_len=8192,
+    micro_batch_size=1,
+    grad_accum_steps=1,
+    accelerator=H100,
+    gpus_per_node=8,
+    usd_per_hour=0.0,
+    constants=CONSTANTS,
+    **workload,
+):
+    hardware = dataclasses.replace(
+        P5_FREE, accelerator=accelerator, procs_per_node=gpus_per_node, usd_per_hour=usd_per_hour
     )
+    return predict(
+        Workload(
+            arch=arch,
+            layout=layout or Layout(data_shard=8),
+            seq_len=seq_len,
+            micro_batch_size=micro_batch_size,
+            grad_accum_steps=grad_accum_steps,
+            **workload,
+        ),
+        hardware,
+        constants=constants,
+    )
+
+
+def predict_recipe(recipe):
+    return predict(Workload.from_recipe(recipe), recipe.hardware)
 
 
 def test_bubble_is_p_minus_1_over_m_v_plus_p_minus_1():

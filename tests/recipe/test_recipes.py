@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
+from launcher import api
 from launcher.errors import RecipeError
 from launcher.recipe import Recipe
 from tests import REPO
@@ -151,7 +152,7 @@ def test_problems_in_a_parent_point_at_the_parent(tmp_path, cli):
 
 def test_overrides_are_typed_by_the_schema(tmp_path):
     path = REPO / "recipes" / "llama3-8b-128k-cp.yaml"
-    recipe = Recipe.load_with_options(path, ["parallel.context=4", "training.seq_len=65536", "precision.fp8=true"])
+    recipe = api.load(path, set_options=["parallel.context=4", "training.seq_len=65536", "precision.fp8=true"])
     assert recipe.layout.context == 4 and recipe.layout.data_shard == 2
     assert recipe.training.seq_len == 65536
     assert recipe.precision.fp8 is True
@@ -160,8 +161,8 @@ def test_overrides_are_typed_by_the_schema(tmp_path):
 
 
 def test_override_replaces_a_whole_model_reference(tmp_path):
-    recipe = Recipe.load_with_options(
-        REPO / "recipes" / "tiny-cpu.yaml", ["model={base: llama3.1-8b, num_layers: 2, vocab_size: 1024}"]
+    recipe = api.load(
+        REPO / "recipes" / "tiny-cpu.yaml", set_options=["model={base: llama3.1-8b, num_layers: 2, vocab_size: 1024}"]
     )
     assert recipe.arch.num_layers == 2 and recipe.arch.hidden_size == 4096 and recipe.arch.vocab_size == 1024
 

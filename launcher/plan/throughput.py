@@ -36,12 +36,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cache
 from math import ceil
-from typing import Any
+from typing import Any, NamedTuple
 
 from launcher.catalog import Accelerator, ModelArch
 from launcher.contract.fp8 import collective_backend, float8_all_gather
-from launcher.contract.layout import Layout, layers_per_rank
+from launcher.contract.layout import layers_per_rank
 from launcher.errors import UsageError
+from launcher.estimate.workload import Workload
+from launcher.recipe import Recipe
+from launcher.recipe.resolve import Hardware
 
 GB = 1e9
 
@@ -267,238 +270,308 @@ def generation(accelerator: Accelerator) -> str:
     return "hopper" if accelerator.has_fp8 else "ampere"
 
 
-def predict(
-    arch: ModelArch,
-    layout: Layout,
-    *,
-    seq_len: int,
-    micro_batch_size: int,
-    grad_accum_steps: int,
-    accelerator: Accelerator,
-    gpus_per_node: int,
-    network_gbps: float = 0.0,
-    dtype: str = "bf16",
-    fp8: bool = False,
-    fp8_recipe: str = "tensorwise",
-    activation_checkpointing: str = "none",
-    pipeline_schedule: str = "1f1b",
-    compile: bool = False,
-    usd_per_hour: float = 0.0,
-    steps: int | None = None,
-    constants: Constants = CONSTANTS,
-) -> Throughput:
-    """Predicted tokens/s/GPU, MFU, step time and cost of one layout.
+def predict(workload: Workload, hardware: Hardware, *, constants: Constants = CONSTANTS) -> Throughput:
+    """Predicted tokens/s/GPU, MFU, step time and cost of one workload on one cluster.
 
-    `network_gbps` is the node's inter-node bandwidth in Gbit/s (EFA), `usd_per_hour` the price of
-    one instance (node) per hour. Raises ThroughputUnknown for hardware without a peak FLOP/s.
+    Each term of the step time is one function below, in seconds per micro-batch or per step.
+    Raises ThroughputUnknown for hardware without a peak FLOP/s (the host CPU).
     """
-    if not accelerator.peak_bf16_tflops or not accelerator.hbm_gbps:
-        raise ThroughputUnknown(
-            f"{accelerator.name} has no known peak FLOP/s or memory bandwidth; throughput is predicted for GPUs only"
-        )
-    k = constants
-    gen = generation(accelerator)
-    h, kv, f, vocab = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
-    t, c, p, v = layout.tensor, layout.context, layout.pipeline, layout.virtual_stages
-    shard, replicas = layout.fsdp_shard, layout.data_replicate
-    b, s, m = micro_batch_size, seq_len, grad_accum_steps
-    layers = layers_per_rank(arch.num_layers, layout)
-    recompute = AC_RECOMPUTE[activation_checkpointing]
-    fp8 = fp8 and accelerator.has_fp8
+    step = _Step(workload, hardware, constants)
+    compute = compute_time(step)
+    tp_mb = tensor_parallel_time(step)
+    cp_mb = context_parallel_time(step)
+    fsdp_mb, fsdp_step = fsdp_time(step, compute.total)
+    p2p_mb = pipeline_p2p_time(step)
+    micro_batch_s = compute.total + tp_mb + cp_mb + fsdp_mb + p2p_mb
+    m = workload.grad_accum_steps
+    breakdown = {
+        "matmul": m * compute.matmul,
+        "attention": m * compute.attention,
+        "elementwise": m * compute.elementwise,
+        "recompute": m * compute.recompute,
+        "tensor_parallel": m * tp_mb,
+        "context_parallel": m * cp_mb,
+        "fsdp": m * fsdp_mb + fsdp_step,
+        "pipeline_p2p": m * p2p_mb,
+        "pipeline_bubble": pipeline_bubble_time(step, micro_batch_s),
+        "data_replicate": data_replicate_time(step),
+        "optimizer": optimizer_time(step),
+    }
+    return _throughput(step, breakdown)
 
-    # --- compute of one micro-batch on one GPU of the last pipeline rank ---------------------
-    bf16_peak = accelerator.peak_bf16_tflops * 1e12
-    if dtype == "fp32":
+
+def predicted_summary(recipe: Recipe) -> dict[str, float] | None:
+    """`{tokens_per_s_per_gpu, mfu, step_time_s}` for the recipe's layout; None on the host CPU."""
+    try:
+        speed = predict(Workload.from_recipe(recipe), recipe.hardware)
+    except ThroughputUnknown:
+        return None
+    return {
+        "tokens_per_s_per_gpu": round(speed.tokens_per_s_per_gpu, 1),
+        "mfu": round(speed.mfu, 4),
+        "step_time_s": round(speed.step_time_s, 4),
+    }
+
+
+class _Step:
+    """What every term shares: one micro-batch on one GPU of the heaviest (last) pipeline rank."""
+
+    __slots__ = (
+        "w", "k", "gen", "accelerator", "h", "kv", "f", "vocab", "t", "c", "p", "v", "shard", "replicas", "b",
+        "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
+        "gpus_per_node", "usd_per_hour", "block_params", "stage_params",
+    )  # fmt: skip
+
+    def __init__(self, workload: Workload, hardware: Hardware, k: Constants):
+        accelerator = hardware.accelerator
+        if not accelerator.peak_bf16_tflops or not accelerator.hbm_gbps:
+            raise ThroughputUnknown(
+                f"{accelerator.name} has no known peak FLOP/s or memory bandwidth; throughput is predicted for GPUs only"
+            )
+        arch, layout = workload.arch, workload.layout
+        self.w, self.k, self.accelerator, self.gen = workload, k, accelerator, generation(accelerator)
+        self.h, self.kv, self.f, self.vocab = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
+        self.t, self.c, self.p, self.v = layout.tensor, layout.context, layout.pipeline, layout.virtual_stages
+        self.shard, self.replicas = layout.fsdp_shard, layout.data_replicate
+        self.b, self.s = workload.micro_batch_size, workload.seq_len
+        self.layers = layers_per_rank(arch.num_layers, layout)
+        self.recompute = AC_RECOMPUTE[workload.activation_checkpointing]
+        fp8, fp8_recipe = workload.fp8 and accelerator.has_fp8, workload.fp8_recipe
+        self.fp8 = fp8
+        # Tensorwise FP8 on NCCL all-gathers float8 weights (FSDP) and activations (TP): the entrypoints'
+        # fp8.py. Weights are then cast on the local shard before the gather. Predictions are for GPUs.
+        self.fp8_gather = float8_all_gather(fp8=fp8, fp8_recipe=fp8_recipe, backend=collective_backend("cuda"))
+        self.rows = self.b * self.s // self.c  # GEMM M: tokens of one micro-batch on one CP rank (SP gathers them)
+        self.bf16_peak = accelerator.peak_bf16_tflops * 1e12
+        self.hbm = accelerator.hbm_gbps * GB * k.hbm_efficiency
+        self.intra = accelerator.nvlink_gbps / 2 * GB * k.nvlink_efficiency if accelerator.nvlink_gbps else 0.0
+        self.gpus_per_node, self.usd_per_hour = hardware.procs_per_node, hardware.usd_per_hour
+        self.inter = hardware.instance.efa_gbps / 8 / self.gpus_per_node * GB * k.network_efficiency
+        h, kv, f = self.h, self.kv, self.f
+        self.block_params = self.layers * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h)
+        self.stage_params = self.block_params + self.vocab * h + h  # the last rank: blocks, final norm, output layer
+
+    def link(self, stride: int, size: int) -> tuple[float, float]:
+        """(bandwidth per GPU, latency) of a group of `size` ranks `stride` apart in the mesh."""
+        k, gpus_per_node = self.k, self.gpus_per_node
+        if stride * size <= gpus_per_node and gpus_per_node % (stride * size) == 0 and self.intra:
+            return self.intra, k.latency_intra_s
+        if self.inter <= 0:
+            return self.intra or self.hbm, k.latency_intra_s  # one machine without a network: stays local
+        return self.inter, k.latency_inter_s
+
+
+class _Compute(NamedTuple):
+    """The compute of one micro-batch on one GPU, by kind, in seconds."""
+
+    matmul: float
+    attention: float
+    elementwise: float
+    recompute: float
+
+    @property
+    def total(self) -> float:
+        return self.matmul + self.attention + self.elementwise + self.recompute
+
+
+def compute_time(step: _Step) -> _Compute:
+    """Matmuls, attention and elementwise work, forward and backward, plus the forward again of the
+    blocks activation checkpointing recomputes."""
+    block_gemm_s, head_s = matmul_time(step)
+    attention_s = attention_time(step)
+    forward_ew_s = elementwise_time(step)
+    cast_forward_s = fp8_cast_time(step)
+    loss_s = loss_time(step)
+    per_layer_forward = (block_gemm_s + attention_s) / 3 + forward_ew_s + cast_forward_s
+    layers = step.layers
+    return _Compute(
+        matmul=layers * block_gemm_s + head_s,
+        attention=layers * attention_s,
+        elementwise=layers * (3 * forward_ew_s + 2 * cast_forward_s) + loss_s,
+        recompute=step.recompute * layers * per_layer_forward,
+    )
+
+
+def matmul_time(step: _Step) -> tuple[float, float]:
+    """(one block's GEMMs, the output layer's GEMMs in the loss), forward and backward."""
+    k, w, gen, rows = step.k, step.w, step.gen, step.rows
+    h, kv, f, t = step.h, step.kv, step.f, step.t
+    bf16_peak = step.bf16_peak
+    if w.dtype == "fp32":
         block_precision, block_peak = "fp32", bf16_peak * k.fp32_peak_factor
         block_eff = k.matmul_efficiency[f"{gen}:bf16"]
-    elif fp8:
-        block_precision, block_peak = "fp8", accelerator.peak_fp8_tflops * 1e12
-        block_eff = k.matmul_efficiency[f"{gen}:fp8"] * (k.fp8_rowwise_factor if fp8_recipe == "rowwise" else 1.0)
+    elif step.fp8:
+        block_precision, block_peak = "fp8", step.accelerator.peak_fp8_tflops * 1e12
+        block_eff = k.matmul_efficiency[f"{gen}:fp8"] * (k.fp8_rowwise_factor if w.fp8_recipe == "rowwise" else 1.0)
     else:
         block_precision, block_peak = "bf16", bf16_peak
         block_eff = k.matmul_efficiency[f"{gen}:bf16"]
-    head_precision = "fp32" if dtype == "fp32" else "bf16"
-    head_peak = bf16_peak * (k.fp32_peak_factor if dtype == "fp32" else 1.0)
+    head_precision = "fp32" if w.dtype == "fp32" else "bf16"
+    head_peak = bf16_peak * (k.fp32_peak_factor if w.dtype == "fp32" else 1.0)
     head_eff = k.matmul_efficiency[f"{gen}:bf16"]
 
-    rows = b * s // c  # GEMM M: tokens of one micro-batch on one CP rank (SP gathers them for matmuls)
     block_half = k.gemm_half_dim[block_precision]
     row_eff = rows / (rows + block_half)
     block_gemm_s = 6 * rows * _shaped_block_params(h, kv, f, t, block_half) / (block_peak * block_eff * row_eff)
     # The fused linear + cross-entropy loss (entrypoints/model/loss.py) works through the tokens in
     # chunks of about rows * h / V_local, and recomputes each chunk's logits in backward: 8, not 6,
     # FLOPs per output weight and token, in GEMMs whose M is the chunk.
-    vocab_local = vocab // t
+    vocab_local = step.vocab // t
     chunk_rows = max(1, rows // max(1, -(-vocab_local // h)))
     head_half = k.gemm_half_dim[head_precision]
     head_rate = head_peak * head_eff * _dim_eff(chunk_rows, head_half) * _dim_eff(h, head_half)
     head_s = 8 * rows * h * vocab_local / (head_rate * _dim_eff(vocab_local, head_half))
-    # Causal attention, forward and backward: 6 * s * h FLOPs per query token per layer, heads split
-    # over TP, queries over CP. Short sequences leave the flash kernel's tiles underused; zigzag CP
-    # runs two SDPA calls per layer against key prefixes with an explicit lower-right causal mask.
-    attention_flops = 6 * s * (h / t) * rows
-    attention_rate = bf16_peak * k.attention_efficiency[gen] * _dim_eff(s, k.attention_half_seq)
-    if c > 1:
+    return block_gemm_s, head_s
+
+
+def attention_time(step: _Step) -> float:
+    """One block's causal attention, forward and backward: 6 * s * h FLOPs per query token, heads
+    split over TP, queries over CP. Short sequences leave the flash kernel's tiles underused; zigzag
+    CP runs two SDPA calls per layer against key prefixes with an explicit lower-right causal mask."""
+    k, s = step.k, step.s
+    attention_flops = 6 * s * (step.h / step.t) * step.rows
+    attention_rate = step.bf16_peak * k.attention_efficiency[step.gen] * _dim_eff(s, k.attention_half_seq)
+    if step.c > 1:
         attention_rate *= k.zigzag_attention_factor
-    attention_s = attention_flops / attention_rate
+    return attention_flops / attention_rate
 
-    hbm = accelerator.hbm_gbps * GB * k.hbm_efficiency
-    dtype_scale = 2 if dtype == "fp32" else 1
-    forward_bytes = (k.elementwise_bytes_per_hidden * h + k.elementwise_bytes_per_ffn * f) * dtype_scale
-    fused = k.compiled_elementwise_factor if compile else 1.0
-    # Sequence parallel runs the norms on s/(c t) tokens; RoPE and SwiGLU see 1/t of the heads/FFN.
-    forward_ew_s = fused * forward_bytes * rows / t / hbm
-    cast_forward_s = 0.0
-    # Tensorwise FP8 on NCCL all-gathers float8 weights (FSDP) and activations (TP): the entrypoints'
-    # fp8.py. Weights are then cast on the local shard before the gather. Predictions are for GPUs.
-    fp8_gather = float8_all_gather(fp8=fp8, fp8_recipe=fp8_recipe, backend=collective_backend("cuda"))
-    if fp8:
-        # Forward casts: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each), the inputs of wo and
-        # w2 (h/t, f/t) and this rank's weights; backward casts as many again (gradients, transposes).
-        weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t / (shard if fp8_gather else 1)
-        elements = rows * (2 * h + (h + f) / t) + weights
-        cast_factor = 1.0 if compile else k.fp8_eager_cast_factor
-        cast_forward_s = cast_factor * k.fp8_cast_bytes_per_element * elements / hbm
-    loss_s = k.loss_bytes_per_logit * rows * vocab / t / hbm
 
-    per_layer_forward = (block_gemm_s + attention_s) / 3 + forward_ew_s + cast_forward_s
-    matmul_mb = layers * block_gemm_s + head_s
-    attention_mb = layers * attention_s
-    elementwise_mb = layers * (3 * forward_ew_s + 2 * cast_forward_s) + loss_s
-    recompute_mb = recompute * layers * per_layer_forward
-    compute_mb = matmul_mb + attention_mb + elementwise_mb + recompute_mb
+def elementwise_time(step: _Step) -> float:
+    """One block's forward HBM traffic outside the matmuls (backward moves about twice as much).
+    Sequence parallel runs the norms on s/(c t) tokens; RoPE and SwiGLU see 1/t of the heads/FFN."""
+    k, w = step.k, step.w
+    dtype_scale = 2 if w.dtype == "fp32" else 1
+    forward_bytes = (k.elementwise_bytes_per_hidden * step.h + k.elementwise_bytes_per_ffn * step.f) * dtype_scale
+    fused = k.compiled_elementwise_factor if w.compile else 1.0
+    return fused * forward_bytes * step.rows / step.t / step.hbm
 
-    # --- communication of one micro-batch ------------------------------------------------------
-    intra = accelerator.nvlink_gbps / 2 * GB * k.nvlink_efficiency if accelerator.nvlink_gbps else 0.0
-    inter = network_gbps / 8 / gpus_per_node * GB * k.network_efficiency
-    act = k.activation_bytes
 
-    def link(stride: int, size: int) -> tuple[float, float]:
-        """(bandwidth per GPU, latency) of a group of `size` ranks `stride` apart in the mesh."""
-        if stride * size <= gpus_per_node and gpus_per_node % (stride * size) == 0 and intra:
-            return intra, k.latency_intra_s
-        if inter <= 0:
-            return intra or hbm, k.latency_intra_s  # one machine without a network: stays local
-        return inter, k.latency_inter_s
+def fp8_cast_time(step: _Step) -> float:
+    """One block's forward float8 casts; backward casts as many again (gradients, transposes).
 
-    tp_mb = 0.0
-    if t > 1:
-        bw, lat = link(1, t)
-        collective = act * rows * h * (t - 1) / t / bw + lat
-        # Sequence parallel: an all-gather before attention and the MLP and a reduce-scatter after
-        # each, in forward, again in backward and in a recomputed forward; with float8 TP styles the
-        # forward all-gathers move 1-byte activations. The loss all-gathers the sequence once more.
-        gathers = 2 * (1 + recompute) * (0.5 if fp8_gather else 1.0)
-        per_layer = gathers + 2 * (1 + recompute) + 4
-        tp_mb = (layers * per_layer + 2) * collective * (1 - k.tp_overlap)
+    Forward casts: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each), the inputs of wo and w2
+    (h/t, f/t) and this rank's weights (its local shard, with float8 all-gather)."""
+    if not step.fp8:
+        return 0.0
+    k, h, kv, f, t = step.k, step.h, step.kv, step.f, step.t
+    weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t / (step.shard if step.fp8_gather else 1)
+    elements = step.rows * (2 * h + (h + f) / t) + weights
+    cast_factor = 1.0 if step.w.compile else k.fp8_eager_cast_factor
+    return cast_factor * k.fp8_cast_bytes_per_element * elements / step.hbm
 
-    cp_mb = 0.0
-    if c > 1:
-        bw, lat = link(t, c)
-        kv_bytes = 2 * act * b * s * kv / t  # K and V of the whole sequence, this TP rank's heads
-        collective = kv_bytes * (c - 1) / c / bw + lat
-        cp_mb = layers * (2 + recompute) * collective * (1 - k.cp_overlap)
 
-    block_params = layers * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h)
-    stage_params = block_params + vocab * h + h  # the last rank: blocks, final norm, output layer
-    fsdp_mb = fsdp_step = 0.0
-    if shard > 1:
-        bw, lat = link(t, shard)
-        spread = (shard - 1) / shard / bw / t
-        param_bytes = 1 if fp8_gather else k.fsdp_param_bytes
-        # Blocks are gathered before forward and again before backward; the root unit (output
-        # layer, norm) once, since FSDP2 does not reshard it after forward.
-        block_gather = param_bytes * block_params * spread + layers * lat
-        root_gather = k.fsdp_param_bytes * (stage_params - block_params) * spread + lat
-        gather = block_gather + root_gather
-        reduce = k.fsdp_grad_bytes * stage_params * spread + layers * lat
-        first_block = block_gather / layers
-        if p == 1:
-            # FSDP2's default: each micro-batch gathers every block in forward and again in
-            # backward, and reduce-scatters its gradients.
-            fsdp_mb = max(0.0, gather + block_gather + reduce - k.fsdp_overlap * compute_mb) + first_block
-        else:
-            # torch.distributed.pipelining keeps FSDP blocks unsharded between micro-batches and
-            # syncs gradients only on the last: one gather and one reduce-scatter per step.
-            fsdp_step = max(0.0, gather + reduce - k.fsdp_overlap * m * compute_mb) + first_block
+def loss_time(step: _Step) -> float:
+    """The chunked loss's elementwise traffic over the logits, forward and backward."""
+    return step.k.loss_bytes_per_logit * step.rows * step.vocab / step.t / step.hbm
 
-    p2p_mb = 0.0
-    if p > 1:
-        stride = t * c * layout.data_shard * replicas
-        bw, lat = link(stride, p)
-        message = act * rows * h / t
-        p2p_mb = 2 * v * (message / bw + lat)
 
-    micro_batch_s = compute_mb + tp_mb + cp_mb + fsdp_mb + p2p_mb
-    bubble_slots = (p - 1) / v  # in micro-batch units: (m*v + p - 1) chunk slots of 1/v each
-    bubble_s = micro_batch_s * bubble_slots
+def tensor_parallel_time(step: _Step) -> float:
+    """Sequence parallel's collectives of one micro-batch: an all-gather before attention and the
+    MLP and a reduce-scatter after each, in forward, again in backward and in a recomputed forward;
+    with float8 TP styles the forward all-gathers move 1-byte activations. The loss all-gathers the
+    sequence once more."""
+    t, k = step.t, step.k
+    if t == 1:
+        return 0.0
+    bw, lat = step.link(1, t)
+    collective = k.activation_bytes * step.rows * step.h * (t - 1) / t / bw + lat
+    gathers = 2 * (1 + step.recompute) * (0.5 if step.fp8_gather else 1.0)
+    per_layer = gathers + 2 * (1 + step.recompute) + 4
+    return (step.layers * per_layer + 2) * collective * (1 - k.tp_overlap)
 
-    # --- once per step ---------------------------------------------------------------------------
-    shard_params = stage_params / t / shard
-    replicate_s = 0.0
-    if replicas > 1:
-        bw, lat = link(t * shard, replicas)
-        replicate_s = (2 * k.fsdp_grad_bytes * shard_params * (replicas - 1) / replicas / bw + lat) * (
-            1 - k.hsdp_overlap
-        )
-    optimizer_s = k.optimizer_bytes_per_param * shard_params / hbm
 
-    breakdown = {
-        "matmul": m * matmul_mb,
-        "attention": m * attention_mb,
-        "elementwise": m * elementwise_mb,
-        "recompute": m * recompute_mb,
-        "tensor_parallel": m * tp_mb,
-        "context_parallel": m * cp_mb,
-        "fsdp": m * fsdp_mb + fsdp_step,
-        "pipeline_p2p": m * p2p_mb,
-        "pipeline_bubble": bubble_s,
-        "data_replicate": replicate_s,
-        "optimizer": optimizer_s,
-    }
+def context_parallel_time(step: _Step) -> float:
+    """The K/V all-gathers (forward, recomputed forward) and their gradients' reduce-scatter."""
+    c, k = step.c, step.k
+    if c == 1:
+        return 0.0
+    bw, lat = step.link(step.t, c)
+    kv_bytes = (
+        2 * k.activation_bytes * step.b * step.s * step.kv / step.t
+    )  # K and V of the whole sequence, this TP rank's heads
+    collective = kv_bytes * (c - 1) / c / bw + lat
+    return step.layers * (2 + step.recompute) * collective * (1 - k.cp_overlap)
+
+
+def fsdp_time(step: _Step, compute_mb: float) -> tuple[float, float]:
+    """(per micro-batch, per step) FSDP all-gathers and reduce-scatters the compute cannot hide."""
+    shard, k, layers = step.shard, step.k, step.layers
+    if shard == 1:
+        return 0.0, 0.0
+    bw, lat = step.link(step.t, shard)
+    spread = (shard - 1) / shard / bw / step.t
+    param_bytes = 1 if step.fp8_gather else k.fsdp_param_bytes
+    # Blocks are gathered before forward and again before backward; the root unit (output
+    # layer, norm) once, since FSDP2 does not reshard it after forward.
+    block_gather = param_bytes * step.block_params * spread + layers * lat
+    root_gather = k.fsdp_param_bytes * (step.stage_params - step.block_params) * spread + lat
+    gather = block_gather + root_gather
+    reduce = k.fsdp_grad_bytes * step.stage_params * spread + layers * lat
+    first_block = block_gather / layers
+    if step.p == 1:
+        # FSDP2's default: each micro-batch gathers every block in forward and again in
+        # backward, and reduce-scatters its gradients.
+        return max(0.0, gather + block_gather + reduce - k.fsdp_overlap * compute_mb) + first_block, 0.0
+    # torch.distributed.pipelining keeps FSDP blocks unsharded between micro-batches and
+    # syncs gradients only on the last: one gather and one reduce-scatter per step.
+    m = step.w.grad_accum_steps
+    return 0.0, max(0.0, gather + reduce - k.fsdp_overlap * m * compute_mb) + first_block
+
+
+def pipeline_p2p_time(step: _Step) -> float:
+    """Each chunk's activations sent to the next stage and its gradients back, per micro-batch."""
+    p = step.p
+    if p == 1:
+        return 0.0
+    layout = step.w.layout
+    stride = step.t * step.c * layout.data_shard * step.replicas
+    bw, lat = step.link(stride, p)
+    message = step.k.activation_bytes * step.rows * step.h / step.t
+    return 2 * step.v * (message / bw + lat)
+
+
+def pipeline_bubble_time(step: _Step, micro_batch_s: float) -> float:
+    """The idle slots of the schedule: (p - 1)/v micro-batches' time, of (m*v + p - 1) chunk slots."""
+    bubble_slots = (step.p - 1) / step.v
+    return micro_batch_s * bubble_slots
+
+
+def data_replicate_time(step: _Step) -> float:
+    """HSDP's gradient all-reduce between replicas, once per step, partly hidden."""
+    replicas, k = step.replicas, step.k
+    if replicas == 1:
+        return 0.0
+    shard_params = step.stage_params / step.t / step.shard
+    bw, lat = step.link(step.t * step.shard, replicas)
+    return (2 * k.fsdp_grad_bytes * shard_params * (replicas - 1) / replicas / bw + lat) * (1 - k.hsdp_overlap)
+
+
+def optimizer_time(step: _Step) -> float:
+    """AdamW over this rank's fp32 shards: HBM-bound."""
+    shard_params = step.stage_params / step.t / step.shard
+    return step.k.optimizer_bytes_per_param * shard_params / step.hbm
+
+
+def _throughput(step: _Step, breakdown: dict[str, float]) -> Throughput:
+    w, layout = step.w, step.w.layout
     step_s = sum(breakdown.values())
     world = layout.world_size
-    tokens_per_step = b * s * m * layout.data_parallel
+    tokens_per_step = w.tokens_per_step
     tokens_per_s_per_gpu = tokens_per_step / step_s / world
-    flops_per_token = model_flops_per_token(arch, s, causal=True)
-    instances = ceil(world / gpus_per_node)
+    flops_per_token = model_flops_per_token(w.arch, w.seq_len, causal=True)
+    instances = ceil(world / step.gpus_per_node)
     return Throughput(
         tokens_per_s_per_gpu=tokens_per_s_per_gpu,
-        mfu=tokens_per_s_per_gpu * flops_per_token / bf16_peak,
+        mfu=tokens_per_s_per_gpu * flops_per_token / step.bf16_peak,
         step_time_s=step_s,
         tokens_per_step=tokens_per_step,
         world_size=world,
-        bubble_fraction=bubble_fraction(p, m, v),
+        bubble_fraction=bubble_fraction(step.p, w.grad_accum_steps, step.v),
         model_flops_per_token=flops_per_token,
         breakdown=breakdown,
         instance_count=instances,
-        usd_per_hour=usd_per_hour * instances,
-        steps=steps,
-    )
-
-
-def predict_recipe(recipe, *, constants: Constants = CONSTANTS) -> Throughput:
-    """`predict` for a recipe's own layout, hardware, price and steps."""
-    hw = recipe.hardware
-    price = recipe.cluster.usd_per_hour
-    return predict(
-        recipe.arch,
-        recipe.layout,
-        seq_len=recipe.training.seq_len,
-        micro_batch_size=recipe.training.micro_batch_size,
-        grad_accum_steps=recipe.grad_accum_steps,
-        accelerator=hw.accelerator,
-        gpus_per_node=hw.procs_per_node,
-        network_gbps=hw.instance.efa_gbps,
-        dtype=recipe.precision.dtype,
-        fp8=recipe.precision.fp8,
-        fp8_recipe=recipe.precision.fp8_recipe,
-        activation_checkpointing=recipe.parallel.activation_checkpointing,
-        pipeline_schedule=recipe.parallel.pipeline_schedule,
-        compile=recipe.training.compile,
-        usd_per_hour=hw.instance.usd_per_hour if price is None else price,
-        steps=recipe.training.steps,
-        constants=constants,
+        usd_per_hour=step.usd_per_hour * instances,
+        steps=w.steps,
     )
 
 
@@ -541,16 +614,3 @@ def _shaped_block_params(h: int, kv: int, f: int, t: int, half: int) -> float:
         (f // t, h),  # w2
     )
     return sum(k * n / (_dim_eff(k, half) * _dim_eff(n, half)) for k, n in linears)
-
-
-def predicted_summary(recipe) -> dict[str, float] | None:
-    """`{tokens_per_s_per_gpu, mfu, step_time_s}` for the recipe's layout; None on the host CPU."""
-    try:
-        speed = predict_recipe(recipe)
-    except ThroughputUnknown:
-        return None
-    return {
-        "tokens_per_s_per_gpu": round(speed.tokens_per_s_per_gpu, 1),
-        "mfu": round(speed.mfu, 4),
-        "step_time_s": round(speed.step_time_s, 4),
-    }

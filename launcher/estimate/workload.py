@@ -1,0 +1,55 @@
+"""What one estimate or prediction describes: a model, a layout and how each step runs.
+
+A `Workload` is built once from a recipe (`Workload.from_recipe`); the planner derives its
+candidates from that one with `dataclasses.replace`. The hardware it runs on is the recipe's
+`launcher.recipe.resolve.Hardware`, the other half of every estimate and prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.catalog import ModelArch
+from launcher.contract.layout import Layout
+from launcher.recipe import Recipe
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """A model, a layout and how each step runs: everything but the hardware."""
+
+    arch: ModelArch
+    layout: Layout
+    seq_len: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    dtype: str = "bf16"
+    fp8: bool = False
+    fp8_recipe: str = "tensorwise"
+    activation_checkpointing: str = "none"
+    pipeline_schedule: str = "1f1b"
+    compile: bool = False  # torch.compile of each block: changes speed, not memory
+    steps: int | None = None  # optimizer steps of the run, for its time and cost
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe) -> Workload:
+        training, precision, parallel = recipe.training, recipe.precision, recipe.parallel
+        return cls(
+            arch=recipe.arch,
+            layout=recipe.layout,
+            seq_len=training.seq_len,
+            micro_batch_size=training.micro_batch_size,
+            grad_accum_steps=recipe.grad_accum_steps,
+            dtype=precision.dtype,
+            fp8=precision.fp8,
+            fp8_recipe=precision.fp8_recipe,
+            activation_checkpointing=parallel.activation_checkpointing,
+            pipeline_schedule=parallel.pipeline_schedule,
+            compile=training.compile,
+            steps=training.steps,
+        )
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step trains on, over all data-parallel ranks."""
+        return self.seq_len * self.micro_batch_size * self.grad_accum_steps * self.layout.data_parallel
