@@ -89,12 +89,16 @@ def seq_len_divisor(context: int, tensor: int) -> int:
 
 
 def stage_layers(num_layers: int, num_stages: int, stage: int) -> range:
-    """The layers pipeline stage `stage` holds: an even, contiguous run (the rules below refuse a
-    stage count that does not divide the layers)."""
-    if num_layers % num_stages:
-        raise ValueError(f"{num_stages} pipeline stages do not divide {num_layers} layers")
-    per_stage = num_layers // num_stages
-    return range(stage * per_stage, (stage + 1) * per_stage)
+    """The layers pipeline stage `stage` holds: a contiguous run, all runs the same length.
+
+    The rules below refuse a stage count that does not divide the layers, so the entrypoints
+    always split evenly. The throughput model also prices published uneven splits (Llama 3.1
+    405B's 126 layers on 8 stages); there the first `num_layers % num_stages` stages hold one
+    layer more.
+    """
+    per_stage, extra = divmod(num_layers, num_stages)
+    start = stage * per_stage + min(stage, extra)
+    return range(start, start + per_stage + (stage < extra))
 
 
 def rank_stages(pp_rank: int, layout: Layout) -> list[int]:
@@ -105,10 +109,9 @@ def rank_stages(pp_rank: int, layout: Layout) -> list[int]:
 
 
 def layers_per_rank(num_layers: int, layout: Layout) -> int:
-    """How many layers each pipeline rank holds: virtual_stages stages of `stage_layers` each."""
-    if num_layers % layout.num_stages:
-        raise ValueError(f"{layout.num_stages} pipeline stages do not divide {num_layers} layers")
-    return num_layers // layout.pipeline
+    """The most layers a pipeline rank holds: rank 0's, whose stages come first in every round
+    (every rank's, num_layers / pipeline, when the split is even)."""
+    return sum(len(stage_layers(num_layers, layout.num_stages, s)) for s in rank_stages(0, layout))
 
 
 # --- the rules ---------------------------------------------------------------------------------------

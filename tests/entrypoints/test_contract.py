@@ -1,0 +1,74 @@
+"""The contract both sides read: one stage split, one set of layout rules, one float8 condition."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from launcher.contract.config import ConfigError, JobConfig
+from launcher.contract.fp8 import collective_backend, float8_all_gather
+from launcher.contract.layout import Layout, layers_per_rank, rank_stages, seq_len_divisor, stage_layers
+from launcher.recipe import Recipe
+from launcher.recipe.rules import layout_problems
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_even_split_gives_each_stage_a_contiguous_run_and_each_rank_its_loop_stages():
+    assert [stage_layers(32, 8, s) for s in (0, 3, 7)] == [range(0, 4), range(12, 16), range(28, 32)]
+    layout = Layout(pipeline=4, virtual_stages=2)
+    assert rank_stages(1, layout) == [1, 5] and layers_per_rank(32, layout) == 8
+
+
+def test_uneven_split_puts_the_extra_layers_first_and_counts_the_heaviest_rank():
+    # Llama 3.1 405B's 126 layers on 8 stages, as published; the entrypoints' rules refuse it.
+    assert [len(stage_layers(126, 8, s)) for s in range(8)] == [16] * 6 + [15] * 2
+    assert stage_layers(126, 8, 7) == range(111, 126)
+    assert layers_per_rank(126, Layout(pipeline=8)) == 16
+
+
+def test_sequence_divisor_is_2cp_tp_under_context_parallelism_and_tp_without():
+    assert (seq_len_divisor(1, 4), seq_len_divisor(2, 4), seq_len_divisor(8, 1)) == (4, 16, 16)
+
+
+def test_float8_gathers_only_tensorwise_on_nccl():
+    assert collective_backend("cuda") == "nccl" and collective_backend("cpu") == "gloo"
+    assert float8_all_gather(fp8=True, fp8_recipe="tensorwise", backend="nccl")
+    assert not float8_all_gather(fp8=True, fp8_recipe="tensorwise", backend="gloo")
+    assert not float8_all_gather(fp8=True, fp8_recipe="rowwise", backend="nccl")
+    assert not float8_all_gather(fp8=False, fp8_recipe="tensorwise", backend="nccl")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"training": {"seq_len": 129}}, {"parallel": {"pipeline_schedule": "interleaved_1f1b"}}],
+    ids=["seq-len", "interleaving-without-virtual-stages"],
+)
+def test_the_entrypoints_refuse_a_layout_with_the_recipe_rules_own_message(change):
+    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml")
+    broken = copy.deepcopy(recipe.resolved())
+    for section, values in change.items():
+        broken[section].update(values)
+    training, parallel = broken["training"], broken["parallel"]
+    (expected,) = layout_problems(
+        recipe.layout,
+        recipe.arch,
+        seq_len=training["seq_len"],
+        global_batch_size=training["global_batch_size"],
+        micro_batch_size=training["micro_batch_size"],
+        gpus_per_node=recipe.hardware.procs_per_node,
+        schedule=parallel["pipeline_schedule"],
+    )
+    with pytest.raises(ConfigError) as refused:
+        JobConfig.from_dict(broken)
+    assert str(refused.value) == f"{expected.path}: {expected.message}"
+    assert "training.seq_len: 129 is not divisible by tensor 2" in str(
+        refused.value
+    ) or "interleaved_1f1b needs" in str(refused.value)
+
+
+def test_parallel_config_is_a_layout_and_prints_like_one():
+    cfg = JobConfig.from_dict(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml").resolved())
+    assert isinstance(cfg.parallel, Layout) and str(cfg.parallel) == "dp_shard2xtp2"
