@@ -17,14 +17,16 @@ from typing import Any, get_args
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
+from launcher.estimate.checkpoint import estimate_recipe_checkpoint
 from launcher.jobs import Job, list_jobs
 from launcher.plan import LayoutPlan, Search, search
 from launcher.plan.apply import auto_plan as best_layout
+from launcher.plan.forecast import RunForecast, forecast
 from launcher.plan.suggest import suggestion
 from launcher.plan.throughput import CONSTANTS, Constants, predicted_summary
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import Cluster
-from launcher.registry import save
+from launcher.registry import lineage_of, save
 from launcher.spec import JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
@@ -54,6 +56,10 @@ class Stage(enum.Enum):
     SPEC = "spec"
     RENDER = "render"
     SUBMIT = "submit"
+
+
+# Above this predicted cost (USD) a submission asks first: on a terminal it asks, elsewhere it needs yes=True.
+CONFIRM_ABOVE_USD = 1000.0
 
 
 class WontFit(UsageError):
@@ -193,6 +199,29 @@ def check_memory(recipe: Recipe, *, force: bool, threshold: float = DEFAULT_THRE
     return found
 
 
+def check_run_time(recipe: Recipe, *, time_limited: bool, force: bool) -> RunForecast | None:
+    """The predicted run time and cost; refuses a run that its engine's time limit would cut short."""
+    run = forecast(recipe, time_limit_s=recipe.sagemaker.max_run if time_limited else None)
+    problem = run.overrun() if run else None
+    if problem and not force:
+        raise WontFit(f"{problem}; nothing was submitted (pass --force to submit anyway)")
+    return run
+
+
+def confirm_cost(run: RunForecast | None, *, yes: bool, confirm: Callable[[str], bool] | None) -> None:
+    """Ask before a submission predicted to cost more than CONFIRM_ABOVE_USD."""
+    if yes or run is None or run.usd <= CONFIRM_ABOVE_USD:
+        return
+    question = f"{run.recipe_name}: predicted cost about ${run.usd:,.0f} ({run.line().split('; ')[0]}); submit?"
+    if confirm is None:
+        raise UsageError(
+            f"{run.recipe_name}: predicted cost about ${run.usd:,.0f} is above ${CONFIRM_ABOVE_USD:,.0f}; "
+            "pass --yes (yes=True) to submit without asking; nothing was submitted"
+        )
+    if not confirm(question):
+        raise UsageError(f"{run.recipe_name}: not confirmed; nothing was submitted")
+
+
 def submit(
     recipe: Recipe | str | Path,
     *,
@@ -200,6 +229,9 @@ def submit(
     set_options: Sequence[str] = (),
     dry_run: bool = False,
     force: bool = False,
+    yes: bool = False,
+    confirm: Callable[[str], bool] | None = None,
+    resume: str | None = None,
     wait: bool = False,
     auto_plan: bool = False,
     threshold: float = DEFAULT_THRESHOLD,
@@ -210,6 +242,9 @@ def submit(
     """Check a recipe's memory, build its JobSpec, render it for a backend and (unless dry_run) submit it.
 
     With `auto_plan`, the recipe first switches to the planner's best layout on its own GPUs.
+    `force` submits what the memory estimate calls risky, or what would outrun its time limit.
+    `resume` names an earlier job of the same recipe whose checkpoints (its lineage) this one continues.
+    Above CONFIRM_ABOVE_USD of predicted cost, `confirm(question)` must say yes, or `yes` be set.
 
     `report(stage, message)` hears about each stage; `on_line` gets log lines while waiting.
     """
@@ -235,7 +270,14 @@ def submit(
         f"memory: {memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per {loaded.hardware.accelerator_key} ({memory.utilization:.0%})",
     )
 
-    spec = target.spec(loaded)
+    run = check_run_time(loaded, time_limited=target.capabilities.time_limit, force=force)
+    if run is not None:
+        tell(Stage.ESTIMATE, run.line())
+    checkpoints = estimate_recipe_checkpoint(loaded, run.speed.step_time_s if run else None)
+    for line in (checkpoints.line(), *checkpoints.warnings) if run else ():
+        tell(Stage.ESTIMATE, line)
+
+    spec = target.spec(loaded, lineage=lineage_of(resume, loaded.name) if resume else None)
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
 
     rendering = target.render(spec)
@@ -244,6 +286,7 @@ def submit(
     if dry_run:
         return Submission(loaded, memory, spec, rendering)
 
+    confirm_cost(run, yes=yes, confirm=confirm)
     ref = target.submit(rendering)
     save(ref, spec)
     job = Job(ref)

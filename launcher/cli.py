@@ -171,6 +171,10 @@ RegionOpt = Annotated[
 ]
 
 
+def _ask(question: str) -> bool:
+    return typer.confirm(question, default=False, err=True)
+
+
 def _line(line: str, stream=None) -> None:
     print(line, file=stream or sys.stdout, flush=True)
 
@@ -181,7 +185,16 @@ def submit(
     set_: SetOpt = None,
     backend: BackendOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be created; create nothing.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Submit even when the memory estimate is risky.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Submit even when memory is risky or the run would outlast max_run.")
+    ] = False,
+    resume: Annotated[
+        str | None,
+        typer.Option(help="Continue the checkpoints of an earlier job of this recipe (its name).", show_default=False),
+    ] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Do not ask before submitting a job predicted to cost over $1,000.")
+    ] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Follow the logs; exit with the job's exit code.")] = False,
     auto_plan: Annotated[
         bool, typer.Option("--auto-plan", help="First switch to the planner's best layout; prints what changed.")
@@ -194,6 +207,7 @@ def submit(
 
     result = api.submit(
         recipe, backend=backend, set_options=set_ or [], dry_run=dry_run, force=force, wait=wait, auto_plan=auto_plan,
+        yes=yes, resume=resume, confirm=_ask if sys.stdin.isatty() else None,
         report=lambda stage, message: err.print(message, markup=False),
         on_line=lambda line: _line(line, sys.stderr if json_ else sys.stdout),
     )  # fmt: skip

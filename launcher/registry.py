@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.errors import UsageError
 from launcher.spec import JobSpec, Placement
 
 RECORD = "job.json"
@@ -71,6 +72,21 @@ def load(name: str) -> JobRef | None:
     if not path.is_file():
         return None
     return JobRef(**json.loads(path.read_text()))
+
+
+def lineage_of(name: str, recipe_name: str) -> str:
+    """The checkpoint lineage that a `--resume NAME` of recipe `recipe_name` continues."""
+    path = job_dir(name) / "spec.json"
+    if not path.is_file():
+        raise UsageError(
+            f"--resume: no job {name} under {launcher_home() / 'jobs'}; name a job submitted from here (launcher list)"
+        )
+    spec = json.loads(path.read_text())
+    if spec["recipe_name"] != recipe_name:
+        raise UsageError(
+            f"--resume: {name} ran recipe {spec['recipe_name']}, not {recipe_name}; resume a job of the same recipe"
+        )
+    return spec.get("lineage") or spec["name"]
 
 
 def records() -> list[JobRef]:

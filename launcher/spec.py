@@ -184,11 +184,16 @@ class JobSpec:
     tags: tuple[tuple[str, str], ...]
     sagemaker: SageMakerSettings | None
     """The SageMaker-only settings; None for every other backend."""
+    lineage: str = ""
+    """The job whose checkpoints this one continues: its own name for a fresh run, the first job's
+    name for a `--resume` of it. Checkpoints are kept per lineage, so two runs of one recipe never mix."""
     resolved_json: str = field(repr=False)
     """The resolved recipe (`Recipe.resolved`) as canonical JSON: the entrypoints' only input."""
 
     @classmethod
-    def create(cls, recipe: Recipe, *, backend: str, placement: Placement, name: str | None = None) -> JobSpec:
+    def create(
+        cls, recipe: Recipe, *, backend: str, placement: Placement, name: str | None = None, lineage: str | None = None
+    ) -> JobSpec:
         hardware, sm = recipe.hardware, recipe.sagemaker
         resources = Resources(
             instance_type=hardware.instance_key,
@@ -209,6 +214,7 @@ class JobSpec:
         resolved = recipe.resolved(checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir)
         return cls(
             name=name,
+            lineage=lineage or name,
             recipe_name=recipe.name,
             backend=backend,
             image=placement.image,
@@ -266,6 +272,7 @@ class JobSpec:
         data["command"] = tuple(data["command"])
         data["environment"] = tuple(sorted(data["environment"].items()))
         data["tags"] = tuple(sorted(data["tags"].items()))
+        data.setdefault("lineage", data["name"])  # specs saved before lineages existed
         data["resolved_json"] = canonical_json(data.pop("resolved"))
         return cls(**data)
 

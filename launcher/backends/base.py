@@ -38,6 +38,8 @@ class Capabilities:
     pipeline_parallel: bool = True
     submits: bool = True
     """False for render-only targets (the accelerate config)."""
+    time_limit: bool = False
+    """The engine stops a job at spec.max_run_s (SageMaker's MaxRuntimeInSeconds)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +100,11 @@ class Backend(ABC):
     def placement(self, recipe: Recipe, name: str) -> Placement:
         """Where checkpoints, outputs and the rendezvous are for a job of this name."""
 
-    def spec(self, recipe: Recipe) -> JobSpec:
+    def spec(self, recipe: Recipe, *, lineage: str | None = None) -> JobSpec:
+        """A new job of `recipe`; `lineage` names the earlier job whose checkpoints it continues."""
         name = job_name(recipe.name, max_len=self.max_name_length)
-        return JobSpec.create(recipe, backend=self.name, placement=self.placement(recipe, name), name=name)
+        placement = self.placement(recipe, name)
+        return JobSpec.create(recipe, backend=self.name, placement=placement, name=name, lineage=lineage)
 
     # --- checks ------------------------------------------------------------------------------
 

@@ -59,7 +59,8 @@ def role_account(role_arn: str) -> str:
 
 @dataclass(frozen=True)
 class Locations:
-    """The job's S3 locations: outputs, checkpoints (per recipe, so jobs resume) and code."""
+    """The job's S3 locations: outputs, checkpoints (per recipe and lineage: a `--resume` continues
+    its lineage, a fresh run never mixes with an older one) and code."""
 
     bucket: str
     default_bucket: bool
@@ -79,7 +80,7 @@ class Locations:
             # (the caller's own account for nearly everyone), so dry-run needs no AWS call.
             bucket, default = f"sagemaker-{cloud.region}-{role_account(cloud.role_arn)}", True
             root = f"s3://{bucket}/launcher"
-        checkpoints = cloud.checkpoint_uri or f"{root}/{spec.recipe_name}/checkpoints"
+        checkpoints = f"{(cloud.checkpoint_uri or f'{root}/{spec.recipe_name}/checkpoints').rstrip('/')}/{spec.lineage}"
         output = f"{root}/{spec.recipe_name}"
         return cls(bucket, default, output, checkpoints.rstrip("/"), f"{root}/code", f"{root}/wheels")
 
@@ -185,7 +186,7 @@ def create_training_job_request(
 
 class SageMakerBackend(Backend):
     name = "sagemaker"
-    capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=True)
+    capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=True, time_limit=True)
 
     def placement(self, recipe, name: str) -> Placement:
         # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.

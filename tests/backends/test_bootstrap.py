@@ -331,11 +331,15 @@ def test_a_real_worker_failure_becomes_the_failure_file(sagemaker_host, tmp_path
     result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2  # train.py's exit code for a bad config
     lines = failure(tmp_path).splitlines()
-    assert re.fullmatch(r"rank [01] on \S+ failed \(exit code 2\):", lines[0]), lines
-    assert lines[1:] == [
-        "error: format: 'not a launcher config' is not a resolved config format these entrypoints read; expected 1 "
-        "(write it with `launcher show --json` or Recipe.resolved() of the same launcher version)"
-    ]
+    # train.py records its ConfigError in its error file (entrypoints/failure.py), so the failure
+    # names the exception itself, followed by the innermost frames of where it was raised.
+    assert re.fullmatch(
+        r"rank [01] on \S+ failed: ConfigError: format: 'not a launcher config' is not a resolved config format "
+        r"these entrypoints read; expected 1 \(write it with `launcher show --json` or Recipe.resolved\(\) of the "
+        r"same launcher version\)",
+        lines[0],
+    ), lines
+    assert any("launcher/contract/config.py" in line for line in lines[1:]), lines
 
 
 RAISING_WORKER = """

@@ -126,7 +126,7 @@ def test_a_training_plan_arn_that_the_api_would_reject_stops_at_load(arn, cli):
 def test_submit_uploads_the_real_wheel_once_beside_the_bundle(aws, home, fake_bundle, torchao_wheel):
     import boto3
 
-    first = api.submit(recipe_path("llama70b-128k"))
+    first = api.submit(recipe_path("llama70b-128k"), yes=True)
     uri = first.rendering.data["wheels"]["uri"]
     bucket, key = (uri + pinned("torchao").file).removeprefix("s3://").split("/", 1)
     s3 = boto3.client("s3", region_name=REGION)
@@ -135,7 +135,7 @@ def test_submit_uploads_the_real_wheel_once_beside_the_bundle(aws, home, fake_bu
     assert head["Metadata"] == {"sha256": pinned("torchao").sha256}
     modified = head["LastModified"]
 
-    api.submit(recipe_path("llama70b-128k"))  # the same content address: not uploaded again
+    api.submit(recipe_path("llama70b-128k"), yes=True)  # the same content address: not uploaded again
     assert s3.head_object(Bucket=bucket, Key=key)["LastModified"] == modified
 
 
@@ -149,4 +149,4 @@ def test_submit_stops_with_one_line_when_the_wheel_cannot_be_fetched(aws, home, 
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     monkeypatch.setenv("PIP_RETRIES", "0")
     with pytest.raises(LauncherError, match=r"^cannot fetch torchao==0\.18\.0 \(torchao-0\.18\.0-cp310-abi3-"):
-        api.submit(recipe_path("llama70b-128k"))
+        api.submit(recipe_path("llama70b-128k"), yes=True)

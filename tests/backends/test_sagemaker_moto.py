@@ -31,7 +31,7 @@ def recorded(service: str, operation: str) -> list[dict]:
 
 
 def test_submit_uploads_the_bundle_and_creates_the_job(aws, home, fake_bundle):
-    result = api.submit(recipe_path("llama70b-128k"))
+    result = api.submit(recipe_path("llama70b-128k"), yes=True)
     name = result.spec.name
     code_uri = result.rendering.data["bundle"]["uri"]
     bucket, key = code_uri.removeprefix("s3://").split("/", 1)
@@ -52,7 +52,7 @@ def test_submit_sends_byte_for_byte_what_dry_run_printed(aws, home, fake_bundle,
     dry = cli("submit", recipe_path("llama70b-128k"), "--dry-run", "--json")
     assert dry.code == 0, dry.err
     sent = recorded("sagemaker", "CreateTrainingJob")
-    submitted = cli("submit", recipe_path("llama70b-128k"), "--json")
+    submitted = cli("submit", recipe_path("llama70b-128k"), "--json", "--yes")
     assert submitted.code == 0, submitted.err
     assert json.dumps(sent) == json.dumps([json.loads(dry.out)["request"]])
 
@@ -99,7 +99,7 @@ def test_a_job_from_elsewhere_is_found_with_backend_and_region(aws, home, fake_b
 
 
 def test_logs_merge_every_hosts_stream_and_follow_ends_with_the_job(aws, home, fake_bundle, cli):
-    name = api.submit(recipe_path("llama70b-128k")).spec.name
+    name = api.submit(recipe_path("llama70b-128k"), yes=True).spec.name
     logs = boto("logs")
     group = "/aws/sagemaker/TrainingJobs"
     logs.create_log_group(logGroupName=group)

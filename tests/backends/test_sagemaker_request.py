@@ -51,10 +51,11 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
     ]
     assert request["ResourceConfig"] == {"InstanceType": "ml.p5e.48xlarge", "InstanceCount": 4, "VolumeSizeInGB": 500}
     assert request["CheckpointConfig"] == {
-        "S3Uri": "s3://my-training-bucket/checkpoints/llama70b-128k",
+        # Per lineage: a fresh job starts its own (its name); `--resume` continues another's.
+        "S3Uri": f"s3://my-training-bucket/checkpoints/llama70b-128k/{request['TrainingJobName']}",
         "LocalPath": "/opt/ml/checkpoints",
     }
-    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 5 * 86400}
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 6 * 86400}
     assert request["RoleArn"] == ROLE
     assert request["OutputDataConfig"] == {
         "S3OutputPath": "s3://sagemaker-us-west-2-111122223333/launcher/llama70b-128k"
@@ -108,7 +109,7 @@ def test_a_recipe_image_and_output_uri_are_used_as_given(fake_bundle, home):
     )
     assert request["AlgorithmSpecification"]["TrainingImage"] == "123456789012.dkr.ecr.us-west-2.amazonaws.com/mine:1"
     assert request["OutputDataConfig"]["S3OutputPath"] == "s3://my-bucket/p/llama3-8b-8k"
-    assert request["CheckpointConfig"]["S3Uri"] == "s3://my-bucket/p/llama3-8b-8k/checkpoints"
+    assert request["CheckpointConfig"]["S3Uri"] == f"s3://my-bucket/p/llama3-8b-8k/checkpoints/{request['TrainingJobName']}"
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ def test_on_a_per_host_directory_another_hosts_downloaded_files_are_left_alone(t
 
 
 def checkpointer(directory, **cfg):
-    from entrypoints.config import CheckpointConfig
+    from launcher.contract.config import CheckpointConfig
 
     from entrypoints.checkpoint import Checkpointer
 
@@ -128,7 +128,7 @@ def test_auto_resume_takes_the_newest_checkpoint_every_host_completed(tmp_path):
 
 
 def test_resume_from_an_incomplete_checkpoint_path_is_refused(tmp_path):
-    from entrypoints.config import ConfigError
+    from launcher.contract.config import ConfigError
 
     path = make_checkpoint(tmp_path, 20, [1])
     with pytest.raises(ConfigError, match=r"is not a complete checkpoint \(not every host's COMPLETE.node-\* marker\)"):

@@ -1,0 +1,108 @@
+"""Run time and cost before money is spent: submit states them, refuses a run its time limit would
+cut short (unless forced), and asks before an expensive one."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import api
+from launcher.errors import UsageError
+from launcher.plan.forecast import duration, forecast
+
+REPO = Path(__file__).resolve().parents[2]
+FLAGSHIP = REPO / "recipes" / "llama70b-128k.yaml"
+# The flagship as it shipped before the forecast existed: 2000 steps in a 5-day limit.
+TOO_LONG = ["training.steps=2000", "sagemaker.max_run=5d"]
+
+
+def test_the_forecast_is_steps_times_the_predicted_step_at_the_clusters_price():
+    recipe = api.load(FLAGSHIP)
+    run = forecast(recipe, time_limit_s=recipe.sagemaker.max_run)
+    speed = run.speed
+    assert run.run_s == pytest.approx(recipe.training.steps * speed.step_time_s)
+    # 4 x ml.p5e.48xlarge at the catalog's hourly price, for the predicted hours.
+    hourly = 4 * recipe.hardware.instance.usd_per_hour
+    assert run.speed.usd_per_hour == pytest.approx(hourly)
+    assert run.usd == pytest.approx(hourly * run.run_s / 3600)
+    assert run.line() == (
+        f"time: {speed.step_time_s:.1f} s/step x 1000 steps = {duration(run.run_s)}; "
+        f"cost about ${run.usd:,.0f} (4 x ml.p5e.48xlarge at ${hourly:,.2f}/h)"
+    )
+    assert run.overrun() is None
+
+
+def test_a_run_longer_than_max_run_says_which_max_run_or_steps_would_fit():
+    recipe = api.load(FLAGSHIP, set_options=TOO_LONG)
+    run = forecast(recipe, time_limit_s=recipe.sagemaker.max_run)
+    fitting_steps = math.floor(5 * 86400 / run.speed.step_time_s)
+    needed_days = math.ceil(run.run_s * 1.15 / 86400)
+    assert run.overrun() == (
+        f"llama70b-128k: the predicted run time {duration(run.run_s)} (2000 steps x {run.speed.step_time_s:.1f} s) "
+        f"exceeds sagemaker.max_run 5.0 days, so the job would be stopped before its last step; "
+        f"set sagemaker.max_run: {needed_days}d or training.steps: {fitting_steps}"
+    )
+    # Either fix really fits.
+    for fix in (f"sagemaker.max_run={needed_days}d", f"training.steps={fitting_steps}"):
+        fixed = api.load(FLAGSHIP, set_options=[*TOO_LONG, fix])
+        assert forecast(fixed, time_limit_s=fixed.sagemaker.max_run).overrun() is None
+
+
+def test_submit_refuses_a_run_that_would_outlast_max_run_and_force_overrides(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
+    with pytest.raises(api.WontFit, match=r"exceeds sagemaker.max_run 5.0 days.*nothing was submitted \(pass --force"):
+        api.submit(FLAGSHIP, set_options=TOO_LONG, dry_run=True)
+    told = []
+    forced = api.submit(FLAGSHIP, set_options=TOO_LONG, dry_run=True, force=True, report=lambda s, m: told.append(m))
+    assert forced.dry_run and any(m.startswith("time: ") and "2000 steps" in m for m in told)
+
+
+def test_the_time_limit_applies_only_where_the_engine_enforces_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
+    # Kubernetes has no max_run: the same too-long run renders (it states the time all the same).
+    told = []
+    local_data = [*TOO_LONG, "data.source=synthetic"]  # k8s reads no s3:// data yet
+    done = api.submit(FLAGSHIP, set_options=local_data, backend="k8s", dry_run=True, report=lambda s, m: told.append(m))
+    assert done.dry_run and any(m.startswith("time: ") for m in told)
+
+
+def test_dry_run_states_time_cost_and_checkpoint_cost_of_every_gpu_recipe(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
+    for path in sorted((REPO / "recipes").glob("*.yaml")):
+        told = []
+        api.submit(path, dry_run=True, report=lambda stage, message, told=told: told.append(message))
+        recipe = api.load(path)
+        if recipe.cluster.device == "cpu":
+            assert not any(m.startswith("time: ") for m in told), path.name  # no GPU to predict for
+            continue
+        assert any(m.startswith("time: ") and "cost about $" in m for m in told), path.name
+        assert any(m.startswith("checkpoint ") for m in told), path.name
+
+
+def test_an_expensive_submission_needs_a_yes_and_nothing_is_sent_without_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
+    # No terminal and no yes: refused before anything is uploaded or created (no AWS call is made:
+    # this test has no credentials and no endpoint).
+    with pytest.raises(UsageError, match=r"predicted cost about \$[\d,]+ is above \$1,000; pass --yes"):
+        api.submit(FLAGSHIP)
+    asked = []
+    with pytest.raises(UsageError, match="not confirmed; nothing was submitted"):
+        api.submit(FLAGSHIP, confirm=lambda question: asked.append(question) or False)
+    assert len(asked) == 1 and asked[0].startswith("llama70b-128k: predicted cost about $")
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_cli_prints_one_line_and_exits_2_for_a_run_that_would_not_fit(tmp_path):
+    env = {"LAUNCHER_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    sets = [arg for s in TOO_LONG for arg in ("--set", s)]
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "submit", str(FLAGSHIP), *sets, "--dry-run"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "exceeds sagemaker.max_run" in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
