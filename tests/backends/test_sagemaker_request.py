@@ -109,7 +109,10 @@ def test_a_recipe_image_and_output_uri_are_used_as_given(fake_bundle, home):
     )
     assert request["AlgorithmSpecification"]["TrainingImage"] == "123456789012.dkr.ecr.us-west-2.amazonaws.com/mine:1"
     assert request["OutputDataConfig"]["S3OutputPath"] == "s3://my-bucket/p/llama3-8b-8k"
-    assert request["CheckpointConfig"]["S3Uri"] == f"s3://my-bucket/p/llama3-8b-8k/checkpoints/{request['TrainingJobName']}"
+    assert (
+        request["CheckpointConfig"]["S3Uri"]
+        == f"s3://my-bucket/p/llama3-8b-8k/checkpoints/{request['TrainingJobName']}"
+    )
 
 
 @pytest.mark.parametrize(

@@ -112,9 +112,8 @@ def test_on_a_per_host_directory_another_hosts_downloaded_files_are_left_alone(t
 
 
 def checkpointer(directory, **cfg):
-    from launcher.contract.config import CheckpointConfig
-
     from entrypoints.checkpoint import Checkpointer
+    from launcher.contract.config import CheckpointConfig
 
     placement = Placement(rank=0, world_size=1, procs_per_node=1)
     return Checkpointer(directory, CheckpointConfig(**cfg), parts=[], optimizers=None, data=None, placement=placement)
