@@ -18,7 +18,8 @@ In order:
 5. On failure, write /opt/ml/output/failure (SageMaker's FailureReason) with the first failing
    rank's error, and exit with the workers' exit code.
 
-Standard library only: it runs before anything else is known to be importable.
+Standard library only (and the standard-library contract in the bundle): it runs before anything
+else is known to be importable.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script from the bundle root: make `launcher.contract` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from launcher.contract.failure import ROOT_CAUSE, first_failure  # noqa: E402  (standard library only)
 
 # The torch releases the entrypoints support, [lowest, first unsupported). The `train` extra in
 # pyproject.toml states the same range (tests/backends/test_bootstrap.py checks they agree).
@@ -204,24 +210,19 @@ class Torchrun:
 def root_cause(error_file: str, tail: list[str]) -> tuple[str, int | None]:
     """(a few lines naming the first failing rank's error, that rank's exit code if known).
 
-    torchrun copies the first failing worker's error file (written by the entrypoint's `@record`
-    main) to TORCHELASTIC_ERROR_FILE. Without one, use the rank, host and exit code of torchrun's
-    "Root Cause (first observed failure)" summary and the workers' last error lines."""
-    cut = next((i for i, line in enumerate(tail) if "Root Cause" in line), len(tail))
-    cause = "\n".join(tail[cut:])
-    rank = re.search(r"^\s*rank\s*:\s*(\d+)", cause, re.M)
-    host = re.search(r"^\s*host\s*:\s*(\S+)", cause, re.M)
-    exitcode = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", cause, re.M)
-    where = (f"rank {rank[1]}" + (f" on {host[1]}" if host else "")) if rank else "a worker"
-    code = _exit_status(int(exitcode[1])) if exitcode else None
-    try:
-        data = json.loads(Path(error_file).read_text())["message"]
-        message, stack = data["message"], data.get("extraInfo", {}).get("py_callstack", "")
-        code = _exit_status(int(data.get("errorCode") or code or 1))
-        frames = [line for line in stack.strip().splitlines() if line.strip()][-5:-1]
-        return "\n".join([f"{where} failed: {message}", *frames]), code
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    The first failing rank is the one that raised first (launcher.contract.failure, from the error
+    files torchrun's report lists); torchrun's own root cause, copied to TORCHELASTIC_ERROR_FILE,
+    is the fallback. A rank that left no error file (killed, or exited without raising) is named
+    with its exit code and the workers' last error lines."""
+    failure = first_failure(tail, fallback_error_file=error_file)
+    where = "a worker"
+    if failure is not None and failure.rank is not None:
+        where = f"rank {failure.rank}" + (f" on {failure.host}" if failure.host else "")
+    code = _exit_status(failure.exitcode) if failure is not None and failure.exitcode is not None else None
+    if failure is not None and failure.message:
+        frames = [line for line in failure.stack.strip().splitlines() if line.strip()][-5:-1]
+        return "\n".join([f"{where} failed: {failure.message}", *frames]), code or 1
+    cut = next((i for i, line in enumerate(tail) if ROOT_CAUSE in line), len(tail))
     # Exception lines and `error: ...` lines of the workers; torchrun's own ChildFailedError is no cause.
     errors = [
         line

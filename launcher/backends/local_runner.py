@@ -5,13 +5,10 @@ at once), waits for it, and is the only writer of `status.json` while it lives. 
 standard library it uses only the registry's atomic JSON write: it must start fast and never
 depend on torch or the cloud SDKs.
 
-A failed job's reason is the error of the rank that failed first, not the last error line of
-the log (often another rank's symptom, such as gloo's "Connection closed by peer" after rank 0
-died). Every worker writes its error to its TORCHELASTIC_ERROR_FILE with the moment it was
-raised (entrypoints/failure.py); torchrun lists each failed rank with its error file in its
-failure report, and the runner takes the earliest. torchrun's own "Root Cause (first observed
-failure)" is the first process it saw exit, which among ranks failing within a second is often
-a symptom; it is the fallback (its error file is copied to `error.json` in the job directory).
+A failed job's reason is the error of the rank that failed first (launcher.contract.failure:
+by the raise times in the ranks' error files, not torchrun's first observed exit, which is often
+another rank's symptom such as gloo's "Connection closed by peer"); torchrun's own root-cause
+error file is copied to `error.json` in the job directory as the fallback.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.contract.failure import first_failure
 from launcher.registry import write_json
 
 STATUS = "status.json"
@@ -56,85 +54,30 @@ def transition(status: dict, secondary: str, message: str = "") -> None:
 
 def last_error(log: Path, max_bytes: int = 65536) -> str | None:
     """The last `SomethingError: ...` line of the log, the most useful one-line failure reason."""
-    try:
-        with log.open("rb") as f:
-            f.seek(max(0, log.stat().st_size - max_bytes))
-            tail = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(tail):
+    for line in reversed(_tail(log, max_bytes)):
         match = _ERROR_LINE.match(line)
         if match and "ChildFailedError" not in line:
             return match.group(1).strip()[:500]
     return None
 
 
-def root_cause(job_dir: Path) -> str | None:
-    """'rank R: Error: message' of the rank that failed first, else the log's last error line."""
-    failures = _failures(job_dir / LOG)
-    timed = [(raised_at, rank, message) for rank, (raised_at, message) in failures.items() if raised_at is not None]
-    if timed:
-        _, rank, message = min(timed)
-    elif failures:
-        # Without raise times (an older entrypoint, a killed rank), torchrun's choice: the first listed
-        # under "Root Cause", whose error file torchrun also copied to ERROR_FILE.
-        rank = next(iter(failures))
-        message = _error_file(job_dir / ERROR_FILE)[1] or failures[rank][1]
-    else:
-        rank, message = None, _error_file(job_dir / ERROR_FILE)[1] or last_error(job_dir / LOG)
+def root_cause(job_dir: Path, max_bytes: int = 262144) -> str | None:
+    """'rank R: Error: message' of the rank that failed first (launcher.contract.failure), else the
+    log's last error line."""
+    failure = first_failure(_tail(job_dir / LOG, max_bytes), fallback_error_file=job_dir / ERROR_FILE)
+    message = failure.headline if failure else None
     if message is None:
-        return None
-    return (f"rank {rank}: " if rank is not None else "") + message[:500]
+        return last_error(job_dir / LOG)
+    return (f"rank {failure.rank}: " if failure.rank is not None else "") + message[:500]
 
 
-def _error_file(path: Path | str) -> tuple[float | None, str | None]:
-    """(raised_at, first line of the message) of a torchelastic error file; Nones if unreadable."""
-    try:
-        message = json.loads(Path(path).read_text())["message"]
-        text = message["message"] if isinstance(message, dict) else message
-        raised_at = message.get("extraInfo", {}).get("raised_at") if isinstance(message, dict) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, None
-    lines = str(text).strip().splitlines()
-    return (float(raised_at) if raised_at else None), (lines[0] if lines else None)
-
-
-def _failures(log: Path, max_bytes: int = 262144) -> dict[int, tuple[float | None, str | None]]:
-    """rank -> (raised_at, message) for every rank in torchrun's failure report, root cause first."""
+def _tail(log: Path, max_bytes: int) -> list[str]:
     try:
         with log.open("rb") as f:
             f.seek(max(0, log.stat().st_size - max_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
+            return f.read().decode(errors="replace").splitlines()
     except OSError:
-        return {}
-    entries: list[tuple[int, str]] = []  # (rank, error_file) in report order
-    rank = None
-    for line in lines:
-        key, sep, value = line.strip().partition(":")
-        if not sep:
-            continue
-        key, value = key.strip(), value.strip()
-        if key == "rank" and value.split() and value.split()[0].isdigit():
-            rank = int(value.split()[0])
-        elif key == "error_file" and rank is not None:
-            entries.append((rank, value))
-            rank = None
-    roots = [i for i, line in enumerate(lines) if "Root Cause (first observed failure)" in line]
-    ordered: dict[int, tuple[float | None, str | None]] = {}
-    if roots:  # torchrun prints the root cause after the other failures; list it first
-        root_rank = _rank_after(lines, roots[-1])
-        entries.sort(key=lambda entry: entry[0] != root_rank)
-    for rank, path in entries:
-        ordered.setdefault(rank, _error_file(path))
-    return ordered
-
-
-def _rank_after(lines: list[str], start: int) -> int | None:
-    for line in lines[start:]:
-        key, _, value = line.strip().partition(":")
-        if key.strip() == "rank" and value.split() and value.split()[0].isdigit():
-            return int(value.split()[0])
-    return None
+        return []
 
 
 def run(job_dir: Path) -> int:

@@ -224,11 +224,14 @@ def test_the_supported_torch_range_is_the_train_extras():
     assert torch == f"torch>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}"
 
 
-def test_the_bootstrap_imports_only_the_standard_library():
+def test_the_bootstrap_imports_only_the_standard_library_and_the_contract():
+    # It runs before torch is known to be importable; launcher.contract is standard library only
+    # (tests/test_architecture.py) and ships in the bundle beside it.
     tree = ast.parse(BOOTSTRAP.read_text())
-    modules = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    modules |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert modules - {"__future__"} <= set(sys.stdlib_module_names), modules - set(sys.stdlib_module_names)
+    modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    outside = {m for m in modules if m.split(".")[0] not in sys.stdlib_module_names} - {"__future__"}
+    assert outside == {"launcher.contract.failure"}, outside
 
 
 # --- the real thing: pip with no network, torchrun, train.py ------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,49 @@ def test_the_entrypoints_refuse_a_layout_with_the_recipe_rules_own_message(chang
 def test_parallel_config_is_a_layout_and_prints_like_one():
     cfg = JobConfig.from_dict(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml").resolved())
     assert isinstance(cfg.parallel, Layout) and str(cfg.parallel) == "dp_shard2xtp2"
+
+
+# --- which rank failed first (launcher.contract.failure), shared by the local runner and the bootstrap
+
+
+def _torchrun_report(tmp_path, failures, root):
+    """torchrun's failure report, in its own template's layout, with one error file per rank."""
+
+    def entry(index, rank):
+        message, raised_at = failures[rank]
+        extra = {"py_callstack": f'Traceback:\n  File "train.py", line {rank}, in main\n{message}', "timestamp": "1"}
+        if raised_at is not None:
+            extra["raised_at"] = f"{raised_at:.6f}"
+        path = tmp_path / f"error-{rank}.json"
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+        return (
+            f"[{index}]:\n  time      : 2026-11-30_06:00:00\n  host      : ip-10-0-0-{11 + rank // 2}\n"
+            f"  rank      : {rank} (local_rank: {rank % 2})\n  exitcode  : 1 (pid: {100 + rank})\n"
+            f"  error_file: {path}\n  traceback : {message}"
+        )
+
+    others = "\n".join(entry(i, r) for i, r in enumerate(failures, 1) if r != root)
+    text = f"{'=' * 20}\ntrain.py FAILED\n{'-' * 20}\nFailures:\n{others}\n{'-' * 20}\n"
+    text += f"Root Cause (first observed failure):\n{entry(0, root)}\n{'=' * 20}"
+    return text.splitlines()
+
+
+def test_the_first_failure_is_the_rank_that_raised_first_not_torchruns_first_exit(tmp_path):
+    from launcher.contract.failure import first_failure
+
+    closed = "RuntimeError: Connection closed by peer"
+    lines = _torchrun_report(tmp_path, {0: ("ValueError: bad shard", 10.2), 2: (closed, 10.5), 3: (closed, 10.3)}, 3)
+    first = first_failure(lines)
+    assert (first.rank, first.host, first.exitcode, first.headline) == (0, "ip-10-0-0-11", 1, "ValueError: bad shard")
+    untimed = _torchrun_report(tmp_path, {0: ("ValueError: bad shard", None), 3: (closed, None)}, 3)
+    assert first_failure(untimed).rank == 3  # without raise times: torchrun's root cause
+
+
+def test_the_bootstrap_failure_file_names_the_rank_that_raised_first(tmp_path):
+    from entrypoints.bootstrap import root_cause
+
+    closed = "RuntimeError: Connection closed by peer"
+    lines = _torchrun_report(tmp_path, {1: ("OSError: disk full", 5.0), 2: (closed, 5.1)}, 2)
+    text, code = root_cause(str(tmp_path / "missing.json"), lines)
+    assert text.splitlines()[0] == "rank 1 on ip-10-0-0-11 failed: OSError: disk full"
+    assert code == 1
