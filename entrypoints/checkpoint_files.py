@@ -141,7 +141,12 @@ def remove_own_files(path: Path, placement: Placement) -> None:
 
 def remove_empty_dirs(path: Path) -> None:
     """Remove `path` and its subdirectories where they are empty (other hosts' files stay)."""
-    for sub in sorted((p for p in path.glob("**/*") if p.is_dir()), reverse=True):
+    # Another host may remove the same directories at the same moment (a shared checkpoint dir),
+    # so a directory that vanishes while it is walked is not an error.
+    subdirs = []
+    for root, dirs, _ in os.walk(path):
+        subdirs += [Path(root, d) for d in dirs]
+    for sub in sorted(subdirs, reverse=True):
         _try_rmdir(sub)
     _try_rmdir(path)
 

@@ -126,18 +126,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     holds_loss = (pipeline is None or pipeline.has_last) and mesh["tp"].get_local_rank() == 0
     loss_share = 1.0 / (par.data_parallel * par.context)
     if env.rank == 0:
-        params = sum(p.numel() for part in parts for p in part.parameters())
-        print(
-            f"start job={cfg.name} model={cfg.model.name} layout={par} world_size={env.world_size} "
-            f"device={env.device.type} dtype={cfg.precision.dtype} fp8={fp8.recipe if fp8 else 'off'} "
-            f"rank0_params={params} resumed_from_step={start}",
-            flush=True,
-        )
-        if fp8 is not None and env.device.type == "cuda" and not t.compile:
-            # Measured on an H200 (docs/gpu_check_h200.md): Llama 3.2 1B at 8K ran 1.8x slower than bf16.
-            print(
-                "note: fp8 without training.compile casts to float8 in separate kernels; set compile: true", flush=True
-            )
+        _announce(cfg, env, parts, fp8, start)
 
     interrupted = False
     began = time.perf_counter()
@@ -154,16 +143,8 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             after_optimizer_step(parts, fp8)
             optimizers.zero_grad()
 
-            # One all-reduce per step carries the global loss, whether any rank got SIGTERM, rank 0's
-            # vote that a timed checkpoint is due, and how many ranks have written the pending save.
-            report = torch.zeros(4, device=env.device)
-            if holds_loss:
-                report[0] = loss * loss_share
-            report[1] = float(sigterm[0])
-            report[2] = checkpoints.time_due_vote()
-            report[3] = float(checkpoints.pending_written())
-            dist.all_reduce(report)
-            global_loss, stop, time_due, written = report.tolist()
+            share = loss * loss_share if holds_loss else None
+            global_loss, stop, time_due, written = _share_step(env, share, sigterm[0], checkpoints)
             step_time = time.perf_counter() - step_start
 
             if step % t.log_every == 0 or step == t.steps:
@@ -180,6 +161,33 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     summary = metrics.summary(time.perf_counter() - began)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _announce(cfg: JobConfig, env: DistEnv, parts, fp8, start: int) -> None:
+    params = sum(p.numel() for part in parts for p in part.parameters())
+    print(
+        f"start job={cfg.name} model={cfg.model.name} layout={cfg.parallel} world_size={env.world_size} "
+        f"device={env.device.type} dtype={cfg.precision.dtype} fp8={fp8.recipe if fp8 else 'off'} "
+        f"rank0_params={params} resumed_from_step={start}",
+        flush=True,
+    )
+    if fp8 is not None and env.device.type == "cuda" and not cfg.training.compile:
+        # Measured on an H200 (docs/gpu_check_h200.md): Llama 3.2 1B at 8K ran 1.8x slower than bf16.
+        print("note: fp8 without training.compile casts to float8 in separate kernels; set compile: true", flush=True)
+
+
+def _share_step(env: DistEnv, loss_share, sigterm: bool, checkpoints: Checkpointer) -> list[float]:
+    """One all-reduce per step carries the global loss (from the ranks that hold a share of it),
+    whether any rank got SIGTERM, rank 0's vote that a timed checkpoint is due, and how many ranks
+    have written the pending save."""
+    report = torch.zeros(4, device=env.device)
+    if loss_share is not None:
+        report[0] = loss_share
+    report[1] = float(sigterm)
+    report[2] = checkpoints.time_due_vote()
+    report[3] = float(checkpoints.pending_written())
+    dist.all_reduce(report)
+    return report.tolist()
 
 
 def _save_after_sigterm(checkpoints: Checkpointer, step: int, env: DistEnv, *, sigterm_at: float) -> None:

@@ -36,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from entrypoints.checkpoint_files import complete_checkpoints  # noqa: E402  (standard library only)
+
 # One GPU: llama3.2-1b (1.24B parameters, tied embeddings) at 8K tokens, 4 sequences per step.
 GPU_RECIPE = {
     "model": "llama3.2-1b",
@@ -165,7 +167,7 @@ def run_training(name: str, config: Path, out: Path, smoke: bool) -> dict:
         return {"status": "failed", "reason": f"timed out after {RUN_TIMEOUT_S} s"}
     wall = time.perf_counter() - began
     (run_dir / "log.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    checkpoint_complete = any((p / "COMPLETE").is_file() for p in scratch.glob("step-*"))
+    checkpoint_complete = bool(complete_checkpoints(scratch))  # every host's marker, as resume reads them
     shutil.rmtree(scratch, ignore_errors=True)
     if proc.returncode:
         reason = _last_error(proc.stderr)

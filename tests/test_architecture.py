@@ -199,3 +199,16 @@ def test_the_contract_imports_only_the_standard_library(path):
 def test_the_package_init_the_bundle_ships_imports_only_the_standard_library():
     targets = [target for _, target in imported_modules(LAUNCHER / "__init__.py")]
     assert all(t.split(".")[0] in sys.stdlib_module_names | {"__future__"} for t in targets), targets
+
+
+def test_no_function_is_over_80_lines():
+    # One screen per function (DEVELOPERS.md): longer ones get split into named steps.
+    long = []
+    for root in (LAUNCHER, REPO / "entrypoints"):
+        for path in python_files(root):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 80:
+                        long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "\n".join(long)
