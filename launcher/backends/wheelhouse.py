@@ -62,6 +62,7 @@ def wheelhouse_key(wheels: tuple[Wheel, ...]) -> str:
 
 
 CACHE_ENV = "LAUNCHER_WHEEL_CACHE"
+PIP_TIMEOUT_S = 300  # a hung index must not hang submit
 
 
 def cache_root() -> Path:
@@ -87,7 +88,13 @@ def ensure(wheel: Wheel) -> Path:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
         command += ["--platform", wheel.platform, "--python-version", wheel.python, "--implementation", "cp"]
         command += ["--disable-pip-version-check", "--dest", scratch, wheel.requirement]
-        result = subprocess.run(command, capture_output=True, text=True)
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise LauncherError(
+                f"cannot fetch {wheel.requirement} for the job's wheelhouse: pip gave no answer in {PIP_TIMEOUT_S} s; "
+                f"check pip's access to the package index, or put {wheel.file} in {target.parent}"
+            ) from None
         downloaded = Path(scratch) / wheel.file
         if result.returncode != 0 or not downloaded.is_file():
             last = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
