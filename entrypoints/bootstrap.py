@@ -87,12 +87,12 @@ def check_torch() -> str:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         raise SetupError(
-            f"torch is not installed for {sys.executable}; use an image with {wanted} (sagemaker.image_uri)"
+            f"torch is not installed for {sys.executable}; use an image with {wanted} (cluster.image)"
         ) from None
     if not SUPPORTED_TORCH[0] <= _release(version) < SUPPORTED_TORCH[1]:
         raise SetupError(
             f"the image has torch {version}; the entrypoints support {wanted}: "
-            "set sagemaker.image_uri to such an image, or leave it unset for the default"
+            "set cluster.image to such an image, or leave it unset for the default"
         )
     return version
 

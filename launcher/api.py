@@ -201,7 +201,7 @@ def check_memory(recipe: Recipe, *, force: bool, threshold: float = DEFAULT_THRE
 
 def check_run_time(recipe: Recipe, *, time_limited: bool, force: bool) -> RunForecast | None:
     """The predicted run time and cost; refuses a run that its engine's time limit would cut short."""
-    run = forecast(recipe, time_limit_s=recipe.sagemaker.max_run if time_limited else None)
+    run = forecast(recipe, time_limit_s=recipe.cluster.max_run if time_limited else None)
     problem = run.overrun() if run else None
     if problem and not force:
         raise WontFit(f"{problem}; nothing was submitted (pass --force to submit anyway)")

@@ -43,11 +43,19 @@ def job_dir(name: str) -> Path:
     return launcher_home() / "jobs" / name
 
 
-def job_dir_placement(recipe, name: str) -> Placement:
-    """Outputs in the job directory, checkpoints in the recipe's checkpoint.dir or beside them:
-    for backends whose processes see this machine's files (local, Slurm on a shared home)."""
-    directory = job_dir(name)
-    return Placement(checkpoint_dir=recipe.checkpoint.dir or str(directory / "checkpoints"), output_dir=str(directory))
+def checkpoint_home(recipe, lineage: str, root: Path | None = None) -> Path:
+    """The recipe's checkpoint.dir, or `<root>/checkpoints/<recipe>/<lineage>`: one directory per
+    lineage, so a `--resume` finds the earlier job's checkpoints and two fresh runs never mix."""
+    if recipe.checkpoint.dir:
+        return Path(recipe.checkpoint.dir)
+    return (root or launcher_home()) / "checkpoints" / recipe.name / lineage
+
+
+def job_dir_placement(recipe, name: str, lineage: str | None = None) -> Placement:
+    """Outputs in the job directory, checkpoints per lineage: for backends whose processes see
+    this machine's files (local)."""
+    checkpoints = checkpoint_home(recipe, lineage or name)
+    return Placement(checkpoint_dir=str(checkpoints), output_dir=str(job_dir(name)))
 
 
 def write_json(path: Path, data: Any) -> None:

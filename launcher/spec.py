@@ -136,7 +136,8 @@ class SageMakerSettings:
         sm = recipe.sagemaker
         max_wait = None
         if sm.spot:
-            max_wait = sm.max_wait or max(sm.max_run, min(2 * sm.max_run, SAGEMAKER_MAX_RUN_S))
+            max_run = recipe.cluster.max_run
+            max_wait = sm.max_wait or max(max_run, min(2 * max_run, SAGEMAKER_MAX_RUN_S))
         return cls(
             region=sm.region,
             role_arn=sm.role_arn,
@@ -227,7 +228,7 @@ class JobSpec:
             checkpoint_dir=placement.checkpoint_dir,
             output_dir=placement.output_dir,
             mounts=placement.mounts,
-            max_run_s=sm.max_run,
+            max_run_s=recipe.cluster.max_run,
             retries=sm.retries,
             spot=sm.spot,
             tags=tuple(sorted(sm.tags.items())),

@@ -61,7 +61,7 @@ class AccelerateBackend(Backend):
     name = "accelerate"
     capabilities = Capabilities(multi_node=True, efa=True, pipeline_parallel=False, submits=False)
 
-    def placement(self, recipe, name: str) -> Placement:
+    def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         return Placement(checkpoint_dir=recipe.checkpoint.dir or "checkpoints", output_dir="output")
 
     def _render(self, spec: JobSpec) -> Rendering:

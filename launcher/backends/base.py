@@ -97,13 +97,14 @@ class Backend(ABC):
     # --- what the job sees -------------------------------------------------------------------
 
     @abstractmethod
-    def placement(self, recipe: Recipe, name: str) -> Placement:
-        """Where checkpoints, outputs and the rendezvous are for a job of this name."""
+    def placement(self, recipe: Recipe, name: str, lineage: str | None = None) -> Placement:
+        """Where checkpoints, outputs and the rendezvous are for a job of this name; checkpoints are
+        kept per `lineage` (default: the job's own name)."""
 
     def spec(self, recipe: Recipe, *, lineage: str | None = None) -> JobSpec:
         """A new job of `recipe`; `lineage` names the earlier job whose checkpoints it continues."""
         name = job_name(recipe.name, max_len=self.max_name_length)
-        placement = self.placement(recipe, name)
+        placement = self.placement(recipe, name, lineage or name)
         return JobSpec.create(recipe, backend=self.name, placement=placement, name=name, lineage=lineage)
 
     # --- checks ------------------------------------------------------------------------------

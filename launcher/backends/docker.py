@@ -18,7 +18,7 @@ from launcher.backends.images import training_image
 from launcher.backends.tools import ToolFailed, run_tool, stream_tool
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
-from launcher.registry import job_dir
+from launcher.registry import checkpoint_home, job_dir
 from launcher.spec import JobSpec, Mount, Placement
 
 ROOT = "/opt/launcher"
@@ -64,9 +64,9 @@ class DockerBackend(Backend):
     name = "docker"
     capabilities = Capabilities()
 
-    def placement(self, recipe, name: str) -> Placement:
+    def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         directory = job_dir(name)
-        checkpoints = recipe.checkpoint.dir or str(directory / "checkpoints")
+        checkpoints = str(checkpoint_home(recipe, lineage or name))
         return Placement(
             checkpoint_dir=f"{ROOT}/checkpoints",
             output_dir=f"{ROOT}/output",

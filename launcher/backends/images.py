@@ -22,12 +22,12 @@ def default_image(region: str) -> str:
     account = images["accounts"].get(region)
     if account is None:
         raise UsageError(
-            f"sagemaker.image_uri: no PyTorch training image is known for {region}; set sagemaker.image_uri to one"
+            f"cluster.image: no PyTorch training image is known for {region}; set cluster.image to one"
         )
     suffix = images["dns_suffix"]["cn" if region.startswith("cn-") else "default"]
     return f"{account}.dkr.ecr.{region}.{suffix}/{images['repository']}:{images['tag']}"
 
 
 def training_image(recipe) -> str:
-    """The recipe's own image, or the default for its region."""
-    return recipe.sagemaker.image_uri or default_image(recipe.sagemaker.region)
+    """The recipe's own image (cluster.image), or the default for its region."""
+    return recipe.cluster.image or default_image(recipe.sagemaker.region)

@@ -121,12 +121,12 @@ def dump(documents: list[dict]) -> str:
 
 class KubernetesBackend(Backend):
     name = "k8s"
-    capabilities = Capabilities(multi_node=True, efa=True)
+    capabilities = Capabilities(multi_node=True, efa=True, time_limit=True)
     max_name_length = MAX_NAME
 
-    def placement(self, recipe, name: str) -> Placement:
+    def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         return Placement(
-            checkpoint_dir=f"{VOLUME_ROOT}/checkpoints",
+            checkpoint_dir=f"{VOLUME_ROOT}/checkpoints/{lineage or name}",
             output_dir=f"{VOLUME_ROOT}/jobs/{name}",
             # The operator gives each replica a headless Service named after its pod.
             rendezvous_host=f"{name}-master-0",

@@ -41,8 +41,8 @@ class LocalBackend(Backend):
     name = "local"
     capabilities = Capabilities()
 
-    def placement(self, recipe, name: str) -> Placement:
-        return job_dir_placement(recipe, name)
+    def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
+        return job_dir_placement(recipe, name, lineage)
 
     # --- render and submit -----------------------------------------------------------------
 

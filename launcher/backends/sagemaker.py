@@ -188,7 +188,7 @@ class SageMakerBackend(Backend):
     name = "sagemaker"
     capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=True, time_limit=True)
 
-    def placement(self, recipe, name: str) -> Placement:
+    def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.
         return Placement(
             checkpoint_dir=CHECKPOINT_DIR,

@@ -60,9 +60,9 @@ class SlurmBackend(Backend):
     name = "slurm"
     capabilities = Capabilities(multi_node=True, efa=True)
 
-    def placement(self, recipe, name: str) -> Placement:
+    def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # $LAUNCHER_HOME must be on a file system every node mounts (home directories usually are).
-        return job_dir_placement(recipe, name)
+        return job_dir_placement(recipe, name, lineage)
 
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.build(spec.resolved_json)

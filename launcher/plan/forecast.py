@@ -1,6 +1,6 @@
 """What a run will take and cost, said before any money is spent.
 
-    run = forecast(recipe, time_limit_s=recipe.sagemaker.max_run)
+    run = forecast(recipe, time_limit_s=recipe.cluster.max_run)
     run.line()      # 'time: 201.4 s/step x 1000 steps = 2.3 days; cost about $21,000 (4 x ml.p5e.48xlarge at $253.18/h)'
     run.overrun()   # None, or one line: the predicted run time exceeds the time limit, and what would fit
 
@@ -59,13 +59,13 @@ class RunForecast:
         limit = f"{math.ceil(needed_s / 86400)}d" if needed_s > 86400 else f"{math.ceil(needed_s / 3600)}h"
         fixes = []
         if needed_s <= SAGEMAKER_MAX_RUN_S:
-            fixes.append(f"set sagemaker.max_run: {limit}")
+            fixes.append(f"set cluster.max_run: {limit}")
         if steps_that_fit > 0:
             fixes.append(f"training.steps: {steps_that_fit}")
         fix = " or ".join(fixes) if fixes else "a faster layout (launcher plan) or more instances"
         return (
             f"{self.recipe_name}: the predicted run time {duration(self.run_s)} ({self.steps} steps x "
-            f"{self.speed.step_time_s:.1f} s) exceeds sagemaker.max_run {duration(self.time_limit_s)}, so the job "
+            f"{self.speed.step_time_s:.1f} s) exceeds cluster.max_run {duration(self.time_limit_s)}, so the job "
             f"would be stopped before its last step; {fix}"
         )
 

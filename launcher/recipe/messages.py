@@ -12,6 +12,10 @@ from launcher.recipe.resolve import suggest
 from launcher.recipe.schema import MODEL_REF_TAGS, HFConfigModel, ModelOverride
 
 
+# Keys that older recipes may still hold, and where they live now.
+MOVED_KEYS = {"sagemaker.max_run": "cluster.max_run", "sagemaker.image_uri": "cluster.image"}
+
+
 def show(value: Any) -> str:
     text = (
         f"'{value}'"
@@ -121,6 +125,8 @@ def problems_from_validation(err: ValidationError, data: Any, model: type[BaseMo
             continue  # rule violations are collected separately, with their own paths
         if kind == "missing":
             message = "is required"
+        elif kind == "extra_forbidden" and dotted in MOVED_KEYS:
+            message = f"moved to {MOVED_KEYS[dotted]}: every backend reads it there; write it under that key instead"
         elif kind == "extra_forbidden":
             valid = _fields_at(model, path, data)
             key = str(path[-1]) if path else ""

@@ -131,10 +131,10 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
     check("sagemaker.output_uri", sm.output_uri, S3_URI_RE, "an S3 URI; use s3://<bucket>/<prefix>")
     check("sagemaker.checkpoint_uri", sm.checkpoint_uri, S3_URI_RE, "an S3 URI; use s3://<bucket>/<prefix>")
     check(
-        "sagemaker.image_uri",
-        sm.image_uri,
+        "cluster.image",
+        spec.cluster.image,
         IMAGE_RE,
-        "an image URI; use <account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>",
+        "an image reference; use e.g. <account>.dkr.ecr.<region>.amazonaws.com/<repo>:<tag>",
     )
     check("sagemaker.kms_key_id", sm.kms_key_id, KMS_KEY_RE, "a KMS key ID, ARN or alias")
     if spec.data.source.startswith("s3://"):
@@ -154,20 +154,21 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
         problems.append(
             Problem("sagemaker.security_group_ids", f"{len(sm.security_group_ids)} groups; SageMaker takes at most 5")
         )
-    if sm.max_run > SAGEMAKER_MAX_RUN_S:
+    max_run = spec.cluster.max_run
+    if spec.cluster.backend == "sagemaker" and max_run > SAGEMAKER_MAX_RUN_S:
         problems.append(
-            Problem("sagemaker.max_run", f"{_days(sm.max_run)} exceeds SageMaker's limit of 28 days; use 28d or less")
+            Problem("cluster.max_run", f"{_days(max_run)} exceeds SageMaker's limit of 28 days; use 28d or less")
         )
     if sm.max_wait is not None:
         if not sm.spot:
             problems.append(
                 Problem("sagemaker.max_wait", "applies only to managed spot; set spot: true or remove max_wait")
             )
-        elif sm.max_wait < sm.max_run:
+        elif sm.max_wait < max_run:
             problems.append(
                 Problem(
                     "sagemaker.max_wait",
-                    f"{_days(sm.max_wait)} is shorter than max_run {_days(sm.max_run)}; the wait includes the run, use at least max_run",
+                    f"{_days(sm.max_wait)} is shorter than cluster.max_run {_days(max_run)}; the wait includes the run, use at least max_run",
                 )
             )
         elif sm.max_wait > SAGEMAKER_MAX_RUN_S:
@@ -185,6 +186,16 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
             )
         elif len(value) > 256:
             problems.append(Problem(f"sagemaker.tags.{key}", f"tag value of {len(value)} characters; at most 256"))
+    return problems
+
+
+def cluster_problems(spec: RecipeSpec) -> list[Problem]:
+    """Paths the Slurm nodes must find at the same place: absolute, or they would resolve per node."""
+    problems = []
+    for key in ("shared_dir", "venv"):
+        value = getattr(spec.slurm, key)
+        if value is not None and not value.startswith("/"):
+            problems.append(Problem(f"slurm.{key}", f"'{value}' is not an absolute path; use e.g. /fsx/launcher"))
     return problems
 
 

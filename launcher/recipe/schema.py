@@ -165,8 +165,8 @@ class Parallel(Section):
 
 
 class Cluster(Section):
-    backend: Literal["sagemaker", "local", "docker", "slurm", "k8s"] = "local"
-    """Where the job runs."""
+    backend: Literal["sagemaker", "local", "docker", "slurm", "k8s", "accelerate"] = "local"
+    """Where the job runs (accelerate: render an `accelerate launch` config only)."""
     instance_type: str = "local"
     """An instance type from the catalog (ml.p5.48xlarge, ...) or 'local' for this machine."""
     instance_count: PositiveInt = 1
@@ -178,22 +178,25 @@ class Cluster(Section):
     """The GPU of a 'local' cuda machine, e.g. h100-80gb. Derived for catalog instance types."""
     usd_per_hour: float | None = Field(default=None, ge=0)
     """Your price per instance-hour, if it differs from the catalog's."""
+    image: str | None = Field(default=None, max_length=255)
+    """Container image for sagemaker, docker and k8s; default: the region's PyTorch training image
+    (its CPU variant for device: cpu). Slurm runs containers only with slurm.container_image."""
+    max_run: Duration = 86400
+    """Time limit, e.g. 5d or 12h: SageMaker's MaxRuntime (at most 28 days), Slurm's --time, a
+    PyTorchJob's activeDeadlineSeconds."""
 
 
 class SageMaker(Section):
     region: str = "us-west-2"
+    """AWS region of the job, of the default image and of s3:// data staged by other backends."""
     role_arn: str | None = None
     """IAM role the training job runs as, e.g. arn:aws:iam::123456789012:role/SageMakerTraining."""
-    image_uri: str | None = None
-    """Training image; default: the region's PyTorch training image."""
     output_uri: str | None = None
     """s3:// prefix for the job's output; default: the session's default bucket."""
     checkpoint_uri: str | None = None
     """s3:// prefix that SageMaker syncs with /opt/ml/checkpoints."""
     spot: bool = False
     """Managed spot training."""
-    max_run: Duration = 86400
-    """Stop the job after this long, e.g. 5d or 12h (at most 28 days)."""
     max_wait: Duration | None = None
     """With spot: how long to wait for capacity plus run time; at least max_run."""
     volume_size_gb: PositiveInt = 500
@@ -211,6 +214,45 @@ class SageMaker(Section):
     )
     """Run on a SageMaker training plan's reserved capacity (the usual way to get ml.p5e), e.g.
     arn:aws:sagemaker:us-west-2:123456789012:training-plan/my-plan; default: on-demand or spot."""
+
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Slurm(Section):
+    """How the job runs on a Slurm cluster."""
+
+    partition: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$", max_length=64)
+    account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$", max_length=64)
+    shared_dir: str | None = Field(default=None, max_length=1024)
+    """An absolute directory that every node mounts at the same path (a shared home, Lustre, FSx
+    or NFS): the job's code, logs, checkpoints and staged s3:// data go there. Default: $LAUNCHER_HOME."""
+    container_image: str | None = Field(default=None, max_length=255)
+    """Run torchrun inside this image on every node through pyxis/enroot (srun --container-image);
+    default: the nodes' own Python environment."""
+    venv: str | None = Field(default=None, max_length=1024)
+    """A Python environment on the shared file system (holding torch and torchao) to activate on
+    every node before torchrun; default: whatever python the nodes' PATH gives."""
+    signal_before_end: Duration = 600
+    """Slurm sends USR1 this long before the time limit; the job then checkpoints and, with
+    requeue, goes back in the queue to resume."""
+    requeue: bool = True
+    """Requeue the job when it is preempted, its node fails or its time runs out; it resumes from
+    its newest checkpoint."""
+
+
+class Kubernetes(Section):
+    """How the job runs as a Kubeflow PyTorchJob."""
+
+    namespace: str | None = Field(default=None, pattern=_DNS_LABEL, max_length=63)
+    """Namespace of the job; default: kubectl's current namespace."""
+    checkpoint_claim: str | None = Field(default=None, pattern=_DNS_LABEL, max_length=63)
+    """A ReadWriteMany PersistentVolumeClaim for checkpoints and outputs; default <recipe>-launcher."""
+    storage_class: str | None = Field(default=None, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$", max_length=253)
+    """A storage class that provides ReadWriteMany volumes (EFS, FSx for Lustre): submit creates the
+    checkpoint claim with it when missing. Without it the claim must already exist."""
+    storage_size: str = Field(default="1Ti", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+    """Requested size of a created checkpoint claim."""
 
 
 class Data(Section):
@@ -248,5 +290,7 @@ class RecipeSpec(Section):
     parallel: Parallel = Parallel()
     cluster: Cluster = Cluster()
     sagemaker: SageMaker = SageMaker()
+    slurm: Slurm = Slurm()
+    k8s: Kubernetes = Kubernetes()
     data: Data = Data()
     checkpoint: Checkpoint = Checkpoint()

@@ -161,7 +161,7 @@ def test_an_image_with_an_unsupported_torch_is_refused_in_one_line(sagemaker_hos
     argv, env = sagemaker_host(PYTHONPATH=str(site))
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     line = (
-        "the image has torch 2.10.0; the entrypoints support torch>=2.13,<2.15: set sagemaker.image_uri "
+        "the image has torch 2.10.0; the entrypoints support torch>=2.13,<2.15: set cluster.image "
         "to such an image, or leave it unset for the default"
     )
     assert result.returncode == 2

@@ -44,7 +44,7 @@ def hostile(recipe: str, backend: str, tmp_path: Path, **extra):
         **extra,
     }
     if backend in ("docker", "k8s"):
-        overrides["sagemaker.image_uri"] = IMAGE
+        overrides["cluster.image"] = IMAGE
     spec = spec_for(recipe, backend, **overrides)
     return spec, get_backend(backend).render(spec), data, checkpoints
 

@@ -103,7 +103,7 @@ def test_a_recipe_image_and_output_uri_are_used_as_given(fake_bundle, home):
     request = request_for(
         "llama3-8b-8k",
         **{
-            "sagemaker.image_uri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/mine:1",
+            "cluster.image": "123456789012.dkr.ecr.us-west-2.amazonaws.com/mine:1",
             "sagemaker.output_uri": "s3://my-bucket/p",
         },
     )
@@ -129,7 +129,7 @@ def test_the_default_image_is_the_regions_pytorch_dlc(region, uri):
 
 
 def test_a_region_without_a_known_image_asks_for_one():
-    with pytest.raises(UsageError, match="no PyTorch training image is known for xx-mars-1; set sagemaker.image_uri"):
+    with pytest.raises(UsageError, match="no PyTorch training image is known for xx-mars-1; set cluster.image"):
         default_image("xx-mars-1")
 
 

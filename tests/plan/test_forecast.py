@@ -17,12 +17,12 @@ from launcher.plan.forecast import duration, forecast
 REPO = Path(__file__).resolve().parents[2]
 FLAGSHIP = REPO / "recipes" / "llama70b-128k.yaml"
 # The flagship as it shipped before the forecast existed: 2000 steps in a 5-day limit.
-TOO_LONG = ["training.steps=2000", "sagemaker.max_run=5d"]
+TOO_LONG = ["training.steps=2000", "cluster.max_run=5d"]
 
 
 def test_the_forecast_is_steps_times_the_predicted_step_at_the_clusters_price():
     recipe = api.load(FLAGSHIP)
-    run = forecast(recipe, time_limit_s=recipe.sagemaker.max_run)
+    run = forecast(recipe, time_limit_s=recipe.cluster.max_run)
     speed = run.speed
     assert run.run_s == pytest.approx(recipe.training.steps * speed.step_time_s)
     # 4 x ml.p5e.48xlarge at the catalog's hourly price, for the predicted hours.
@@ -38,23 +38,23 @@ def test_the_forecast_is_steps_times_the_predicted_step_at_the_clusters_price():
 
 def test_a_run_longer_than_max_run_says_which_max_run_or_steps_would_fit():
     recipe = api.load(FLAGSHIP, set_options=TOO_LONG)
-    run = forecast(recipe, time_limit_s=recipe.sagemaker.max_run)
+    run = forecast(recipe, time_limit_s=recipe.cluster.max_run)
     fitting_steps = math.floor(5 * 86400 / run.speed.step_time_s)
     needed_days = math.ceil(run.run_s * 1.15 / 86400)
     assert run.overrun() == (
         f"llama70b-128k: the predicted run time {duration(run.run_s)} (2000 steps x {run.speed.step_time_s:.1f} s) "
-        f"exceeds sagemaker.max_run 5.0 days, so the job would be stopped before its last step; "
-        f"set sagemaker.max_run: {needed_days}d or training.steps: {fitting_steps}"
+        f"exceeds cluster.max_run 5.0 days, so the job would be stopped before its last step; "
+        f"set cluster.max_run: {needed_days}d or training.steps: {fitting_steps}"
     )
     # Either fix really fits.
-    for fix in (f"sagemaker.max_run={needed_days}d", f"training.steps={fitting_steps}"):
+    for fix in (f"cluster.max_run={needed_days}d", f"training.steps={fitting_steps}"):
         fixed = api.load(FLAGSHIP, set_options=[*TOO_LONG, fix])
-        assert forecast(fixed, time_limit_s=fixed.sagemaker.max_run).overrun() is None
+        assert forecast(fixed, time_limit_s=fixed.cluster.max_run).overrun() is None
 
 
 def test_submit_refuses_a_run_that_would_outlast_max_run_and_force_overrides(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
-    with pytest.raises(api.WontFit, match=r"exceeds sagemaker.max_run 5.0 days.*nothing was submitted \(pass --force"):
+    with pytest.raises(api.WontFit, match=r"exceeds cluster.max_run 5.0 days.*nothing was submitted \(pass --force"):
         api.submit(FLAGSHIP, set_options=TOO_LONG, dry_run=True)
     told = []
     forced = api.submit(FLAGSHIP, set_options=TOO_LONG, dry_run=True, force=True, report=lambda s, m: told.append(m))
@@ -63,11 +63,14 @@ def test_submit_refuses_a_run_that_would_outlast_max_run_and_force_overrides(tmp
 
 def test_the_time_limit_applies_only_where_the_engine_enforces_one(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
-    # Kubernetes has no max_run: the same too-long run renders (it states the time all the same).
+    # Slurm requeues a job at its time limit and the job resumes, so cluster.max_run bounds one
+    # allocation, not the run: the same too-long run renders (it states the time all the same).
     told = []
-    local_data = [*TOO_LONG, "data.source=synthetic"]  # k8s reads no s3:// data yet
-    done = api.submit(FLAGSHIP, set_options=local_data, backend="k8s", dry_run=True, report=lambda s, m: told.append(m))
+    done = api.submit(FLAGSHIP, set_options=[*TOO_LONG, "data.source=synthetic"], backend="slurm", dry_run=True, report=lambda s, m: told.append(m))
     assert done.dry_run and any(m.startswith("time: ") for m in told)
+    # A PyTorchJob's activeDeadlineSeconds does stop it.
+    with pytest.raises(api.WontFit, match=r"exceeds cluster.max_run 5.0 days"):
+        api.submit(FLAGSHIP, set_options=TOO_LONG, backend="k8s", dry_run=True)
 
 
 def test_dry_run_states_time_cost_and_checkpoint_cost_of_every_gpu_recipe(tmp_path, monkeypatch):
@@ -104,5 +107,5 @@ def test_cli_prints_one_line_and_exits_2_for_a_run_that_would_not_fit(tmp_path):
         capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
-    errors = [line for line in result.stderr.splitlines() if "exceeds sagemaker.max_run" in line]
+    errors = [line for line in result.stderr.splitlines() if "exceeds cluster.max_run" in line]
     assert len(errors) == 1 and "Traceback" not in result.stderr

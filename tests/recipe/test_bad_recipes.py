@@ -202,21 +202,39 @@ CASES = [
     ),
     case(
         "max-run-beyond-28-days",
-        BASE + "sagemaker:\n  max_run: 40d\n",
-        r"sagemaker.max_run: 40d exceeds SageMaker's limit of 28 days; use 28d or less",
+        BASE + "  max_run: 40d\n",
+        r"cluster.max_run: 40d exceeds SageMaker's limit of 28 days; use 28d or less",
         "max_run:",
     ),
     case(
         "bad-duration",
-        BASE + "sagemaker:\n  max_run: 5 days\n",
-        r"sagemaker.max_run: '5 days' is not a duration; write e.g. 5d, 12h, 1d12h, 90m or seconds",
+        BASE + "  max_run: 5 days\n",
+        r"cluster.max_run: '5 days' is not a duration; write e.g. 5d, 12h, 1d12h, 90m or seconds",
         "max_run:",
     ),
     case(
         "spot-wait-shorter-than-run",
-        BASE + "sagemaker:\n  spot: true\n  max_run: 2d\n  max_wait: 1d\n",
-        r"sagemaker.max_wait: 1d is shorter than max_run 2d",
+        BASE + "  max_run: 2d\nsagemaker:\n  spot: true\n  max_wait: 1d\n",
+        r"sagemaker.max_wait: 1d is shorter than cluster.max_run 2d",
         "max_wait:",
+    ),
+    case(
+        "max-run-moved-to-cluster",
+        BASE + "sagemaker:\n  max_run: 2d\n",
+        r"sagemaker.max_run: moved to cluster.max_run: every backend reads it there",
+        "max_run:",
+    ),
+    case(
+        "image-uri-moved-to-cluster",
+        BASE + "sagemaker:\n  image_uri: x.dkr.ecr.us-west-2.amazonaws.com/mine:1\n",
+        r"sagemaker.image_uri: moved to cluster.image: every backend reads it there",
+        "image_uri:",
+    ),
+    case(
+        "slurm-shared-dir-relative",
+        BASE + "slurm:\n  shared_dir: fsx/launcher\n",
+        r"slurm.shared_dir: 'fsx/launcher' is not an absolute path; use e.g. /fsx/launcher",
+        "shared_dir:",
     ),
     case(
         "vpc-needs-security-groups",
@@ -372,14 +390,14 @@ def test_hf_config_that_is_not_json(tmp_path, monkeypatch, cli):
 
 def test_several_problems_give_one_line_each(tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)
-    text = BASE + "parallel:\n  tensor: 3\nsagemaker:\n  region: nowhere\n  max_run: 30d\n"
+    text = BASE + "  max_run: 30d\nparallel:\n  tensor: 3\nsagemaker:\n  region: nowhere\n"
     (tmp_path / "r.yaml").write_text(text)
     result = cli("validate", "r.yaml")
     assert result.code == 2
     assert sorted(line.split(" ", 2)[1] for line in result.err_lines) == [
+        "cluster.max_run:",
         "parallel.tensor:",
         "parallel:",
-        "sagemaker.max_run:",
         "sagemaker.region:",
         "training.seq_len:",
     ]

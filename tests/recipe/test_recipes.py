@@ -193,7 +193,7 @@ def test_round_trip_through_dict_and_yaml(tmp_path):
     again = tmp_path / "again.yaml"
     again.write_text(recipe.to_yaml())
     assert Recipe.load(again) == recipe
-    assert recipe.sagemaker.max_run == 2 * 86400 and recipe.to_dict()["sagemaker"]["max_run"] == 172800
+    assert recipe.cluster.max_run == 2 * 86400 and recipe.to_dict()["cluster"]["max_run"] == 172800
 
 
 def test_with_changes_revalidates():
