@@ -281,6 +281,8 @@ def submit(
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
 
     rendering = target.render(spec)
+    for note in rendering.data.get("notes", ()):
+        tell(Stage.RENDER, note)
     for warning in rendering.data.get("warnings", ()):
         tell(Stage.RENDER, f"warning: {warning}")
     if dry_run:
