@@ -180,16 +180,9 @@ class SlurmSettings:
 
     @classmethod
     def of(cls, recipe: Recipe) -> SlurmSettings:
-        s = recipe.slurm
-        return cls(
-            partition=s.partition,
-            account=s.account,
-            shared_dir=s.shared_dir,
-            container_image=s.container_image,
-            venv=s.venv,
-            signal_before_end_s=s.signal_before_end,
-            requeue=s.requeue,
-        )
+        settings = recipe.slurm.model_dump()
+        settings["signal_before_end_s"] = settings.pop("signal_before_end")
+        return cls(**settings)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,13 +196,7 @@ class KubernetesSettings:
 
     @classmethod
     def of(cls, recipe: Recipe) -> KubernetesSettings:
-        k = recipe.k8s
-        return cls(
-            namespace=k.namespace,
-            checkpoint_claim=k.checkpoint_claim,
-            storage_class=k.storage_class,
-            storage_size=k.storage_size,
-        )
+        return cls(**recipe.k8s.model_dump())
 
 
 @dataclass(frozen=True, kw_only=True)
