@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from launcher.backends import JobStatus, Rendering, get_backend
+from launcher.backends.base import EngineUnavailable
 from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
@@ -289,7 +290,10 @@ def submit(
         return Submission(loaded, memory, spec, rendering)
 
     confirm_cost(run, yes=yes, confirm=confirm)
-    ref = target.submit(rendering)
+    try:
+        ref = target.submit(rendering)
+    except EngineUnavailable as unavailable:
+        raise EngineUnavailable(f"{unavailable}; `launcher submit --dry-run` prints what would run") from None
     save(ref, spec)
     job = Job(ref)
     tell(Stage.SUBMIT, f"submitted {spec.name} to {target.name}")
