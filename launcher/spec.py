@@ -239,6 +239,7 @@ class JobSpec:
         cls, recipe: Recipe, *, backend: str, placement: Placement, name: str | None = None, lineage: str | None = None
     ) -> JobSpec:
         hardware, sm = recipe.hardware, recipe.sagemaker
+        on_sagemaker = backend == "sagemaker"
         resources = Resources(
             instance_type=hardware.instance_key,
             instance_count=recipe.cluster.instance_count,
@@ -275,10 +276,12 @@ class JobSpec:
             output_dir=placement.output_dir,
             mounts=placement.mounts,
             max_run_s=recipe.cluster.max_run,
-            retries=sm.retries,
-            spot=sm.spot,
-            tags=tuple(sorted(sm.tags.items())),
-            sagemaker=SageMakerSettings.of(recipe) if backend == "sagemaker" else None,
+            # Only a SageMaker job reads the sagemaker: section; elsewhere it is inert, so one
+            # recipe renders on every backend.
+            retries=sm.retries if on_sagemaker else 0,
+            spot=sm.spot and on_sagemaker,
+            tags=tuple(sorted(sm.tags.items())) if on_sagemaker else (),
+            sagemaker=SageMakerSettings.of(recipe) if on_sagemaker else None,
             slurm=SlurmSettings.of(recipe) if backend == "slurm" else None,
             k8s=KubernetesSettings.of(recipe) if backend == "k8s" else None,
             resolved_json=canonical_json(resolved),
