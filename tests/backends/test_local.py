@@ -121,15 +121,20 @@ def test_list_shows_local_jobs_newest_first(no_torchrun, cli):
     assert table[1].split()[:3] == [second, "local", "Completed"]
 
 
-def test_a_job_whose_runner_died_is_failed(no_torchrun, monkeypatch):
-    monkeypatch.setenv("FAKE_TRAIN", "hang")
-    job = submit().job
-    wait_for_line(job, "hanging")
+def hanging_job_without_its_runner(home) -> tuple[Job, dict]:
+    """A job whose trainer hangs, after its runner was killed: (job, its last status.json)."""
     from launcher.backends import local_runner
 
-    directory = no_torchrun / "jobs" / job.name
-    status = local_runner.read_status(directory)
+    job = submit().job
+    wait_for_line(job, "hanging")
+    status = local_runner.read_status(home / "jobs" / job.name)
     os.kill(status["runner_pid"], 9)
+    return job, status
+
+
+def test_a_job_whose_runner_and_processes_died_is_failed(no_torchrun, monkeypatch):
+    monkeypatch.setenv("FAKE_TRAIN", "hang")
+    job, status = hanging_job_without_its_runner(no_torchrun)
     os.killpg(status["pgid"], 9)
     deadline = time.monotonic() + 10
     while job.status().state == "InProgress" and time.monotonic() < deadline:
@@ -140,14 +145,8 @@ def test_a_job_whose_runner_died_is_failed(no_torchrun, monkeypatch):
 
 def test_a_job_whose_runner_died_keeps_training_and_stop_still_ends_it(no_torchrun, monkeypatch):
     monkeypatch.setenv("FAKE_TRAIN", "hang")
-    job = submit().job
-    wait_for_line(job, "hanging")
-    from launcher.backends import local_runner
-
-    directory = no_torchrun / "jobs" / job.name
-    status = local_runner.read_status(directory)
-    os.kill(status["runner_pid"], 9)
-    trainer = int((directory / "fake.pid").read_text())
+    job, _ = hanging_job_without_its_runner(no_torchrun)
+    trainer = int((no_torchrun / "jobs" / job.name / "fake.pid").read_text())
     time.sleep(0.3)
     now = job.status()
     assert now.state == "InProgress" and "the runner died" in now.secondary  # the trainer still runs
