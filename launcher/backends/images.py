@@ -21,9 +21,7 @@ def default_image(region: str) -> str:
     images = image_catalog()
     account = images["accounts"].get(region)
     if account is None:
-        raise UsageError(
-            f"cluster.image: no PyTorch training image is known for {region}; set cluster.image to one"
-        )
+        raise UsageError(f"cluster.image: no PyTorch training image is known for {region}; set cluster.image to one")
     suffix = images["dns_suffix"]["cn" if region.startswith("cn-") else "default"]
     return f"{account}.dkr.ecr.{region}.{suffix}/{images['repository']}:{images['tag']}"
 

@@ -8,6 +8,7 @@ directory the way the SageMaker backend talks to SageMaker.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from launcher.backends import local_runner as runner
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file
 from launcher.bundle import Bundle
 from launcher.contract.metrics import SUMMARY_PREFIX, parse_fields
@@ -39,10 +41,14 @@ def torchrun_argv(command: tuple[str, ...]) -> list[str]:
 
 class LocalBackend(Backend):
     name = "local"
-    capabilities = Capabilities()
+    capabilities = Capabilities(s3_data=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
-        return job_dir_placement(recipe, name, lineage)
+        placement = job_dir_placement(recipe, name, lineage)
+        if not recipe.data.source.startswith("s3://"):
+            return placement
+        staged = str(staging_dir(recipe.data.source, launcher_home()))
+        return dataclasses.replace(placement, s3_data_dir=staged, s3_staging_dir=staged)
 
     # --- render and submit -----------------------------------------------------------------
 
