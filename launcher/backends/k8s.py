@@ -53,8 +53,16 @@ def dump(documents: list[dict]) -> str:
 
 
 def settings_of(spec: JobSpec) -> ClaimSettings:
+    """The recipe's k8s: section as the manifest reads it (the claim named after the recipe by default)."""
+    k8s = spec.k8s
+    if k8s is None:  # a spec saved before JobSpec.k8s existed
+        return ClaimSettings(namespace=None, checkpoint_claim=claim_name(spec.recipe_name), storage_class=None,
+                             storage_size="1Ti")  # fmt: skip
     return ClaimSettings(
-        namespace=None, checkpoint_claim=claim_name(spec.recipe_name), storage_class=None, storage_size="1Ti"
+        namespace=k8s.namespace,
+        checkpoint_claim=k8s.checkpoint_claim or claim_name(spec.recipe_name),
+        storage_class=k8s.storage_class,
+        storage_size=k8s.storage_size,
     )
 
 

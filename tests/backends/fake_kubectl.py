@@ -5,7 +5,7 @@ State lives in $FAKE_KUBECTL_STATE/objects.json; every call is appended to calls
 answers as kubectl does: `create -f -` (refusing a name that exists, giving each object a uid,
 `-o json` printing it), `get KIND [NAME] -o json` (NotFound as kubectl words it), `delete`
 (owned objects go with their owner, as the garbage collector does), `config view --minify`.
-$FAKE_KUBECTL_NAMESPACE is the context's namespace; $FAKE_KUBECTL_FAIL=<substring of the argv>
+$FAKE_KUBECTL_NAMESPACE is the context's namespace; $FAKE_KUBECTL_FAIL=<text in the argv or stdin>
 makes matching calls fail with kubectl's text for an unreachable server.
 """
 
@@ -63,9 +63,6 @@ def key(kind: str, namespace: str, name: str) -> str:
 
 def main(args: list[str]) -> int:
     state = Path(os.environ["FAKE_KUBECTL_STATE"])
-    if os.environ.get("FAKE_KUBECTL_FAIL") and os.environ["FAKE_KUBECTL_FAIL"] in " ".join(args):
-        sys.stderr.write(UNREACHABLE)
-        return 1
     path = state / "objects.json"
     objects = json.loads(path.read_text()) if path.exists() else {}
     namespace = option(args, "--namespace", "-n") or os.environ.get("FAKE_KUBECTL_NAMESPACE", "default")
@@ -73,6 +70,10 @@ def main(args: list[str]) -> int:
     stdin = sys.stdin.read() if verb == "create" else ""  # only create reads a manifest
     with open(state / "calls.jsonl", "a") as calls:
         calls.write(json.dumps({"argv": args, "stdin": stdin}) + "\n")
+    fail = os.environ.get("FAKE_KUBECTL_FAIL")
+    if fail and (fail in " ".join(args) or fail in stdin):
+        sys.stderr.write(UNREACHABLE)
+        return 1
     code = VERBS[verb](objects, rest, args, namespace, stdin)
     path.write_text(json.dumps(objects))
     return code
