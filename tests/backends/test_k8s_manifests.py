@@ -41,8 +41,6 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 EXTENDED = re.compile(r"^(hugepages-|[a-z0-9.-]+\.[a-z]+/)")
-# k8s has no spot capacity; mistral7b-32k asks for it, so it renders with spot off.
-NO_SPOT = {"mistral7b-32k": {"sagemaker.spot": False, "sagemaker.max_wait": None}}
 # The shipped multi-node recipes' layouts need all their nodes; single-node ones also run on two.
 VARIANTS = {
     "as shipped": {},
@@ -204,7 +202,7 @@ def cases() -> list[tuple[str, str, dict]]:
         multi_node = load(recipe).cluster.instance_count > 1
         variants = {**VARIANTS, **({} if multi_node else {"two nodes": TWO_NODES})}
         for label, overrides in variants.items():
-            found.append((recipe, label, {**NO_SPOT.get(recipe, {}), **overrides}))
+            found.append((recipe, label, overrides))
     return found
 
 
@@ -236,7 +234,7 @@ def test_what_submit_creates_passes_schema_and_core_rules(recipe, label, overrid
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_the_dry_run_of_every_shipped_recipe_renders_and_validates(recipe, fake_bundle):
-    spec = spec_for(recipe, "k8s", **NO_SPOT.get(recipe, {}))
+    spec = spec_for(recipe, "k8s")
     rendering = get_backend("k8s").render(spec)
     documents = list(yaml.safe_load_all(rendering.text))
     assert documents == rendering.data["manifest"]
