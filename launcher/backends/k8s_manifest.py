@@ -216,7 +216,6 @@ def pod_template(spec: JobSpec, settings: ClaimSettings, data_mounts: list, data
     env += [
         {"name": "LAUNCHER_BUNDLE", "value": f"{BUNDLE_DIR}/{ARCHIVE_NAME}"},
         {"name": "LAUNCHER_CODE", "value": CODE_DIR},
-        {"name": "LAUNCHER_JOB_NAME", "value": spec.name},
     ]
     mounts = [
         {"name": "bundle", "mountPath": BUNDLE_DIR, "readOnly": True},
