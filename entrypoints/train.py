@@ -112,12 +112,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         data=data,
         placement=Placement.from_env(env.rank, env.world_size),
     )
-    start = checkpoints.resume()
-    if start >= t.steps:
-        raise ConfigError(
-            f"checkpoint: the newest checkpoint is at step {start}, and training.steps is {t.steps}: nothing is left "
-            "to train; raise training.steps, or set checkpoint.resume: never to start over"
-        )
+    start = _steps_left_after(checkpoints.resume(), t.steps)
     metrics = MetricsLogger(
         output_dir(cfg),
         enabled=env.rank == 0,
@@ -166,6 +161,16 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     summary = metrics.summary(time.perf_counter() - began)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _steps_left_after(start: int, steps: int) -> int:
+    """The step to resume after; a checkpoint at or past the last step leaves nothing to train."""
+    if start >= steps:
+        raise ConfigError(
+            f"checkpoint: the newest checkpoint is at step {start}, and training.steps is {steps}: nothing is left "
+            "to train; raise training.steps, or set checkpoint.resume: never to start over"
+        )
+    return start
 
 
 def _announce(cfg: JobConfig, env: DistEnv, parts, fp8, start: int) -> None:
