@@ -68,7 +68,8 @@ def slurm_conf(root: Path, *, munge_socket: Path, ctld_port: int, node_ports: li
     return "\n".join(
         [
             "ClusterName=launchertest",
-            f"SlurmctldHost={host}",
+            # The controller's address given, so this host's name need not resolve.
+            f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
