@@ -156,8 +156,9 @@ def rendezvous_lines(instance_count: int) -> list[str]:
     ]
 
 
-def training_srun(spec: JobSpec, code_dir: Path, shared: Path) -> list[str]:
-    argv = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1"]
+def training_srun(spec: JobSpec, code_dir: Path, shared: Path) -> str:
+    """The srun line that starts torchrun on every node, in the background."""
+    argv = ["--kill-on-bad-exit=1", "--ntasks-per-node=1"]
     image = spec.slurm.container_image
     if image:
         # pyxis/enroot: the shared directory is mounted at the same path inside the container.
@@ -166,7 +167,10 @@ def training_srun(spec: JobSpec, code_dir: Path, shared: Path) -> list[str]:
             f"--container-mounts={shared}:{shared}",
             f"--container-workdir={code_dir}",
         ]
-    return [*argv, *spec.command]
+    # Every CPU the job holds on the node goes to the one torchrun task: a step gets one CPU per
+    # task unless told (srun 22.05 ignores the job's --cpus-per-task), and with CPU binding
+    # (task/affinity, task/cgroup) its workers and data loaders would share that one core.
+    return f'srun --cpus-per-task="$SLURM_CPUS_ON_NODE" {shlex.join([*argv, *spec.command])} &'
 
 
 def signal_handling(requeue: bool) -> list[str]:
@@ -239,7 +243,7 @@ def sbatch_script(spec: JobSpec) -> str:
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
     lines += rendezvous_lines(spec.resources.instance_count)
     lines.append(f"cd -- {shlex.quote(str(code_dir))}")
-    lines.append(shlex.join(training_srun(spec, code_dir, shared)) + " &")
+    lines.append(training_srun(spec, code_dir, shared))
     lines += wait_and_requeue(settings.requeue)
     return "\n".join(lines) + "\n"
 
@@ -307,7 +311,9 @@ def failure_reason(job_id: str, slurm_state: str, fields: dict[str, str], log: P
 
 class SlurmBackend(Backend):
     name = "slurm"
-    capabilities = Capabilities(multi_node=True, efa=True, s3_data=True, time_limit=True)
+    # Not time_limit: with slurm.requeue (the default) a run longer than cluster.max_run goes on
+    # across requeues, so the launcher does not refuse it.
+    capabilities = Capabilities(multi_node=True, efa=True, s3_data=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         settings = SlurmSettings.of(recipe)

@@ -95,11 +95,12 @@ def test_sbatch_script_runs_srun_with_exactly_its_argv(hostile_home, tmp_path):
         "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
         "SLURM_JOB_NODELIST": "node-[a-b]",
         "SLURM_JOB_ID": "7",
+        "SLURM_CPUS_ON_NODE": "96",
     }
     subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True)
     check, train = [json.loads(line) for line in calls.read_text().splitlines()]
     assert check["argv"][-2:] == [str(directory / "code" / "resolved.json"), str(hostile_home)]
-    assert train["argv"] == ["--kill-on-bad-exit=1", "--ntasks-per-node=1", *spec.command]
+    assert train["argv"] == ["--cpus-per-task=96", "--kill-on-bad-exit=1", "--ntasks-per-node=1", *spec.command]
     assert train["rdzv"] == "node-a:29500" and train["cwd"] == str(directory / "code")
     assert (directory / "exit_code").read_text() == "0\n"
     assert pwned(tmp_path) == []

@@ -125,9 +125,10 @@ def test_a_venv_is_activated_and_a_container_runs_through_pyxis_with_the_shared_
         **{"slurm.venv": "/shared/envs/torch 2.13", "slurm.container_image": "nvcr.io#nvidia/pytorch:25.01-py3"}
     ).text
     assert "source '/shared/envs/torch 2.13/bin/activate'" in script
-    (train,) = [line for line in script.splitlines() if line.startswith("srun --kill-on-bad-exit")]
+    (train,) = [line for line in script.splitlines() if line.startswith("srun --cpus-per-task")]
     assert train.startswith(
-        f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 '--container-image=nvcr.io#nvidia/pytorch:25.01-py3' "
+        'srun --cpus-per-task="$SLURM_CPUS_ON_NODE" --kill-on-bad-exit=1 --ntasks-per-node=1 '
+        f"'--container-image=nvcr.io#nvidia/pytorch:25.01-py3' "
         f"--container-mounts={home}:{home} --container-workdir={home}/jobs/tiny-cpu-job/code torchrun "
     )
 
