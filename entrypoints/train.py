@@ -113,6 +113,11 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         placement=Placement.from_env(env.rank, env.world_size),
     )
     start = checkpoints.resume()
+    if start >= t.steps:
+        raise ConfigError(
+            f"checkpoint: the newest checkpoint is at step {start}, and training.steps is {t.steps}: nothing is left "
+            "to train; raise training.steps, or set checkpoint.resume: never to start over"
+        )
     metrics = MetricsLogger(
         output_dir(cfg),
         enabled=env.rank == 0,
@@ -186,6 +191,7 @@ def _share_step(env: DistEnv, loss_share, sigterm: bool, checkpoints: Checkpoint
     report[1] = float(sigterm)
     report[2] = checkpoints.time_due_vote()
     report[3] = float(checkpoints.pending_written())
+    checkpoints.keep_lease()
     dist.all_reduce(report)
     return report.tolist()
 

@@ -239,6 +239,7 @@ class JobSpec:
         cls, recipe: Recipe, *, backend: str, placement: Placement, name: str | None = None, lineage: str | None = None
     ) -> JobSpec:
         hardware, sm = recipe.hardware, recipe.sagemaker
+        on_sagemaker = backend == "sagemaker"
         resources = Resources(
             instance_type=hardware.instance_key,
             instance_count=recipe.cluster.instance_count,
@@ -268,17 +269,19 @@ class JobSpec:
             command=torchrun_command(
                 resources, name=name, rendezvous_host=placement.rendezvous_host, bootstrap=placement.bootstrap
             ),
-            environment=tuple(sorted(job_environment(resources, inputs).items())),
+            environment=tuple(sorted(job_environment(name, resources, inputs).items())),
             resources=resources,
             inputs=inputs,
             checkpoint_dir=placement.checkpoint_dir,
             output_dir=placement.output_dir,
             mounts=placement.mounts,
             max_run_s=recipe.cluster.max_run,
-            retries=sm.retries,
-            spot=sm.spot,
-            tags=tuple(sorted(sm.tags.items())),
-            sagemaker=SageMakerSettings.of(recipe) if backend == "sagemaker" else None,
+            # Only a SageMaker job reads the sagemaker: section; elsewhere it is inert, so one
+            # recipe renders on every backend.
+            retries=sm.retries if on_sagemaker else 0,
+            spot=sm.spot and on_sagemaker,
+            tags=tuple(sorted(sm.tags.items())) if on_sagemaker else (),
+            sagemaker=SageMakerSettings.of(recipe) if on_sagemaker else None,
             slurm=SlurmSettings.of(recipe) if backend == "slurm" else None,
             k8s=KubernetesSettings.of(recipe) if backend == "k8s" else None,
             resolved_json=canonical_json(resolved),
@@ -408,8 +411,9 @@ EFA_ENVIRONMENT = {
 }
 
 
-def job_environment(resources: Resources, inputs: tuple[DataInput, ...]) -> dict[str, str]:
+def job_environment(name: str, resources: Resources, inputs: tuple[DataInput, ...]) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}  # metric lines reach the logs as they are printed
+    env["LAUNCHER_JOB_NAME"] = name  # the checkpoint lease's owner (entrypoints/checkpoint_files.py)
     if resources.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # gloo ranks share the host's cores
     else:

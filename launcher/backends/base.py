@@ -127,10 +127,6 @@ class Backend(ABC):
             problems.append(
                 f"the {self.name} backend cannot attach the EFA devices {r.instance_type} needs between nodes; use {others('efa')}"
             )
-        if spec.spot and not caps.spot:
-            problems.append(
-                f"sagemaker.spot: the {self.name} backend has no spot capacity; remove it (--set sagemaker.spot=false) or use {others('spot')}"
-            )
         for data in spec.inputs:
             if data.source.startswith("s3://") and not caps.s3_data:
                 problems.append(

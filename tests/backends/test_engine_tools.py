@@ -41,16 +41,6 @@ def tools(tmp_path, monkeypatch):
     return make
 
 
-def test_k8s_submit_applies_exactly_the_dry_run_manifest(home, fake_bundle, fixed_names, tools, cli):
-    tools("kubectl", "pytorchjob.kubeflow.org/x created\n")
-    dry = cli("submit", recipe_path("tiny-cpu"), "--backend", "k8s", "--dry-run")
-    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "k8s")
-    assert result.code == 0, result.err
-    (call,) = tools.calls("kubectl")
-    assert call["argv"] == ["apply", "-f", "-"]
-    assert call["stdin"] == dry.out
-
-
 def test_k8s_status_reads_the_pytorchjob_conditions(home, fake_bundle, tools, cli):
     job = {
         "metadata": {"name": "tiny-cpu-x", "creationTimestamp": "2026-11-09T10:00:00Z"},
