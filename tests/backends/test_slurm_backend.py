@@ -110,6 +110,15 @@ def test_sbatch_gets_the_paths_on_its_command_line_under_the_shared_dir(home, fa
     assert f"shared-dir-check {directory / 'code' / 'resolved.json'} {shared} || exit 1" in rendering.text
 
 
+def test_a_resume_continues_the_earlier_jobs_checkpoints_on_the_shared_dir(home, fake_bundle, tmp_path):
+    from launcher.api import load
+
+    recipe = load(recipe_path("tiny-cpu"), backend="slurm", set_options=[f"slurm.shared_dir={tmp_path}"])
+    spec = get_backend("slurm").spec(recipe, lineage="tiny-cpu-first")
+    assert spec.checkpoint_dir == str(tmp_path / "checkpoints" / "tiny-cpu" / "tiny-cpu-first")
+    assert spec.output_dir == str(tmp_path / "jobs" / spec.name)
+
+
 def test_multi_node_rendezvous_is_the_first_nodes_address_as_slurm_knows_it(home, fake_bundle):
     script = render("llama70b-128k", **{"data.source": FSX}).text
     assert 'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in script

@@ -29,7 +29,7 @@ from .slurm_cluster import SlurmCluster
 slurm_cluster, slurm, home = cluster.slurm_cluster, cluster.slurm, backend_fixtures.home
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
-STEPS = 10
+STEPS = 20  # enough that USR1 lands well before the end, even on a fast machine
 JOB_TIMEOUT_S = 240.0
 
 
