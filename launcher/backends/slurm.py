@@ -420,7 +420,7 @@ class SlurmBackend(Backend):
             created=ref.created or fields.get("SubmitTime"),
             ended=fields.get("EndTime") if state in TERMINAL_STATES and fields.get("EndTime") != "Unknown" else None,
             metrics=_last_metrics(directory / METRICS_FILE) if directory else {},
-            details=_details(job_id, fields, directory, log),
+            details=_details(job_id, fields, directory, log, over=state in TERMINAL_STATES),
         )
 
     def _log_path(self, ref: JobRef, fields: dict[str, str], directory: Path | None) -> Path | None:
@@ -466,9 +466,9 @@ def _read_exit_file(path: Path) -> int | None:
         return None
 
 
-def _details(job_id: str, fields: dict[str, str], directory: Path | None, log: Path | None) -> dict:
+def _details(job_id: str, fields: dict[str, str], directory: Path | None, log: Path | None, *, over: bool) -> dict:
     details: dict = {"slurm_job_id": job_id, "log": str(log) if log else None}
-    if fields.get("NodeList") not in (None, "(null)"):
+    if fields.get("NodeList") not in (None, "", "(null)"):  # empty while pending
         details["nodes"] = fields["NodeList"]
     if fields.get("Restarts", "0") != "0":
         details["restarts"] = int(fields["Restarts"])
@@ -476,5 +476,7 @@ def _details(job_id: str, fields: dict[str, str], directory: Path | None, log: P
         details["waiting"] = fields["Reason"]
     if directory is not None:
         details["job_dir"] = str(directory)
-        details["summary"] = _summary(log) if log else {}
+    if over and log is not None:
+        # Only at the end: while a requeued job runs again, the log's last summary is the first run's.
+        details["summary"] = _summary(log)
     return details

@@ -235,6 +235,7 @@ def test_status_maps_what_scontrol_says(home, fake_bundle, tools, cli, capture, 
     status = json.loads(cli("status", name, "--json").out)
     assert (status["state"], status["secondary"], status["exit_code"]) == (state, secondary, exit_code)
     assert (status["failure_reason"] or "").split("; see ")[0] == (reason or "")
+    assert ("nodes" in status["details"]) == (capture not in ("pending", "requeued"))  # none while waiting
     assert tools.calls("scontrol")[0]["argv"] == ["--oneliner", "show", "job", "4242"]
 
 
