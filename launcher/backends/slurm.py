@@ -37,9 +37,8 @@ from launcher.backends.base import (
     Rendering,
     utc_now,
 )
-from launcher.backends.local import _last_metrics, _summary
 from launcher.backends.staging import staging_dir
-from launcher.backends.tail import follow_file
+from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
@@ -419,7 +418,7 @@ class SlurmBackend(Backend):
             exit_code=exit_code if state in TERMINAL_STATES else None,
             created=ref.created or fields.get("SubmitTime"),
             ended=fields.get("EndTime") if state in TERMINAL_STATES and fields.get("EndTime") != "Unknown" else None,
-            metrics=_last_metrics(directory / METRICS_FILE) if directory else {},
+            metrics=last_metrics(directory / METRICS_FILE) if directory else {},
             details=_details(job_id, fields, directory, log, over=state in TERMINAL_STATES),
         )
 
@@ -478,5 +477,5 @@ def _details(job_id: str, fields: dict[str, str], directory: Path | None, log: P
         details["job_dir"] = str(directory)
     if over and log is not None:
         # Only at the end: while a requeued job runs again, the log's last summary is the first run's.
-        details["summary"] = _summary(log)
+        details["summary"] = log_summary(log)
     return details
