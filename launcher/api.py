@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from launcher.backends import JobStatus, Rendering, get_backend
+from launcher.backends.base import EngineUnavailable
 from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
@@ -281,13 +282,18 @@ def submit(
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
 
     rendering = target.render(spec)
+    for note in rendering.data.get("notes", ()):
+        tell(Stage.RENDER, note)
     for warning in rendering.data.get("warnings", ()):
         tell(Stage.RENDER, f"warning: {warning}")
     if dry_run:
         return Submission(loaded, memory, spec, rendering)
 
     confirm_cost(run, yes=yes, confirm=confirm)
-    ref = target.submit(rendering)
+    try:
+        ref = target.submit(rendering)
+    except EngineUnavailable as unavailable:
+        raise EngineUnavailable(f"{unavailable}; `launcher submit --dry-run` prints what would run") from None
     save(ref, spec)
     job = Job(ref)
     tell(Stage.SUBMIT, f"submitted {spec.name} to {target.name}")

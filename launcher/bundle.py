@@ -6,7 +6,12 @@ so the bundle carries `launcher/__init__.py` (lazy: it imports nothing) and
 
 The same inputs give the same bytes on every run (sorted members, fixed mtimes, owners and
 modes, no gzip timestamp), so the content hash can name the object in S3 and an unchanged
-bundle is uploaded once. Caches, VCS data and anything that looks like a secret never go in.
+bundle is uploaded once.
+
+What goes in is an allowlist: Python sources under entrypoints/, the contract and the resolved
+recipe. Any other file needs an explicit `include` pattern, and a name that looks like a secret
+(credentials, keys, tokens, tool configs that hold them) is refused even then: a stray
+`.git-credentials` or kubeconfig beside the entrypoints never leaves this machine.
 """
 
 from __future__ import annotations
@@ -29,25 +34,40 @@ ARCHIVE_NAME = "code.tar.gz"
 FIXED_MTIME = 315532800
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 
-EXCLUDED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".aws", ".ssh"}
-EXCLUDED_FILES = (
-    "*.pyc",
-    "*.pyo",
+ALLOWED_FILES = ("*.py",)
+EXCLUDED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+# Directories and names that hold credentials for common tools; matched case-insensitively.
+SECRET_DIRS = {".aws", ".ssh", ".kube", ".docker", ".gnupg", ".azure", ".config"}
+SECRET_FILES = (
     ".env",
     ".env.*",
     "*.env",
+    ".envrc",
     ".netrc",
-    ".DS_Store",
+    ".git-credentials",
+    ".gitconfig",
+    ".npmrc",
+    ".pypirc",
+    ".pgpass",
+    ".vault-token",
+    ".boto",
     "credentials",
     "credentials.*",
+    "*secret*",
+    "*token*",
+    "*password*",
+    "*service-account*",
+    "*kubeconfig*",
     "*.pem",
     "*.key",
     "*.p12",
     "*.pfx",
+    "*.jks",
+    "*.keystore",
     "id_rsa*",
+    "id_dsa*",
     "id_ed25519*",
     "id_ecdsa*",
-    ".pypirc",
 )
 
 # The bootstrap that SageMaker and Kubernetes containers run before torchrun: unpack the bundle
@@ -92,11 +112,27 @@ def contract_members() -> dict[str, bytes | None]:
     return members
 
 
-def excluded(relative: Path) -> bool:
-    if any(part in EXCLUDED_DIRS for part in relative.parts[:-1]):
+def looks_secret(relative: Path) -> bool:
+    """A credential's usual name or place. Python sources are code (tokenizer.py is no token)."""
+    if any(part.lower() in SECRET_DIRS for part in relative.parts[:-1]):
         return True
-    name = relative.name
-    return name in EXCLUDED_DIRS or any(fnmatch.fnmatch(name, pattern) for pattern in EXCLUDED_FILES)
+    if relative.suffix == ".py":
+        return False
+    return any(fnmatch.fnmatch(relative.name.lower(), pattern) for pattern in SECRET_FILES)
+
+
+def selected(relative: Path, include: tuple[str, ...]) -> bool:
+    """Whether a file under entrypoints/ goes in: allowlisted or included, never a cache or secret."""
+    if any(part in EXCLUDED_DIRS for part in relative.parts[:-1]) or relative.suffix in (".pyc", ".pyo"):
+        return False
+    explicit = any(fnmatch.fnmatch(relative.as_posix(), pattern) for pattern in include)
+    if explicit and looks_secret(relative):
+        raise LauncherError(
+            f"bundle: {relative} looks like a secret (credentials, a key or a token); it is never packed, "
+            "even when included: move it out of entrypoints/"
+        )
+    allowed = any(fnmatch.fnmatch(relative.name, pattern) for pattern in ALLOWED_FILES)
+    return explicit or (allowed and not looks_secret(relative))
 
 
 @dataclass(frozen=True)
@@ -116,16 +152,19 @@ class Bundle:
         return hashlib.sha256(self.data).hexdigest()
 
     @classmethod
-    def build(cls, resolved_json: str, entrypoints: Path | None = None) -> Bundle:
-        """Pack `entrypoints/`, the contract and the resolved recipe (as resolved.json at the bundle root)."""
+    def build(cls, resolved_json: str, entrypoints: Path | None = None, *, include: tuple[str, ...] = ()) -> Bundle:
+        """Pack `entrypoints/`, the contract and the resolved recipe (as resolved.json at the bundle root).
+
+        `include`: glob patterns (relative to entrypoints/) of non-Python files to pack as well."""
         source = entrypoints or find_entrypoints()
         members: dict[str, bytes | None] = {}  # archive path -> content (None: directory)
         for path in sorted(source.rglob("*")):
             relative = path.relative_to(source)
-            if excluded(relative) or path.is_symlink():
+            if path.is_symlink() or not path.is_file() or not selected(relative, include):
                 continue
-            name = f"{BUNDLE_ROOT}/{relative.as_posix()}"
-            members[name] = None if path.is_dir() else path.read_bytes()
+            for parent in reversed(relative.parents[:-1]):  # the directories that hold it
+                members[f"{BUNDLE_ROOT}/{parent.as_posix()}"] = None
+            members[f"{BUNDLE_ROOT}/{relative.as_posix()}"] = path.read_bytes()
         members.update(contract_members())
         members[CONFIG_FILE] = resolved_json.encode()
 

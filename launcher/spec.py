@@ -71,7 +71,11 @@ class Placement:
     """Host of the c10d rendezvous store for multi-node jobs, when the backend knows it in advance
     (algo-1 on SageMaker). None means the launch script exports PET_RDZV_ENDPOINT itself."""
     s3_data_dir: str | None = None
-    """Where the backend stages s3:// data for the job (SageMaker's train channel); None: it cannot."""
+    """Where the training processes read s3:// data (SageMaker's train channel, a staged copy, a
+    mounted bucket); None: the backend cannot provide it."""
+    s3_staging_dir: str | None = None
+    """A directory that submit fills with the s3:// data before the job starts (on this machine;
+    for Slurm on the shared file system); None where the engine fetches the data itself."""
     image: str | None = None
     """The container image; None runs on the machines' own Python environment."""
     mounts: tuple[Mount, ...] = ()
@@ -106,6 +110,8 @@ class DataInput:
     """s3:// URI or a path on the machines that run the job."""
     container_path: str
     """Where the training processes read it."""
+    staged_at: str | None = None
+    """For s3:// data that submit downloads first: the directory it fills (see launcher.backends.staging)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +167,39 @@ class SageMakerSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlurmSettings:
+    """What only the Slurm backend reads (the recipe's slurm: section)."""
+
+    partition: str | None
+    account: str | None
+    shared_dir: str | None
+    container_image: str | None
+    venv: str | None
+    signal_before_end_s: int
+    requeue: bool
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> SlurmSettings:
+        settings = recipe.slurm.model_dump()
+        settings["signal_before_end_s"] = settings.pop("signal_before_end")
+        return cls(**settings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesSettings:
+    """What only the Kubernetes backend reads (the recipe's k8s: section)."""
+
+    namespace: str | None
+    checkpoint_claim: str | None
+    storage_class: str | None
+    storage_size: str
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> KubernetesSettings:
+        return cls(**recipe.k8s.model_dump())
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """What to run and where, for any backend. Frozen; `to_json`/`from_json` round-trip."""
 
@@ -185,6 +224,10 @@ class JobSpec:
     tags: tuple[tuple[str, str], ...]
     sagemaker: SageMakerSettings | None
     """The SageMaker-only settings; None for every other backend."""
+    slurm: SlurmSettings | None = None
+    """The Slurm-only settings; None for every other backend."""
+    k8s: KubernetesSettings | None = None
+    """The Kubernetes-only settings; None for every other backend."""
     lineage: str = ""
     """The job whose checkpoints this one continues: its own name for a fresh run, the first job's
     name for a `--resume` of it. Checkpoints are kept per lineage, so two runs of one recipe never mix."""
@@ -196,6 +239,7 @@ class JobSpec:
         cls, recipe: Recipe, *, backend: str, placement: Placement, name: str | None = None, lineage: str | None = None
     ) -> JobSpec:
         hardware, sm = recipe.hardware, recipe.sagemaker
+        on_sagemaker = backend == "sagemaker"
         resources = Resources(
             instance_type=hardware.instance_key,
             instance_count=recipe.cluster.instance_count,
@@ -211,7 +255,10 @@ class JobSpec:
             # Local paths are mounted at the same path, so the resolved recipe needs no rewrite.
             is_s3 = recipe.data.source.startswith("s3://")
             container = (placement.s3_data_dir or recipe.data.source) if is_s3 else recipe.data.source
-            inputs = (DataInput(name="train", source=recipe.data.source, container_path=container),)
+            staged_at = placement.s3_staging_dir if is_s3 else None
+            inputs = (
+                DataInput(name="train", source=recipe.data.source, container_path=container, staged_at=staged_at),
+            )
         resolved = recipe.resolved(checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir)
         return cls(
             name=name,
@@ -229,10 +276,14 @@ class JobSpec:
             output_dir=placement.output_dir,
             mounts=placement.mounts,
             max_run_s=recipe.cluster.max_run,
-            retries=sm.retries,
-            spot=sm.spot,
-            tags=tuple(sorted(sm.tags.items())),
-            sagemaker=SageMakerSettings.of(recipe) if backend == "sagemaker" else None,
+            # Only a SageMaker job reads the sagemaker: section; elsewhere it is inert, so one
+            # recipe renders on every backend.
+            retries=sm.retries if on_sagemaker else 0,
+            spot=sm.spot and on_sagemaker,
+            tags=tuple(sorted(sm.tags.items())) if on_sagemaker else (),
+            sagemaker=SageMakerSettings.of(recipe) if on_sagemaker else None,
+            slurm=SlurmSettings.of(recipe) if backend == "slurm" else None,
+            k8s=KubernetesSettings.of(recipe) if backend == "k8s" else None,
             resolved_json=canonical_json(resolved),
         )
 
@@ -268,6 +319,9 @@ class JobSpec:
         data["resources"] = Resources(**{f.name: data["resources"][f.name] for f in fields(Resources)})
         if data["sagemaker"] is not None:
             data["sagemaker"] = SageMakerSettings.from_dict(data["sagemaker"])
+        for key, settings in (("slurm", SlurmSettings), ("k8s", KubernetesSettings)):
+            if data.get(key) is not None:
+                data[key] = settings(**data[key])
         data["inputs"] = tuple(DataInput(**item) for item in data["inputs"])
         data["mounts"] = tuple(Mount(**item) for item in data["mounts"])
         data["command"] = tuple(data["command"])

@@ -1,11 +1,16 @@
 """The HF accelerate config: for users who start jobs with `accelerate launch`.
 
-Render only. It maps the recipe's layout onto accelerate's ND-parallel `parallelism_config`
-(dp_replicate x dp_shard x cp x tp, the same order and meaning as this launcher's mesh) with
-FSDP2. Accelerate has no pipeline parallelism, so recipes with pipeline > 1 are refused.
+Render only: an accelerate config file whose header holds the launch script to run on every
+node. The training layout comes from the recipe (resolved.json, which entrypoints/train.py
+reads); the config's `parallelism_config` and `fsdp_config` mirror it (dp_replicate x dp_shard
+x cp x tp, the same order and meaning as this launcher's mesh) so the file reads true, but
+accelerate does not build the model. Accelerate has no pipeline parallelism, so recipes with
+pipeline > 1 are refused. s3:// data is synced to each node by the script (`aws s3 sync`).
 """
 
 from __future__ import annotations
+
+import shlex
 
 import yaml
 
@@ -14,6 +19,11 @@ from launcher.bundle import Bundle
 from launcher.spec import CONFIG_FILE, ENTRYPOINT, RDZV_PORT, JobSpec, Placement
 
 CONFIG_NAME = "accelerate.yaml"
+DATA_DIR = "data/train"  # relative to the unpacked bundle, where the script runs
+LAYOUT_NOTE = (
+    "The layout (tensor, context, FSDP degrees, precision, batch) comes from the recipe in resolved.json, "
+    "which entrypoints/train.py reads; fsdp_config and parallelism_config below only mirror it."
+)
 
 
 def accelerate_config(spec: JobSpec) -> dict:
@@ -57,19 +67,46 @@ def accelerate_config(spec: JobSpec) -> dict:
     return config
 
 
+def launch_script(spec: JobSpec) -> str:
+    """What to run on every node, from the unpacked bundle: data sync, environment, accelerate launch."""
+    lines = ["#!/bin/bash", "set -euo pipefail"]
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
+    command = ["accelerate", "launch", "--config_file", CONFIG_NAME]
+    if spec.resources.instance_count > 1:
+        # Each node needs its own rank; Slurm's is taken when present, so the script runs under srun as is.
+        lines += [
+            'machine_rank="${NODE_RANK:-${SLURM_NODEID:?set NODE_RANK to the index of this node: 0 on the main node}}"',
+            'main_ip="${MAIN_PROCESS_IP:?set MAIN_PROCESS_IP to the address of the main node}"',
+        ]
+        command += ["--machine_rank", '"$machine_rank"', "--main_process_ip", '"$main_ip"']
+    for data in spec.inputs:
+        if data.source.startswith("s3://"):
+            lines.append(
+                f"aws s3 sync --only-show-errors {shlex.quote(data.source)} {shlex.quote(data.container_path)}"
+            )
+    command += [ENTRYPOINT, "--config", CONFIG_FILE]
+    lines.append(" ".join(command))
+    return "\n".join(lines) + "\n"
+
+
 class AccelerateBackend(Backend):
     name = "accelerate"
-    capabilities = Capabilities(multi_node=True, efa=True, pipeline_parallel=False, submits=False)
+    capabilities = Capabilities(multi_node=True, efa=True, s3_data=True, pipeline_parallel=False, submits=False)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
-        return Placement(checkpoint_dir=recipe.checkpoint.dir or "checkpoints", output_dir="output")
+        return Placement(
+            checkpoint_dir=recipe.checkpoint.dir or "checkpoints", output_dir="output", s3_data_dir=DATA_DIR
+        )
 
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.build(spec.resolved_json)
         config = accelerate_config(spec)
-        command = ["accelerate", "launch", "--config_file", CONFIG_NAME, ENTRYPOINT, "--config", CONFIG_FILE]
-        if spec.resources.instance_count > 1:
-            command[2:2] = ["--machine_rank", "<rank of this node>", "--main_process_ip", "<first node's address>"]
-        text = yaml.safe_dump(config, sort_keys=False)
-        data = {"config": config, "command": command, "bundle": bundle.describe()}
+        script = launch_script(spec)
+        header = [
+            f"# {CONFIG_NAME} for `accelerate launch`. {LAYOUT_NOTE}",
+            "# Run on every node, from the unpacked code bundle:",
+        ]
+        header += [f"#   {line}" for line in script.splitlines()[1:]]
+        text = "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
+        data = {"config": config, "launch_script": script, "layout": LAYOUT_NOTE, "bundle": bundle.describe()}
         return Rendering(spec=spec, data=data, text=text, payload={"bundle": bundle})

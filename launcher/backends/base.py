@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from launcher.backends import staging
 from launcher.catalog import choices
 from launcher.errors import LauncherError, UsageError
 from launcher.registry import JobRef
@@ -126,10 +127,6 @@ class Backend(ABC):
             problems.append(
                 f"the {self.name} backend cannot attach the EFA devices {r.instance_type} needs between nodes; use {others('efa')}"
             )
-        if spec.spot and not caps.spot:
-            problems.append(
-                f"sagemaker.spot: the {self.name} backend has no spot capacity; remove it (--set sagemaker.spot=false) or use {others('spot')}"
-            )
         for data in spec.inputs:
             if data.source.startswith("s3://") and not caps.s3_data:
                 problems.append(
@@ -150,12 +147,19 @@ class Backend(ABC):
 
     def render(self, spec: JobSpec) -> Rendering:
         self.check(spec)
-        return self._render(spec)
+        rendering = self._render(spec)
+        notes = [staging.describe(i.source, i.staged_at, i.container_path) for i in spec.inputs if i.staged_at]
+        if notes:
+            rendering.data["notes"] = [*rendering.data.get("notes", ()), *notes]
+        return rendering
 
     def submit(self, rendering: Rendering) -> JobRef:
         if not self.capabilities.submits:
             raise UsageError(f"the {self.name} backend only renders a config; use --dry-run to print it")
         self.check(rendering.spec)
+        for data in rendering.spec.inputs:
+            if data.staged_at:
+                staging.stage(data.source, data.staged_at)
         return self._submit(rendering)
 
     def status(self, ref: JobRef) -> JobStatus:

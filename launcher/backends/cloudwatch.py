@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from launcher.contract.text import terminal_safe
+
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
@@ -71,7 +73,7 @@ def log_lines(
             events += _read(logs, stream, cursor)
         for _, stream, message in sorted(events, key=lambda e: e[0]):
             host = stream.split("/", 1)[-1].rsplit("-", 1)[0]
-            for line in message.splitlines() or [""]:
+            for line in terminal_safe(message).splitlines() or [""]:
                 yield f"[{host}] {line}" if label_hosts else line
         if done:
             return

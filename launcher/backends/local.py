@@ -8,6 +8,7 @@ directory the way the SageMaker backend talks to SageMaker.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from launcher.backends import local_runner as runner
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file
 from launcher.bundle import Bundle
 from launcher.contract.metrics import SUMMARY_PREFIX, parse_fields
@@ -39,10 +41,14 @@ def torchrun_argv(command: tuple[str, ...]) -> list[str]:
 
 class LocalBackend(Backend):
     name = "local"
-    capabilities = Capabilities()
+    capabilities = Capabilities(s3_data=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
-        return job_dir_placement(recipe, name, lineage)
+        placement = job_dir_placement(recipe, name, lineage)
+        if not recipe.data.source.startswith("s3://"):
+            return placement
+        staged = str(staging_dir(recipe.data.source, launcher_home()))
+        return dataclasses.replace(placement, s3_data_dir=staged, s3_staging_dir=staged)
 
     # --- render and submit -----------------------------------------------------------------
 
@@ -99,8 +105,14 @@ class LocalBackend(Backend):
         status = runner.read_status(directory)
         if status["state"] == "InProgress":
             if not _runner_alive(status.get("runner_pid")) and _started_long_ago(status):
-                status.update(state="Failed", failure_reason="the launcher's runner process died; see runner.log")
-            elif (directory / runner.STOP_REQUESTED).exists():
+                # The job's state comes from its processes: training goes on without the runner.
+                if _training_alive(status):
+                    status.update(secondary="Training (the runner died; state read from the processes)")
+                elif (directory / runner.STOP_REQUESTED).exists():
+                    runner.finish(directory, status, None, stopped=True)  # nobody else will record it
+                else:
+                    status.update(state="Failed", failure_reason="the launcher's runner process died; see runner.log")
+            if status["state"] == "InProgress" and (directory / runner.STOP_REQUESTED).exists():
                 status.update(state="Stopping", secondary="Stopping")
         metrics = _last_metrics(directory / METRICS_FILE)
         summary = _summary(directory / runner.LOG)
@@ -137,6 +149,7 @@ class LocalBackend(Backend):
             while _group_alive(pgid) and time.monotonic() < deadline:
                 time.sleep(0.1)
             if _group_alive(pgid):
+                (directory / runner.STOP_KILLED).touch()
                 _signal_group(pgid, signal.SIGKILL)
         # The runner records the end; if it is gone, record it here.
         settle = time.monotonic() + 10
@@ -179,6 +192,16 @@ def _started_long_ago(status: dict, seconds: float = 30.0) -> bool:
 
     created = datetime.datetime.fromisoformat(status["created"])
     return (datetime.datetime.now(datetime.UTC) - created).total_seconds() > seconds
+
+
+def _training_alive(status: dict) -> bool:
+    """Whether torchrun's process group still runs: its leader (the same process, by start time)
+    or, after the leader exited, any member of the group."""
+    pgid = status.get("pgid")
+    if not pgid or not _group_alive(pgid):
+        return False
+    start = runner.process_start_time(pgid)
+    return start is None or status.get("pgid_start") in (None, start)
 
 
 def _wait_for_pgid(directory: Path, deadline: float) -> int | None:

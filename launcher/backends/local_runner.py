@@ -28,6 +28,8 @@ STATUS = "status.json"
 LAUNCH = "launch.json"
 LOG = "output.log"
 STOP_REQUESTED = "stop_requested"
+STOP_KILLED = "stop_killed"
+"""Written by `stop` when SIGTERM was not enough and the group got SIGKILL."""
 ERROR_FILE = "error.json"
 _ERROR_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)\b.*)$")
 
@@ -97,18 +99,30 @@ def run(job_dir: Path) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        status.update(pid=process.pid, pgid=process.pid)
+        status.update(pid=process.pid, pgid=process.pid, pgid_start=process_start_time(process.pid))
         transition(status, "Training")
         write_status(job_dir, status)
         returncode = process.wait()
     return finish(job_dir, status, returncode, stopped=(job_dir / STOP_REQUESTED).exists())
 
 
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid,
+    it names one process, so a recycled pid is never taken for the job's."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
 def finish(job_dir: Path, status: dict, returncode: int | None, *, stopped: bool) -> int:
     if returncode == 0:
         state, reason = "Completed", None
     elif stopped:
+        # The shell's convention, as docker and SageMaker report it: 128 + the signal that ended it.
         state, reason = "Stopped", None
+        returncode = 137 if (job_dir / STOP_KILLED).exists() else 143
     else:
         error = root_cause(job_dir)
         reason = f"torchrun exited with code {returncode}" + (f": {error}" if error else "")

@@ -10,6 +10,7 @@ never hyperparameters.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import sys
@@ -24,6 +25,7 @@ from launcher.backends.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_k
 from launcher.bundle import ARCHIVE_NAME, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
 from launcher.contract.metrics import METRIC_REGEXES
+from launcher.contract.text import terminal_safe
 from launcher.errors import LauncherError, UsageError
 from launcher.spec import JobSpec, Placement, SageMakerSettings
 
@@ -36,6 +38,8 @@ WHEELS_CHANNEL = "wheels"
 # replaces it, so the bootstrap runs through it where the image has it.
 IMAGE_ENTRYPOINT = "/usr/local/bin/entrypoint.sh"
 ROLE_EXAMPLE = "arn:aws:iam::<account>:role/<SageMakerExecutionRole>"
+# The tag whose value identifies one submission, so a retried create recognises its own job.
+SUBMISSION_TAG = "launcher:submission"
 
 # SageMaker reads these from the job's log lines (launcher.contract.metrics) into CloudWatch metrics.
 METRIC_DEFINITIONS = [{"Name": f"train:{key}", "Regex": regex} for key, regex in METRIC_REGEXES.items()]
@@ -178,7 +182,13 @@ def create_training_job_request(
         }
     if spec.retries:
         request["RetryStrategy"] = {"MaximumRetryAttempts": spec.retries}
+    request["Tags"].append({"Key": SUBMISSION_TAG, "Value": submission_token(request)})
     return request
+
+
+def submission_token(request: dict) -> str:
+    """A digest of the request: the job that carries it in its tags is this submission's own."""
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()[:32]
 
 
 # --- the backend ---------------------------------------------------------------------------------
@@ -238,9 +248,13 @@ class SageMakerBackend(Backend):
         if rendering.payload["wheels"]:
             upload_wheels(rendering.payload["wheels"], locations, spec)
         sm = aws.client("sagemaker", region)
+        request = rendering.data["request"]
         try:
-            sm.create_training_job(**rendering.data["request"])
+            sm.create_training_job(**request)
         except Exception as error:
+            if _already_exists(error) and self._is_ours(sm, request):
+                # The create succeeded but its answer was lost (botocore retried it): adopt that job.
+                return JobRef(name=spec.name, backend=self.name, region=region, created=utc_now())
             r = spec.resources
             raise aws.explain(
                 error,
@@ -250,6 +264,17 @@ class SageMakerBackend(Backend):
                 quota_hint=f"{r.instance_type} for {'spot ' if spec.spot else ''}training job usage",
             ) from None
         return JobRef(name=spec.name, backend=self.name, region=region, created=utc_now())
+
+    @staticmethod
+    def _is_ours(sm, request: dict) -> bool:
+        """Whether the job of this name carries this request's submission token."""
+        token = next(t["Value"] for t in request["Tags"] if t["Key"] == SUBMISSION_TAG)
+        try:
+            arn = sm.describe_training_job(TrainingJobName=request["TrainingJobName"])["TrainingJobArn"]
+            tags = sm.list_tags(ResourceArn=arn).get("Tags", [])
+        except Exception:
+            return False  # cannot tell: report the collision rather than guess
+        return {"Key": SUBMISSION_TAG, "Value": token} in tags
 
     def _describe(self, ref: JobRef) -> dict:
         try:
@@ -327,6 +352,13 @@ class SageMakerBackend(Backend):
         ]
 
 
+def _already_exists(error: Exception) -> bool:
+    response = getattr(error, "response", None) or {}
+    code = response.get("Error", {}).get("Code", "")
+    message = str(response.get("Error", {}).get("Message", ""))
+    return code == "ResourceInUse" or "already exists" in message or "must be unique" in message
+
+
 def status_from_description(d: dict, *, region: str) -> JobStatus:
     state = d["TrainingJobStatus"]
     resources = d.get("ResourceConfig", {})
@@ -342,17 +374,18 @@ def status_from_description(d: dict, *, region: str) -> JobStatus:
         name=d["TrainingJobName"],
         backend="sagemaker",
         state=state,
-        secondary=d.get("SecondaryStatus"),
+        secondary=terminal_safe(d.get("SecondaryStatus") or "", one_line=True) or None,
         transitions=tuple(
             Transition(
                 status=t["Status"],
                 start=_iso(t.get("StartTime")),
                 end=_iso(t.get("EndTime")),
-                message=t.get("StatusMessage", ""),
+                message=terminal_safe(t.get("StatusMessage", ""), one_line=True),
             )
             for t in d.get("SecondaryStatusTransitions", [])
         ),
-        failure_reason=d.get("FailureReason"),
+        # Text from the cloud reaches a terminal: no escapes or line breaks that could forge lines.
+        failure_reason=terminal_safe(d["FailureReason"], one_line=True) if d.get("FailureReason") else None,
         exit_code={"Completed": 0, "Failed": 1}.get(state),
         created=_iso(d.get("CreationTime")),
         ended=_iso(d.get("TrainingEndTime")),
@@ -385,7 +418,8 @@ def upload_wheels(wheels: tuple[Wheel, ...], locations: Locations, spec: JobSpec
 
 
 def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, locations: Locations, spec) -> None:
-    """Upload to a content-addressed key, unless an object of the same size is already there."""
+    """Upload to a content-addressed key, unless the object there is this one: same size and the
+    same sha256 in its metadata. Anything else at the key (a torn or foreign upload) is replaced."""
     from botocore.exceptions import ClientError
 
     region = settings(spec).region
@@ -396,7 +430,7 @@ def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, 
             _ensure_bucket(s3, bucket, region)
         try:
             head = s3.head_object(Bucket=bucket, Key=key)
-            if head["ContentLength"] == len(data):
+            if head["ContentLength"] == len(data) and head.get("Metadata", {}).get("sha256") == sha256:
                 return
         except ClientError as error:
             if error.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):

@@ -21,7 +21,7 @@ def run_tool(argv: list[str], *, action: str, input: str | None = None, timeout:
         result = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise EngineUnavailable(
-            f"{action}: `{tool}` is not installed here; run where {tool} works, or use --dry-run to print what would run"
+            f"{action}: `{tool}` is not installed here (not on PATH); install it, or run this where {tool} works"
         ) from None
     except subprocess.TimeoutExpired:
         raise EngineUnavailable(f"{action}: `{tool}` did not answer in {timeout:.0f} s") from None

@@ -11,7 +11,6 @@ from launcher.errors import Problem
 from launcher.recipe.resolve import suggest
 from launcher.recipe.schema import MODEL_REF_TAGS, HFConfigModel, ModelOverride
 
-
 # Keys that older recipes may still hold, and where they live now.
 MOVED_KEYS = {"sagemaker.max_run": "cluster.max_run", "sagemaker.image_uri": "cluster.image"}
 

@@ -188,7 +188,7 @@ class Cluster(Section):
 
 class SageMaker(Section):
     region: str = "us-west-2"
-    """AWS region of the job, of the default image and of s3:// data staged by other backends."""
+    """AWS region of the job and of the default image."""
     role_arn: str | None = None
     """IAM role the training job runs as, e.g. arn:aws:iam::123456789012:role/SageMakerTraining."""
     output_uri: str | None = None

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from launcher.bundle import FIXED_MTIME, Bundle, find_entrypoints
+from launcher.errors import LauncherError
 
 from .helpers import REPO
 
@@ -32,6 +33,10 @@ def members(bundle: Bundle) -> list[tarfile.TarInfo]:
         return tar.getmembers()
 
 
+def build(source: Path) -> Bundle:
+    return Bundle.build(RESOLVED, source, include=("*.sh",))
+
+
 def test_same_inputs_give_the_same_bytes_whatever_the_file_times(source):
     first = Bundle.build(RESOLVED, source)
     for path in source.rglob("*"):
@@ -45,7 +50,7 @@ def test_a_changed_recipe_changes_the_hash(source):
 
 
 def test_members_are_sorted_with_fixed_owner_time_and_mode(source):
-    infos = members(Bundle.build(RESOLVED, source))
+    infos = members(build(source))
     names = [i.name for i in infos]
     contract = sorted(f"launcher/contract/{p.name}" for p in (REPO / "launcher" / "contract").glob("*.py"))
     assert names == [
@@ -66,6 +71,29 @@ def test_members_are_sorted_with_fixed_owner_time_and_mode(source):
     assert modes["entrypoints/run.sh"] == 0o755 and modes["entrypoints/train.py"] == 0o644
 
 
+SECRETS = [
+    ".env",
+    ".env.local",
+    ".envrc",
+    "credentials",
+    ".aws/credentials",
+    ".git-credentials",
+    ".kube/config",
+    ".docker/config.json",
+    ".npmrc",
+    ".pgpass",
+    ".vault-token",
+    ".boto",
+    "deploy.pem",
+    "id_rsa",
+    "id_dsa",
+    ".netrc",
+    "secrets.yaml",
+    "service-account.json",
+    "token.txt",
+]
+
+
 @pytest.mark.parametrize(
     "unwanted",
     [
@@ -73,13 +101,7 @@ def test_members_are_sorted_with_fixed_owner_time_and_mode(source):
         "model/__pycache__/llama.cpython-311.pyc",
         "stale.pyc",
         ".git/config",
-        ".env",
-        ".env.local",
-        "credentials",
-        ".aws/credentials",
-        "deploy.pem",
-        "id_rsa",
-        ".netrc",
+        *SECRETS,
     ],
 )
 def test_caches_vcs_data_and_secrets_stay_out(source, unwanted):
@@ -88,8 +110,31 @@ def test_caches_vcs_data_and_secrets_stay_out(source, unwanted):
     path.write_text("secret")
     bundle = Bundle.build(RESOLVED, source)
     packed = [i.name for i in members(bundle) if i.name.startswith("entrypoints/")]
-    assert not any(unwanted.split("/")[-1] in name for name in packed)
+    assert packed == ["entrypoints/model", "entrypoints/model/llama.py", "entrypoints/train.py"]
     assert bundle.data == Bundle.build(RESOLVED, source).data
+
+
+def test_only_python_sources_go_in_unless_included(source):
+    (source / "notes.txt").write_text("x")
+    (source / "assets").mkdir()
+    (source / "assets" / "vocab.json").write_text("{}")
+    (source / "tokenizer.py").write_text("x = 1\n")  # code, whatever its name
+    packed = {i.name for i in members(Bundle.build(RESOLVED, source))}
+    assert "entrypoints/tokenizer.py" in packed
+    assert not {"entrypoints/notes.txt", "entrypoints/run.sh", "entrypoints/assets"} & packed
+    included = {i.name for i in members(Bundle.build(RESOLVED, source, include=("assets/*.json",)))}
+    assert {"entrypoints/assets", "entrypoints/assets/vocab.json"} <= included
+
+
+@pytest.mark.parametrize("secret", ["secrets.yaml", ".kube/config", "token.txt"])
+def test_an_included_secret_is_refused_with_one_line(source, secret):
+    path = source / secret
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("secret")
+    with pytest.raises(
+        LauncherError, match=r"^bundle: .* looks like a secret \(credentials, a key or a token\); it is never packed"
+    ):
+        Bundle.build(RESOLVED, source, include=(secret, "*"))
 
 
 def test_resolved_json_sits_beside_entrypoints_and_extracts(source, tmp_path):

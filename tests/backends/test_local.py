@@ -90,7 +90,7 @@ def test_stop_sends_sigterm_to_the_process_group(no_torchrun, monkeypatch):
     wait_for_line(job, "hanging")
     pid = int((no_torchrun / "jobs" / job.name / "fake.pid").read_text())
     stopped = job.stop(grace_s=10)
-    assert stopped.state == "Stopped" and stopped.exit_code == -15
+    assert stopped.state == "Stopped" and stopped.exit_code == 143  # 128 + SIGTERM
     assert not alive(pid)
 
 
@@ -101,7 +101,7 @@ def test_stop_kills_after_the_grace_period_when_sigterm_is_ignored(no_torchrun, 
     wait_for_line(job, "hanging")
     pid = int((no_torchrun / "jobs" / job.name / "fake.pid").read_text())
     stopped = job.stop(grace_s=0.3)
-    assert stopped.state == "Stopped" and stopped.exit_code == -9
+    assert stopped.state == "Stopped" and stopped.exit_code == 137  # 128 + SIGKILL
     assert not alive(pid)
 
 
@@ -121,21 +121,38 @@ def test_list_shows_local_jobs_newest_first(no_torchrun, cli):
     assert table[1].split()[:3] == [second, "local", "Completed"]
 
 
-def test_a_job_whose_runner_died_is_failed(no_torchrun, monkeypatch):
-    monkeypatch.setenv("FAKE_TRAIN", "hang")
-    job = submit().job
-    wait_for_line(job, "hanging")
+def hanging_job_without_its_runner(home) -> tuple[Job, dict]:
+    """A job whose trainer hangs, after its runner was killed: (job, its last status.json)."""
     from launcher.backends import local_runner
 
-    directory = no_torchrun / "jobs" / job.name
-    status = local_runner.read_status(directory)
+    job = submit().job
+    wait_for_line(job, "hanging")
+    status = local_runner.read_status(home / "jobs" / job.name)
     os.kill(status["runner_pid"], 9)
+    return job, status
+
+
+def test_a_job_whose_runner_and_processes_died_is_failed(no_torchrun, monkeypatch):
+    monkeypatch.setenv("FAKE_TRAIN", "hang")
+    job, status = hanging_job_without_its_runner(no_torchrun)
     os.killpg(status["pgid"], 9)
     deadline = time.monotonic() + 10
     while job.status().state == "InProgress" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert job.status().state == "Failed"
     assert job.status().failure_reason == "the launcher's runner process died; see runner.log"
+
+
+def test_a_job_whose_runner_died_keeps_training_and_stop_still_ends_it(no_torchrun, monkeypatch):
+    monkeypatch.setenv("FAKE_TRAIN", "hang")
+    job, _ = hanging_job_without_its_runner(no_torchrun)
+    trainer = int((no_torchrun / "jobs" / job.name / "fake.pid").read_text())
+    time.sleep(0.3)
+    now = job.status()
+    assert now.state == "InProgress" and "the runner died" in now.secondary  # the trainer still runs
+    stopped = job.stop(grace_s=10)
+    assert (stopped.state, stopped.exit_code) == ("Stopped", 143)
+    assert not alive(trainer)
 
 
 def test_submit_prints_how_to_follow_the_job(no_torchrun, cli):

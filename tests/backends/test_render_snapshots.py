@@ -30,8 +30,7 @@ CASES = {
     "slurm-tiny-cpu": ("tiny-cpu", "slurm", {}),
     "slurm-llama70b-128k": ("llama70b-128k", "slurm", {"data.source": FSX}),
     "k8s-llama70b-128k": ("llama70b-128k", "k8s", {"data.source": FSX}),
-    # accelerate is not a cluster.backend; the recipe says where it runs (here: its own nodes).
-    "accelerate-llama70b-128k": ("llama70b-128k", "accelerate", {"data.source": FSX, "cluster.backend": "slurm"}),
+    "accelerate-llama70b-128k": ("llama70b-128k", "accelerate", {}),
     "accelerate-tiny-cpu": ("tiny-cpu", "accelerate", {}),
     "sagemaker-llama70b-128k": ("llama70b-128k", "sagemaker", {}),
     "local-tiny-cpu": ("tiny-cpu", "local", {}),

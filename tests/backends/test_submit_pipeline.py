@@ -90,12 +90,6 @@ def test_backend_override_is_checked_like_the_recipe(home, fake_bundle):
         ),
         (
             "llama3-8b-8k",
-            "slurm",
-            {"sagemaker.spot": "true"},
-            "sagemaker.spot: the slurm backend has no spot capacity; remove it (--set sagemaker.spot=false) or use sagemaker",
-        ),
-        (
-            "llama3-8b-8k",
             "k8s",
             {},
             "data.source: the k8s backend cannot read s3://my-training-bucket/tokens/llama3-8k/; copy it to the nodes",

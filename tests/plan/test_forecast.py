@@ -66,7 +66,13 @@ def test_the_time_limit_applies_only_where_the_engine_enforces_one(tmp_path, mon
     # Slurm requeues a job at its time limit and the job resumes, so cluster.max_run bounds one
     # allocation, not the run: the same too-long run renders (it states the time all the same).
     told = []
-    done = api.submit(FLAGSHIP, set_options=[*TOO_LONG, "data.source=synthetic"], backend="slurm", dry_run=True, report=lambda s, m: told.append(m))
+    done = api.submit(
+        FLAGSHIP,
+        set_options=[*TOO_LONG, "data.source=synthetic"],
+        backend="slurm",
+        dry_run=True,
+        report=lambda s, m: told.append(m),
+    )
     assert done.dry_run and any(m.startswith("time: ") for m in told)
     # A PyTorchJob's activeDeadlineSeconds does stop it.
     with pytest.raises(api.WontFit, match=r"exceeds cluster.max_run 5.0 days"):

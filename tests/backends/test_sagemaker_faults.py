@@ -1,0 +1,92 @@
+"""Cloud faults that must lose nothing and duplicate nothing: a lost CreateTrainingJob answer, a
+name taken by another job, a damaged object at the bundle's key, and hostile text from the cloud.
+
+Against a moto server over HTTP, except the hostile text (botocore's Stubber, checked against
+the service model), which moto cannot produce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from launcher import api
+from launcher.backends import aws as aws_clients
+
+from .helpers import REGION, recipe_path
+from .test_sagemaker_stubbed import NAME, description, registered, stub  # noqa: F401 (fixture)
+
+
+def boto(service: str):
+    return boto3.client(service, region_name=REGION)
+
+
+IN_USE = "Training job names must be unique within an AWS account and region, and a training job with this name already exists"
+
+
+def create_answered_in_use(request: dict, tags: list[dict]) -> Stubber:
+    """SageMaker as a retried CreateTrainingJob meets it: the first attempt created the job (its
+    answer was lost), so the retry is refused as a duplicate; the job is there with `tags`."""
+    sm = Stubber(aws_clients.client("sagemaker", REGION))
+    sm.add_client_error("create_training_job", service_error_code="ResourceInUse", service_message=IN_USE)
+    existing = description("InProgress", "Starting")
+    existing["TrainingJobName"] = request["TrainingJobName"]
+    sm.add_response("describe_training_job", existing, {"TrainingJobName": request["TrainingJobName"]})
+    sm.add_response("list_tags", {"Tags": tags}, {"ResourceArn": existing["TrainingJobArn"]})
+    sm.activate()
+    return sm
+
+
+def test_a_lost_create_answer_adopts_the_job_it_created_and_makes_no_second(aws, home, fake_bundle, fixed_names, cli):
+    request = api.submit(recipe_path("llama3-8b-8k"), dry_run=True).rendering.data["request"]
+    sm = create_answered_in_use(request, request["Tags"])
+    result = cli("submit", recipe_path("llama3-8b-8k"), "--json")
+    assert result.code == 0, result.err
+    sm.assert_no_pending_responses()  # no second create: the first one's job is adopted
+    name = json.loads(result.out)["name"]
+    assert name == request["TrainingJobName"]
+    assert json.loads((home / "jobs" / name / "job.json").read_text())["backend"] == "sagemaker"
+
+
+def test_a_name_taken_by_another_job_is_one_line_and_adopts_nothing(aws, home, fake_bundle, fixed_names, cli):
+    request = api.submit(recipe_path("llama3-8b-8k"), dry_run=True).rendering.data["request"]
+    foreign = [{"Key": "launcher:submission", "Value": "0" * 32}]
+    create_answered_in_use(request, foreign)
+    result = cli("submit", recipe_path("llama3-8b-8k"))
+    assert result.code == 1
+    name = request["TrainingJobName"]
+    assert result.err_lines[-1] == (
+        f"CreateTrainingJob {name}: a training job named {name} already exists in {REGION}; submit again for a new name"
+    )
+    assert not (home / "jobs" / name).exists()
+
+
+def test_a_damaged_object_at_the_bundles_key_is_replaced_not_reused(aws, home, fake_bundle):
+    dry = api.submit(recipe_path("llama3-8b-8k"), dry_run=True)
+    bundle = dry.rendering.data["bundle"]
+    bucket, key = bundle["uri"].removeprefix("s3://").split("/", 1)
+    s3 = boto("s3")
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.put_object(Bucket=bucket, Key=key, Body=b"\0" * bundle["bytes"])  # same size, wrong bytes
+
+    api.submit(recipe_path("llama3-8b-8k"))
+    stored = s3.get_object(Bucket=bucket, Key=key)
+    assert hashlib.sha256(stored["Body"].read()).hexdigest() == bundle["sha256"]
+    assert stored["Metadata"]["sha256"] == bundle["sha256"]
+
+
+@pytest.mark.usefixtures("registered")
+def test_failure_reasons_and_status_messages_cannot_forge_terminal_lines(cli):
+    sm = stub("sagemaker")
+    forged = "AlgorithmError: boom\x1b[2K\rState: Completed\nexit 0\x07"
+    failed = description("Failed", "Failed", transitions=[("Training", "ok\x1b]0;pwned\x07\nFAKE")], failure=forged)
+    sm.add_response("describe_training_job", failed, {"TrainingJobName": NAME})
+    result = cli("status", NAME)
+    assert result.code == 0, result.err
+    assert "\x1b" not in result.out and "\r" not in result.out and "\x07" not in result.out
+    assert "failure  AlgorithmError: boomState: Completed exit 0" in result.out
+    assert not any(line.startswith(("State:", "FAKE", "exit 0")) for line in result.out.splitlines())
