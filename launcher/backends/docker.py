@@ -26,13 +26,15 @@ from launcher.backends.base import Backend, Capabilities, EngineUnavailable, Job
 from launcher.backends.images import EcrRegistry, ecr_registry, training_image
 from launcher.backends.local import METRICS_FILE
 from launcher.backends.local import _last_metrics as last_metrics  # the same metrics.jsonl, bind-mounted here
+from launcher.backends.staging import staging_dir
 from launcher.backends.tools import ToolFailed, run_tool, stream_tool
 from launcher.bundle import Bundle
 from launcher.errors import LauncherError, UsageError
-from launcher.registry import checkpoint_home, job_dir, write_json
+from launcher.registry import checkpoint_home, job_dir, launcher_home, write_json
 from launcher.spec import JobSpec, Mount, Placement
 
 ROOT = "/opt/launcher"
+DATA_DIR = f"{ROOT}/data/train"
 LABEL = "launcher.job"
 # entrypoints/bootstrap.py reads the job's hosts from this file (one host: a standalone
 # rendezvous) and writes the failure file where these variables say (its ENV_* names).
@@ -72,7 +74,7 @@ def docker_run_argv(spec: JobSpec) -> list[str]:
     # of; Docker ignores it there and podman refuses the pair.
     argv.append("--ipc=host")
     mounts = list(spec.mounts) + [
-        Mount(source=data.source, target=data.container_path, read_only=True) for data in spec.inputs
+        Mount(source=data.staged_at or data.source, target=data.container_path, read_only=True) for data in spec.inputs
     ]
     for mount in mounts:
         argv += ["--mount", mount_option(mount)]
@@ -86,16 +88,21 @@ def docker_run_argv(spec: JobSpec) -> list[str]:
 
 class DockerBackend(Backend):
     name = "docker"
-    capabilities = Capabilities()
+    # s3:// data is downloaded at submit into a cache on this machine (launcher.backends.staging),
+    # then bound read-only into the container: the engine never sees an s3:// URI.
+    capabilities = Capabilities(s3_data=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         directory = job_dir(name)
         checkpoints = str(checkpoint_home(recipe, lineage or name))
+        staged = recipe.data.source.startswith("s3://")
         return Placement(
             checkpoint_dir=f"{ROOT}/checkpoints",
             output_dir=f"{ROOT}/output",
             image=training_image(recipe),
             bootstrap=True,
+            s3_data_dir=DATA_DIR if staged else None,
+            s3_staging_dir=str(staging_dir(recipe.data.source, launcher_home())) if staged else None,
             mounts=(
                 Mount(source=str(directory / "code"), target=f"{ROOT}/code", read_only=True),
                 Mount(source=str(directory / "config"), target=f"{ROOT}/config", read_only=True),
@@ -113,9 +120,12 @@ class DockerBackend(Backend):
             data["registry_login"] = login.login_command()
         return Rendering(spec=spec, data=data, text=shlex.join(argv) + "\n", payload={"bundle": bundle, "argv": argv})
 
+    def submit(self, rendering: Rendering) -> JobRef:
+        engine_version()  # before the base class stages s3:// data: no download for a job that cannot start
+        return super().submit(rendering)
+
     def _submit(self, rendering: Rendering) -> JobRef:
         spec = rendering.spec
-        engine_version(advice="or use --dry-run to print the command")
         if container_exists(spec.name):
             raise UsageError(
                 f"a container named {spec.name} already exists; remove it (docker rm {spec.name}) or submit again"
@@ -203,9 +213,10 @@ def _failure_file(name: str) -> str | None:
 # --- the engine and the image -----------------------------------------------------------------
 
 
-def engine_version(*, action: str = "asking the Docker engine", advice: str = "") -> str:
-    """The engine's version, or EngineUnavailable saying why none answers."""
-    return _docker(["version", "--format", "{{.Server.Version}}"], action=action, timeout=15, advice=advice)
+def engine_version() -> str:
+    """The engine's version, or EngineUnavailable saying why none answers (submit adds that
+    --dry-run prints the command; other verbs need the engine itself)."""
+    return _docker(["version", "--format", "{{.Server.Version}}"], action="asking the Docker engine", timeout=15)
 
 
 def container_exists(name: str) -> bool:
@@ -266,12 +277,11 @@ _NO_ENGINE = (
 _NO_SUCH = ("no such object", "no such container", "no container with name or id", "no such image", "image not known")
 
 
-def _docker(args: list[str], *, action: str, timeout: float = 120, advice: str = "") -> str:
+def _docker(args: list[str], *, action: str, timeout: float = 120) -> str:
     """stdout of `docker ARGS`; one line when the engine is missing, down, or has no such object."""
-    advice = f", {advice}" if advice else ""
     if shutil.which("docker") is None:
         raise EngineUnavailable(
-            f"{action}: `docker` is not installed here; install Docker (or podman with its docker command){advice}"
+            f"{action}: `docker` is not installed here; install Docker (or podman with its docker command)"
         )
     try:
         return run_tool(["docker", *args], action=action, timeout=timeout).strip()
@@ -279,7 +289,7 @@ def _docker(args: list[str], *, action: str, timeout: float = 120, advice: str =
         said = failure.output.lower()
         if any(phrase in said for phrase in _NO_ENGINE):
             raise EngineUnavailable(
-                f"{action}: no container engine answers ({failure.output}); start Docker (or podman), then run this again{advice}"
+                f"{action}: no container engine answers ({failure.output}); start Docker (or podman), then run this again"
             ) from None
         if any(phrase in said for phrase in _NO_SUCH):
             if args[0] in ("image", "pull"):

@@ -18,6 +18,7 @@ import pytest
 from launcher.backends import get_backend
 from launcher.backends.docker import docker_run_argv, last_error
 from launcher.backends.images import default_image, ecr_registry
+from launcher.backends.staging import staging_dir
 
 from .helpers import REGION, recipe_path, spec_for
 
@@ -135,6 +136,40 @@ def test_resubmitting_with_resume_mounts_the_earlier_jobs_checkpoints(home):
         str(home / "checkpoints" / "tiny-cpu" / first.name),
         str(home / "checkpoints" / "tiny-cpu" / "tiny-cpu-earlier"),
     ]
+
+
+# --- s3:// data: staged on this machine, bound read-only --------------------------------------
+
+
+def test_s3_data_is_bound_from_its_staging_directory_never_from_the_uri(home):
+    spec = spec_for("tiny-cpu", "docker", **{"data.source": "s3://bucket/tokens/"})
+    argv = docker_run_argv(spec)
+    staged = staging_dir("s3://bucket/tokens/", home)
+    assert f"type=bind,source={staged},target=/opt/launcher/data/train,readonly" in argv
+    assert "SM_CHANNEL_TRAIN=/opt/launcher/data/train" in argv
+    assert not [a for a in argv if "s3://" in a]
+
+
+def test_dry_run_says_where_s3_data_is_staged(home, cli):
+    result = cli(*submit_args("data.source=s3://bucket/tokens/"), "--dry-run")
+    assert result.code == 0, result.err
+    staged = staging_dir("s3://bucket/tokens/", home)
+    assert f"data: s3://bucket/tokens/ is downloaded at submit into {staged}" in result.err
+    assert "the job reads it at /opt/launcher/data/train" in result.err
+
+
+def test_submit_stages_s3_data_before_the_container_starts(aws, fake_docker, home, cli):
+    import boto3
+
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="tokens", CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.put_object(Bucket="tokens", Key="train/shard-0.bin", Body=b"\x01\x00" * 64)
+    result = cli(*submit_args("data.source=s3://tokens/train/", "cluster.image=localhost/mine:1"))
+    assert result.code == 0, result.err
+    staged = staging_dir("s3://tokens/train/", home)
+    assert (staged / "shard-0.bin").read_bytes() == b"\x01\x00" * 64
+    run = next(call["argv"] for call in fake_docker.calls() if call["argv"][0] == "run")
+    assert f"type=bind,source={staged},target=/opt/launcher/data/train,readonly" in run
 
 
 # --- the default images ----------------------------------------------------------------------
@@ -278,7 +313,7 @@ def test_without_docker_installed_the_advice_fits_the_command(verb, home, cli, m
 def test_submit_without_docker_suggests_the_dry_run(home, cli, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     line = last_line(cli(*submit_args()))
-    assert line.endswith("install Docker (or podman with its docker command), or use --dry-run to print the command")
+    assert "install Docker (or podman with its docker command)" in line and "--dry-run" in line
 
 
 @pytest.mark.parametrize(

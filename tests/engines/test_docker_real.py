@@ -2,8 +2,10 @@
 
 The launcher renders and runs its own `docker run ...`; only the image is local (container.py),
 and every command is the CLI run as users run it. tiny-cpu runs as 2 CPU processes (tensor
-parallel 2) with short sequences. Two jobs keep this quick: the first trains to the end; the
-second resumes from the first one's checkpoints and is stopped while it trains.
+parallel 2) with short sequences, on token shards in S3 (a moto server over HTTP), which submit
+stages on this machine and the container reads through a read-only bind. Two jobs keep this
+quick: the first trains to the end; the second resumes from the first one's checkpoints and is
+stopped while it trains.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import os
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
 
 import pytest
 
+from launcher.backends.staging import staging_dir
 from tests import REPO
+from tests.backends.helpers import REGION
 
 from . import container
 
@@ -31,6 +36,9 @@ SMALL = [
 ]
 FIRST_STEPS = 4
 JOB_TIMEOUT_S = 300
+BUCKET = "launcher-docker-data"
+DATA_URI = f"s3://{BUCKET}/tokens/"
+VOCAB = 512  # llama-tiny's vocabulary
 
 pytestmark = pytest.mark.torchrun
 
@@ -46,10 +54,32 @@ def home(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def user_env(engine, home) -> dict[str, str]:
-    """A user's shell: podman's `docker` first on PATH, a private $LAUNCHER_HOME."""
+def user_env(engine, home, moto_server) -> dict[str, str]:
+    """A user's shell: podman's `docker` first on PATH, a private $LAUNCHER_HOME, AWS at moto."""
+    aws = {
+        "AWS_ENDPOINT_URL": moto_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
     path = f"{engine.bin_dir}{os.pathsep}{os.environ['PATH']}"
-    return {**os.environ, "PATH": path, "LAUNCHER_HOME": str(home), "PYTHONPATH": str(REPO)}
+    return {**os.environ, **aws, "PATH": path, "LAUNCHER_HOME": str(home), "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="module")
+def train_data(user_env) -> str:
+    """Two uint16 token shards in S3: every token 1 to 4 above the last, something to learn."""
+    import boto3
+
+    keys = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    s3 = boto3.client("s3", region_name=REGION, endpoint_url=user_env["AWS_ENDPOINT_URL"], **keys)
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    for shard in range(2):
+        tokens = array("H", ((i * 3 + i // 7 + shard) % VOCAB for i in range(20_000)))
+        s3.put_object(Bucket=BUCKET, Key=f"tokens/shard-{shard}.bin", Body=tokens.tobytes())
+    return DATA_URI
 
 
 def launcher_argv(*args: str) -> list[str]:
@@ -64,7 +94,7 @@ def launcher(env: dict[str, str], *args: str) -> str:
 
 
 def submit(env, image: str, *sets: str, resume: str | None = None) -> str:
-    options = [a for s in (f"cluster.image={image}", *SMALL, *sets) for a in ("--set", s)]
+    options = [a for s in (f"cluster.image={image}", f"data.source={DATA_URI}", *SMALL, *sets) for a in ("--set", s)]
     options += ["--resume", resume] if resume else []
     return json.loads(launcher(env, "submit", str(RECIPE), "--backend", "docker", *options, "--json"))["name"]
 
@@ -75,7 +105,7 @@ def metrics_steps(home: Path, name: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def finished(engine, user_env) -> tuple[str, str]:
+def finished(engine, user_env, train_data) -> tuple[str, str]:
     """(name, log) of a job that trained FIRST_STEPS steps in the container, followed to its end."""
     name = submit(user_env, engine.image, f"training.steps={FIRST_STEPS}")
     return name, launcher(user_env, "logs", name, "--follow")  # returns when the container exits
@@ -91,6 +121,20 @@ def test_the_rendered_docker_run_trains_to_the_end(finished, user_env, home):
     assert "metrics step=1 " in launcher(user_env, "logs", name)
     listed = json.loads(launcher(user_env, "list", "--backend", "docker", "--json"))
     assert {"name": name, "state": "Completed"}.items() <= next(j for j in listed if j["name"] == name).items()
+
+
+def test_the_job_read_its_s3_data_from_the_staged_copy(finished, home):
+    staged = staging_dir(DATA_URI, home)
+    assert sorted(p.name for p in staged.glob("*.bin")) == ["shard-0.bin", "shard-1.bin"]
+    (data,) = json.loads((home / "jobs" / finished[0] / "spec.json").read_text())["inputs"]
+    # The loader reads s3:// data from SM_CHANNEL_TRAIN and fails on an empty directory, so the
+    # job's training is the proof that the bind delivered the shards.
+    assert data == {
+        "name": "train",
+        "source": DATA_URI,
+        "container_path": "/opt/launcher/data/train",
+        "staged_at": str(staged),
+    }
 
 
 def test_a_resubmit_resumes_from_the_checkpoint_and_stop_ends_it_and_its_logs(finished, engine, user_env, home):
