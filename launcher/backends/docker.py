@@ -14,6 +14,7 @@ where `status` reads it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import io
 import json
@@ -142,8 +143,9 @@ class DockerBackend(Backend):
         except LauncherError:
             # A run that fails after creating the container (a refused option, a runtime error)
             # leaves it behind under the job's name; nothing else will ever use that name.
-            if container_exists(spec.name):
-                run_tool(["docker", "rm", "--force", spec.name], action=f"removing {spec.name}")
+            with contextlib.suppress(LauncherError):  # the run's own error is the one to report
+                if container_exists(spec.name):
+                    run_tool(["docker", "rm", "--force", spec.name], action=f"removing {spec.name}")
             raise
         return JobRef(name=spec.name, backend=self.name, native_id=spec.name, created=utc_now())
 
