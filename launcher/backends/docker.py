@@ -20,6 +20,8 @@ import io
 import json
 import shlex
 import shutil
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +51,8 @@ BOOTSTRAP_ENV = (("LAUNCHER_RESOURCE_CONFIG", HOSTS_FILE), ("LAUNCHER_FAILURE_FI
 ULIMITS = ("memlock=-1", "stack=67108864", "nofile=1048576:1048576")
 # A DLC is 5-20 GB: pulling one takes minutes, not the seconds other docker calls get.
 PULL_TIMEOUT_S = 3600
+# Seconds a follow may take to print its last lines after the container ended.
+FLUSH_S = 10
 # `docker stop` exits 143 (SIGTERM, the bootstrap's answer) or 137 (SIGKILL after the grace period).
 STOP_EXIT_CODES = (137, 143)
 
@@ -154,9 +158,9 @@ class DockerBackend(Backend):
 
     def _logs(self, ref: JobRef, *, follow: bool, poll_s: float) -> Iterator[str]:
         self._status(ref)  # one line when there is no such container, not the engine's error as a log line
-        # `docker logs --follow` returns when the container exits, so following ends with the job.
-        argv = ["docker", "logs", *(["--follow"] if follow else []), ref.name]
-        return stream_tool(argv, action=f"reading the logs of {ref.name}")
+        if follow:
+            return follow_logs(ref.name, poll_s=poll_s)
+        return stream_tool(["docker", "logs", ref.name], action=f"reading the logs of {ref.name}")
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
         # docker stop sends SIGTERM and, after the grace period, SIGKILL.
@@ -210,6 +214,44 @@ def _failure_file(name: str) -> str | None:
     """What entrypoints/bootstrap.py wrote about the first failing rank (jobs submitted from here)."""
     path = job_dir(name) / "output" / "failure"
     return path.read_text(errors="replace").strip() or None if path.is_file() else None
+
+
+def follow_logs(name: str, *, poll_s: float) -> Iterator[str]:
+    """`docker logs --follow NAME`, which ends when the container does, and is ended if it does not.
+
+    Docker's follow returns at the container's exit. podman's waits for the exit to be recorded,
+    which its cleanup process can miss (seen with podman 4.3) until another command asks for the
+    container's state. So a watcher asks every `poll_s` seconds; once the container has ended,
+    the follow gets FLUSH_S seconds to print the last lines and return by itself.
+    """
+    process = subprocess.Popen(
+        ["docker", "logs", "--follow", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(poll_s):
+            try:
+                ended = container_statuses([name], action=f"following {name}")[0].terminal
+            except LauncherError:
+                ended = True  # removed meanwhile
+            if ended:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=FLUSH_S)
+                process.terminate()
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            yield line.rstrip("\n")
+    finally:
+        done.set()
+        if process.poll() is None:  # the reader stopped early (Ctrl-C, a closed pipe)
+            process.kill()
+        process.wait()
 
 
 # --- the engine and the image -----------------------------------------------------------------

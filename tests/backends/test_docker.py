@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,12 +29,15 @@ LOGIN = (
     "docker login --username AWS --password-stdin 763104351884.dkr.ecr.us-west-2.amazonaws.com"
 )
 
+HANG = -1  # an answer's exit code that means: print, then never exit
+
 # The fake engine: each call is appended to calls.jsonl; the first rule whose argv prefix
 # matches gives (exit code, stdout, stderr). FakeDocker.answer puts the newest rule first.
 FAKE_DOCKER = """\
 #!{python}
-import json, sys
+import json, sys, time
 from pathlib import Path
+HANG = {hang}
 here = Path({here!r})
 args = sys.argv[1:]
 stdin = "" if sys.stdin.isatty() else sys.stdin.read()
@@ -43,6 +47,9 @@ for prefix, code, out, err in json.loads((here / "rules.json").read_text()):
     if args[: len(prefix)] == prefix:
         sys.stdout.write(out)
         sys.stderr.write(err)
+        sys.stdout.flush()
+        if code == HANG:
+            time.sleep(3600)
         sys.exit(code)
 sys.exit(0)
 """
@@ -74,7 +81,7 @@ def fake_docker(tmp_path, monkeypatch) -> FakeDocker:
     directory = tmp_path / "fake-docker"
     directory.mkdir()
     script = directory / "docker"
-    script.write_text(FAKE_DOCKER.format(python=sys.executable, here=str(directory)))
+    script.write_text(FAKE_DOCKER.format(python=sys.executable, here=str(directory), hang=HANG))
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{directory}{os.pathsep}{os.environ['PATH']}")
     fake = FakeDocker(directory)
@@ -363,6 +370,17 @@ def test_list_reads_every_labelled_container_in_one_inspect(fake_docker, home, c
     found = json.loads(cli("list", "--backend", "docker", "--json").out)
     assert [(s["name"], s["state"]) for s in found] == [("a", "InProgress"), ("b", "Completed")]
     assert fake_docker.calls()[-1]["argv"] == ["inspect", "--format", "{{json .State}}", "a", "b"]
+
+
+def test_logs_follow_ends_when_the_container_has_even_if_the_engines_follow_does_not(fake_docker, home, monkeypatch):
+    from launcher.backends import docker
+
+    monkeypatch.setattr(docker, "FLUSH_S", 0.5)
+    fake_docker.answer(["logs", "--follow"], HANG, out="metrics step=1\n")
+    fake_docker.answer(["inspect"], out=json.dumps({"Status": "exited", "ExitCode": 0}))
+    started = time.monotonic()
+    assert list(docker.follow_logs("job", poll_s=0.2)) == ["metrics step=1"]
+    assert time.monotonic() - started < 5
 
 
 def test_the_engines_last_error_is_kept_short():

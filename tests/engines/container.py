@@ -9,10 +9,10 @@ paths: /usr, /lib, /lib64, /bin, the venvs and the base Python. So the launcher'
 
 The configuration is what works on these machines (../shared/KNOWLEDGE.md): runc rather than
 crun, cgroupfs rather than systemd, no default ulimits (podman as root raises nofile and nproc
-past what a process without CAP_SYS_RESOURCE may set), and logs in files, not the journal. Its
-storage is private to the test (storage.conf): the vfs driver, which works on any file system
-(overlay on overlay may not) and costs nothing for an image this empty, under the test's
-temporary directory, so nothing is left in the machine's own image store.
+past what a process without CAP_SYS_RESOURCE may set), and logs in files, not the journal. The
+image store is the machine's own: a private one (`--root` elsewhere, sharing podman's /run/libpod
+with the default one) left the first container's exit unrecorded in every test run here, so
+podman's `logs --follow` never ended. The fixture removes its image and that image's containers instead.
 
 Needs root, podman and runc (CI installs them); elsewhere the tests skip and say why.
 """
@@ -44,13 +44,12 @@ class ContainerEngine:
     bin_dir: Path
     """Holds `docker`: podman with this configuration. Put it first on PATH."""
     config: Path
-    storage: Path
     image: str
     """The local training image: `--set cluster.image=<this>`."""
     podman: str
 
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        env = {**os.environ, "CONTAINERS_CONF": str(self.config), "CONTAINERS_STORAGE_CONF": str(self.storage)}
+        env = {**os.environ, "CONTAINERS_CONF": str(self.config)}
         return subprocess.run(
             [self.podman, *args], env=env, capture_output=True, text=True, check=check, timeout=timeout
         )
@@ -103,14 +102,6 @@ def write_config(path: Path, volumes: list[str]) -> Path:
     return path
 
 
-def write_storage_config(directory: Path) -> Path:
-    path = directory / "storage.conf"
-    path.write_text(
-        f'[storage]\ndriver = "vfs"\ngraphroot = "{directory / "graph"}"\nrunroot = "{directory / "run"}"\n'
-    )
-    return path
-
-
 def root_filesystem() -> bytes:
     """An almost empty root: /tmp for temporary files, and root's passwd entry (getpass needs one)."""
     buffer = io.BytesIO()
@@ -132,15 +123,13 @@ def start_engine(workdir: Path) -> ContainerEngine:
     assert podman is not None
     venv = build_image(Path(sys.prefix), workdir / "image-venv")
     config = write_config(workdir / "containers.conf", bound_paths(venv))
-    storage = write_storage_config(workdir)
     bin_dir = workdir / "bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "docker"
-    settings = f"CONTAINERS_CONF={config} CONTAINERS_STORAGE_CONF={storage}"
-    wrapper.write_text(f'#!/bin/sh\n{settings} exec {podman} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nCONTAINERS_CONF={config} exec {podman} "$@"\n')
     wrapper.chmod(0o755)
-    image = f"localhost/launcher-test-python:{uuid.uuid4().hex[:8]}"
-    engine = ContainerEngine(bin_dir, config, storage, image, podman)
+    image = f"localhost/launcher-test-python:{uuid.uuid4().hex[:8]}"  # unique in the shared store
+    engine = ContainerEngine(bin_dir, config, image, podman)
     (workdir / "rootfs.tar").write_bytes(root_filesystem())
     path = f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     engine.run(
