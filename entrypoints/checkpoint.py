@@ -35,23 +35,34 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import socket
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from entrypoints.checkpoint_files import (
+    LEASE_RENEW_S,
     Placement,
+    acquire_lease,
+    checkpoint_fault,
     complete_checkpoints,
     is_complete,
+    marker_content,
+    missing_markers,
+    own_file_sizes,
+    release_lease,
     remove_empty_dirs,
     remove_own_files,
     step_dir_name,
     step_dirs,
     write_durable,
+    write_lease,
 )
 from launcher.contract.config import CheckpointConfig, ConfigError
 
@@ -70,6 +81,11 @@ class Checkpointer:
         self._last_save_started = time.monotonic()
         self._pending: tuple[int, float, object] | None = None  # (step, started, future)
         self._group = None
+        # The lease keeps two jobs from writing one directory. The engine names the job; SageMaker
+        # gives every job hosts of its own, so it turns the lease off (LAUNCHER_CHECKPOINT_LEASE=0).
+        self.owner = os.environ.get("LAUNCHER_JOB_NAME") or f"{socket.gethostname()}:{os.getppid()}"
+        self.leased = self.rank == 0 and os.environ.get("LAUNCHER_CHECKPOINT_LEASE", "1") != "0"
+        self._lease_renewed = 0.0
 
     # --- what goes into a checkpoint -----------------------------------------------------
 
@@ -164,7 +180,8 @@ class Checkpointer:
         dist.barrier()
         path = self.directory / step_dir_name(step)
         if self.placement.is_node_leader:
-            write_durable(path / self.placement.marker, f"{step}\n".encode())
+            # The marker records the size of each file this host wrote: resume checks them.
+            write_durable(path / self.placement.marker, marker_content(step, own_file_sizes(path, self.placement)))
         dist.barrier()  # every host's marker is on disk: the checkpoint is complete everywhere
         self.last_save_s = time.monotonic() - started
         if self.rank == 0:
@@ -186,39 +203,100 @@ class Checkpointer:
                 remove_empty_dirs(path)
         self.complete_steps = sorted(keep)
 
+    def keep_lease(self) -> None:
+        """Renew this job's lease on the directory (rank 0, every LEASE_RENEW_S; cheap otherwise)."""
+        now = time.time()
+        if self.leased and now - self._lease_renewed >= LEASE_RENEW_S:
+            write_lease(self.directory, self.owner, now)
+            self._lease_renewed = now
+
     def close(self) -> None:
-        """Finish a pending save and release the save process group (collective)."""
+        """Finish a pending save, release the save process group (collective) and the lease."""
         self.finish_pending()
         if self._group is not None:
             dist.destroy_process_group(self._group)
             self._group = None
+        if self.leased:
+            release_lease(self.directory, self.owner)
 
     # --- resume ------------------------------------------------------------------------------
 
-    def to_resume(self) -> Path | None:
+    def _resume_plan(self) -> list:
+        """Rank 0's decision: [refusal or None, checkpoint paths to try in order, complete steps]."""
+        complete = complete_checkpoints(self.directory)
+        steps = [step for step, _ in complete]
+        if self.leased:
+            refusal = acquire_lease(self.directory, self.owner, time.time())
+            self._lease_renewed = time.time()
+            if refusal:
+                return [refusal, [], steps]
         resume = self.cfg.resume
         if resume == "never":
-            return None
-        if resume == "auto":
-            complete = complete_checkpoints(self.directory)
-            return complete[-1][1] if complete else None
-        path = Path(resume)
-        if not is_complete(path):
-            raise ConfigError(
-                f"checkpoint.resume: {path} is not a complete checkpoint (not every host's COMPLETE.node-* marker)"
+            return [None, [], steps]
+        if resume != "auto":
+            path = Path(resume)
+            if not is_complete(path):
+                return [
+                    f"checkpoint.resume: {path} is not a complete checkpoint (not every host's COMPLETE.node-* marker)",
+                    [],
+                    steps,
+                ]
+            fault = checkpoint_fault(path)
+            return [f"checkpoint.resume: {path} is damaged: {fault}" if fault else None, [str(path)], steps]
+        return self._auto_candidates(complete, steps)
+
+    def _auto_candidates(self, complete: list, steps: list[int]) -> list:
+        newest = steps[-1] if steps else -1
+        for step, path in step_dirs(self.directory):
+            if step > newest and not is_complete(path):
+                print(f"warning: checkpoint {path.name} is incomplete ({missing_markers(path)}); skipped", flush=True)
+        candidates = []
+        for _, path in reversed(complete):
+            fault = checkpoint_fault(path)
+            if fault:
+                print(f"warning: checkpoint {path.name} is damaged ({fault}); skipped", flush=True)
+            else:
+                candidates.append(str(path))
+        if complete and not candidates:
+            refusal = (
+                f"checkpoint: every complete checkpoint in {self.directory} is damaged; remove them, or set "
+                "checkpoint.resume: never to start over"
             )
-        return path
+            return [refusal, [], steps]
+        return [None, candidates, steps]
 
     def resume(self) -> int:
-        """Load the checkpoint to resume from, if any; returns the step it was taken at (0: none)."""
-        path = self.to_resume()  # on every rank, so a bad checkpoint.resume fails everywhere alike
-        decision = [str(path) if path else None, [step for step, _ in complete_checkpoints(self.directory)]]
+        """Load the newest sound checkpoint, if any; returns the step it was taken at (0: none).
+
+        Rank 0 checks the candidates (every host's marker, every recorded file at its recorded
+        size) and every rank follows its decision. A checkpoint that still fails to load (DCP
+        raises on every rank alike) gives way to the previous one, with a warning naming why."""
+        decision = self._resume_plan() if self.rank == 0 else None
         if self.world_size > 1:
-            dist.broadcast_object_list(decision, src=0)
-        chosen, self.complete_steps = decision
-        if chosen is None:
-            return 0
-        path = Path(chosen)
+            box = [decision]
+            dist.broadcast_object_list(box, src=0)
+            decision = box[0]
+        refusal, candidates, self.complete_steps = decision
+        if refusal:
+            raise ConfigError(refusal)
+        for index, chosen in enumerate(candidates):
+            try:
+                return self._load(Path(chosen))
+            except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+                reason = _read_failure(error)
+                if index + 1 == len(candidates):
+                    raise ConfigError(
+                        f"checkpoint: {chosen} cannot be read ({reason}); no older checkpoint is left"
+                    ) from None
+                if self.rank == 0:
+                    print(
+                        f"warning: checkpoint {Path(chosen).name} cannot be read ({reason}); "
+                        f"resuming from {Path(candidates[index + 1]).name} instead",
+                        flush=True,
+                    )
+        return 0
+
+    def _load(self, path: Path) -> int:
         state = self._state()
         dcp.load(state, checkpoint_id=str(path))
         self._load_state(state)
@@ -231,6 +309,17 @@ class Checkpointer:
             _set_rng_state(torch.load(rng, weights_only=False))
         self.last_saved_step = train_state["step"]
         return train_state["step"]
+
+
+def _read_failure(error: BaseException) -> str:
+    """One line for a failed load: DCP's exception carries each failing rank's own exception."""
+    failures = getattr(error, "failures", None)
+    if failures:
+        rank, wrapped = min(failures.items())
+        cause = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        text = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        return f"rank {rank}: {type(cause).__name__}: {text}"[:300]
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]
 
 
 def _rng_state() -> dict:

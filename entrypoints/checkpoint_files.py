@@ -22,8 +22,10 @@ A checkpoint counts when the markers of all n hosts of one run exist (`is_comple
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,3 +175,99 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# --- what a marker records, and checking it before a resume ------------------------------------
+
+
+def marker_content(step: int, files: dict[str, int]) -> bytes:
+    """A host's marker: the step and the size of every file the host owns in the checkpoint."""
+    return (json.dumps({"step": step, "files": files}, sort_keys=True) + "\n").encode()
+
+
+def own_file_sizes(path: Path, placement: Placement) -> dict[str, int]:
+    return {
+        file.relative_to(path).as_posix(): file.stat().st_size
+        for file in own_files(path, placement)
+        if not MARKER.match(file.name)
+    }
+
+
+def checkpoint_fault(path: Path) -> str | None:
+    """Why a complete checkpoint cannot be trusted (a file missing or of another size than its
+    host recorded), or None. Markers from before files were recorded are taken as they are."""
+    for marker in sorted(path.glob("COMPLETE.node-*-of-*")):
+        try:
+            recorded = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue  # an old marker holds only the step
+        if not isinstance(recorded, dict):
+            continue
+        for relative, size in recorded.get("files", {}).items():
+            file = path / relative
+            if not file.is_file():
+                return f"{relative} is missing"
+            if file.stat().st_size != size:
+                return f"{relative} is {file.stat().st_size} bytes, but {marker.name} recorded {size}"
+    return None
+
+
+def missing_markers(path: Path) -> str:
+    """'hosts 1, 2 of 3 wrote no marker' for an incomplete checkpoint (or 'no host wrote a marker')."""
+    totals: dict[int, set[int]] = defaultdict(set)
+    for name in os.listdir(path):
+        match = MARKER.match(name)
+        if match:
+            totals[int(match.group(2))].add(int(match.group(1)))
+    if not totals:
+        return "no host wrote its COMPLETE marker"
+    total, nodes = max(totals.items())
+    missing = ", ".join(str(n) for n in sorted(set(range(total)) - nodes))
+    return f"host(s) {missing} of {total} wrote no COMPLETE marker"
+
+
+# --- the lease: one job writes a checkpoint directory at a time ---------------------------------
+
+LEASE = "LEASE.json"
+LEASE_RENEW_S = 30.0
+LEASE_STALE_S = 120.0
+"""A lease whose holder has not renewed it for this long is abandoned (its job was killed)."""
+
+
+def read_lease(directory: Path) -> dict | None:
+    try:
+        lease = json.loads((directory / LEASE).read_text())
+    except (OSError, ValueError):
+        return None
+    return lease if isinstance(lease, dict) else None
+
+
+def write_lease(directory: Path, owner: str, now: float) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / f".{LEASE}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps({"owner": owner, "heartbeat": now, "host": socket.gethostname()}) + "\n")
+    temporary.replace(directory / LEASE)
+
+
+def acquire_lease(directory: Path, owner: str, now: float) -> str | None:
+    """Take the directory for `owner` (a job name); the reason it cannot, or None.
+
+    The same job restarted (a requeue, a retry) takes its own lease back; another job's lease
+    holds until its holder stops renewing it for LEASE_STALE_S."""
+    held = read_lease(directory)
+    if held and held.get("owner") != owner:
+        age = now - float(held.get("heartbeat", 0))
+        if age < LEASE_STALE_S:
+            return (
+                f"checkpoint.dir: {directory} is in use by job {held.get('owner')} on {held.get('host')} "
+                f"(its lease was renewed {age:.0f} s ago); give this job its own checkpoint.dir, or stop that job "
+                f"(a killed job's lease lapses after {LEASE_STALE_S:.0f} s)"
+            )
+    write_lease(directory, owner, now)
+    return None
+
+
+def release_lease(directory: Path, owner: str) -> None:
+    held = read_lease(directory)
+    if held and held.get("owner") == owner:
+        (directory / LEASE).unlink(missing_ok=True)

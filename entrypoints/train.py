@@ -112,7 +112,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         data=data,
         placement=Placement.from_env(env.rank, env.world_size),
     )
-    start = checkpoints.resume()
+    start = _steps_left_after(checkpoints.resume(), t.steps)
     metrics = MetricsLogger(
         output_dir(cfg),
         enabled=env.rank == 0,
@@ -163,6 +163,16 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     return summary
 
 
+def _steps_left_after(start: int, steps: int) -> int:
+    """The step to resume after; a checkpoint at or past the last step leaves nothing to train."""
+    if start >= steps:
+        raise ConfigError(
+            f"checkpoint: the newest checkpoint is at step {start}, and training.steps is {steps}: nothing is left "
+            "to train; raise training.steps, or set checkpoint.resume: never to start over"
+        )
+    return start
+
+
 def _announce(cfg: JobConfig, env: DistEnv, parts, fp8, start: int) -> None:
     params = sum(p.numel() for part in parts for p in part.parameters())
     print(
@@ -186,6 +196,7 @@ def _share_step(env: DistEnv, loss_share, sigterm: bool, checkpoints: Checkpoint
     report[1] = float(sigterm)
     report[2] = checkpoints.time_due_vote()
     report[3] = float(checkpoints.pending_written())
+    checkpoints.keep_lease()
     dist.all_reduce(report)
     return report.tolist()
 

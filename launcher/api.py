@@ -19,7 +19,7 @@ from launcher.backends.base import EngineUnavailable
 from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
-from launcher.jobs import Job, list_jobs
+from launcher.jobs import Job, list_jobs, shell_exit_code
 from launcher.plan import LayoutPlan, Search, search
 from launcher.plan.apply import auto_plan as best_layout
 from launcher.plan.forecast import RunForecast, forecast
@@ -86,12 +86,7 @@ class Submission:
     @property
     def exit_code(self) -> int:
         """The job's exit code after wait=True (0 when it completed)."""
-        if self.final is None:
-            return 0
-        code = self.final.exit_code
-        if code is None:
-            return 0 if self.final.state == "Completed" else 1
-        return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells report it
+        return 0 if self.final is None else shell_exit_code(self.final)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.spec.name, "backend": self.spec.backend, "dry_run": self.dry_run}

@@ -240,11 +240,16 @@ def logs(
     region: RegionOpt = None,
     json_: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
-    """A job's log lines (all hosts), optionally following them until the job ends."""
+    """A job's log lines (all hosts), optionally following them until the job ends.
+
+    With --follow the exit code is the job's, as with `submit --wait`."""
     from launcher import api
+    from launcher.jobs import shell_exit_code
 
     for line in api.logs(name, follow=follow, backend=backend, region=region):
         _line(json.dumps({"line": line}) if json_ else line)
+    if follow:
+        raise typer.Exit(shell_exit_code(api.status(name, backend=backend, region=region)))
 
 
 @app.command()

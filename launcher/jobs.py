@@ -89,6 +89,14 @@ def list_jobs(*, backend: str | None = None, region: str | None = None, limit: i
 _HEADLINE_METRICS = ("loss", "tokens_per_s_per_gpu", "mfu", "step")
 
 
+def shell_exit_code(status: JobStatus) -> int:
+    """The exit code a shell would report for the ended job: its own, or 128 + N after signal N."""
+    code = status.exit_code
+    if code is None:
+        return 0 if status.state == "Completed" else 1
+    return 128 - code if code < 0 else code
+
+
 def status_text(status: JobStatus) -> str:
     state = status.state + (f" ({status.secondary})" if status.secondary and status.secondary != status.state else "")
     lines = [f"{status.name}  [{status.backend}]  {state}"]

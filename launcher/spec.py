@@ -269,7 +269,7 @@ class JobSpec:
             command=torchrun_command(
                 resources, name=name, rendezvous_host=placement.rendezvous_host, bootstrap=placement.bootstrap
             ),
-            environment=tuple(sorted(job_environment(resources, inputs).items())),
+            environment=tuple(sorted(job_environment(name, resources, inputs).items())),
             resources=resources,
             inputs=inputs,
             checkpoint_dir=placement.checkpoint_dir,
@@ -411,8 +411,9 @@ EFA_ENVIRONMENT = {
 }
 
 
-def job_environment(resources: Resources, inputs: tuple[DataInput, ...]) -> dict[str, str]:
+def job_environment(name: str, resources: Resources, inputs: tuple[DataInput, ...]) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1"}  # metric lines reach the logs as they are printed
+    env["LAUNCHER_JOB_NAME"] = name  # the checkpoint lease's owner (entrypoints/checkpoint_files.py)
     if resources.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # gloo ranks share the host's cores
     else:

@@ -28,8 +28,8 @@ from pathlib import Path
 from launcher.backends.base import Backend, Capabilities, EngineUnavailable, JobRef, JobStatus, Rendering, utc_now
 from launcher.backends.images import EcrRegistry, ecr_registry, training_image
 from launcher.backends.local import METRICS_FILE
-from launcher.backends.local import _last_metrics as last_metrics  # the same metrics.jsonl, bind-mounted here
 from launcher.backends.staging import staging_dir
+from launcher.backends.tail import last_metrics
 from launcher.backends.tools import ToolFailed, run_tool, stream_tool
 from launcher.bundle import Bundle
 from launcher.errors import LauncherError, UsageError

@@ -1,111 +1,44 @@
-"""The Kubernetes backend: a Kubeflow PyTorchJob (training-operator v1) and its code ConfigMap.
+"""The Kubernetes backend: a Kubeflow PyTorchJob (training-operator v1.9) and what it mounts.
 
-The manifest is built as data and dumped with PyYAML, so recipe strings stay string values.
-The bundle travels in a ConfigMap; the container unpacks it and execs the spec's torchrun argv.
-Checkpoints and outputs live on a PersistentVolumeClaim named after the recipe, so a new job
-of the same recipe resumes from the last one's checkpoints.
+The objects are built in k8s_manifest.py and dumped with PyYAML, so recipe strings stay string
+values. Submit creates them in an order that leaves nothing behind when a step fails:
+1. the checkpoint claim: created when missing with `k8s.storage_class`; otherwise it must exist
+   and, for a multi-node job, be ReadWriteMany (one line says what to create);
+2. the PyTorchJob; its uid is read back from the create;
+3. with that uid as owner: the code ConfigMap and the claims of s3:// data (plus their
+   cluster-scoped volumes), so deleting the job deletes them. Pods that start before step 3
+   wait: the kubelet retries a missing ConfigMap volume and the scheduler a missing claim.
+   If step 3 fails the PyTorchJob is deleted again.
+Every kubectl call names the namespace: k8s.namespace, else kubectl's current one, which the
+job's record keeps (native_id `namespace/name`) for status, logs and stop.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
-import re
 from collections.abc import Iterator
 
 import yaml
 
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.images import training_image
-from launcher.backends.tools import ToolFailed, run_tool, stream_tool
-from launcher.bundle import ARCHIVE_NAME, Bundle, unpack_entrypoint
+from launcher.backends.k8s_manifest import (
+    DATA_DIR,
+    MANAGED_BY,
+    MAX_NAME,
+    VOLUME_ROOT,
+    ClaimSettings,
+    Manifest,
+    build_manifest,
+    claim_name,
+    name_problem,
+)
+from launcher.backends.kubectl import KubectlFailed, current_namespace, kubectl, missing
+from launcher.backends.tools import stream_tool
+from launcher.bundle import Bundle
 from launcher.errors import UsageError
 from launcher.spec import JobSpec, Placement
-
-VOLUME_ROOT = "/launcher"
-BUNDLE_DIR = "/opt/launcher/bundle"
-CODE_DIR = "/opt/launcher/code"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "launcher"}
-# Pod names are `<job>-worker-<index>` and need DNS labels of at most 63 characters.
-MAX_NAME = 52
-EFA_HUGEPAGES = "5120Mi"  # libfabric's EFA provider registers its buffers in 2 MiB huge pages
-
-
-def dns_label(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")[:63] or "launcher"
-
-
-def claim_name(recipe_name: str) -> str:
-    return dns_label(f"{recipe_name}-launcher")
-
-
-def pytorchjob_manifest(spec: JobSpec, bundle: Bundle) -> list[dict]:
-    """[ConfigMap with the bundle, PyTorchJob]: the documents `kubectl apply` gets."""
-    r = spec.resources
-    labels = {**MANAGED_BY, "launcher/recipe": dns_label(spec.recipe_name), "launcher/job": spec.name}
-    config_map = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": f"{spec.name}-code", "labels": labels},
-        "binaryData": {ARCHIVE_NAME: base64.b64encode(bundle.data).decode()},
-    }
-    limits: dict[str, str | int] = {}
-    if r.device == "cuda":
-        limits["nvidia.com/gpu"] = r.procs_per_node
-    if r.has_efa:
-        limits["vpc.amazonaws.com/efa"] = r.efa_interfaces
-        limits["hugepages-2Mi"] = EFA_HUGEPAGES
-    env = [{"name": k, "value": v} for k, v in spec.environment]
-    env += [
-        {"name": "LAUNCHER_BUNDLE", "value": f"{BUNDLE_DIR}/{ARCHIVE_NAME}"},
-        {"name": "LAUNCHER_CODE", "value": CODE_DIR},
-        {"name": "LAUNCHER_JOB_NAME", "value": spec.name},
-    ]
-    mounts = [
-        {"name": "bundle", "mountPath": BUNDLE_DIR, "readOnly": True},
-        {"name": "launcher", "mountPath": VOLUME_ROOT},
-        {"name": "dshm", "mountPath": "/dev/shm"},
-    ]
-    volumes = [
-        {"name": "bundle", "configMap": {"name": f"{spec.name}-code"}},
-        {"name": "launcher", "persistentVolumeClaim": {"claimName": claim_name(spec.recipe_name)}},
-        # NCCL and data-loader workers share tensors through /dev/shm; the default is 64 MiB.
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-    ]
-    for i, data in enumerate(spec.inputs):
-        mounts.append({"name": f"data-{i}", "mountPath": data.container_path, "readOnly": True})
-        volumes.append({"name": f"data-{i}", "hostPath": {"path": data.source}})
-    container = {
-        "name": "pytorch",  # the training operator finds the container by this name
-        "image": spec.image,
-        "command": unpack_entrypoint(),
-        "args": list(spec.command),
-        "env": env,
-        "volumeMounts": mounts,
-    }
-    if limits:
-        container["resources"] = {"limits": limits, "requests": dict(limits)}
-    pod = {"metadata": {"labels": labels}, "spec": {"containers": [container], "volumes": volumes}}
-    replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": pod}}
-    if r.instance_count > 1:
-        replicas["Worker"] = {"replicas": r.instance_count - 1, "restartPolicy": "Never", "template": pod}
-    annotations = {"launcher/tags": json.dumps(dict(spec.tags), sort_keys=True)} if spec.tags else {}
-    job = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": spec.name, "labels": labels, **({"annotations": annotations} if annotations else {})},
-        "spec": {
-            "runPolicy": {
-                "cleanPodPolicy": "None",
-                "backoffLimit": spec.retries,
-                "activeDeadlineSeconds": spec.max_run_s,
-            },
-            "nprocPerNode": str(r.procs_per_node),
-            "pytorchReplicaSpecs": replicas,
-        },
-    }
-    return [config_map, job]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -119,9 +52,96 @@ def dump(documents: list[dict]) -> str:
     return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=120)
 
 
+def settings_of(spec: JobSpec) -> ClaimSettings:
+    """The recipe's k8s: section as the manifest reads it (the claim named after the recipe by default)."""
+    k8s = spec.k8s
+    if k8s is None:  # a spec saved before JobSpec.k8s existed
+        return ClaimSettings(namespace=None, checkpoint_claim=claim_name(spec.recipe_name), storage_class=None,
+                             storage_size="1Ti")  # fmt: skip
+    return ClaimSettings(
+        namespace=k8s.namespace,
+        checkpoint_claim=k8s.checkpoint_claim or claim_name(spec.recipe_name),
+        storage_class=k8s.storage_class,
+        storage_size=k8s.storage_size,
+    )
+
+
+def submit_steps(spec: JobSpec, settings: ClaimSettings, manifest: Manifest) -> str:
+    """The comment above a rendered manifest: what submit does with these documents, in order."""
+    claim = settings.checkpoint_claim
+    first = (
+        f"creates the claim {claim} (storage class {settings.storage_class}) unless it exists"
+        if settings.storage_class
+        else f"checks that the claim {claim} exists"
+        + (" and is ReadWriteMany" if spec.resources.instance_count > 1 else "")
+    )
+    owned = ", ".join(f"{d['kind']} {d['metadata']['name']}" for d in manifest.owned())
+    where = settings.namespace or "kubectl's current namespace"
+    lines = [
+        f"launcher submit, in namespace {where}:",
+        f"1. {first}",
+        f"2. creates the PyTorchJob {spec.name}",
+        f"3. creates {owned} owned by it (deleted with the job)",
+    ]
+    if manifest.data_volumes:
+        lines.append(
+            "   and the s3:// data volumes (cluster-scoped: kubectl delete pv -l launcher/job=NAME after the job)"
+        )
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def job_location(ref: JobRef) -> tuple[str | None, str]:
+    """(namespace or None for kubectl's current one, name) of a job."""
+    namespace, _, name = (ref.native_id or "").rpartition("/")
+    return namespace or None, name or ref.name
+
+
+def ensure_checkpoint_claim(spec: JobSpec, settings: ClaimSettings, manifest: Manifest, namespace: str) -> None:
+    """Step 1 of submit: the claim exists (created with a storage class) and every pod can mount it."""
+    name = settings.checkpoint_claim
+    try:
+        claim = json.loads(
+            kubectl(["get", "pvc", name, "--output", "json"], action=f"reading the claim {name}", namespace=namespace)
+        )
+    except KubectlFailed as failure:
+        if not failure.not_found:
+            raise
+        if manifest.checkpoint_claim is None:
+            raise UsageError(
+                f"k8s.checkpoint_claim: no PersistentVolumeClaim {name} in namespace {namespace}; create a ReadWriteMany "
+                f"claim of that name (docs/kubernetes.md), or set k8s.storage_class to a class with ReadWriteMany "
+                f"volumes (EFS, FSx for Lustre) and submit creates it"
+            ) from None
+        kubectl(["create", "--filename", "-"], action=f"creating the claim {name}", namespace=namespace,
+                input=dump([manifest.checkpoint_claim]))  # fmt: skip
+        return
+    modes = claim.get("spec", {}).get("accessModes", [])
+    if spec.resources.instance_count > 1 and "ReadWriteMany" not in modes:
+        raise UsageError(
+            f"k8s.checkpoint_claim: {name} in namespace {namespace} is {', '.join(modes) or 'without access modes'}, "
+            f"but the {spec.resources.instance_count} pods of this job all mount it; use a ReadWriteMany claim"
+        )
+
+
+def create_job(spec: JobSpec, bundle: Bundle, settings: ClaimSettings, namespace: str) -> None:
+    """Steps 2 and 3 of submit: the PyTorchJob, then what it owns (undone if that fails)."""
+    manifest = build_manifest(spec, bundle, settings, namespace=namespace)
+    created = kubectl(["create", "--filename", "-", "--output", "json"], action=f"creating the PyTorchJob {spec.name}",
+                      namespace=namespace, input=dump([manifest.job]))  # fmt: skip
+    uid = json.loads(created)["metadata"]["uid"]
+    owned = build_manifest(spec, bundle, settings, namespace=namespace, uid=uid)
+    try:
+        kubectl(["create", "--filename", "-"], action=f"creating the code and data of {spec.name}",
+                namespace=namespace, input=dump([*owned.data_volumes, owned.config_map]))  # fmt: skip
+    except Exception:
+        kubectl(["delete", "pytorchjob", spec.name, "--ignore-not-found"], action=f"removing {spec.name} again",
+                namespace=namespace)  # fmt: skip
+        raise
+
+
 class KubernetesBackend(Backend):
     name = "k8s"
-    capabilities = Capabilities(multi_node=True, efa=True, time_limit=True)
+    capabilities = Capabilities(multi_node=True, efa=True, time_limit=True, s3_data=True)
     max_name_length = MAX_NAME
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
@@ -130,27 +150,40 @@ class KubernetesBackend(Backend):
             output_dir=f"{VOLUME_ROOT}/jobs/{name}",
             # The operator gives each replica a headless Service named after its pod.
             rendezvous_host=f"{name}-master-0",
+            s3_data_dir=f"{DATA_DIR}/train",  # the Mountpoint for S3 volume of the train data
             image=training_image(recipe),
         )
 
+    def problems(self, spec: JobSpec) -> list[str]:
+        problem = name_problem(spec.name)
+        return [*super().problems(spec), *([problem] if problem else [])]
+
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.build(spec.resolved_json)
-        documents = pytorchjob_manifest(spec, bundle)
-        text = dump(documents)
+        settings = settings_of(spec)
+        manifest = build_manifest(spec, bundle, settings)
+        documents = manifest.documents()
+        text = submit_steps(spec, settings, manifest) + dump(documents)
         data = {"manifest": documents, "bundle": bundle.describe()}
         return Rendering(spec=spec, data=data, text=text, payload={"bundle": bundle})
 
     def _submit(self, rendering: Rendering) -> JobRef:
-        spec = rendering.spec
-        run_tool(["kubectl", "apply", "-f", "-"], input=rendering.text, action=f"creating PyTorchJob {spec.name}")
-        return JobRef(name=spec.name, backend=self.name, native_id=spec.name, created=utc_now())
+        spec, settings = rendering.spec, settings_of(rendering.spec)
+        namespace = settings.namespace or current_namespace()
+        bundle = rendering.payload["bundle"]
+        ensure_checkpoint_claim(spec, settings, build_manifest(spec, bundle, settings, namespace=namespace), namespace)
+        create_job(spec, bundle, settings, namespace)
+        return JobRef(name=spec.name, backend=self.name, native_id=f"{namespace}/{spec.name}", created=utc_now())
 
     def _get(self, ref: JobRef) -> dict:
+        namespace, name = job_location(ref)
         try:
-            out = run_tool(["kubectl", "get", "pytorchjob", ref.name, "-o", "json"], action=f"reading {ref.name}")
-        except ToolFailed as failure:
-            if "NotFound" in failure.output:
-                raise UsageError(f"no PyTorchJob named {ref.name} in the current namespace") from None
+            out = kubectl(
+                ["get", "pytorchjob", name, "--output", "json"], action=f"reading {name}", namespace=namespace
+            )
+        except KubectlFailed as failure:
+            if failure.not_found:
+                raise missing("PyTorchJob", name, namespace) from None
             raise
         return json.loads(out)
 
@@ -158,22 +191,27 @@ class KubernetesBackend(Backend):
         return status_from_pytorchjob(self._get(ref))
 
     def _logs(self, ref: JobRef, *, follow: bool, poll_s: float) -> Iterator[str]:
+        self._get(ref)  # an unknown job or an unreachable cluster: one line, before any streaming
+        namespace, name = job_location(ref)
         # `kubectl logs --follow` returns when the master container exits.
-        argv = ["kubectl", "logs", *(["--follow"] if follow else []), f"{ref.name}-master-0", "-c", "pytorch"]
-        return stream_tool(argv, action=f"reading the logs of {ref.name}")
+        argv = ["kubectl", *(["--namespace", namespace] if namespace else []), "logs",
+                *(["--follow"] if follow else []), f"{name}-master-0", "--container", "pytorch"]  # fmt: skip
+        return stream_tool(argv, action=f"reading the logs of {name}")
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
         status = self._status(ref)
-        run_tool(
-            ["kubectl", "delete", "pytorchjob", ref.name, f"--grace-period={int(grace_s)}"],
-            action=f"deleting {ref.name}",
-        )
-        run_tool(["kubectl", "delete", "configmap", f"{ref.name}-code", "--ignore-not-found"], action="cleaning up")
+        namespace, name = job_location(ref)
+        # The ConfigMap and data claims are owned by the job and go with it; the data volumes
+        # are cluster-scoped and cannot be owned by it.
+        kubectl(["delete", "pytorchjob", name, f"--grace-period={int(grace_s)}"], action=f"deleting {name}",
+                namespace=namespace)  # fmt: skip
+        kubectl(["delete", "persistentvolume", "--selector", f"launcher/job={name}", "--ignore-not-found"],
+                action=f"deleting the data volumes of {name}")  # fmt: skip
         return dataclasses.replace(status, state="Stopped", secondary="Deleted")
 
     def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
         selector = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
-        out = run_tool(["kubectl", "get", "pytorchjobs", "-l", selector, "-o", "json"], action="listing PyTorchJobs")
+        out = kubectl(["get", "pytorchjobs", "--selector", selector, "--output", "json"], action="listing PyTorchJobs")
         return [status_from_pytorchjob(item) for item in json.loads(out).get("items", [])][:limit]
 
 
@@ -196,4 +234,5 @@ def status_from_pytorchjob(job: dict) -> JobStatus:
         exit_code={"Completed": 0, "Failed": 1}.get(state),
         created=job["metadata"].get("creationTimestamp"),
         ended=job.get("status", {}).get("completionTime"),
+        details={"namespace": job["metadata"].get("namespace")},
     )

@@ -9,7 +9,6 @@ directory the way the SageMaker backend talks to SageMaker.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import signal
@@ -22,9 +21,8 @@ from pathlib import Path
 from launcher.backends import local_runner as runner
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.staging import staging_dir
-from launcher.backends.tail import follow_file
+from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.bundle import Bundle
-from launcher.contract.metrics import SUMMARY_PREFIX, parse_fields
 from launcher.errors import LauncherError, UsageError
 from launcher.registry import job_dir, job_dir_placement, launcher_home, write_json
 from launcher.spec import JobSpec, Placement
@@ -114,8 +112,8 @@ class LocalBackend(Backend):
                     status.update(state="Failed", failure_reason="the launcher's runner process died; see runner.log")
             if status["state"] == "InProgress" and (directory / runner.STOP_REQUESTED).exists():
                 status.update(state="Stopping", secondary="Stopping")
-        metrics = _last_metrics(directory / METRICS_FILE)
-        summary = _summary(directory / runner.LOG)
+        metrics = last_metrics(directory / METRICS_FILE)
+        summary = log_summary(directory / runner.LOG)
         return JobStatus(
             name=ref.name,
             backend=self.name,
@@ -230,27 +228,3 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _last_metrics(path: Path) -> dict[str, float]:
-    if not path.is_file():
-        return {}
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    for line in reversed(lines):
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written right now
-    return {}
-
-
-def _summary(log: Path, max_bytes: int = 65536) -> dict[str, float | str]:
-    if not log.is_file():
-        return {}
-    with log.open("rb") as f:
-        f.seek(max(0, log.stat().st_size - max_bytes))
-        lines = f.read().decode(errors="replace").splitlines()
-    for line in reversed(lines):
-        if line.startswith(f"{SUMMARY_PREFIX} "):
-            return parse_fields(line)
-    return {}

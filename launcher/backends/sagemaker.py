@@ -131,6 +131,9 @@ def create_training_job_request(
         "LAUNCHER_BUNDLE": f"{CHANNELS_DIR}/code/{ARCHIVE_NAME}",
         "LAUNCHER_CODE": CODE_DIR,
         "LAUNCHER_JOB_NAME": spec.name,
+        # Every SageMaker job has hosts and an S3 prefix of its own: no other job shares the
+        # checkpoint directory, and a lease synced through S3 would only delay a resume.
+        "LAUNCHER_CHECKPOINT_LEASE": "0",
     }
     channels = [_channel("code", code_uri, "File")]
     for data in spec.inputs:

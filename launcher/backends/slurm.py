@@ -1,130 +1,481 @@
 """The Slurm backend: an sbatch script that runs torchrun on every node through srun.
 
 One srun task per node starts torchrun; torchrun's c10d rendezvous on the first node of the
-allocation assigns ranks. The script is built line by line with every value quoted by shlex,
-and nothing from a recipe reaches it except the (pattern-checked) job name: the recipe travels
-in resolved.json inside the bundle.
+allocation assigns ranks. The job's files live on a file system every node mounts
+(`slurm.shared_dir`, default $LAUNCHER_HOME): `<shared>/jobs/<name>/` holds the code bundle,
+the script, the log and the exit code; checkpoints go to `<shared>/checkpoints/<recipe>/<lineage>`
+and staged s3:// data to `<shared>/data/<digest>`.
+
+What the script does, in order (docs/slurm.md tells it for users):
+1. checks that every node sees the job's code under the shared directory (one line naming the
+   directory if not);
+2. runs torchrun through srun in the background and waits, so that signals reach its traps
+   at once;
+3. on USR1, which Slurm sends `slurm.signal_before_end` before the time limit, it sends SIGTERM
+   to the training step: the workers save a checkpoint and exit; then, with `slurm.requeue`,
+   it requeues the job, which resumes from that checkpoint;
+4. writes its exit code to `<job dir>/exit_code`, because many small clusters keep no
+   accounting database: `status` asks `scontrol show job` first and falls back to that file.
+
+The script is built line by line with every value quoted by shlex, and nothing from a recipe
+reaches it except checked names and paths: the recipe travels in resolved.json inside the bundle.
 """
 
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, utc_now
-from launcher.backends.tail import follow_file
-from launcher.backends.tools import run_tool
+from launcher.backends.base import (
+    TERMINAL_STATES,
+    Backend,
+    Capabilities,
+    JobRef,
+    JobStatus,
+    Rendering,
+    utc_now,
+)
+from launcher.backends.staging import staging_dir
+from launcher.backends.tail import follow_file, last_metrics, log_summary
+from launcher.backends.tools import ToolFailed, run_tool
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
-from launcher.registry import job_dir, job_dir_placement, records
-from launcher.spec import RDZV_PORT, JobSpec, Placement
+from launcher.registry import checkpoint_home, job_dir, launcher_home, records
+from launcher.spec import CONFIG_FILE, RDZV_PORT, JobSpec, Placement, SlurmSettings
 
 SCRIPT = "job.sbatch"
-RUNNING = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "STAGE_OUT"}
+CODE_DIR = "code"
+EXIT_FILE = "exit_code"
+"""Written by the script's EXIT trap: the batch script's exit status (not after a requeue)."""
+STOP_FILE = "stop_requested"
+"""Written by `launcher stop` before scancel, so a cancelled job reads as Stopped, not Failed."""
+METRICS_FILE = "metrics.jsonl"
+MAX_SIGNAL_S = 65535  # sbatch --signal's @time is 16 bits
+
+# `scontrol show job` JobState values of a job that is not over yet (a requeued job goes
+# REQUEUED -> PENDING -> RUNNING under the same id).
+ACTIVE = {
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+    "RESIZING", "SUSPENDED", "STOPPED", "STAGE_OUT", "SIGNALING", "SPECIAL_EXIT", "RESV_DEL_HOLD",
+}  # fmt: skip
+UNKNOWN_JOB = "Invalid job id specified"
 
 
-def _time_limit(seconds: int) -> str:
+def shared_root(settings: SlurmSettings | None) -> Path:
+    """The directory every node mounts: slurm.shared_dir, else $LAUNCHER_HOME."""
+    return Path(settings.shared_dir) if settings and settings.shared_dir else launcher_home()
+
+
+def slurm_job_dir(settings: SlurmSettings | None, name: str) -> Path:
+    return shared_root(settings) / "jobs" / name
+
+
+# --- the script --------------------------------------------------------------------------------
+
+
+def time_limit(seconds: int) -> str:
+    """sbatch --time as D-HH:MM:SS."""
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
 
 
-def sbatch_script(spec: JobSpec, code_dir: str) -> str:
-    r = spec.resources
-    directives = [
+def directives(spec: JobSpec) -> list[str]:
+    r, settings = spec.resources, spec.slurm
+    lines = [
         f"--job-name={spec.name}",
         f"--nodes={r.instance_count}",
         "--ntasks-per-node=1",
-        "--exclusive",
-        f"--time={_time_limit(spec.max_run_s)}",
     ]
     if r.device == "cuda":
-        directives.append(f"--gpus-per-node={r.procs_per_node}")
-    lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives), "set -euo pipefail", ""]
-    lines.append(f"cd -- {shlex.quote(code_dir)}")
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
-    if r.instance_count > 1:
-        lines += [
-            "# torchrun's c10d rendezvous store runs on the allocation's first node. (No `| head`:",
-            "# under pipefail, scontrol's broken pipe would fail the job.)",
-            'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-            f'export PET_RDZV_ENDPOINT="${{nodes[0]}}:{RDZV_PORT}"',
+        lines += ["--exclusive", f"--gpus-per-node={r.procs_per_node}"]
+    else:
+        # A CPU job shares its nodes: ask for one core per torchrun worker.
+        lines.append(f"--cpus-per-task={r.procs_per_node}")
+    lines.append(f"--time={time_limit(spec.max_run_s)}")
+    if settings.partition:
+        lines.append(f"--partition={settings.partition}")
+    if settings.account:
+        lines.append(f"--account={settings.account}")
+    lines += [
+        f"--signal=B:USR1@{min(settings.signal_before_end_s, MAX_SIGNAL_S)}",
+        "--requeue" if settings.requeue else "--no-requeue",
+        "--open-mode=append",  # a requeued run appends to the same log
+    ]
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def sbatch_argv(directory: Path) -> list[str]:
+    """sbatch's command line. The paths go here, not into #SBATCH lines, which cannot hold every
+    character a path may (a newline)."""
+    return [
+        "sbatch",
+        "--parsable",
+        f"--output={directory / 'slurm-%j.out'}",
+        f"--chdir={directory}",
+        str(directory / SCRIPT),
+    ]
+
+
+def shared_dir_check(code_dir: Path, shared: Path) -> list[str]:
+    """Every node must see the job's files at the same path before torchrun starts."""
+    message = (
+        'echo "launcher: node $SLURMD_NODENAME ($(hostname)) cannot read $1;'
+        ' slurm.shared_dir ($2) must be mounted at the same path on every node" >&2'
+    )
+    check = f'test -r "$1" || {{ {message}; exit 1; }}'
+    srun = [
+        "srun",
+        "--ntasks-per-node=1",
+        "bash",
+        "-c",
+        check,
+        "shared-dir-check",
+        str(code_dir / CONFIG_FILE),
+        str(shared),
+    ]
+    return [
+        "# Every node must see the job's code, checkpoints and data at the same path.",
+        f"{shlex.join(srun)} || exit 1",
+    ]
+
+
+def rendezvous_lines(instance_count: int) -> list[str]:
+    if instance_count == 1:
+        return []
+    return [
+        "# torchrun's c10d rendezvous store runs on the allocation's first node, reached at the",
+        "# address Slurm itself uses for it (NodeAddr): node names need not resolve on the nodes.",
+        "# (No `| head`: under pipefail, scontrol's broken pipe would fail the job.)",
+        'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        "rdzv_host=$(scontrol show node \"${nodes[0]}\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p') || true",
+        f'export PET_RDZV_ENDPOINT="${{rdzv_host:-${{nodes[0]}}}}:{RDZV_PORT}"',
+    ]
+
+
+def training_srun(spec: JobSpec, code_dir: Path, shared: Path) -> str:
+    """The srun line that starts torchrun on every node, in the background."""
+    argv = ["--kill-on-bad-exit=1", "--ntasks-per-node=1"]
+    image = spec.slurm.container_image
+    if image:
+        # pyxis/enroot: the shared directory is mounted at the same path inside the container.
+        argv += [
+            f"--container-image={image}",
+            f"--container-mounts={shared}:{shared}",
+            f"--container-workdir={code_dir}",
         ]
-    srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", *spec.command]
-    lines += [shlex.join(srun), ""]
-    return "\n".join(lines)
+    # Every CPU the job holds on the node goes to the one torchrun task: a step gets one CPU per
+    # task unless told (srun 22.05 ignores the job's --cpus-per-task), and with CPU binding
+    # (task/affinity, task/cgroup) its workers and data loaders would share that one core.
+    return f'srun --cpus-per-task="$SLURM_CPUS_ON_NODE" {shlex.join([*argv, *spec.command])} &'
+
+
+def signal_handling(requeue: bool) -> list[str]:
+    """Traps for USR1 (time limit near) and TERM (scancel, preemption), and the exit-code record."""
+    after = "requeue the job" if requeue else "end (resubmit with --resume to continue)"
+    return [
+        "# The exit code, for `launcher status` on clusters without accounting (not after a requeue:",
+        "# the job is not over).",
+        "requeued=''",
+        f'record_exit() {{ local code=$?; [[ -n "$requeued" ]] || echo "$code" > "$job_dir"/{EXIT_FILE}; }}',
+        "trap record_exit EXIT",
+        "# USR1 comes to this shell only (--signal=B:...). SIGTERM goes to the training step's tasks,",
+        "# not to srun (which would kill the step): torchrun passes it to the workers, which save a",
+        f"# checkpoint and exit. Then {after}.",
+        "time_limit_near=''",
+        "on_usr1() {",
+        '    echo "launcher: USR1 from Slurm: the time limit is near; stopping training so that it saves a checkpoint"',
+        "    time_limit_near=1",
+        '    scancel --signal=TERM "$SLURM_JOB_ID"',
+        "}",
+        "trap on_usr1 USR1",
+        "# scancel and preemption send SIGTERM to every step and to this shell: keep waiting for srun,",
+        "# whose tasks got it too and are saving their checkpoint.",
+        "trap 'echo \"launcher: SIGTERM from Slurm: waiting for training to save and stop\"' TERM",
+    ]
+
+
+def wait_and_requeue(requeue: bool) -> list[str]:
+    lines = [
+        "training=$!",
+        "status=0",
+        "while true; do",
+        '    wait "$training" && { status=0; break; } || status=$?',
+        '    kill -0 "$training" 2>/dev/null || break  # else a trap interrupted wait: srun still runs',
+        "done",
+    ]
+    if requeue:
+        lines += [
+            'if [[ -n "$time_limit_near" ]]; then',
+            '    echo "launcher: requeueing Slurm job $SLURM_JOB_ID; it resumes from its newest checkpoint"',
+            '    scontrol requeue "$SLURM_JOB_ID" && requeued=1 && exit 0',
+            '    echo "launcher: scontrol requeue failed; the job ends here"',
+            "fi",
+        ]
+    lines.append('exit "$status"')
+    return lines
+
+
+def sbatch_script(spec: JobSpec) -> str:
+    settings = spec.slurm
+    shared = shared_root(settings)
+    directory = slurm_job_dir(settings, spec.name)
+    code_dir = directory / CODE_DIR
+    lines = ["#!/bin/bash", *directives(spec), "set -euo pipefail", ""]
+    lines += [
+        f"job_dir={shlex.quote(str(directory))}",
+        f'rm -f -- "$job_dir"/{EXIT_FILE}',
+        'echo "launcher: Slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (run $((${SLURM_RESTART_COUNT:-0} + 1)))"',
+        *signal_handling(settings.requeue),
+        *shared_dir_check(code_dir, shared),
+        "",
+    ]
+    if settings.venv:
+        lines += [
+            "# slurm.venv: torch and torchao on every node (srun passes the environment on).",
+            "set +u",  # activate scripts may read unset variables
+            f"source {shlex.quote(str(Path(settings.venv) / 'bin' / 'activate'))}",
+            "set -u",
+        ]
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
+    lines += rendezvous_lines(spec.resources.instance_count)
+    lines.append(f"cd -- {shlex.quote(str(code_dir))}")
+    lines.append(training_srun(spec, code_dir, shared))
+    lines += wait_and_requeue(settings.requeue)
+    return "\n".join(lines) + "\n"
+
+
+# --- reading Slurm's answers ---------------------------------------------------------------------
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """`scontrol --oneliner show job` as a dict; a value with spaces (a path) keeps them."""
+    fields: dict[str, str] = {}
+    key = None
+    for token in text.split():
+        name, sep, value = token.partition("=")
+        if sep and name and (name[0].isalpha()):
+            key, fields[name] = name, value
+        elif key is not None:
+            fields[key] += " " + token
+    return fields
+
+
+def exit_code_of(value: str) -> int | None:
+    """Slurm's `code:signal`: the code, or -signal when a signal ended the script."""
+    code, _, sig = value.partition(":")
+    if not code.isdigit():
+        return None
+    return -int(sig) if sig.isdigit() and int(sig) else int(code)
+
+
+def state_of(slurm_state: str, *, stop_requested: bool) -> str:
+    """The launcher's state (SageMaker's words) for a Slurm JobState."""
+    if slurm_state in ACTIVE:
+        return "Stopping" if stop_requested else "InProgress"
+    if slurm_state == "COMPLETED":
+        return "Completed"
+    if slurm_state == "CANCELLED" or stop_requested:
+        return "Stopped"
+    return "Failed"
+
+
+def status_from_exit_file(code: int | None, *, stop_requested: bool) -> tuple[str, str]:
+    """(launcher state, Slurm-like state) of a job Slurm has forgotten, from what the script left."""
+    if code == 0:
+        return "Completed", "COMPLETED"
+    if stop_requested:
+        return "Stopped", "CANCELLED"
+    return "Failed", "FAILED" if code is not None else "UNKNOWN"
+
+
+def failure_reason(job_id: str, slurm_state: str, fields: dict[str, str], log: Path | None) -> str:
+    where = f"; see {log}" if log else ""
+    if slurm_state == "UNKNOWN":
+        return (
+            f"Slurm no longer knows job {job_id} and the job left no exit code (killed before its "
+            f"script could record one: time limit, node failure or scancel){where}"
+        )
+    if slurm_state == "TIMEOUT":
+        return f"Slurm job {job_id} ran past its time limit (cluster.max_run){where}"
+    reason = fields.get("Reason")
+    because = f", {reason}" if reason and reason != "None" else ""
+    return f"Slurm job {job_id} ended {slurm_state} (exit code {fields.get('ExitCode', '?')}{because}){where}"
+
+
+# --- the backend ---------------------------------------------------------------------------------
 
 
 class SlurmBackend(Backend):
     name = "slurm"
-    capabilities = Capabilities(multi_node=True, efa=True)
+    # Not time_limit: with slurm.requeue (the default) a run longer than cluster.max_run goes on
+    # across requeues, so the launcher does not refuse it.
+    capabilities = Capabilities(multi_node=True, efa=True, s3_data=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
-        # $LAUNCHER_HOME must be on a file system every node mounts (home directories usually are).
-        return job_dir_placement(recipe, name, lineage)
+        settings = SlurmSettings.of(recipe)
+        shared = shared_root(settings)
+        # s3:// data is staged once, at submit, onto the shared file system the nodes read.
+        staged = str(staging_dir(recipe.data.source, shared)) if recipe.data.source.startswith("s3://") else None
+        return Placement(
+            checkpoint_dir=str(checkpoint_home(recipe, lineage or name, root=shared)),
+            output_dir=str(slurm_job_dir(settings, name)),
+            s3_data_dir=staged,
+            s3_staging_dir=staged,
+        )
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        problems = super().problems(spec)
+        settings = spec.slurm
+        if settings.signal_before_end_s > MAX_SIGNAL_S:
+            problems.append(
+                f"slurm.signal_before_end: Slurm can signal at most {MAX_SIGNAL_S} s before the time limit, "
+                f"not {settings.signal_before_end_s} s; use a shorter one"
+            )
+        return problems
 
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.build(spec.resolved_json)
-        directory = job_dir(spec.name)
-        script = sbatch_script(spec, str(directory / "code"))
-        argv = ["sbatch", "--parsable", f"--output={directory / 'slurm-%j.out'}", str(directory / SCRIPT)]
+        directory = slurm_job_dir(spec.slurm, spec.name)
+        script = sbatch_script(spec)
+        argv = sbatch_argv(directory)
         data = {"script": script, "command": argv, "job_dir": str(directory), "bundle": bundle.describe()}
+        warnings = []
+        if spec.slurm.signal_before_end_s >= spec.max_run_s:
+            warnings.append(
+                f"slurm.signal_before_end ({spec.slurm.signal_before_end_s} s) is not shorter than "
+                f"cluster.max_run ({spec.max_run_s} s): Slurm sends USR1 as soon as the job starts"
+            )
+        if warnings:
+            data["warnings"] = warnings
         return Rendering(spec=spec, data=data, text=script, payload={"bundle": bundle, "argv": argv})
 
     def _submit(self, rendering: Rendering) -> JobRef:
         spec = rendering.spec
-        directory = job_dir(spec.name)
-        rendering.payload["bundle"].extract(directory / "code")
+        directory = slurm_job_dir(spec.slurm, spec.name)
+        rendering.payload["bundle"].extract(directory / CODE_DIR)
         (directory / SCRIPT).write_text(rendering.data["script"])
         out = run_tool(rendering.payload["argv"], action=f"submitting {spec.name} with sbatch")
-        job_id = out.strip().split(";")[0]
+        job_id = out.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
         return JobRef(name=spec.name, backend=self.name, native_id=job_id, created=utc_now())
 
+    # --- what Slurm and the job directory say ------------------------------------------------
+
     def _job_id(self, ref: JobRef) -> str:
-        if not ref.native_id:
-            raise UsageError(f"{ref.name} has no Slurm job id; it was not submitted from here")
-        return ref.native_id
+        if ref.native_id:
+            return ref.native_id
+        if ref.name.isdigit():  # `launcher status 1234 --backend slurm`: a Slurm job id
+            return ref.name
+        raise UsageError(
+            f"{ref.name} was not submitted from here, so its Slurm job id is unknown; "
+            "pass the job id instead (launcher status JOBID --backend slurm)"
+        )
+
+    def _directory(self, ref: JobRef) -> Path | None:
+        """The job's directory on the shared file system (its spec's output_dir), if submitted from here."""
+        spec_file = job_dir(ref.name) / "spec.json"
+        if not spec_file.is_file():
+            return None
+        return Path(JobSpec.from_json(spec_file.read_text()).output_dir)
+
+    def _scontrol(self, job_id: str) -> dict[str, str] | None:
+        """`scontrol show job`'s fields; None once Slurm has forgotten the job (after MinJobAge)."""
+        try:
+            out = run_tool(["scontrol", "--oneliner", "show", "job", job_id], action=f"asking Slurm about job {job_id}")
+        except ToolFailed as failed:
+            if UNKNOWN_JOB in failed.output:
+                return None
+            raise
+        return parse_scontrol(out)
 
     def _status(self, ref: JobRef) -> JobStatus:
         job_id = self._job_id(ref)
-        out = run_tool(
-            ["sacct", "-j", job_id, "-X", "--noheader", "--parsable2", "--format=State,ExitCode,Start,End"],
-            action=f"asking Slurm about job {job_id}",
-        )
-        fields = out.strip().splitlines()[0].split("|") if out.strip() else ["PENDING", "", "", ""]
-        slurm_state = fields[0].split()[0]
-        exit_code = int(fields[1].split(":")[0]) if fields[1][:1].isdigit() else None
-        if slurm_state in RUNNING:
-            state, reason = "InProgress", None
-        elif slurm_state == "COMPLETED":
-            state, reason = "Completed", None
-        elif slurm_state == "CANCELLED":
-            state, reason = "Stopped", None
+        directory = self._directory(ref)
+        fields = self._scontrol(job_id)
+        stop_requested = bool(directory and (directory / STOP_FILE).exists())
+        if fields is not None:
+            slurm_state = fields.get("JobState", "UNKNOWN")
+            state = state_of(slurm_state, stop_requested=stop_requested)
+            exit_code = exit_code_of(fields.get("ExitCode", ""))
+        elif directory is not None:
+            code = _read_exit_file(directory / EXIT_FILE)
+            state, slurm_state = status_from_exit_file(code, stop_requested=stop_requested)
+            exit_code, fields = code, {}
         else:
-            state, reason = "Failed", f"Slurm job {job_id} ended {slurm_state} (exit code {fields[1]})"
+            raise UsageError(
+                f"Slurm does not know job {job_id} (it never existed, or it ended over MinJobAge ago); "
+                "check the id with squeue or sacct"
+            )
+        log = self._log_path(ref, fields, directory)
         return JobStatus(
             name=ref.name,
             backend=self.name,
             state=state,
             secondary=slurm_state,
-            failure_reason=reason,
-            exit_code=None if state == "InProgress" else exit_code,
-            created=ref.created,
-            ended=fields[3] if len(fields) > 3 and fields[3] not in ("", "Unknown") else None,
-            details={"slurm_job_id": job_id, "log": str(self._log(ref))},
+            failure_reason=failure_reason(job_id, slurm_state, fields, log) if state == "Failed" else None,
+            exit_code=exit_code if state in TERMINAL_STATES else None,
+            created=ref.created or fields.get("SubmitTime"),
+            ended=fields.get("EndTime") if state in TERMINAL_STATES and fields.get("EndTime") != "Unknown" else None,
+            metrics=last_metrics(directory / METRICS_FILE) if directory else {},
+            details=_details(job_id, fields, directory, log, over=state in TERMINAL_STATES),
         )
 
-    def _log(self, ref: JobRef) -> Path:
-        return job_dir(ref.name) / f"slurm-{self._job_id(ref)}.out"
+    def _log_path(self, ref: JobRef, fields: dict[str, str], directory: Path | None) -> Path | None:
+        if directory is not None:
+            return directory / f"slurm-{self._job_id(ref)}.out"
+        return Path(fields["StdOut"]) if fields.get("StdOut") else None
 
     def _logs(self, ref: JobRef, *, follow: bool, poll_s: float) -> Iterator[str]:
-        return follow_file(self._log(ref), follow=follow, is_done=lambda: self._status(ref).terminal, poll_s=poll_s)
+        job_id = self._job_id(ref)
+        directory = self._directory(ref)
+        log = self._log_path(ref, self._scontrol(job_id) or {}, directory)
+        if log is None:
+            raise UsageError(f"Slurm job {job_id}: no log file known; Slurm has forgotten the job")
+        return follow_file(log, follow=follow, is_done=lambda: self._status(ref).terminal, poll_s=min(poll_s, 1.0))
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
-        # scancel sends SIGTERM, then SIGKILL after the cluster's KillWait.
-        run_tool(["scancel", self._job_id(ref)], action=f"cancelling Slurm job {ref.native_id}")
-        return self._status(ref)
+        job_id = self._job_id(ref)
+        status = self._status(ref)
+        if status.terminal:
+            return status
+        directory = self._directory(ref)
+        if directory is not None:
+            (directory / STOP_FILE).touch()
+        # SIGTERM to every step and the script (the workers save a checkpoint), SIGKILL after the
+        # cluster's KillWait.
+        run_tool(["scancel", job_id], action=f"cancelling Slurm job {job_id}")
+        deadline = time.monotonic() + grace_s
+        while not (status := self._status(ref)).terminal and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return status
 
     def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
-        return [self._status(ref) for ref in records() if ref.backend == self.name][:limit]
+        # Ask Slurm once first: without its tools, or with its controller down, say so, even
+        # when no job was submitted from here.
+        run_tool(["squeue", "--noheader", "--format=%i"], action="listing Slurm jobs")
+        return [self._status(ref) for ref in [r for r in records() if r.backend == self.name][:limit]]
+
+
+def _read_exit_file(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _details(job_id: str, fields: dict[str, str], directory: Path | None, log: Path | None, *, over: bool) -> dict:
+    details: dict = {"slurm_job_id": job_id, "log": str(log) if log else None}
+    if fields.get("NodeList") not in (None, "", "(null)"):  # empty while pending
+        details["nodes"] = fields["NodeList"]
+    if fields.get("Restarts", "0") != "0":
+        details["restarts"] = int(fields["Restarts"])
+    if fields.get("JobState") == "PENDING" and fields.get("Reason") not in (None, "None"):
+        details["waiting"] = fields["Reason"]
+    if directory is not None:
+        details["job_dir"] = str(directory)
+    if over and log is not None:
+        # Only at the end: while a requeued job runs again, the log's last summary is the first run's.
+        details["summary"] = log_summary(log)
+    return details

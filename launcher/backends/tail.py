@@ -1,10 +1,14 @@
-"""Read a growing log file, optionally until its job ends (local and Slurm jobs write files)."""
+"""Read a job's files as they grow: its log (until the job ends), its last metrics, its summary
+line (local, Slurm and docker jobs write them where this machine can read them)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from launcher.contract.metrics import SUMMARY_PREFIX, parse_fields
 
 
 def follow_file(path: Path, *, follow: bool, is_done: Callable[[], bool], poll_s: float) -> Iterator[str]:
@@ -29,3 +33,27 @@ def follow_file(path: Path, *, follow: bool, is_done: Callable[[], bool], poll_s
                 yield pending.decode(errors="replace")
             return
         time.sleep(poll_s)
+
+
+def last_metrics(path: Path) -> dict[str, float]:
+    if not path.is_file():
+        return {}
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+    return {}
+
+
+def log_summary(log: Path, max_bytes: int = 65536) -> dict[str, float | str]:
+    if not log.is_file():
+        return {}
+    with log.open("rb") as f:
+        f.seek(max(0, log.stat().st_size - max_bytes))
+        lines = f.read().decode(errors="replace").splitlines()
+    for line in reversed(lines):
+        if line.startswith(f"{SUMMARY_PREFIX} "):
+            return parse_fields(line)
+    return {}

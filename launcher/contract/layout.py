@@ -76,7 +76,27 @@ def fill_data_shard(*, world_size: int, tensor: int, context: int, pipeline: int
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of `n`, ascending, built from its prime factors.
+
+    Trial division stops at the square root, so a prime near 10^9 costs ~16,000 steps where the
+    scan of 1..n it replaces took minutes (and `plan --gpus 10**30` forever). The recipe schema
+    and the planner bound every count that reaches here (GPUs, layers, batch sizes).
+    """
+    if n < 1:
+        return []
+    powers: dict[int, int] = {}
+    rest, factor = n, 2
+    while factor * factor <= rest:
+        while rest % factor == 0:
+            powers[factor] = powers.get(factor, 0) + 1
+            rest //= factor
+        factor += 1 if factor == 2 else 2
+    if rest > 1:
+        powers[rest] = powers.get(rest, 0) + 1
+    found = [1]
+    for prime, power in powers.items():
+        found = [d * prime**k for d in found for k in range(power + 1)]
+    return sorted(found)
 
 
 # --- the sequence and the pipeline split ---------------------------------------------------------

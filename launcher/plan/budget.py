@@ -9,6 +9,7 @@ from __future__ import annotations
 from launcher.errors import RecipeError, UsageError
 from launcher.recipe import Recipe, rules
 from launcher.recipe.resolve import Hardware, find_instance_type, hardware_for
+from launcher.recipe.schema import MAX_GPUS, MAX_INSTANCES
 
 
 def resolve_budget(
@@ -21,9 +22,9 @@ def resolve_budget(
     """
     if gpus is not None and instances is not None:
         raise UsageError("give --gpus or --instances, not both")
-    for flag, value in (("--gpus", gpus), ("--instances", instances)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} {value}: use a positive number")
+    for flag, value, most in (("--gpus", gpus, MAX_GPUS), ("--instances", instances, MAX_INSTANCES)):
+        if value is not None and not 1 <= value <= most:
+            raise UsageError(f"{flag} {value}: use a number from 1 to {most:,}")
     key = instance_type or recipe.cluster.instance_type
     instance, unknown = find_instance_type(key)
     if unknown is not None:

@@ -17,7 +17,7 @@ MOVED_KEYS = {"sagemaker.max_run": "cluster.max_run", "sagemaker.image_uri": "cl
 
 def show(value: Any) -> str:
     text = (
-        f"'{value}'"
+        (f"'{value}'" if value.isprintable() else repr(value))  # a newline must not split the line
         if isinstance(value, str)
         else "null"
         if value is None
@@ -138,6 +138,8 @@ def problems_from_validation(err: ValidationError, data: Any, model: type[BaseMo
             message = (
                 f"{show(value)} must be letters, digits and single hyphens, starting and ending with a letter or digit"
             )
+        elif kind == "string_pattern_mismatch":
+            message = f"{show(value)} does not match {first['ctx']['pattern']}"
         elif kind == "string_too_long":
             message = f"{show(value)} is longer than {first['ctx']['max_length']} characters"
         elif kind in ("too_short", "too_long") and isinstance(value, (list, tuple)):

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher import catalog
 from launcher.catalog import Accelerator, InstanceType, ModelArch, choices
 from launcher.errors import Problem
-from launcher.recipe.schema import Cluster, HFConfigModel, ModelOverride, RecipeSpec
+from launcher.recipe.files import UnreadableFile, read_text_file
+from launcher.recipe.schema import (
+    MAX_MODEL_SHAPE,
+    MAX_ROPE_THETA,
+    Cluster,
+    HFConfigModel,
+    ModelOverride,
+    RecipeSpec,
+)
 
 
 def suggest(value: str, options) -> str:
@@ -45,6 +54,71 @@ def _checked(arch: ModelArch, path: str) -> tuple[ModelArch | None, list[Problem
 
 
 _HF_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+_HF_SHAPES = {  # config.json key -> recipe shape whose bound applies
+    "hidden_size": "hidden_size",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "intermediate_size": "ffn_hidden_size",
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_context",
+    "sliding_window": "max_context",
+    "head_dim": "hidden_size",
+}
+_HF_NUMBERS = ("rope_theta", "rms_norm_eps")
+_HF_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _read_hf_json(path: Path) -> tuple[dict | None, str | None]:
+    """The config.json object at `path`, or why it cannot be read (one line)."""
+    try:
+        config = json.loads(read_text_file(path, what="Hugging Face config.json"))
+    except UnreadableFile as err:
+        return None, f"{path} does not exist" if str(err) == "no such file" else f"{path} {err}"
+    except json.JSONDecodeError as err:
+        return None, f"{path} is not valid JSON (line {err.lineno}: {err.msg})"
+    except (ValueError, RecursionError):  # a 5,000-digit integer, or arrays nested thousands deep
+        return None, f"{path} holds a number too long or nesting too deep for a model config"
+    if not isinstance(config, dict):
+        return None, f"{path} is not a JSON object"
+    return config, None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _hf_value_problem(config: dict, path: Path) -> str | None:
+    """The first field of a config.json this launcher cannot use, checked before any arithmetic."""
+    model_type = config.get("model_type")
+    if model_type not in ("llama", "mistral"):
+        return f"model_type {show(model_type)} in {path} is not supported; use a llama or mistral config"
+    missing = [key for key in _HF_REQUIRED if not isinstance(config.get(key), int)]
+    if missing:
+        return f"{path} lacks integer {choices(missing)}"
+    for key, shape in _HF_SHAPES.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        most = MAX_MODEL_SHAPE[shape]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+            return f"{key} {show(value)} in {path} is not a whole number from 1 to {most:,}"
+    for key in _HF_NUMBERS:
+        if key in config and not (_is_number(config[key]) and 0 < config[key] <= MAX_ROPE_THETA):
+            return f"{key} {show(config[key])} in {path} is not a positive number"
+    scaling = config.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        return f"rope_scaling in {path} is not an object"
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        bad = [key for key in _HF_SCALING if not (_is_number(scaling.get(key)) and 0 < scaling[key] <= 2**24)]
+        if bad:
+            return f"rope_scaling in {path} needs positive numbers {choices(bad)}"
+    return None
+
+
+def show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
@@ -53,22 +127,12 @@ def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
     def bad(message: str) -> tuple[None, list[Problem]]:
         return None, [Problem("model.hf_config", message)]
 
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        return bad(f"{path} does not exist")
-    except (OSError, UnicodeDecodeError) as err:
-        return bad(f"cannot read {path}: {getattr(err, 'strerror', None) or err}")
-    except json.JSONDecodeError as err:
-        return bad(f"{path} is not valid JSON (line {err.lineno}: {err.msg})")
-    if not isinstance(config, dict):
-        return bad(f"{path} is not a JSON object")
-    model_type = config.get("model_type")
-    if model_type not in ("llama", "mistral"):
-        return bad(f"model_type {model_type!r} in {path} is not supported; use a llama or mistral config")
-    missing = [key for key in _HF_REQUIRED if not isinstance(config.get(key), int)]
-    if missing:
-        return bad(f"{path} lacks integer {choices(missing)}")
+    config, unreadable = _read_hf_json(path)
+    if config is None:
+        return bad(unreadable)
+    problem = _hf_value_problem(config, path)
+    if problem:
+        return bad(problem)
     window = config.get("sliding_window")
     max_context = config.get("max_position_embeddings", 4096)
     if window and window < max_context:
@@ -82,7 +146,7 @@ def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind != "llama3":
-            return bad(f"rope_scaling type {kind!r} in {path} is not supported; use llama3 scaling or none")
+            return bad(f"rope_scaling type {show(kind)} in {path} is not supported; use llama3 scaling or none")
         scaling = {
             "type": "llama3",
             "factor": scaling["factor"],
@@ -92,7 +156,7 @@ def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
         }
     try:
         arch = ModelArch(
-            family=model_type,
+            family=config["model_type"],
             hidden_size=config["hidden_size"],
             num_layers=config["num_hidden_layers"],
             num_heads=config["num_attention_heads"],

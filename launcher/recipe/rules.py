@@ -17,14 +17,16 @@ from launcher.errors import Problem
 from launcher.recipe.resolve import Hardware
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S, RecipeSpec
 
-# Patterns from the SageMaker API model (botocore sagemaker/2017-07-24/service-2.json).
-ROLE_ARN_RE = re.compile(r"^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$")
-S3_URI_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$")
-REGION_RE = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+$")
-SUBNET_RE = re.compile(r"^subnet-[0-9a-z]+$")
-SECURITY_GROUP_RE = re.compile(r"^sg-[0-9a-z]+$")
-KMS_KEY_RE = re.compile(r"^[a-zA-Z0-9:/_\-]+$")
-IMAGE_RE = re.compile(r"^[\S]{1,255}$")
+# Patterns from the SageMaker API model (botocore sagemaker/2017-07-24/service-2.json), matched
+# with `fullmatch`: `re.match` with a trailing `$` also accepts a trailing newline, so
+# `region: "us-west-2\n"` passed validation and failed at submit. Each is linear in its input.
+ROLE_ARN_RE = re.compile(r"arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+")
+S3_URI_RE = re.compile(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?")
+REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+")
+SUBNET_RE = re.compile(r"subnet-[0-9a-z]+")
+SECURITY_GROUP_RE = re.compile(r"sg-[0-9a-z]+")
+KMS_KEY_RE = re.compile(r"[a-zA-Z0-9:/_\-]+")
+IMAGE_RE = re.compile(r"[\S]{1,255}")
 
 
 def layout_problems(
@@ -118,8 +120,9 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
     problems = []
 
     def check(path: str, value, pattern: re.Pattern, valid: str):
-        if value is not None and not pattern.match(value):
-            problems.append(Problem(path, f"'{value}' is not {valid}"))
+        if value is not None and not pattern.fullmatch(value):
+            shown = value if len(value) <= 60 else value[:57] + "..."
+            problems.append(Problem(path, f"{shown!r} is not {valid}"))
 
     check("sagemaker.region", sm.region, REGION_RE, "an AWS region; use e.g. us-east-1 or us-west-2")
     check(

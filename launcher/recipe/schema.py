@@ -11,6 +11,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -24,31 +25,75 @@ from pydantic import (
 MAX_SEQ_LEN = 131072
 SAGEMAKER_MAX_RUN_S = 28 * 24 * 3600
 
-_DURATION_RE = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
+# Upper bounds of the numeric fields. Each is far above any real job, and each keeps the
+# arithmetic the planner and estimator do on the values (divisors, products, forecasts) instant.
+MAX_GPUS = 131072
+"""The largest world size: 16,384 nodes of 8 GPUs."""
+MAX_INSTANCES = 16384
+MAX_PROCS_PER_NODE = 256
+MAX_STEPS = 10**9
+MAX_SEED = 2**32 - 1
+"""numpy's seeds are 32-bit."""
+MAX_GLOBAL_BATCH = 2**24
+"""Sequences per step: 16M, i.e. 2^41 tokens of 128K."""
+MAX_CHECKPOINTS_KEPT = 10_000
+MAX_DURATION_S = 365 * 86400
+MAX_MODEL_SHAPE = {
+    "hidden_size": 2**20,
+    "num_layers": 10_000,
+    "num_heads": 2**16,
+    "num_kv_heads": 2**16,
+    "ffn_hidden_size": 2**22,
+    "vocab_size": 2**24,
+    "max_context": 2**24,
+}
+"""The largest model shapes a recipe or a Hugging Face config may give (Llama 3.1 405B: 16,384
+hidden, 126 layers, 128 heads, 53,248 FFN, 128,256 vocabulary)."""
+MAX_ROPE_THETA = 1e12
+
+# A duration is short text; the length cap comes before the regex, and the regex has no two
+# adjacent `\s*` that could split the same run of spaces between them (which backtracked for
+# 30 s on 200 spaces and an `x`).
+_DURATION_MAX_CHARS = 32
+_DURATION_RE = re.compile(r"\s*(?:(\d+)d\s*)?(?:(\d+)h\s*)?(?:(\d+)m\s*)?(?:(\d+)s\s*)?")
 
 
 def parse_duration(value: Any) -> Any:
     """'5d', '12h', '1d12h', '90m' or whole seconds, as seconds. Other input passes to pydantic."""
     if isinstance(value, str):
-        match = _DURATION_RE.match(value)
-        if not value.strip() or not match or not any(match.groups()):
-            raise ValueError(f"'{value}' is not a duration; write e.g. 5d, 12h, 1d12h, 90m or seconds")
+        match = _DURATION_RE.fullmatch(value) if len(value) <= _DURATION_MAX_CHARS else None
+        if not match or not any(match.groups()):
+            shown = value if len(value) <= 40 else value[:37] + "..."
+            raise ValueError(f"{shown!r} is not a duration; write e.g. 5d, 12h, 1d12h, 90m or seconds")
         days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
         return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     return value
 
 
+def at_most_a_year(seconds: int) -> int:
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{seconds:,} seconds is over a year; use at most 365d")
+    return seconds
+
+
 Duration = Annotated[
     PositiveInt,
     BeforeValidator(parse_duration),
+    AfterValidator(at_most_a_year),
     WithJsonSchema(
-        {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^(\d+d)?(\d+h)?(\d+m)?(\d+s)?$"}]}
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": MAX_DURATION_S},
+                {"type": "string", "pattern": r"^(\d+d)?(\d+h)?(\d+m)?(\d+s)?$"},
+            ]
+        }
     ),
 ]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # No field takes inf or nan: they would reach the estimator's arithmetic and the entrypoints.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 # --- model -----------------------------------------------------------------------------
@@ -58,14 +103,14 @@ class ModelOverride(Section):
     """A catalog model with some of its shapes changed, e.g. fewer layers for a quick test."""
 
     base: str = Field(description="Catalog key of the model to start from, e.g. llama3.1-8b.")
-    hidden_size: PositiveInt | None = None
-    num_layers: PositiveInt | None = None
-    num_heads: PositiveInt | None = None
-    num_kv_heads: PositiveInt | None = None
-    ffn_hidden_size: PositiveInt | None = None
-    vocab_size: PositiveInt | None = None
-    max_context: PositiveInt | None = None
-    rope_theta: float | None = Field(default=None, gt=0)
+    hidden_size: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["hidden_size"])
+    num_layers: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["num_layers"])
+    num_heads: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["num_heads"])
+    num_kv_heads: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["num_kv_heads"])
+    ffn_hidden_size: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["ffn_hidden_size"])
+    vocab_size: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["vocab_size"])
+    max_context: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["max_context"])
+    rope_theta: float | None = Field(default=None, gt=0, le=MAX_ROPE_THETA)
     tie_embeddings: bool | None = None
 
 
@@ -104,36 +149,36 @@ MODEL_REF_TAGS = ("name", "override", "hf_config")
 class Optimizer(Section):
     name: Literal["adamw"] = "adamw"
     """The optimizer. AdamW with decoupled weight decay."""
-    lr: float = Field(default=3e-4, gt=0)
+    lr: float = Field(default=3e-4, gt=0, le=10)
     """Peak learning rate, reached at the end of warmup."""
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW (beta1, beta2)."""
-    weight_decay: float = Field(default=0.1, ge=0)
-    eps: float = Field(default=1e-8, gt=0)
-    warmup_steps: int = Field(default=0, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0, le=10)
+    eps: float = Field(default=1e-8, gt=0, le=1)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Linear warmup from 0 to lr over this many optimizer steps."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """Decay after warmup, from lr to min_lr at the last step."""
-    min_lr: float = Field(default=0.0, ge=0)
+    min_lr: float = Field(default=0.0, ge=0, le=10)
 
 
 class Training(Section):
     seq_len: PositiveInt = Field(le=MAX_SEQ_LEN)
     """Tokens per sequence (1 to 131072). Above the model's trained context is a warning."""
-    global_batch_size: PositiveInt
+    global_batch_size: PositiveInt = Field(le=MAX_GLOBAL_BATCH)
     """Sequences per optimizer step, over all data-parallel ranks and micro-batches."""
-    micro_batch_size: PositiveInt = 1
+    micro_batch_size: PositiveInt = Field(default=1, le=MAX_GLOBAL_BATCH)
     """Sequences per forward/backward pass on one data-parallel rank."""
-    steps: PositiveInt
+    steps: PositiveInt = Field(le=MAX_STEPS)
     """Optimizer steps to run."""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     """Seeds initialisation and synthetic data; the same seed gives the same model on any layout."""
     optimizer: Optimizer = Optimizer()
-    grad_clip: float | None = Field(default=1.0, gt=0)
+    grad_clip: float | None = Field(default=1.0, gt=0, le=1e6)
     """Clip the global gradient norm to this value; null disables clipping."""
     compile: bool = False
     """torch.compile each transformer block."""
-    log_every: PositiveInt = 1
+    log_every: PositiveInt = Field(default=1, le=MAX_STEPS)
     """Log metrics every this many steps."""
 
 
@@ -147,18 +192,18 @@ class Precision(Section):
 
 
 class Parallel(Section):
-    tensor: PositiveInt = 1
+    tensor: PositiveInt = Field(default=1, le=MAX_GPUS)
     """Tensor (and sequence) parallel degree; stays within a node."""
-    context: PositiveInt = 1
+    context: PositiveInt = Field(default=1, le=MAX_GPUS)
     """Context parallel degree: the sequence is split over this many GPUs (zigzag load balancing)."""
-    pipeline: PositiveInt = 1
+    pipeline: PositiveInt = Field(default=1, le=MAX_GPUS)
     """Pipeline parallel degree: layers are split into this many stages."""
-    virtual_stages: PositiveInt = 1
+    virtual_stages: PositiveInt = Field(default=1, le=MAX_MODEL_SHAPE["num_layers"])
     """Pipeline stages per rank (interleaved 1F1B uses 2 or more)."""
     pipeline_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"
-    data_replicate: PositiveInt = 1
+    data_replicate: PositiveInt = Field(default=1, le=MAX_GPUS)
     """Replicas of the FSDP-sharded model (HSDP); gradients are all-reduced between them."""
-    data_shard: PositiveInt | Literal["auto"] = "auto"
+    data_shard: Annotated[PositiveInt, Field(le=MAX_GPUS)] | Literal["auto"] = "auto"
     """FSDP shard degree; 'auto' fills the GPUs the other degrees leave."""
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     """Recompute activations in backward: none, selective (every other block), or full (every block)."""
@@ -169,14 +214,14 @@ class Cluster(Section):
     """Where the job runs (accelerate: render an `accelerate launch` config only)."""
     instance_type: str = "local"
     """An instance type from the catalog (ml.p5.48xlarge, ...) or 'local' for this machine."""
-    instance_count: PositiveInt = 1
-    nproc_per_node: PositiveInt | None = None
+    instance_count: PositiveInt = Field(default=1, le=MAX_INSTANCES)
+    nproc_per_node: PositiveInt | None = Field(default=None, le=MAX_PROCS_PER_NODE)
     """Processes per node. 'local' defaults to 1; other instance types use their GPU count."""
     device: Literal["cpu", "cuda"] = "cuda"
     """cpu (gloo) or cuda (nccl)."""
     accelerator: str | None = None
     """The GPU of a 'local' cuda machine, e.g. h100-80gb. Derived for catalog instance types."""
-    usd_per_hour: float | None = Field(default=None, ge=0)
+    usd_per_hour: float | None = Field(default=None, ge=0, le=1e6)
     """Your price per instance-hour, if it differs from the catalog's."""
     image: str | None = Field(default=None, max_length=255)
     """Container image for sagemaker, docker and k8s; default: the region's PyTorch training image
@@ -199,7 +244,7 @@ class SageMaker(Section):
     """Managed spot training."""
     max_wait: Duration | None = None
     """With spot: how long to wait for capacity plus run time; at least max_run."""
-    volume_size_gb: PositiveInt = 500
+    volume_size_gb: PositiveInt = Field(default=500, le=16384)
     subnets: list[str] = []
     security_group_ids: list[str] = []
     kms_key_id: str | None = None
@@ -265,12 +310,12 @@ class Data(Section):
 class Checkpoint(Section):
     dir: str | None = None
     """Where checkpoints go; default /opt/ml/checkpoints on SageMaker, the job directory elsewhere."""
-    every_steps: int = Field(default=0, ge=0)
+    every_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Save every this many steps (0: only at the end and on SIGTERM)."""
-    every_minutes: float = Field(default=0, ge=0)
+    every_minutes: float = Field(default=0, ge=0, le=MAX_DURATION_S / 60)
     """Also save when this many minutes have passed since the last save began (0: off). Bounds the
     work an interruption can lose whatever the step time; e.g. 30 on spot capacity."""
-    keep: PositiveInt = 3
+    keep: PositiveInt = Field(default=3, le=MAX_CHECKPOINTS_KEPT)
     """Keep the newest this many complete checkpoints."""
     resume: str = "auto"
     """'auto' (newest complete checkpoint, if any), 'never', or a checkpoint path."""

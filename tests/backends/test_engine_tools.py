@@ -1,7 +1,7 @@
-"""Slurm, Kubernetes and docker jobs driven through their command-line tools.
+"""Kubernetes and docker jobs driven through their command-line tools (Slurm's: test_slurm_backend.py).
 
-No engine runs here, so stand-in `sbatch`/`sacct`/`scancel`/`kubectl`/`docker` executables on
-PATH record the argv they get and answer what the real tools print.
+No engine runs here, so stand-in `kubectl`/`docker` executables on PATH record the argv they
+get and answer what the real tools print.
 """
 
 from __future__ import annotations
@@ -39,63 +39,6 @@ def tools(tmp_path, monkeypatch):
 
     make.calls = calls
     return make
-
-
-def test_slurm_submit_writes_the_script_and_records_the_job_id(home, fake_bundle, tools, cli):
-    tools("sbatch", "4242;cluster-a\n")
-    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json")
-    assert result.code == 0, result.err
-    name = json.loads(result.out)["name"]
-    directory = home / "jobs" / name
-    (call,) = tools.calls("sbatch")
-    assert call["argv"] == ["--parsable", f"--output={directory / 'slurm-%j.out'}", str(directory / "job.sbatch")]
-    assert (directory / "job.sbatch").read_text().startswith("#!/bin/bash\n#SBATCH --job-name=")
-    assert (directory / "code" / "resolved.json").is_file()
-    assert json.loads((directory / "job.json").read_text())["native_id"] == "4242"
-
-
-@pytest.mark.parametrize(
-    "sacct, state, reason",
-    [
-        ("RUNNING|0:0|2026-11-09T10:00:00|Unknown\n", "InProgress", None),
-        ("COMPLETED|0:0|2026-11-09T10:00:00|2026-11-09T11:00:00\n", "Completed", None),
-        ("CANCELLED by 1000|0:15|2026-11-09T10:00:00|2026-11-09T10:05:00\n", "Stopped", None),
-        (
-            "TIMEOUT|0:0|2026-11-09T10:00:00|2026-11-10T10:00:00\n",
-            "Failed",
-            "Slurm job 4242 ended TIMEOUT (exit code 0:0)",
-        ),
-        ("", "InProgress", None),
-    ],
-)
-def test_slurm_status_maps_sacct_states(home, fake_bundle, tools, cli, sacct, state, reason):
-    tools("sbatch", "4242\n")
-    tools("sacct", sacct)
-    name = json.loads(cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json").out)["name"]
-    status = json.loads(cli("status", name, "--json").out)
-    assert (status["state"], status["failure_reason"]) == (state, reason)
-    assert tools.calls("sacct")[0]["argv"][:2] == ["-j", "4242"]
-
-
-def test_slurm_logs_read_the_output_file_and_stop_cancels(home, fake_bundle, tools, cli):
-    tools("sbatch", "4242\n")
-    tools("sacct", "COMPLETED|0:0|a|b\n")
-    tools("scancel")
-    name = json.loads(cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json").out)["name"]
-    (home / "jobs" / name / "slurm-4242.out").write_text("metrics step=1 loss=2\nsummary steps=1")
-    assert cli("logs", name, "--follow").out.splitlines() == ["metrics step=1 loss=2", "summary steps=1"]
-    cli("stop", name)
-    assert tools.calls("scancel")[0]["argv"] == ["4242"]
-
-
-def test_k8s_submit_applies_exactly_the_dry_run_manifest(home, fake_bundle, fixed_names, tools, cli):
-    tools("kubectl", "pytorchjob.kubeflow.org/x created\n")
-    dry = cli("submit", recipe_path("tiny-cpu"), "--backend", "k8s", "--dry-run")
-    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "k8s")
-    assert result.code == 0, result.err
-    (call,) = tools.calls("kubectl")
-    assert call["argv"] == ["apply", "-f", "-"]
-    assert call["stdin"] == dry.out
 
 
 def test_k8s_status_reads_the_pytorchjob_conditions(home, fake_bundle, tools, cli):

@@ -83,18 +83,26 @@ def test_docker_command_through_bash_gives_docker_exactly_its_argv(hostile_home,
 
 def test_sbatch_script_runs_srun_with_exactly_its_argv(hostile_home, tmp_path):
     spec, rendering, _, _ = hostile("llama70b-128k", "slurm", tmp_path)
-    code = Path(hostile_home) / "jobs" / spec.name / "code"
-    code.mkdir(parents=True)
+    directory = Path(hostile_home) / "jobs" / spec.name
+    (directory / "code").mkdir(parents=True)
     calls = tmp_path / "calls.jsonl"
     recorder(tmp_path / "bin", "srun", calls)
     recorder(tmp_path / "bin", "scontrol", tmp_path / "scontrol.jsonl", stdout="node-a\nnode-b")
     script = tmp_path / "job.sbatch"
     script.write_text(rendering.text)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]"}
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+        "SLURM_JOB_ID": "7",
+        "SLURM_CPUS_ON_NODE": "96",
+    }
     subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, check=True)
-    (call,) = [json.loads(line) for line in calls.read_text().splitlines()]
-    assert call["argv"] == ["--kill-on-bad-exit=1", "--ntasks-per-node=1", *spec.command]
-    assert call["rdzv"] == "node-a:29500" and call["cwd"] == str(code)
+    check, train = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert check["argv"][-2:] == [str(directory / "code" / "resolved.json"), str(hostile_home)]
+    assert train["argv"] == ["--cpus-per-task=96", "--kill-on-bad-exit=1", "--ntasks-per-node=1", *spec.command]
+    assert train["rdzv"] == "node-a:29500" and train["cwd"] == str(directory / "code")
+    assert (directory / "exit_code").read_text() == "0\n"
     assert pwned(tmp_path) == []
 
 

@@ -82,6 +82,8 @@ def test_a_failing_job_reports_the_exit_code_and_the_error(no_torchrun, monkeypa
     status = json.loads(cli("status", name, "--json").out)
     assert status["state"] == "Failed" and status["exit_code"] == 3
     assert status["failure_reason"] == "torchrun exited with code 3: RuntimeError: fake failure in step 4"
+    followed = cli("logs", name, "--follow")
+    assert followed.code == 3 and "fake failure in step 4" in followed.out  # the job's exit code, as --wait
 
 
 def test_stop_sends_sigterm_to_the_process_group(no_torchrun, monkeypatch):

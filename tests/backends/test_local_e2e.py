@@ -54,8 +54,8 @@ def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(tmp_path):
 
 
 def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_path):
-    # Rank 0 alone creates the checkpoint directory; under a regular file that fails, while ranks 1-3
-    # wait in a barrier and then fail with gloo's "Connection closed by peer" (the symptom).
+    # Rank 0 alone creates the checkpoint directory (for its lease); under a regular file that fails,
+    # while ranks 1-3 wait for its resume decision and then fail with gloo's "Connection closed by peer" (the symptom).
     (tmp_path / "a-file").write_text("")
     home = tmp_path / "home"
     overrides = ["training.steps=2", "checkpoint.every_steps=1", f"checkpoint.dir={tmp_path / 'a-file' / 'ckpt'}"]
@@ -87,5 +87,5 @@ def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_p
     assert status["state"] == "Failed"
     assert status["failure_reason"] == (
         f"torchrun exited with code 1: rank 0: NotADirectoryError: [Errno 20] Not a directory: "
-        f"'{tmp_path / 'a-file' / 'ckpt' / 'step-00000001'}'"
+        f"'{tmp_path / 'a-file' / 'ckpt'}'"
     )

@@ -102,14 +102,6 @@ def test_the_sagemaker_render_is_the_json_it_prints(fixed_home):
     assert json.loads(rendering.text) == rendering.data
 
 
-def test_multi_node_slurm_rendezvous_on_the_first_node_with_efa(fixed_home):
-    script = render("slurm-llama70b-128k").text
-    assert 'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in script
-    assert 'export PET_RDZV_ENDPOINT="${nodes[0]}:29500"' in script
-    assert "export FI_PROVIDER=efa" in script
-    assert "#SBATCH --nodes=4" in script and "#SBATCH --gpus-per-node=8" in script
-
-
 def test_the_pytorchjob_asks_for_efa_devices_and_mounts_the_checkpoint_volume(fixed_home):
     _, job = render("k8s-llama70b-128k").data["manifest"]
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3

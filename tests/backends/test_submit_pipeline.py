@@ -89,12 +89,6 @@ def test_backend_override_is_checked_like_the_recipe(home, fake_bundle):
             {},
             "the docker backend runs one node, not cluster.instance_count 4; use sagemaker",
         ),
-        (
-            "llama3-8b-8k",
-            "k8s",
-            {},
-            "data.source: the k8s backend cannot read s3://my-training-bucket/tokens/llama3-8k/; copy it to the nodes",
-        ),
     ],
 )
 def test_unsupported_requests_fail_before_any_aws_call(aws, home, fake_bundle, recipe, backend, overrides, message):

@@ -119,16 +119,59 @@ def checkpointer(directory, **cfg):
     return Checkpointer(directory, CheckpointConfig(**cfg), parts=[], optimizers=None, data=None, placement=placement)
 
 
-def test_auto_resume_takes_the_newest_checkpoint_every_host_completed(tmp_path):
+def plan(directory, **cfg) -> list:
+    """[refusal, candidates, complete steps]: what rank 0 decides before a resume."""
+    return checkpointer(directory, **cfg)._resume_plan()
+
+
+def test_auto_resume_takes_the_newest_checkpoint_every_host_completed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_CHECKPOINT_LEASE", "0")
     make_checkpoint(tmp_path, 10, [0, 1])
     make_checkpoint(tmp_path, 20, [0])
-    assert checkpointer(tmp_path).to_resume() == tmp_path / "step-00000010"
-    assert checkpointer(tmp_path, resume="never").to_resume() is None
+    assert plan(tmp_path) == [None, [str(tmp_path / "step-00000010")], [10]]
+    assert "warning: checkpoint step-00000020 is incomplete (host(s) 1 of 2 wrote no COMPLETE marker); skipped" in (
+        capsys.readouterr().out
+    )
+    assert plan(tmp_path, resume="never") == [None, [], [10]]
 
 
-def test_resume_from_an_incomplete_checkpoint_path_is_refused(tmp_path):
-    from launcher.contract.config import ConfigError
-
+def test_resume_from_an_incomplete_checkpoint_path_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_CHECKPOINT_LEASE", "0")
     path = make_checkpoint(tmp_path, 20, [1])
-    with pytest.raises(ConfigError, match=r"is not a complete checkpoint \(not every host's COMPLETE.node-\* marker\)"):
-        checkpointer(tmp_path, resume=str(path)).to_resume()
+    refusal, candidates, _ = plan(tmp_path, resume=str(path))
+    assert "is not a complete checkpoint (not every host's COMPLETE.node-* marker)" in refusal and candidates == []
+
+
+def test_a_checkpoint_whose_files_differ_from_its_markers_is_skipped(tmp_path, capsys, monkeypatch):
+    from entrypoints.checkpoint_files import checkpoint_fault, marker_content, own_file_sizes
+
+    monkeypatch.setenv("LAUNCHER_CHECKPOINT_LEASE", "0")
+    for step in (10, 20):
+        path = make_checkpoint(tmp_path, step, [0, 1])
+        for host in (HOST0, HOST1):
+            (path / host.marker).write_bytes(marker_content(step, own_file_sizes(path, host)))
+    newest = tmp_path / "step-00000020"
+    assert checkpoint_fault(newest) is None
+    (newest / "__3_0.distcp").write_bytes(b"sh")  # torn: host 1 recorded 5 bytes
+    assert checkpoint_fault(newest) == "__3_0.distcp is 2 bytes, but COMPLETE.node-1-of-2 recorded 5"
+    assert plan(tmp_path)[1] == [str(tmp_path / "step-00000010")]
+    assert "warning: checkpoint step-00000020 is damaged (__3_0.distcp is 2 bytes" in capsys.readouterr().out
+    (tmp_path / "step-00000010" / "train_state.json").unlink()
+    refusal, candidates, _ = plan(tmp_path)
+    assert candidates == [] and refusal.startswith("checkpoint: every complete checkpoint in ")
+
+
+def test_the_lease_keeps_a_second_job_out_until_it_lapses(tmp_path):
+    from entrypoints.checkpoint_files import LEASE_STALE_S, acquire_lease, read_lease, release_lease
+
+    assert acquire_lease(tmp_path, "job-a", now=1000.0) is None
+    refusal = acquire_lease(tmp_path, "job-b", now=1010.0)
+    assert refusal.startswith(f"checkpoint.dir: {tmp_path} is in use by job job-a on ")
+    assert "renewed 10 s ago" in refusal
+    assert acquire_lease(tmp_path, "job-a", now=1020.0) is None  # the same job, restarted
+    assert acquire_lease(tmp_path, "job-b", now=1020.0 + LEASE_STALE_S) is None  # job-a stopped renewing
+    assert read_lease(tmp_path)["owner"] == "job-b"
+    release_lease(tmp_path, "job-a")  # not its lease any more: nothing happens
+    assert read_lease(tmp_path)["owner"] == "job-b"
+    release_lease(tmp_path, "job-b")
+    assert read_lease(tmp_path) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -71,7 +72,12 @@ def test_checkpoints_are_marked_complete_and_keep_the_newest(runs):
     assert names == ["step-00000002", "step-00000003"]
     for name in names:
         # One host of 4 ranks: one marker, and each rank's shard and RNG state.
-        assert (directory / name / "COMPLETE.node-0-of-1").read_text().strip() == str(int(name[-8:]))
+        path = directory / name
+        marker = json.loads((path / "COMPLETE.node-0-of-1").read_text())
+        assert marker["step"] == int(name[-8:])
+        # It records the size of every file the host wrote: what resume checks before loading.
+        files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith("COMPLETE.")]
+        assert marker["files"] == {p.relative_to(path).as_posix(): p.stat().st_size for p in files}
         assert sorted(p.name for p in (directory / name / "rng").iterdir()) == [f"rank-{r:05d}.pt" for r in range(4)]
 
 

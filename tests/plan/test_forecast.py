@@ -68,7 +68,7 @@ def test_the_time_limit_applies_only_where_the_engine_enforces_one(tmp_path, mon
     told = []
     done = api.submit(
         FLAGSHIP,
-        set_options=[*TOO_LONG, "data.source=synthetic"],
+        set_options=TOO_LONG,
         backend="slurm",
         dry_run=True,
         report=lambda s, m: told.append(m),

@@ -375,7 +375,9 @@ def test_extends_cycle(tmp_path, monkeypatch, cli):
     (tmp_path / "b.yaml").write_text("extends: a.yaml\nname: b\n")
     result = cli("validate", "a.yaml")
     assert result.code == 2
-    assert result.err_lines == ["b.yaml:1 extends: a.yaml extends back to this file; remove the cycle"]
+    assert result.err_lines == [
+        "b.yaml:1 extends: a.yaml extends back to a file of this chain (a.yaml -> b.yaml -> a.yaml); remove the cycle"
+    ]
 
 
 def test_hf_config_that_is_not_json(tmp_path, monkeypatch, cli):

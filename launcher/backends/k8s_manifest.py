@@ -1,0 +1,300 @@
+"""The Kubernetes objects of one job, built as data: a Kubeflow PyTorchJob and what it mounts.
+
+- the PyTorchJob (kubeflow.org/v1, training-operator 1.9): a Master and `instance_count - 1`
+  Workers, each pod one container named `pytorch` that unpacks the code bundle and execs the
+  spec's torchrun argv;
+- a ConfigMap holding the code bundle, owned by the PyTorchJob so it is deleted with it;
+- the checkpoint claim (ReadWriteMany, mounted at /launcher by every pod), rendered only when
+  `k8s.storage_class` lets submit create it; otherwise it must already exist;
+- for s3:// data: a Mountpoint-for-S3 CSI PersistentVolume (static provisioning, read-only) and
+  the claim bound to it, mounted where the training processes read SM_CHANNEL_TRAIN.
+
+Two values exist only at submit time: the PyTorchJob's uid (owner of the ConfigMap and data
+claims) and, when `k8s.namespace` is unset, kubectl's current namespace (a data volume's
+claimRef names it). A render without them shows placeholders; submit builds the manifest again
+with the real values, so what it creates is exactly what a dry-run printed, filled in.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from launcher.bundle import ARCHIVE_NAME, Bundle, unpack_entrypoint
+from launcher.catalog import instance_types
+from launcher.errors import UsageError
+from launcher.spec import RDZV_PORT, JobSpec, Resources
+
+VOLUME_ROOT = "/launcher"
+BUNDLE_DIR = "/opt/launcher/bundle"
+CODE_DIR = "/opt/launcher/code"
+DATA_DIR = "/opt/launcher/data"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "launcher"}
+# Pod names are `<job>-worker-<index>` and must be DNS labels of at most 63 characters.
+MAX_NAME = 52
+# Services (the operator makes one per pod) and PyTorchJobs need DNS-1035 labels: a letter first.
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+EFA_HUGEPAGES = "5120Mi"  # libfabric's EFA provider registers its buffers in 2 MiB huge pages
+# The API server refuses a ConfigMap whose data adds up to more than 1 MiB (binaryData decoded).
+MAX_CONFIG_MAP_BYTES = 1024 * 1024
+# The kubelet, system daemons and per-node agents (device plugins, CSI, CNI) keep part of each
+# node; requesting 90% of the catalog's vCPUs and memory still fits one pod per node.
+ALLOCATABLE_SHARE = 0.9
+# 'local' has no catalog size: what one gloo/CUDA process of a small job needs.
+CPU_PER_PROCESS, MEMORY_GI_PER_PROCESS = 1, 4
+# The operator reads MASTER_PORT from the container port of this name (default 23456); naming
+# the rendezvous port makes MASTER_ADDR:MASTER_PORT the same endpoint torchrun uses.
+OPERATOR_PORT_NAME = "pytorchjob-port"
+# Mountpoint ignores a static volume's size, but Kubernetes requires one (and claim <= volume).
+S3_VOLUME_SIZE = "1Ti"
+S3_DRIVER = "s3.csi.aws.com"
+OWNER_UID_AT_SUBMIT = "<uid of the PyTorchJob, set by submit>"
+NAMESPACE_AT_SUBMIT = "<kubectl's current namespace, set by submit>"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimSettings:
+    """What the manifest needs of the recipe's k8s: section."""
+
+    namespace: str | None
+    checkpoint_claim: str
+    storage_class: str | None
+    storage_size: str
+    region: str | None = None
+    """AWS region of s3:// data, for Mountpoint's `region` option (None: Mountpoint finds it)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    config_map: dict
+    job: dict
+    checkpoint_claim: dict | None
+    """Created by submit when missing (with k8s.storage_class); None: it must exist."""
+    data_volumes: tuple[dict, ...]
+    """PersistentVolume, PersistentVolumeClaim pairs for s3:// data."""
+
+    def documents(self) -> list[dict]:
+        claim = [self.checkpoint_claim] if self.checkpoint_claim else []
+        return [self.config_map, self.job, *claim, *self.data_volumes]
+
+    def owned(self) -> list[dict]:
+        """The objects created after the PyTorchJob, with it as their owner."""
+        return [self.config_map, *(d for d in self.data_volumes if d["kind"] == "PersistentVolumeClaim")]
+
+
+def dns_label(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")[:63].rstrip("-") or "launcher"
+
+
+def claim_name(recipe_name: str) -> str:
+    return dns_label(f"{recipe_name}-launcher")
+
+
+def name_problem(name: str) -> str | None:
+    if len(name) > MAX_NAME or not DNS_1035.match(name):
+        return (
+            f"job name {name}: the k8s backend needs a lowercase name that starts with a letter and has at most "
+            f"{MAX_NAME} characters (pods are <job>-worker-<n>, Services are DNS-1035 labels); rename the recipe"
+        )
+    return None
+
+
+def metadata(name: str, labels: dict, namespace: str | None, **extra) -> dict:
+    return {"name": name, **({"namespace": namespace} if namespace else {}), "labels": labels, **extra}
+
+
+def owner_reference(job_name: str, uid: str | None) -> dict:
+    # No blockOwnerDeletion: it needs update rights on pytorchjobs/finalizers, which users often lack.
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job_name, "uid": uid or OWNER_UID_AT_SUBMIT}
+
+
+def config_map(spec: JobSpec, bundle: Bundle, labels: dict, namespace: str | None, uid: str | None) -> dict:
+    if len(bundle.data) > MAX_CONFIG_MAP_BYTES:
+        raise UsageError(
+            f"the code bundle is {len(bundle.data) / 2**20:.2f} MiB, more than the 1 MiB a Kubernetes ConfigMap holds; "
+            "keep entrypoints/ small (data belongs in data.source)"
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(f"{spec.name}-code", labels, namespace, ownerReferences=[owner_reference(spec.name, uid)]),
+        "binaryData": {ARCHIVE_NAME: base64.b64encode(bundle.data).decode()},
+    }
+
+
+def container_resources(r: Resources) -> dict:
+    """Requests sized from the instance catalog; devices and huge pages with requests == limits."""
+    limits: dict[str, str | int] = {}
+    if r.device == "cuda":
+        limits["nvidia.com/gpu"] = r.procs_per_node
+    if r.has_efa:
+        limits["vpc.amazonaws.com/efa"] = r.efa_interfaces
+        limits["hugepages-2Mi"] = EFA_HUGEPAGES
+    instance = instance_types().get(r.instance_type)
+    if instance is not None and instance.vcpus and instance.host_memory_gib:
+        cpu = math.floor(instance.vcpus * ALLOCATABLE_SHARE)
+        memory_gi = math.floor(instance.host_memory_gib * ALLOCATABLE_SHARE)
+    else:
+        cpu, memory_gi = CPU_PER_PROCESS * r.procs_per_node, MEMORY_GI_PER_PROCESS * r.procs_per_node
+    # Huge pages are refused without a cpu or memory request; the scheduler places pods by requests.
+    requests = {"cpu": str(cpu), "memory": f"{memory_gi}Gi", **limits}
+    return {"requests": requests, "limits": limits} if limits else {"requests": requests}
+
+
+def s3_location(uri: str) -> tuple[str, str]:
+    """(bucket, prefix ending in / or empty) of an s3:// URI, read as a directory."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    key = key.strip("/")
+    return bucket, f"{key}/" if key else ""
+
+
+def s3_volume(spec: JobSpec, index: int, source: str, settings: ClaimSettings, namespace: str | None, uid: str | None):
+    """(PersistentVolume, PersistentVolumeClaim) of Mountpoint for S3's static provisioning."""
+    name = f"{spec.name}-data-{index}"
+    labels = job_labels(spec)
+    bucket, prefix = s3_location(source)
+    options = [
+        "read-only",
+        *([f"prefix {prefix}"] if prefix else []),
+        *([f"region {settings.region}"] if settings.region else []),
+    ]
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": metadata(name, labels, None),  # cluster-scoped; the job name makes it unique
+        "spec": {
+            "capacity": {"storage": S3_VOLUME_SIZE},
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",  # static provisioning: no class, no provisioner
+            # Reserved for this job's claim, so no other claim can bind it first.
+            "claimRef": {"namespace": namespace or NAMESPACE_AT_SUBMIT, "name": name},
+            "mountOptions": options,
+            "csi": {"driver": S3_DRIVER, "volumeHandle": name, "volumeAttributes": {"bucketName": bucket}},
+        },
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(name, labels, namespace, ownerReferences=[owner_reference(spec.name, uid)]),
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": S3_VOLUME_SIZE}},
+            "volumeName": name,
+        },
+    }
+    return volume, claim
+
+
+def data_volumes(spec: JobSpec, settings: ClaimSettings, namespace: str | None, uid: str | None):
+    """(mounts, pod volumes, documents to create) for the job's data inputs."""
+    mounts, volumes, documents = [], [], []
+    for index, data in enumerate(spec.inputs):
+        name = f"data-{index}"
+        mounts.append({"name": name, "mountPath": data.container_path, "readOnly": True})
+        if data.source.startswith("s3://"):
+            volume, claim = s3_volume(spec, index, data.source, settings, namespace, uid)
+            documents += [volume, claim]
+            volumes.append(
+                {"name": name, "persistentVolumeClaim": {"claimName": claim["metadata"]["name"], "readOnly": True}}
+            )
+        else:
+            # A path that every node has (a host mount of FSx, NFS or local disks).
+            volumes.append({"name": name, "hostPath": {"path": data.source}})
+    return mounts, volumes, documents
+
+
+def job_labels(spec: JobSpec) -> dict:
+    return {**MANAGED_BY, "launcher/recipe": dns_label(spec.recipe_name), "launcher/job": spec.name}
+
+
+def pod_template(spec: JobSpec, settings: ClaimSettings, data_mounts: list, data_pod_volumes: list) -> dict:
+    env = [{"name": k, "value": v} for k, v in spec.environment]
+    env += [
+        {"name": "LAUNCHER_BUNDLE", "value": f"{BUNDLE_DIR}/{ARCHIVE_NAME}"},
+        {"name": "LAUNCHER_CODE", "value": CODE_DIR},
+    ]
+    mounts = [
+        {"name": "bundle", "mountPath": BUNDLE_DIR, "readOnly": True},
+        {"name": "launcher", "mountPath": VOLUME_ROOT},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        *data_mounts,
+    ]
+    volumes = [
+        {"name": "bundle", "configMap": {"name": f"{spec.name}-code"}},
+        {"name": "launcher", "persistentVolumeClaim": {"claimName": settings.checkpoint_claim}},
+        # NCCL and data-loader workers share tensors through /dev/shm; the default is 64 MiB.
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        *data_pod_volumes,
+    ]
+    container = {
+        "name": "pytorch",  # the training operator finds the container by this name
+        "image": spec.image,
+        "command": unpack_entrypoint(),
+        "args": list(spec.command),
+        "env": env,
+        "ports": [{"name": OPERATOR_PORT_NAME, "containerPort": RDZV_PORT, "protocol": "TCP"}],
+        "resources": container_resources(spec.resources),
+        "volumeMounts": mounts,
+    }
+    return {"metadata": {"labels": job_labels(spec)}, "spec": {"containers": [container], "volumes": volumes}}
+
+
+def pytorch_job(spec: JobSpec, template: dict, namespace: str | None) -> dict:
+    r = spec.resources
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+    if r.instance_count > 1:
+        replicas["Worker"] = {"replicas": r.instance_count - 1, "restartPolicy": "Never", "template": template}
+    annotations = {"launcher/tags": json.dumps(dict(spec.tags), sort_keys=True)} if spec.tags else {}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": metadata(
+            spec.name, job_labels(spec), namespace, **({"annotations": annotations} if annotations else {})
+        ),
+        "spec": {
+            "runPolicy": {
+                "cleanPodPolicy": "None",
+                "backoffLimit": spec.retries,
+                "activeDeadlineSeconds": spec.max_run_s,
+            },
+            "nprocPerNode": str(r.procs_per_node),
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
+
+
+def checkpoint_claim(spec: JobSpec, settings: ClaimSettings, namespace: str | None) -> dict | None:
+    """The claim submit creates when missing: only with a storage class that provisions it."""
+    if settings.storage_class is None:
+        return None
+    labels = {**MANAGED_BY, "launcher/recipe": dns_label(spec.recipe_name)}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        # No owner: checkpoints outlive the job, so the next job of the lineage resumes from them.
+        "metadata": metadata(settings.checkpoint_claim, labels, namespace),
+        "spec": {
+            "accessModes": ["ReadWriteMany"],  # every pod of the job writes its shards
+            "storageClassName": settings.storage_class,
+            "resources": {"requests": {"storage": settings.storage_size}},
+        },
+    }
+
+
+def build_manifest(
+    spec: JobSpec, bundle: Bundle, settings: ClaimSettings, *, namespace: str | None = None, uid: str | None = None
+) -> Manifest:
+    """Every object of the job; `namespace` and `uid` as far as they are known (see the module doc)."""
+    namespace = namespace or settings.namespace
+    mounts, pod_volumes, volume_documents = data_volumes(spec, settings, namespace, uid)
+    template = pod_template(spec, settings, mounts, pod_volumes)
+    return Manifest(
+        config_map=config_map(spec, bundle, job_labels(spec), namespace, uid),
+        job=pytorch_job(spec, template, namespace),
+        checkpoint_claim=checkpoint_claim(spec, settings, namespace),
+        data_volumes=tuple(volume_documents),
+    )

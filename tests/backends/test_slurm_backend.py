@@ -1,0 +1,325 @@
+"""The Slurm backend without a cluster: what the script asks Slurm for, and how Slurm's answers read.
+
+Slurm's answers are real: tests/backends/slurm_outputs/ holds what slurm-wlm 22.05's scontrol
+and sbatch printed on the test cluster (tests/engines/slurm_cluster.py). Stand-in tools on PATH
+(the `tools` fixture) print them back. tests/engines/test_slurm_real.py runs the real thing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import get_backend
+from launcher.backends.slurm import exit_code_of, parse_scontrol, state_of
+
+from . import test_engine_tools
+from .helpers import recipe_path, spec_for
+
+tools = test_engine_tools.tools  # the stand-in tools fixture
+
+OUTPUTS = Path(__file__).resolve().parent / "slurm_outputs"
+FSX = "/fsx/tokens/llama3-128k"
+
+
+def captured(name: str) -> str:
+    return (OUTPUTS / name).read_text()
+
+
+def failing_tool(tools, name: str, stderr: str) -> None:
+    """A stand-in `name` that prints `stderr` and exits 1, as the real tool did."""
+    tools(name, "", exit_code=1)
+    script = Path(os.environ["PATH"].split(os.pathsep)[0]) / name
+    script.write_text(script.read_text().replace("sys.exit(1)", f"sys.stderr.write({stderr!r}); sys.exit(1)"))
+
+
+def directives(script: str) -> dict[str, str]:
+    """`#SBATCH --key=value` lines as {key: value} ("" for a flag), as sbatch reads them."""
+    found = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line.removeprefix("#SBATCH ").partition("=")
+            found[key] = value
+    return found
+
+
+def render(recipe: str = "tiny-cpu", **overrides):
+    return get_backend("slurm").render(spec_for(recipe, "slurm", **overrides))
+
+
+# --- the script ------------------------------------------------------------------------------------
+
+
+def test_a_cpu_job_asks_for_a_core_per_process_and_a_gpu_job_for_whole_nodes(home, fake_bundle):
+    cpu = directives(render(**{"cluster.instance_count": 2, "cluster.nproc_per_node": 2}).text)
+    assert cpu == {
+        "--job-name": "tiny-cpu-job",
+        "--nodes": "2",
+        "--ntasks-per-node": "1",
+        "--cpus-per-task": "2",
+        "--time": "1-00:00:00",
+        "--signal": "B:USR1@600",
+        "--requeue": "",
+        "--open-mode": "append",
+    }
+    gpu = directives(render("llama70b-128k", **{"data.source": FSX}).text)
+    assert {k: gpu[k] for k in ("--nodes", "--exclusive", "--gpus-per-node", "--time")} == {
+        "--nodes": "4",
+        "--exclusive": "",
+        "--gpus-per-node": "8",
+        "--time": "6-00:00:00",
+    }
+    assert "--cpus-per-task" not in gpu
+
+
+def test_the_slurm_section_reaches_the_directives(home, fake_bundle):
+    script = render(
+        **{
+            "cluster.max_run": "90m",
+            "slurm.partition": "gpu-a",
+            "slurm.account": "proj_7",
+            "slurm.signal_before_end": "5m",
+            "slurm.requeue": False,
+        }
+    ).text
+    found = directives(script)
+    assert (found["--time"], found["--partition"], found["--account"]) == ("0-01:30:00", "gpu-a", "proj_7")
+    assert (found["--signal"], "--no-requeue" in found, "--requeue" in found) == ("B:USR1@300", True, False)
+    assert "scontrol requeue" not in script
+
+
+def test_sbatch_gets_the_paths_on_its_command_line_under_the_shared_dir(home, fake_bundle, tmp_path):
+    shared = tmp_path / "fsx"
+    rendering = render(**{"slurm.shared_dir": str(shared)})
+    directory = shared / "jobs" / "tiny-cpu-job"
+    assert rendering.data["command"] == [
+        "sbatch",
+        "--parsable",
+        f"--output={directory / 'slurm-%j.out'}",
+        f"--chdir={directory}",
+        str(directory / "job.sbatch"),
+    ]
+    spec = rendering.spec
+    assert spec.checkpoint_dir == str(shared / "checkpoints" / "tiny-cpu" / "tiny-cpu-job")
+    assert spec.output_dir == str(directory)
+    assert f"shared-dir-check {directory / 'code' / 'resolved.json'} {shared} || exit 1" in rendering.text
+
+
+def test_a_resume_continues_the_earlier_jobs_checkpoints_on_the_shared_dir(home, fake_bundle, tmp_path):
+    from launcher.api import load
+
+    recipe = load(recipe_path("tiny-cpu"), backend="slurm", set_options=[f"slurm.shared_dir={tmp_path}"])
+    spec = get_backend("slurm").spec(recipe, lineage="tiny-cpu-first")
+    assert spec.checkpoint_dir == str(tmp_path / "checkpoints" / "tiny-cpu" / "tiny-cpu-first")
+    assert spec.output_dir == str(tmp_path / "jobs" / spec.name)
+
+
+def test_multi_node_rendezvous_is_the_first_nodes_address_as_slurm_knows_it(home, fake_bundle):
+    script = render("llama70b-128k", **{"data.source": FSX}).text
+    assert 'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in script
+    assert (
+        "rdzv_host=$(scontrol show node \"${nodes[0]}\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p') || true" in script
+    )
+    assert 'export PET_RDZV_ENDPOINT="${rdzv_host:-${nodes[0]}}:29500"' in script
+    assert "export FI_PROVIDER=efa" in script
+
+
+def test_a_venv_is_activated_and_a_container_runs_through_pyxis_with_the_shared_dir_mounted(home, fake_bundle):
+    script = render(
+        **{"slurm.venv": "/shared/envs/torch 2.13", "slurm.container_image": "nvcr.io#nvidia/pytorch:25.01-py3"}
+    ).text
+    assert "source '/shared/envs/torch 2.13/bin/activate'" in script
+    (train,) = [line for line in script.splitlines() if line.startswith("srun --cpus-per-task")]
+    assert train.startswith(
+        'srun --cpus-per-task="$SLURM_CPUS_ON_NODE" --kill-on-bad-exit=1 --ntasks-per-node=1 '
+        f"'--container-image=nvcr.io#nvidia/pytorch:25.01-py3' "
+        f"--container-mounts={home}:{home} --container-workdir={home}/jobs/tiny-cpu-job/code torchrun "
+    )
+
+
+def test_s3_data_is_staged_on_the_shared_dir_and_the_dry_run_says_where(home, fake_bundle, cli, tmp_path):
+    result = cli(
+        "submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--dry-run", "--json",
+        "--set", "data.source=s3://bucket/tokens/", "--set", f"slurm.shared_dir={tmp_path / 'fsx'}",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    (note,) = json.loads(result.out)["notes"]
+    assert "s3://bucket/tokens/" in note and str(tmp_path / "fsx" / "data") in note
+
+
+def test_a_signal_earlier_than_slurm_can_send_is_refused_with_the_key(home, fake_bundle, cli):
+    result = cli(
+        "submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--dry-run", "--set", "slurm.signal_before_end=20h"
+    )
+    assert result.code == 2
+    assert result.err_lines[-1] == (
+        "slurm.signal_before_end: Slurm can signal at most 65535 s before the time limit, not 72000 s; use a shorter one"
+    )
+
+
+def test_a_signal_not_before_the_time_limit_is_a_warning(home, fake_bundle, cli):
+    sets = ["--set", "cluster.max_run=5m", "--set", "slurm.signal_before_end=10m"]
+    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--dry-run", *sets)
+    assert result.code == 0
+    assert (
+        "warning: slurm.signal_before_end (600 s) is not shorter than cluster.max_run (300 s): "
+        "Slurm sends USR1 as soon as the job starts"
+    ) in result.err_lines
+
+
+def test_a_node_that_cannot_see_the_shared_dir_fails_the_job_with_one_line(home, fake_bundle, tmp_path):
+    """The script under bash with an `srun` that runs its command here, where the code dir is missing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
+    directory = home / "jobs" / "tiny-cpu-job"
+    directory.mkdir(parents=True)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render().text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node1"}
+    env["SLURMD_NODENAME"] = "node1"
+    result = subprocess.run(["bash", str(script)], cwd=directory, env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith(
+        f"launcher: node node1 ({os.uname().nodename}) cannot read {directory}/code/resolved.json; "
+        f"slurm.shared_dir ({home}) must be mounted at the same path on every node"
+    )
+    assert (directory / "exit_code").read_text() == "1\n"
+
+
+# --- Slurm's answers ---------------------------------------------------------------------------------
+
+
+def test_scontrol_fields_parse_with_empty_values_and_colons_in_names():
+    fields = parse_scontrol(captured("scontrol-show-job-requeued.txt"))
+    assert (fields["JobState"], fields["Reason"], fields["Restarts"], fields["NodeList"]) == (
+        "PENDING",
+        "BeginTime",
+        "1",
+        "",
+    )
+    assert fields["AllocNode:Sid"] == "localhost:20433" and fields["StdOut"] == "/dev/null"
+
+
+@pytest.mark.parametrize(
+    "value, code",
+    [("0:0", 0), ("3:0", 3), ("0:15", -15), ("143:0", 143), ("", None)],
+)
+def test_exit_codes_read_signals_as_negative(value, code):
+    assert exit_code_of(value) == code
+
+
+@pytest.mark.parametrize(
+    "capture, state, secondary, exit_code, reason",
+    [
+        ("pending", "InProgress", "PENDING", None, None),
+        ("running", "InProgress", "RUNNING", None, None),
+        ("requeued", "InProgress", "PENDING", None, None),
+        ("completed", "Completed", "COMPLETED", 0, None),
+        ("cancelled", "Stopped", "CANCELLED", -15, None),
+        ("failed", "Failed", "FAILED", 3, "Slurm job 4242 ended FAILED (exit code 3:0, NonZeroExitCode)"),
+        ("timeout", "Failed", "TIMEOUT", -15, "Slurm job 4242 ran past its time limit (cluster.max_run)"),
+    ],
+)
+def test_status_maps_what_scontrol_says(home, fake_bundle, tools, cli, capture, state, secondary, exit_code, reason):
+    tools("sbatch", "4242\n")
+    tools("scontrol", captured(f"scontrol-show-job-{capture}.txt"))
+    name = json.loads(cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json").out)["name"]
+    status = json.loads(cli("status", name, "--json").out)
+    assert (status["state"], status["secondary"], status["exit_code"]) == (state, secondary, exit_code)
+    assert (status["failure_reason"] or "").split("; see ")[0] == (reason or "")
+    assert ("nodes" in status["details"]) == (capture not in ("pending", "requeued"))  # none while waiting
+    assert tools.calls("scontrol")[0]["argv"] == ["--oneliner", "show", "job", "4242"]
+
+
+@pytest.mark.parametrize(
+    "exit_file, stop_requested, state, exit_code",
+    [
+        ("0\n", False, "Completed", 0),
+        ("1\n", False, "Failed", 1),
+        ("143\n", True, "Stopped", 143),
+        (None, False, "Failed", None),
+    ],
+)
+def test_a_job_slurm_forgot_reads_its_exit_file(
+    home, fake_bundle, tools, cli, exit_file, stop_requested, state, exit_code
+):
+    """After MinJobAge (300 s) scontrol no longer knows a job; no accounting database is assumed."""
+    tools("sbatch", "4242\n")
+    name = json.loads(cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json").out)["name"]
+    failing_tool(tools, "scontrol", captured("scontrol-show-job-unknown.stderr"))
+    directory = home / "jobs" / name
+    if exit_file is not None:
+        (directory / "exit_code").write_text(exit_file)
+    if stop_requested:
+        (directory / "stop_requested").touch()
+    status = json.loads(cli("status", name, "--json").out)
+    assert (status["state"], status["exit_code"]) == (state, exit_code), status
+    if exit_file is None:
+        assert status["failure_reason"].startswith("Slurm no longer knows job 4242 and the job left no exit code")
+
+
+def test_logs_read_the_shared_log_and_stop_marks_then_cancels(home, fake_bundle, tools, cli, tmp_path):
+    tools("sbatch", "4242\n")
+    tools("scancel")
+    # scontrol says RUNNING until scancel has been called, CANCELLED after.
+    tools("scontrol")
+    scontrol = Path(os.environ["PATH"].split(os.pathsep)[0]) / "scontrol"
+    running, cancelled = captured("scontrol-show-job-running.txt"), captured("scontrol-show-job-cancelled.txt")
+    scontrol.write_text(
+        scontrol.read_text().replace(
+            "sys.stdout.write('')",
+            f"import os; sys.stdout.write({cancelled!r} if os.path.exists({str(tmp_path / 'scancel.calls')!r}) else {running!r})",
+        )
+    )
+    name = json.loads(cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json").out)["name"]
+    (home / "jobs" / name / "slurm-4242.out").write_text("metrics step=1 loss=2\nsummary steps=1")
+    assert cli("logs", name).out.splitlines() == ["metrics step=1 loss=2", "summary steps=1"]
+    assert json.loads(cli("status", name, "--json").out)["state"] == "InProgress"
+    stopped = cli("stop", name)
+    assert stopped.out.startswith(f"{name}  [slurm]  Stopped (CANCELLED)"), stopped.out
+    assert tools.calls("scancel")[0]["argv"] == ["4242"]
+    assert (home / "jobs" / name / "stop_requested").exists()
+
+
+# --- one line when Slurm is missing or refuses ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", [("list", "--backend", "slurm"), ("status", "4242", "--backend", "slurm")])
+def test_without_slurms_tools_list_and_status_say_so_in_one_line(home, cli, monkeypatch, tmp_path, verb):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = cli(*verb)
+    assert result.code == 1
+    (line,) = result.err_lines
+    assert "` is not installed here (not on PATH)" in line and ("`squeue`" in line or "`scontrol`" in line)
+
+
+def test_sbatch_refusing_shows_slurms_own_message(home, fake_bundle, tools, cli):
+    failing_tool(tools, "sbatch", captured("sbatch-bad-partition.stderr"))
+    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--set", "slurm.partition=nosuch")
+    assert result.code == 1
+    assert result.err_lines[-1].endswith(
+        "sbatch failed: sbatch: error: invalid partition specified: nosuch "
+        "sbatch: error: Batch job submission failed: Invalid partition name specified"
+    )
+
+
+def test_a_job_name_not_submitted_from_here_asks_for_the_job_id(home, cli):
+    result = cli("status", "someone-elses-job", "--backend", "slurm")
+    assert result.code == 2
+    assert result.err_lines == [
+        "someone-elses-job was not submitted from here, so its Slurm job id is unknown; "
+        "pass the job id instead (launcher status JOBID --backend slurm)"
+    ]
+
+
+def test_states_while_a_stop_is_pending_read_stopping():
+    assert state_of("RUNNING", stop_requested=True) == "Stopping"
+    assert state_of("FAILED", stop_requested=True) == "Stopped"

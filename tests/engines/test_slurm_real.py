@@ -1,0 +1,168 @@
+"""The Slurm backend against a real Slurm cluster: two slurmd "nodes" on this machine.
+
+`launcher submit --backend slurm` calls the real sbatch; tiny-cpu trains on 2 nodes x 2
+processes (gloo, torchrun's c10d rendezvous on the first node). The job's own Python comes from
+`slurm.venv` (this test's environment), as it would on a cluster without containers.
+The cluster (tests/engines/slurm_cluster.py) needs root and Debian's slurm-wlm and munge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import REPO
+from tests.backends import conftest as backend_fixtures
+
+from . import slurm_cluster as cluster
+from .slurm_cluster import SlurmCluster
+
+# Fixtures used here: the session's cluster, SLURM_CONF for the test, a private $LAUNCHER_HOME
+# (also the shared directory: both nodes are this host).
+slurm_cluster, slurm, home = cluster.slurm_cluster, cluster.slurm, backend_fixtures.home
+
+RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
+STEPS = 20  # enough that USR1 lands well before the end, even on a fast machine
+JOB_TIMEOUT_S = 240.0
+
+
+def job_settings(*extra: str) -> list[str]:
+    """tiny-cpu on 2 nodes x 2 processes, small enough for 2 shared cores, a checkpoint every 2 steps."""
+    sets = [
+        "cluster.instance_count=2",
+        "cluster.nproc_per_node=2",
+        f"training.steps={STEPS}",
+        "training.seq_len=32",
+        "training.global_batch_size=4",
+        "checkpoint.every_steps=2",
+        f"slurm.venv={sys.prefix}",
+        *extra,
+    ]
+    return [arg for item in sets for arg in ("--set", item)]
+
+
+@pytest.fixture
+def submit(slurm, home, cli):
+    """`launcher submit tiny-cpu --backend slurm ...`; returns (job name, Slurm job id, its log)."""
+
+    def run(*extra: str) -> tuple[str, str, Path]:
+        result = cli("submit", RECIPE, "--backend", "slurm", "--json", *job_settings(*extra))
+        assert result.code == 0, f"launcher submit failed:\n{result.err}"
+        name = json.loads(result.out)["name"]
+        job_id = json.loads((home / "jobs" / name / "job.json").read_text())["native_id"]
+        assert job_id and job_id.isdigit(), job_id
+        return name, job_id, home / "jobs" / name / f"slurm-{job_id}.out"
+
+    return run
+
+
+def wait_for_log(log: Path, pattern: str, *, timeout: float = JOB_TIMEOUT_S, cluster: SlurmCluster, job_id: str) -> str:
+    """The log's text once `pattern` appears in it; fails with the log and job state if it does not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if re.search(pattern, text, re.MULTILINE):
+            return text
+        state = cluster.job_field(job_id, "JobState")
+        if time.monotonic() > deadline or state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            pytest.fail(f"no /{pattern}/ in {log} (Slurm job {job_id} is {state}):\n{text[-3000:]}")
+        time.sleep(0.2)
+
+
+def follow_logs(name: str) -> subprocess.Popen:
+    """`launcher logs NAME --follow` as a user runs it, in its own process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "launcher", "logs", name, "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+    )
+
+
+def resumed_from(log_text: str) -> list[int]:
+    return [int(step) for step in re.findall(r"^start job=.* resumed_from_step=(\d+)", log_text, re.MULTILINE)]
+
+
+@pytest.mark.timeout(400)
+def test_a_two_node_job_checkpoints_on_usr1_requeues_resumes_and_trains_to_the_end(slurm, submit, cli, home):
+    name, job_id, log = submit()
+    follower = follow_logs(name)
+    try:
+        # The first periodic checkpoint is written: now Slurm's time-limit warning arrives.
+        wait_for_log(log, r"^checkpoint step=2 ", cluster=slurm, job_id=job_id)
+        slurm.run("scancel", "--signal=USR1", "--batch", job_id)
+        out, err = follower.communicate(timeout=JOB_TIMEOUT_S)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, err
+
+    # logs --follow printed the whole log, both runs, and ended when the job did.
+    assert out == log.read_text(), "logs --follow did not print exactly the job's log"
+    assert "launcher: USR1 from Slurm" in out and "interrupted by SIGTERM after step" in out, out[-3000:]
+    assert f"launcher: requeueing Slurm job {job_id}" in out, out[-3000:]
+    (saved_at,) = [int(s) for s in re.findall(r"^interrupted by SIGTERM after step (\d+); checkpoint saved", out, re.M)]
+    starts = resumed_from(out)
+    assert starts == [0, saved_at], f"resumed_from_step per run: {starts}, saved at {saved_at}\n{out[-3000:]}"
+    assert "world_size=4" in out and "(run 2)" in out
+    second_run = out[out.index("(run 2)") :]
+    steps = [int(s) for s in re.findall(r"^metrics step=(\d+) ", second_run, re.MULTILINE)]
+    assert steps == list(range(starts[1] + 1, STEPS + 1)), f"the second run's steps: {steps}"
+
+    status = json.loads(cli("status", name, "--json").out)
+    assert (status["state"], status["exit_code"], status["secondary"]) == ("Completed", 0, "COMPLETED"), status
+    assert status["details"]["restarts"] == 1 and status["details"]["nodes"] == "node[1-2]", status["details"]
+    assert status["metrics"]["step"] == STEPS
+    assert (home / "checkpoints" / "tiny-cpu" / name / f"step-{STEPS:08d}").is_dir()
+    assert (home / "jobs" / name / "exit_code").read_text().strip() == "0"
+
+    listed = cli("list", "--backend", "slurm")
+    assert listed.code == 0 and re.search(rf"^{name}\s+slurm\s+Completed\s+COMPLETED", listed.out, re.MULTILINE), (
+        listed.out
+    )
+
+
+@pytest.mark.timeout(300)
+def test_stop_cancels_the_job_after_it_saves_a_checkpoint(slurm, submit, cli, home):
+    # One node is enough to show scancel's SIGTERM reaching the workers, and starts faster.
+    name, job_id, log = submit(f"training.steps={STEPS * 10}", "cluster.instance_count=1")
+    wait_for_log(log, r"^metrics step=1 ", cluster=slurm, job_id=job_id)
+    stopped = cli("stop", name)
+    assert stopped.code == 0, stopped.err
+    assert stopped.out.startswith(f"{name}  [slurm]  Stopped (CANCELLED)"), stopped.out
+    text = wait_for_log(log, r"^interrupted by SIGTERM after step \d+; checkpoint saved", cluster=slurm, job_id=job_id)
+    assert "launcher: SIGTERM from Slurm" in text
+    status = json.loads(cli("status", name, "--json").out)
+    assert (status["state"], status["failure_reason"]) == ("Stopped", None), status
+
+
+def test_sbatch_refusing_the_job_is_one_line_with_slurms_reason(slurm, home, cli):
+    result = cli("submit", RECIPE, "--backend", "slurm", *job_settings("slurm.partition=nosuch"))
+    assert result.code == 1
+    assert result.err_lines[-1].startswith("submitting tiny-cpu-"), result.err
+    assert "sbatch failed: sbatch: error: invalid partition specified: nosuch" in result.err_lines[-1]
+
+
+def test_status_of_a_job_id_slurm_does_not_know_is_one_line(slurm, home, cli):
+    result = cli("status", "999999", "--backend", "slurm")
+    assert result.code == 2
+    assert result.err_lines == [
+        "Slurm does not know job 999999 (it never existed, or it ended over MinJobAge ago); check the id with squeue or sacct"
+    ]
+
+
+def test_status_of_a_job_not_submitted_from_here_is_found_by_its_id(slurm, home, cli):
+    job_id = slurm.run("sbatch", "--parsable", "--output=/dev/null", "--wrap", "exit 3").stdout.strip()
+    deadline = time.monotonic() + 60
+    while slurm.job_field(job_id, "JobState") != "FAILED" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    status = json.loads(cli("status", job_id, "--backend", "slurm", "--json").out)
+    assert (status["state"], status["exit_code"], status["secondary"]) == ("Failed", 3, "FAILED"), status
+    assert status["failure_reason"].startswith(f"Slurm job {job_id} ended FAILED (exit code 3:0, NonZeroExitCode)")
