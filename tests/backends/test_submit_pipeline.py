@@ -7,6 +7,7 @@ $LAUNCHER_HOME stay empty.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import boto3
@@ -104,11 +105,15 @@ def test_accelerate_only_renders(home, fake_bundle, cli):
 
 
 def test_docker_without_an_engine_is_one_clear_line(home, fake_bundle, cli, monkeypatch, tmp_path):
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    # A docker CLI whose daemon is down. DOCKER_HOST alone would not do: podman's `docker` ignores it.
+    down = tmp_path / "docker"
+    down.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///x.sock.' >&2\nexit 1\n")
+    down.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     result = cli("submit", recipe_path("tiny-cpu"), "--backend", "docker")
     assert result.code == 1
     (line,) = result.err_lines[-1:]
-    assert line.startswith("asking the Docker engine: ") and "use --dry-run to print" in line
+    assert line.startswith("asking the Docker engine: ") and "--dry-run" in line
 
 
 def test_slurm_without_sbatch_is_one_clear_line(home, fake_bundle, cli, monkeypatch, tmp_path):
