@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from launcher.contract.config import ModelConfig
-from launcher.contract.metrics import metrics_line, summary_line
+from launcher.contract.metrics import METRICS_FILE, metrics_line, summary_line
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -57,7 +57,7 @@ class MetricsLogger:
         peak_flops: float | None,
     ):
         self.enabled = enabled
-        self.path = output_dir / "metrics.jsonl"
+        self.path = output_dir / METRICS_FILE
         self.tokens_per_step, self.world_size = tokens_per_step, world_size
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.records: list[dict] = []

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from launcher.backends.base import Backend, Capabilities, EngineUnavailable, JobRef, JobStatus, Rendering, utc_now
 from launcher.backends.images import EcrRegistry, ecr_registry, training_image
-from launcher.backends.local import METRICS_FILE
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import last_metrics
 from launcher.backends.tools import ToolFailed, run_tool, stream_tool
 from launcher.bundle import Bundle
+from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
 from launcher.registry import checkpoint_home, job_dir, launcher_home, write_json
 from launcher.spec import JobSpec, Mount, Placement

@@ -23,11 +23,11 @@ from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Ren
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.bundle import Bundle
+from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
 from launcher.registry import job_dir, job_dir_placement, launcher_home, write_json
 from launcher.spec import JobSpec, Placement
 
-METRICS_FILE = "metrics.jsonl"
 CODE_DIR = "code"
 
 

@@ -41,6 +41,7 @@ from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
 from launcher.bundle import Bundle
+from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import UsageError
 from launcher.registry import checkpoint_home, job_dir, launcher_home, records
 from launcher.spec import CONFIG_FILE, RDZV_PORT, JobSpec, Placement, SlurmSettings
@@ -51,7 +52,6 @@ EXIT_FILE = "exit_code"
 """Written by the script's EXIT trap: the batch script's exit status (not after a requeue)."""
 STOP_FILE = "stop_requested"
 """Written by `launcher stop` before scancel, so a cancelled job reads as Stopped, not Failed."""
-METRICS_FILE = "metrics.jsonl"
 MAX_SIGNAL_S = 65535  # sbatch --signal's @time is 16 bits
 
 # `scontrol show job` JobState values of a job that is not over yet (a requeued job goes

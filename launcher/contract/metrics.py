@@ -35,6 +35,8 @@ SUMMARY_KEYS = (
     "peak_mem_reserved_gib",
     "total_time_s",
 )
+METRICS_FILE = "metrics.jsonl"
+"""One JSON object per logged step, in the job's output directory."""
 METRICS_PREFIX = "metrics"
 SUMMARY_PREFIX = "summary"
 
