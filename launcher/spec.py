@@ -79,6 +79,9 @@ class Placement:
     image: str | None = None
     """The container image; None runs on the machines' own Python environment."""
     mounts: tuple[Mount, ...] = ()
+    max_restarts: int = 0
+    """torchrun's --max-restarts unless the recipe sets cluster.max_restarts: 0 where the engine
+    reruns a failed job itself."""
     bootstrap: bool = False
     """Run torchrun through entrypoints/bootstrap.py, which picks the rendezvous from the engine's
     own host list (SageMaker's resourceconfig.json), installs pinned wheels and writes the failure file."""
@@ -267,7 +270,11 @@ class JobSpec:
             backend=backend,
             image=placement.image,
             command=torchrun_command(
-                resources, name=name, rendezvous_host=placement.rendezvous_host, bootstrap=placement.bootstrap
+                resources,
+                name=name,
+                rendezvous_host=placement.rendezvous_host,
+                bootstrap=placement.bootstrap,
+                max_restarts=_pick(recipe.cluster.max_restarts, placement.max_restarts),
             ),
             environment=tuple(sorted(job_environment(name, resources, inputs).items())),
             resources=resources,
@@ -383,13 +390,17 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
+def _pick(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def torchrun_command(
-    resources: Resources, *, name: str, rendezvous_host: str | None, bootstrap: bool = False
+    resources: Resources, *, name: str, rendezvous_host: str | None, bootstrap: bool = False, max_restarts: int = 0
 ) -> tuple[str, ...]:
     """The torchrun argv of contract 1, run from the bundle root.
 
     With `bootstrap`, entrypoints/bootstrap.py runs it and adds the node count and rendezvous itself."""
-    tail = ["--max-restarts=0", ENTRYPOINT, "--config", CONFIG_FILE]
+    tail = [f"--max-restarts={max_restarts}", ENTRYPOINT, "--config", CONFIG_FILE]
     if bootstrap:
         return ("python3", BOOTSTRAP, "torchrun", f"--nproc-per-node={resources.procs_per_node}", *tail)
     argv = ["torchrun", f"--nnodes={resources.instance_count}", f"--nproc-per-node={resources.procs_per_node}"]

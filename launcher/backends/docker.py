@@ -106,6 +106,7 @@ class DockerBackend(Backend):
             output_dir=f"{ROOT}/output",
             image=training_image(recipe),
             bootstrap=True,
+            max_restarts=1,  # nothing reruns a failed container: torchrun restarts its workers once
             s3_data_dir=DATA_DIR if staged else None,
             s3_staging_dir=str(staging_dir(recipe.data.source, launcher_home())) if staged else None,
             mounts=(

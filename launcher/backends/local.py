@@ -42,7 +42,8 @@ class LocalBackend(Backend):
     capabilities = Capabilities(s3_data=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
-        placement = job_dir_placement(recipe, name, lineage)
+        # Nothing reruns a failed local job, so torchrun restarts its workers once by default.
+        placement = dataclasses.replace(job_dir_placement(recipe, name, lineage), max_restarts=1)
         if not recipe.data.source.startswith("s3://"):
             return placement
         staged = str(staging_dir(recipe.data.source, launcher_home()))

@@ -229,6 +229,10 @@ class Cluster(Section):
     max_run: Duration = 86400
     """Time limit, e.g. 5d or 12h: SageMaker's MaxRuntime (at most 28 days), Slurm's --time, a
     PyTorchJob's activeDeadlineSeconds."""
+    max_restarts: int | None = Field(default=None, ge=0, le=100)
+    """Times torchrun restarts the workers after one fails; they resume from the newest complete
+    checkpoint. Default: 1 on local and docker, 0 where the engine reruns the job itself
+    (SageMaker's retries, Slurm's requeue, the PyTorchJob's backoff)."""
 
 
 class SageMaker(Section):

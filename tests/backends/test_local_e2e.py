@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,47 @@ def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_p
         f"torchrun exited with code 1: rank 0: NotADirectoryError: [Errno 20] Not a directory: "
         f"'{tmp_path / 'a-file' / 'ckpt'}'"
     )
+
+
+def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkpoint(tmp_path):
+    """cluster.max_restarts (1 by default on the local backend): torchrun restarts the workers
+    after one dies, and they resume from the newest complete checkpoint instead of failing the job."""
+    home = tmp_path / "home"
+    overrides = ["training.steps=30", "checkpoint.every_steps=2", "cluster.nproc_per_node=2", "parallel.tensor=1"]
+    args = [arg for override in overrides for arg in ("--set", override)]
+    env = {**os.environ, "LAUNCHER_HOME": str(home)}
+    submitted = subprocess.run(
+        [sys.executable, "-m", "launcher", "submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--json", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    name = json.loads(submitted.stdout)["name"]
+    directory = home / "jobs" / name
+    assert "--max-restarts=1" in json.loads((directory / "spec.json").read_text())["command"]
+
+    deadline = time.monotonic() + 300
+    metrics = directory / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        assert time.monotonic() < deadline, "no third step within 300 s"
+        time.sleep(0.2)
+    torchrun = json.loads((directory / "status.json").read_text())["pid"]
+    workers = [int(p) for p in Path(f"/proc/{torchrun}/task/{torchrun}/children").read_text().split()]
+    os.kill(workers[-1], signal.SIGKILL)  # one rank dies, as after a segfault or the OOM killer
+
+    waited = subprocess.run(
+        [sys.executable, "-m", "launcher", "logs", name, "--follow"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert waited.returncode == 0, waited.stdout[-3000:] + waited.stderr[-2000:]
+    resumed = [int(m) for m in re.findall(r"resumed_from_step=(\d+)", waited.stdout)]
+    assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 2, resumed
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps[-1] == 30 and sorted(set(steps)) == list(range(1, 31))
