@@ -273,3 +273,24 @@ def test_the_validators_catch_what_they_are_for(bundle):
         for p in broken(lambda m: m.config_map["binaryData"].update(x=base64.b64encode(bytes(1024 * 1024)).decode()))
     )
     assert any("DNS" in p for p in broken(lambda m: m.job["metadata"].update(name="9" + "x" * 60)))
+
+
+def test_a_bundle_too_big_for_a_config_map_is_one_line(home, monkeypatch, tmp_path):
+    import os
+
+    import launcher.bundle
+    from launcher import api
+    from launcher.errors import UsageError
+
+    from .helpers import recipe_path
+
+    entrypoints = tmp_path / "entrypoints"
+    entrypoints.mkdir()
+    (entrypoints / "train.py").write_text("print('train')\n")
+    # 2 MB of incompressible bytes in a Python file (an allowlisted name): a 2.7 MB ConfigMap before.
+    (entrypoints / "blob.py").write_text(f"BLOB = {os.urandom(1 << 20).hex()!r}\n")
+    monkeypatch.setattr(launcher.bundle, "find_entrypoints", lambda: entrypoints)
+    with pytest.raises(
+        UsageError, match=r"^the code bundle is 1\.\d\d MiB, more than the 1 MiB a Kubernetes ConfigMap holds; "
+    ):
+        api.submit(recipe_path("tiny-cpu"), backend="k8s", dry_run=True)

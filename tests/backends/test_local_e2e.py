@@ -30,6 +30,14 @@ def launcher(*args: str, home: Path, timeout: float = 600) -> subprocess.Complet
     return subprocess.run([str(executable), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def from_checkout(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m launcher` from the checkout: the code under test, whichever environment runs it."""
+    env = {**os.environ, "LAUNCHER_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(tmp_path):
     home = tmp_path / "home"
     result = launcher("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", home=home)
@@ -62,29 +70,11 @@ def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_p
     home = tmp_path / "home"
     overrides = ["training.steps=2", "checkpoint.every_steps=1", f"checkpoint.dir={tmp_path / 'a-file' / 'ckpt'}"]
     args = [arg for override in overrides for arg in ("--set", override)]
-    # `python -m launcher` from the checkout: the code under test, whichever environment runs it.
-    env = {**os.environ, "LAUNCHER_HOME": str(home)}
-    result = subprocess.run(
-        [sys.executable, "-m", "launcher", "submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = from_checkout("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", *args, home=home)
     assert result.returncode != 0
     assert "Connection closed by peer" in result.stdout  # the symptom is in the log...
     name = result.stdout.splitlines()[-1].split(":")[0]
-    status = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "launcher", "status", name, "--json"],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
-    )
+    status = json.loads(from_checkout("status", name, "--json", home=home, timeout=60).stdout)
     # ...but the reason is rank 0's error.
     assert status["state"] == "Failed"
     assert status["failure_reason"] == (
@@ -99,15 +89,7 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkp
     home = tmp_path / "home"
     overrides = ["training.steps=30", "checkpoint.every_steps=2", "cluster.nproc_per_node=2", "parallel.tensor=1"]
     args = [arg for override in overrides for arg in ("--set", override)]
-    env = {**os.environ, "LAUNCHER_HOME": str(home)}
-    submitted = subprocess.run(
-        [sys.executable, "-m", "launcher", "submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--json", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    submitted = from_checkout("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--json", *args, home=home)
     assert submitted.returncode == 0, submitted.stderr
     name = json.loads(submitted.stdout)["name"]
     directory = home / "jobs" / name
@@ -122,14 +104,7 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkp
     workers = [int(p) for p in Path(f"/proc/{torchrun}/task/{torchrun}/children").read_text().split()]
     os.kill(workers[-1], signal.SIGKILL)  # one rank dies, as after a segfault or the OOM killer
 
-    waited = subprocess.run(
-        [sys.executable, "-m", "launcher", "logs", name, "--follow"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    waited = from_checkout("logs", name, "--follow", home=home)
     assert waited.returncode == 0, waited.stdout[-3000:] + waited.stderr[-2000:]
     resumed = [int(m) for m in re.findall(r"resumed_from_step=(\d+)", waited.stdout)]
     assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 2, resumed
