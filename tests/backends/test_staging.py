@@ -139,7 +139,9 @@ def test_a_local_job_trains_on_s3_data_staged_at_submit(aws, tmp_path):
     tokens = np.random.default_rng(0).integers(0, vocab, size=40_000, dtype=np.uint16)
     put_dataset(s3(), {"shard-0.bin": tokens[:20_000].tobytes(), "shard-1.bin": tokens[20_000:].tobytes()})
     home = tmp_path / "home"
-    common = ["recipes/tiny-cpu.yaml", "--backend", "local", "--set", f"data.source={URI}", "--set", "training.steps=4"]
+    # One process: the launch is what is tested here, not the layout.
+    sets = [f"data.source={URI}", "training.steps=4", "cluster.nproc_per_node=1", "parallel.tensor=1"]
+    common = ["recipes/tiny-cpu.yaml", "--backend", "local", *(arg for s in sets for arg in ("--set", s))]
     env = {**os.environ, "LAUNCHER_HOME": str(home)}
     launcher = [sys.executable, "-m", "launcher"]
 

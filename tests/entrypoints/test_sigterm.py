@@ -88,7 +88,7 @@ def run_train(tmp_path: Path, steps: int, **env: str) -> subprocess.CompletedPro
     return subprocess.run(argv, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
 
 
-def test_a_damaged_newest_checkpoint_gives_way_to_the_previous_one_with_a_warning(tmp_path):
+def test_a_damaged_newest_checkpoint_gives_way_to_the_previous_one_and_past_the_end_nothing_runs(tmp_path):
     first = run_train(tmp_path, 4)
     assert first.returncode == 0, first.stderr[-3000:]
     checkpoints = tmp_path / "checkpoints"
@@ -110,13 +110,11 @@ def test_a_damaged_newest_checkpoint_gives_way_to_the_previous_one_with_a_warnin
     assert "warning: checkpoint step-00000006 cannot be read (" in again.stdout
     assert "resuming from step-00000004 instead" in again.stdout and "resumed_from_step=4" in again.stdout
 
-
-def test_resuming_past_the_last_step_says_so_and_fails(tmp_path):
-    assert run_train(tmp_path, 2).returncode == 0
-    past = run_train(tmp_path, 2)
+    # Run once more with no steps left: it says so and fails rather than report a 0-step success.
+    past = run_train(tmp_path, 8)
     assert past.returncode == 2
     assert (
-        "checkpoint: the newest checkpoint is at step 2, and training.steps is 2: nothing is left to train; "
+        "checkpoint: the newest checkpoint is at step 8, and training.steps is 8: nothing is left to train; "
         "raise training.steps, or set checkpoint.resume: never to start over"
     ) in past.stdout + past.stderr
 
