@@ -16,7 +16,7 @@ from typing import Any, get_args
 
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.backends.base import EngineUnavailable
-from launcher.errors import UsageError
+from launcher.errors import LauncherError, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
 from launcher.jobs import Job, list_jobs, shell_exit_code
@@ -27,7 +27,7 @@ from launcher.plan.suggest import suggestion
 from launcher.plan.throughput import CONSTANTS, Constants, predicted_summary
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import Cluster
-from launcher.registry import lineage_of, save
+from launcher.registry import JobRef, forget, lineage_of, save
 from launcher.spec import JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
@@ -285,17 +285,31 @@ def submit(
         return Submission(loaded, memory, spec, rendering)
 
     confirm_cost(run, yes=yes, confirm=confirm)
-    try:
-        ref = target.submit(rendering)
-    except EngineUnavailable as unavailable:
-        raise EngineUnavailable(f"{unavailable}; `launcher submit --dry-run` prints what would run") from None
-    save(ref, spec)
+    ref = _submit_recorded(target, rendering)
     job = Job(ref)
     tell(Stage.SUBMIT, f"submitted {spec.name} to {target.name}")
     if not wait:
         return Submission(loaded, memory, spec, rendering, job)
     final = job.wait(on_line=on_line, poll_s=poll_s)
     return Submission(loaded, memory, spec, rendering, job, final)
+
+
+def _submit_recorded(target, rendering: Rendering) -> JobRef:
+    """Submit with the job's record written first: if this process dies between the engine's
+    create and its answer, `launcher status NAME` still finds the job. A submit that fails takes
+    its record back, so nothing is left that names a job that does not exist."""
+    spec = rendering.spec
+    save(target.pending_ref(spec), spec)
+    try:
+        ref = target.submit(rendering)
+    except EngineUnavailable as unavailable:
+        forget(spec.name)
+        raise EngineUnavailable(f"{unavailable}; `launcher submit --dry-run` prints what would run") from None
+    except LauncherError:
+        forget(spec.name)
+        raise
+    save(ref, spec)
+    return ref
 
 
 def status(name: str, *, backend: str | None = None, region: str | None = None) -> JobStatus:

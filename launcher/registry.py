@@ -75,6 +75,17 @@ def save(ref: JobRef, spec: JobSpec) -> Path:
     return directory
 
 
+def forget(name: str) -> None:
+    """Remove a job's record (what `save` wrote); the directory goes too if nothing else is in it."""
+    directory = job_dir(name)
+    for file in (RECORD, "spec.json", "resolved.json"):
+        (directory / file).unlink(missing_ok=True)
+    try:
+        directory.rmdir()
+    except OSError:
+        pass  # the backend's own files (a local job's code) stay where it put them
+
+
 def load(name: str) -> JobRef | None:
     path = job_dir(name) / RECORD
     if not path.is_file():

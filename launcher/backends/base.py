@@ -162,6 +162,10 @@ class Backend(ABC):
                 staging.stage(data.source, data.staged_at)
         return self._submit(rendering)
 
+    def pending_ref(self, spec: JobSpec) -> JobRef:
+        """The record of a job about to be submitted: enough to ask the engine about it."""
+        return JobRef(name=spec.name, backend=self.name, created=utc_now())
+
     def status(self, ref: JobRef) -> JobStatus:
         return self._status(ref)
 

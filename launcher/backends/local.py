@@ -70,10 +70,9 @@ class LocalBackend(Backend):
     def _submit(self, rendering: Rendering) -> JobRef:
         spec = rendering.spec
         directory = job_dir(spec.name)
-        try:
-            directory.mkdir(parents=True, exist_ok=False)
-        except FileExistsError:
-            raise LauncherError(f"a job named {spec.name} already exists in {directory.parent}; submit again") from None
+        if (directory / runner.STATUS).exists() or (directory / CODE_DIR).exists():
+            raise LauncherError(f"a job named {spec.name} already exists in {directory.parent}; submit again")
+        directory.mkdir(parents=True, exist_ok=True)
         code = rendering.payload["bundle"].extract(directory / CODE_DIR)
         write_json(directory / runner.LAUNCH, {"argv": rendering.payload["argv"], "cwd": str(code), "env": spec.env})
         created = utc_now()

@@ -279,6 +279,9 @@ class SageMakerBackend(Backend):
             return False  # cannot tell: report the collision rather than guess
         return {"Key": SUBMISSION_TAG, "Value": token} in tags
 
+    def pending_ref(self, spec: JobSpec) -> JobRef:
+        return JobRef(name=spec.name, backend=self.name, region=settings(spec).region, created=utc_now())
+
     def _describe(self, ref: JobRef) -> dict:
         try:
             return aws.client("sagemaker", self._region(ref)).describe_training_job(TrainingJobName=ref.name)

@@ -41,10 +41,28 @@ def create_answered_in_use(request: dict, tags: list[dict]) -> Stubber:
     return sm
 
 
+def record_at_create(home) -> list[dict]:
+    """The job's registry record as it stood when CreateTrainingJob was about to be sent."""
+    seen: list[dict] = []
+
+    def look(params, **_):
+        path = home / "jobs" / params["TrainingJobName"] / "job.json"
+        seen.append(json.loads(path.read_text()) if path.exists() else {})
+
+    aws_clients.client("sagemaker", REGION).meta.events.register(
+        "provide-client-params.sagemaker.CreateTrainingJob", look
+    )
+    return seen
+
+
 def test_a_lost_create_answer_adopts_the_job_it_created_and_makes_no_second(aws, home, fake_bundle, fixed_names, cli):
     request = api.submit(recipe_path("llama3-8b-8k"), dry_run=True).rendering.data["request"]
     sm = create_answered_in_use(request, request["Tags"])
+    seen = record_at_create(home)
     result = cli("submit", recipe_path("llama3-8b-8k"), "--json")
+    # The record was there before the create went out: had this process died then, `launcher
+    # status NAME` would still find the job.
+    assert seen and seen[0]["backend"] == "sagemaker" and seen[0]["region"] == REGION
     assert result.code == 0, result.err
     sm.assert_no_pending_responses()  # no second create: the first one's job is adopted
     name = json.loads(result.out)["name"]
