@@ -1,7 +1,7 @@
 """The backend interface: render, submit, status, logs, stop, list.
 
 Public methods check what a backend supports and then call the backend's private hooks, so
-an unsupported request (spot on Slurm, four nodes on the local machine) fails with a reason
+an unsupported request (four nodes on the local machine, pipeline parallelism under accelerate) fails with a reason
 before anything is uploaded or created. Backends are found by name here too (`get_backend`),
 each module imported only when asked for.
 """
@@ -31,7 +31,6 @@ STATES = ("InProgress", "Stopping", *TERMINAL_STATES)
 @dataclass(frozen=True, kw_only=True)
 class Capabilities:
     multi_node: bool = False
-    spot: bool = False
     efa: bool = False
     """Can attach EFA devices, so a multi-node job on an EFA instance gets its bandwidth."""
     s3_data: bool = False

@@ -199,7 +199,7 @@ def submission_token(request: dict) -> str:
 
 class SageMakerBackend(Backend):
     name = "sagemaker"
-    capabilities = Capabilities(multi_node=True, spot=True, efa=True, s3_data=True, cpu=True, time_limit=True)
+    capabilities = Capabilities(multi_node=True, efa=True, s3_data=True, cpu=True, time_limit=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.
