@@ -76,7 +76,7 @@ def test_at_128k_the_best_layouts_use_context_parallelism():
     # attention. The entrypoints' zigzag kernel measures at 0.58 of that (docs/planner.md); with
     # it, tensor parallelism wins wherever it alone shards enough (the next test).
     recipe = Recipe.load(RECIPES / "llama70b-128k.yaml").with_changes({"training.compile": True})
-    fast_cp = dataclasses.replace(CONSTANTS, zigzag_attention_factor=1.0)
+    fast_cp = dataclasses.replace(CONSTANTS, cp_attention_factor=dict.fromkeys(CONSTANTS.cp_attention_factor, 1.0))
     plans = plan(recipe, top=ALL, constants=fast_cp)
     assert any(p.layout.context == 1 for p in plans), "layouts without CP fit too"
     assert all(p.layout.context > 1 for p in plans[:5])
