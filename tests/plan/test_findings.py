@@ -121,8 +121,8 @@ def test_at_8k_on_128_h100s_plain_fsdp_beats_adding_pp_cp_or_tp_by_5_to_20_perce
     llama8b_8k_on_128_h100s, added, ac, micro_batch
 ):
     # Published sweeps of Llama 3 8B at 8K on 128 H100s: plain FSDP is best, and PP 2, CP 2 or
-    # TP 2 each cost 5-20%. Before the node-aggregate bandwidth model the planner had PP 2 1.6x
-    # faster and CP 2 2x slower. PP's cost is its bubble (1/9 with 8 micro-batches per stage and
+    # TP 2 each cost 5-20%. With one GPU's NIC share for node-spanning collectives the planner had
+    # PP 2 1.3-1.4x faster and CP 2 1.9x slower at micro batch 1. PP's cost is its bubble (1/9 with 8 micro-batches per stage and
     # 2 stages) and the last stage's output layer; CP's its slower attention kernel; TP's its
     # sequence-parallel collectives, all on NVLink.
     base, hardware = llama8b_8k_on_128_h100s
