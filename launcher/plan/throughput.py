@@ -579,14 +579,14 @@ def fsdp_time(step: _Step, compute_mb: float) -> tuple[float, float]:
         return 0.0, max(0.0, gather + traffic.reduce - hidden * m) + traffic.first_block
     if step.accumulation == "sync_last_gathered":
         return 0.0, max(0.0, gather + traffic.reduce - hidden) + traffic.first_block
-    every = gather + traffic.block_gather  # forward and backward gathers of one micro-batch
+    gathers = gather + traffic.block_gather  # forward and backward gathers of one micro-batch
     if step.accumulation == "sync_each":
-        every += traffic.reduce
-        return max(0.0, every - hidden) + traffic.first_block, 0.0
-    # sync_last: the last micro-batch also reduce-scatters.
-    return max(0.0, every - hidden) + traffic.first_block, max(0.0, every + traffic.reduce - hidden) - max(
-        0.0, every - hidden
-    )
+        return max(0.0, gathers + traffic.reduce - hidden) + traffic.first_block, 0.0
+    # sync_last: every micro-batch gathers; the last one also reduce-scatters, which its compute
+    # hides only as far as the gathers left room.
+    exposed_gathers = max(0.0, gathers - hidden)
+    exposed_last = max(0.0, gathers + traffic.reduce - hidden)
+    return exposed_gathers + traffic.first_block, exposed_last - exposed_gathers
 
 
 def pipeline_p2p_time(step: _Step) -> float:
