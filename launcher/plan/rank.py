@@ -19,7 +19,7 @@ from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
 from launcher.plan.candidates import shapes
-from launcher.plan.result import LayoutPlan, Search
+from launcher.plan.result import LayoutPlan, LayoutPlans, Search
 from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict
 from launcher.recipe import Recipe
 from launcher.recipe.resolve import Hardware
@@ -62,7 +62,7 @@ def plan(
     vary_fp8: bool = False,
     threshold: float = DEFAULT_THRESHOLD,
     constants: Constants = CONSTANTS,
-) -> list[LayoutPlan]:
+) -> LayoutPlans:
     """The `top` fastest layouts for `recipe` on a GPU budget that fit in `threshold` of memory."""
     return search(
         recipe,
@@ -118,7 +118,7 @@ def search(
         )
     return Search(
         budget=budget,
-        ranked=ranked,
+        ranked=LayoutPlans(ranked),
         considered=len(scored),
         estimated=found.estimated,
         faster_but_too_big=found.too_big,
