@@ -1,3 +1,5 @@
+# A cell that ends in a bare expression shows it in a notebook, as HTML.
+# ruff: noqa: B018
 # %% [markdown]
 # # The launcher from a notebook
 #

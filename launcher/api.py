@@ -97,8 +97,14 @@ class Submission:
             ("job", self.spec.name),
             ("backend", self.spec.backend),
             ("submitted", "no (dry run)" if self.dry_run else "yes"),
-            ("memory", f"{memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per GPU ({memory.utilization:.0%})"),
-            ("resources", f"{self.spec.resources.instance_count} x {self.spec.resources.instance_type}, world {self.spec.resources.world_size}"),
+            (
+                "memory",
+                f"{memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per GPU ({memory.utilization:.0%})",
+            ),
+            (
+                "resources",
+                f"{self.spec.resources.instance_count} x {self.spec.resources.instance_type}, world {self.spec.resources.world_size}",
+            ),
         ]
         if self.final is not None:
             rows.append(("final state", f"{self.final.state}, exit code {self.exit_code}"))

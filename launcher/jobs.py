@@ -7,10 +7,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-
-from launcher.backends import get_backend
 from pathlib import Path
 
+from launcher.backends import get_backend
 from launcher.backends.base import Backend, JobStatus
 from launcher.backends.cloudwatch import console_links
 from launcher.backends.history import MetricsHistory, metric_cell
@@ -192,4 +191,3 @@ def metrics_text(history: MetricsHistory) -> str:
         rows.append(tuple(metric_cell(row.get(key)) for key, _ in _METRICS_COLUMNS))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
-

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.backends.base import Backend, Capabilities, EngineUnavailable, JobRef, JobStatus, Rendering, utc_now
+from launcher.backends.history import MetricsHistory
 from launcher.backends.images import EcrRegistry, ecr_registry, training_image
 from launcher.backends.staging import staging_dir
-from launcher.backends.history import MetricsHistory
 from launcher.backends.tail import last_metrics
 from launcher.backends.tools import ToolFailed, run_tool, stream_tool
 from launcher.bundle import Bundle

@@ -60,7 +60,9 @@ class MetricsHistory:
 
     def to_json(self) -> dict[str, Any]:
         """JSON has no NaN: a value that was not measured (MFU on a CPU) is null."""
-        clean = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in self.rows]
+        clean = [
+            {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in self.rows
+        ]
         return {"job": self.job, "steps": len(self.rows), "rows": clean}
 
     def plot(self, path: str | Path) -> Path:

@@ -37,8 +37,8 @@ from launcher.backends.base import (
     Rendering,
     utc_now,
 )
-from launcher.backends.staging import staging_dir
 from launcher.backends.history import MetricsHistory
+from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
 from launcher.bundle import Bundle

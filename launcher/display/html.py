@@ -22,11 +22,15 @@ def table(rows: Iterable[tuple[str, str]], *, title: str | None = None, raw: Ite
         f"<tr><th style='{_CELL}'>{html.escape(str(key))}</th><td style='{_CELL}'>{html.escape(str(value))}</td></tr>"
         for key, value in rows
     ]
-    cells += [f"<tr><th style='{_CELL}'>{html.escape(key)}</th><td style='{_CELL}'>{markup}</td></tr>" for key, markup in raw]
+    cells += [
+        f"<tr><th style='{_CELL}'>{html.escape(key)}</th><td style='{_CELL}'>{markup}</td></tr>" for key, markup in raw
+    ]
     return f"<table>{_caption(title)}{''.join(cells)}</table>"
 
 
-def grid(header: Sequence[str], rows: Iterable[Sequence[str]], *, title: str | None = None, marked: int | None = None) -> str:
+def grid(
+    header: Sequence[str], rows: Iterable[Sequence[str]], *, title: str | None = None, marked: int | None = None
+) -> str:
     """A table with a header row; row number `marked` (the best plan) is shown in bold."""
     head = "".join(f"<th style='{_CELL}'>{html.escape(str(h))}</th>" for h in header)
     body = []

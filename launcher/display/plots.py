@@ -129,7 +129,7 @@ def _curve(axes, steps: list[float], values: list[float], label: str) -> None:
     if not measured:
         # MFU on a CPU has no peak to divide by: say so rather than draw an empty frame.
         axes.text(0.5, 0.5, "not measured", ha="center", va="center", transform=axes.transAxes, color="#888")
+        axes.set_yticks([])
         return
     axes.plot([s for s, _ in measured], [v for _, v in measured], marker="." if len(measured) < 50 else None)
     axes.grid(alpha=0.3)
-

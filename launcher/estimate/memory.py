@@ -88,7 +88,9 @@ class MemoryEstimate:
         """The memory per stage as stacked bars with the capacity and threshold lines, a PNG (the `plot` extra)."""
         from launcher.display.plots import plot_memory
 
-        title = title or f"{self.verdict}: peak {format_bytes(self.per_gpu_peak_bytes)} per GPU ({self.utilization:.0%})"
+        title = (
+            title or f"{self.verdict}: peak {format_bytes(self.per_gpu_peak_bytes)} per GPU ({self.utilization:.0%})"
+        )
         return plot_memory(
             path, self.stage_bars(), capacity_bytes=self.gpu_memory_bytes, threshold=self.threshold, title=title
         )
@@ -97,7 +99,10 @@ class MemoryEstimate:
         largest = self.largest_component
         rows = [
             ("verdict", self.verdict),
-            ("peak per GPU", f"{format_bytes(self.per_gpu_peak_bytes)} of {format_bytes(self.gpu_memory_bytes)} ({self.utilization:.0%})"),
+            (
+                "peak per GPU",
+                f"{format_bytes(self.per_gpu_peak_bytes)} of {format_bytes(self.gpu_memory_bytes)} ({self.utilization:.0%})",
+            ),
             ("threshold", f"{self.threshold:.0%} ({format_bytes(self.threshold * self.gpu_memory_bytes)})"),
             ("allocated", format_bytes(self.allocated_bytes)),
             ("largest", f"{largest} {format_bytes(self.breakdown[largest])}"),

@@ -262,7 +262,10 @@ class Recipe(RecipeSpec):
         rows = [
             ("model", f"{self.model_name} ({self.arch.num_params() / 1e9:.3g} B parameters)"),
             ("sequence", f"{t.seq_len:,} tokens"),
-            ("batch", f"global {t.global_batch_size}, micro {t.micro_batch_size}, {self.grad_accum_steps} accumulation steps"),
+            (
+                "batch",
+                f"global {t.global_batch_size}, micro {t.micro_batch_size}, {self.grad_accum_steps} accumulation steps",
+            ),
             ("tokens per step", f"{self.tokens_per_step:,}"),
             ("steps", f"{t.steps:,}"),
             ("precision", self.precision.dtype + (", fp8" if self.precision.fp8 else "")),

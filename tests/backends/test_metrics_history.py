@@ -21,15 +21,27 @@ from launcher.contract.metrics import metric_rows, metrics_line
 from launcher.jobs import Job
 from launcher.registry import JobRef
 
-from . import test_engine_tools
+from . import test_docker, test_engine_tools, test_k8s_submit, test_local
 from .helpers import REGION, ROLE, recipe_path
-from .test_docker import fake_docker  # noqa: F401  (fixture)
-from .test_k8s_submit import cluster  # noqa: F401  (fixture)
-from .test_local import no_torchrun  # noqa: F401  (fixture)
 
-tools = test_engine_tools.tools  # the stand-in Slurm tools
+# The stand-ins of the engines' own tests: Slurm's tools, docker, kubectl, and the local runner
+# running the stand-in trainer without torchrun.
+tools = test_engine_tools.tools
+fake_docker = test_docker.fake_docker
+cluster = test_k8s_submit.cluster
+no_torchrun = test_local.no_torchrun
 
-STEP_KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_s_per_gpu", "mfu", "step_time_s", "mem_alloc_gib", "mem_reserved_gib"}
+STEP_KEYS = {
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "step_time_s",
+    "mem_alloc_gib",
+    "mem_reserved_gib",
+}
 
 
 def line(step: int, loss: float) -> str:
@@ -41,7 +53,12 @@ def line(step: int, loss: float) -> str:
 
 
 def test_metric_lines_are_read_behind_a_host_label_and_other_lines_are_skipped():
-    lines = ["[algo-1] " + line(2, 2.5), "checkpoint step=2 written_s=1", line(1, 3.0), "summary steps=2 final_loss=2.5"]
+    lines = [
+        "[algo-1] " + line(2, 2.5),
+        "checkpoint step=2 written_s=1",
+        line(1, 3.0),
+        "summary steps=2 final_loss=2.5",
+    ]
     rows = metric_rows(lines)
     assert [(r["step"], r["loss"]) for r in rows] == [(1, 3.0), (2, 2.5)]
     assert set(rows[0]) == STEP_KEYS and math.isnan(rows[0]["mfu"])
@@ -135,7 +152,7 @@ def test_a_slurm_job_reads_its_metrics_file_on_the_shared_dir_else_its_log(home,
     assert [r["loss"] for r in Job.find(name).metrics()] == [8.0, 7.0, 6.0]
 
 
-def test_a_docker_job_reads_its_mounted_output_else_the_containers_log(fake_docker, home):  # noqa: F811
+def test_a_docker_job_reads_its_mounted_output_else_the_containers_log(fake_docker, home):
     fake_docker.answer(["logs"], out="\n".join([line(1, 4.0), "noise", line(2, 3.5)]) + "\n")
     job = Job(JobRef(name="tiny-docker-job", backend="docker"))
     assert [r["loss"] for r in job.metrics()] == [4.0, 3.5]
@@ -146,7 +163,7 @@ def test_a_docker_job_reads_its_mounted_output_else_the_containers_log(fake_dock
     assert job.metrics().to_rows() == [{"step": 1, "loss": 1.25}]
 
 
-def test_a_k8s_job_reads_the_metric_lines_of_its_master_pod(cluster, monkeypatch):  # noqa: F811
+def test_a_k8s_job_reads_the_metric_lines_of_its_master_pod(cluster, monkeypatch):
     cluster.add("PyTorchJob", "team-a", "tiny-k8s-job", {})
     monkeypatch.setenv("FAKE_KUBECTL_LOGS", "\n".join([line(1, 4.0), line(2, 3.25)]))
     job = Job(JobRef(name="tiny-k8s-job", backend="k8s", native_id="team-a/tiny-k8s-job"))
