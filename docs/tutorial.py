@@ -24,14 +24,14 @@ OUT.mkdir(parents=True, exist_ok=True)
 # %% [markdown]
 # ## Load a recipe
 # A recipe is a validated value. `--set` overrides are dotted keys; here one process trains the
-# tiny Llama for a few steps, so the whole tutorial takes seconds. In a notebook the recipe shows
+# tiny Llama for four steps, so the whole tutorial is quick. In a notebook the recipe shows
 # as a table.
 
 # %%
 recipe = api.load(
     REPO / "recipes" / "tiny-cpu.yaml",
     set_options=[
-        "training.steps=6",
+        "training.steps=4",
         "training.global_batch_size=2",
         "parallel.tensor=1",
         "cluster.nproc_per_node=1",

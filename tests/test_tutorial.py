@@ -28,8 +28,8 @@ def test_the_tutorial_runs_and_draws_its_three_pictures(tmp_path):
     lines = result.stdout.splitlines()
     assert "Completed" in lines
     steps = [line for line in lines if line.startswith("metrics step=")]
-    assert len(steps) == 6
-    assert lines[-1].startswith("6 steps, last loss ")
+    assert len(steps) == 4
+    assert lines[-1].startswith("4 steps, last loss ")
     for name in ("memory.png", "plans.png", "metrics.png"):
         picture = (out / name).read_bytes()
         assert picture[:8] == PNG and len(picture) > 10_000, name

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher.backends import staging
 from launcher.backends.cloudwatch import console_links
-from launcher.backends.history import MetricsHistory
+from launcher.backends.history import MetricsHistory, metric_cell
 from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
 from launcher.display import html
@@ -94,7 +94,7 @@ class JobStatus:
             rows.append(("failure", self.failure_reason))
         if self.exit_code is not None:
             rows.append(("exit code", str(self.exit_code)))
-        rows += [(key.removeprefix("train:"), f"{value:.4g}") for key, value in self.metrics.items()]
+        rows += [(key.removeprefix("train:"), metric_cell(value)) for key, value in self.metrics.items()]
         raw = [("links", html.links(self.links))] if self.links else []
         return html.table(rows, title=f"{self.name}: {state}", raw=raw)
 

@@ -17,7 +17,7 @@ import pytest
 
 from launcher import api
 from launcher.backends.history import MetricsHistory
-from launcher.contract.metrics import metric_rows, metrics_line
+from launcher.contract.metrics import METRIC_KEYS, metric_rows, metrics_line
 from launcher.jobs import Job
 from launcher.registry import JobRef
 
@@ -31,17 +31,7 @@ fake_docker = test_docker.fake_docker
 cluster = test_k8s_submit.cluster
 no_torchrun = test_local.no_torchrun
 
-STEP_KEYS = {
-    "step",
-    "loss",
-    "grad_norm",
-    "lr",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "step_time_s",
-    "mem_alloc_gib",
-    "mem_reserved_gib",
-}
+STEP_KEYS = set(METRIC_KEYS)  # every field the entrypoints log per step
 
 
 def line(step: int, loss: float) -> str:

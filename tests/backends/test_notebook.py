@@ -175,6 +175,14 @@ def test_a_job_whose_engine_cannot_answer_still_shows_with_the_reason(home):
     assert page.links == {}
 
 
+def test_a_local_status_shows_its_last_step_with_unmeasured_values_blank():
+    status = JobStatus(name="j", backend="local", state="Completed", exit_code=0,
+                       metrics={"step": 20, "loss": 4.24138, "mfu": None})  # fmt: skip
+    page = Page(status._repr_html_())
+    assert (page.row("step"), page.row("loss"), page.row("exit code")) == ("20", "4.241", "0")
+    assert page.text[-1] == "mfu"  # the last row, its cell empty: MFU is not measured on a CPU
+
+
 def test_text_from_a_recipe_or_the_cloud_is_escaped():
     status = JobStatus(name="<b>x</b>", backend="local", state="Failed", failure_reason="<script>alert(1)</script>")
     markup = status._repr_html_()
