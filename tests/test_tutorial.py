@@ -33,3 +33,14 @@ def test_the_tutorial_runs_and_draws_its_three_pictures(tmp_path):
     for name in ("memory.png", "plans.png", "metrics.png"):
         picture = (out / name).read_bytes()
         assert picture[:8] == PNG and len(picture) > 10_000, name
+
+
+def test_the_readme_says_where_a_jobs_metrics_are():
+    readme = (REPO / "README.md").read_text()
+    for mention in (
+        "`launcher metrics NAME`",
+        "`job.metrics()`",
+        "$LAUNCHER_HOME/jobs/NAME/metrics.jsonl",
+        "docs/tutorial.py",
+    ):
+        assert mention in readme, mention
