@@ -16,11 +16,13 @@ from typing import Any, get_args
 
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.backends.base import EngineUnavailable
+from launcher.backends.history import MetricsHistory
+from launcher.display import html
 from launcher.errors import Detached, LauncherError, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
 from launcher.jobs import Job, list_jobs, outcome_exit_code
-from launcher.plan import LayoutPlan, Search, search
+from launcher.plan import LayoutPlans, Search, search
 from launcher.plan.apply import auto_plan as best_layout
 from launcher.plan.forecast import RunForecast, forecast
 from launcher.plan.suggest import suggestion
@@ -41,6 +43,7 @@ __all__ = [
     "list_jobs",
     "load",
     "logs",
+    "metrics",
     "plan",
     "plan_search",
     "predicted_summary",
@@ -87,6 +90,27 @@ class Submission:
     def exit_code(self) -> int:
         """After wait=True: 0 when the job completed, 1 when it failed or was stopped."""
         return 0 if self.final is None else outcome_exit_code(self.final)
+
+    def _repr_html_(self) -> str:
+        memory = self.estimate
+        rows = [
+            ("job", self.spec.name),
+            ("backend", self.spec.backend),
+            ("submitted", "no (dry run)" if self.dry_run else "yes"),
+            (
+                "memory",
+                f"{memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per GPU ({memory.utilization:.0%})",
+            ),
+            (
+                "resources",
+                f"{self.spec.resources.instance_count} x {self.spec.resources.instance_type}, world {self.spec.resources.world_size}",
+            ),
+        ]
+        if self.final is not None:
+            rows.append(("final state", f"{self.final.state}, exit code {self.exit_code}"))
+        links = self.job.links if self.job is not None else []
+        raw = [("links", html.links(links))] if links else []
+        return html.table(rows, title=f"Submission {self.spec.name}", raw=raw)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.spec.name, "backend": self.spec.backend, "dry_run": self.dry_run}
@@ -162,9 +186,10 @@ def plan(
     top: int = 10,
     vary_fp8: bool = False,
     threshold: float = DEFAULT_THRESHOLD,
-) -> list[LayoutPlan]:
+) -> LayoutPlans:
     """The `top` fastest parallel layouts that fit, for this recipe or another GPU budget, best first.
 
+    A list (`.best` is the first) that draws itself: `.plot(path)`, and a table in a notebook.
     Apply one with `recipe.with_changes(plan.overrides(recipe))`.
     """
     found = plan_search(
@@ -326,6 +351,11 @@ def logs(
     name: str, *, follow: bool = False, backend: str | None = None, region: str | None = None, poll_s: float = 5.0
 ) -> Iterator[str]:
     return Job.find(name, backend=backend, region=region).logs(follow=follow, poll_s=poll_s)
+
+
+def metrics(name: str, *, backend: str | None = None, region: str | None = None) -> MetricsHistory:
+    """Every step the job has logged so far, from whichever backend runs it."""
+    return Job.find(name, backend=backend, region=region).metrics()
 
 
 def stop(name: str, *, backend: str | None = None, region: str | None = None, grace_s: float = 30.0) -> JobStatus:

@@ -85,6 +85,10 @@ SetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 # None means launcher.estimate.DEFAULT_THRESHOLD, read when a verb runs: importing the estimator
 # here would slow down `launcher --help`. A test keeps the help text equal to the constant.
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option("--plot", help="Also draw it to this PNG file (needs the plot extra).", show_default=False),
+]
 ThresholdOpt = Annotated[
     float | None,
     typer.Option(help="Fraction of GPU memory a job may use and still fit (default 0.8).", show_default=False),
@@ -151,6 +155,7 @@ def estimate(
         str, typer.Option(help="fsdp: what the entrypoints allocate; megatron: Fujii et al. 2024's accounting.")
     ] = "fsdp",
     threshold: ThresholdOpt = None,
+    plot: PlotOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Per-GPU peak memory per pipeline stage, whether it fits, and a change that does."""
@@ -161,6 +166,8 @@ def estimate(
     check_options(mode, threshold)
     loaded = _load(recipe, set_)
     result = api.estimate(loaded, mode=mode, threshold=threshold)
+    if plot is not None:
+        err.print(f"plot: {result.plot(plot, title=f'{loaded.summary_line()} [{mode}]')}", markup=False)
     if json_:
         _print_json({**result.to_json(), "predicted": api.predicted_summary(loaded)})
     else:
@@ -183,6 +190,7 @@ def plan(
     vary_fp8: Annotated[bool, typer.Option("--vary-fp8", help="Also try the other precision.fp8 setting.")] = False,
     threshold: ThresholdOpt = None,
     set_: SetOpt = None,
+    plot: PlotOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Rank every valid parallel layout that fits by predicted throughput and cost."""
@@ -198,6 +206,9 @@ def plan(
         vary_fp8=vary_fp8,
         threshold=_threshold(threshold),
     )
+    if plot is not None:
+        _plot_plans(loaded, plot, gpus=gpus, instances=instances, instance_type=instance_type, vary_fp8=vary_fp8,
+                    threshold=_threshold(threshold))  # fmt: skip
     if json_:
         _print_json([layout.to_json() for layout in found.ranked])
     else:
@@ -207,6 +218,17 @@ def plan(
         # Piped output has no terminal width to fit; do not squeeze the table to rich's 80 columns.
         wide = out if out.is_terminal else _Console(soft_wrap=True, highlight=False, width=120)
         wide.print(table)
+
+
+# The plot shows every layout that fits, not only the --top rows of the table.
+ALL_LAYOUTS = 100_000
+
+
+def _plot_plans(loaded: Recipe, path: Path, **budget) -> None:
+    from launcher import api
+
+    every = api.plan(loaded, top=ALL_LAYOUTS, **budget)
+    err.print(f"plot: {every.plot(path, title=f'{loaded.name}: {len(every)} layouts that fit')}", markup=False)
 
 
 BackendOpt = Annotated[
@@ -378,6 +400,28 @@ def stop(
 
     stopped = api.stop(name, backend=backend, region=region, grace_s=grace)
     _print_json(stopped.to_dict()) if json_ else out.print(status_text(stopped), markup=False)
+
+
+@app.command()
+def metrics(
+    name: str,
+    plot: PlotOpt = None,
+    backend: BackendOpt = None,
+    region: RegionOpt = None,
+    json_: Annotated[bool, typer.Option("--json", help="Every step as JSON.")] = False,
+) -> None:
+    """Every step a job has logged: loss, tokens/s/GPU, MFU and memory, as a table, JSON or a plot."""
+    from launcher import api
+
+    history = api.metrics(name, backend=backend, region=region)
+    if plot is not None:
+        err.print(f"plot: {history.plot(plot)}", markup=False)
+    if json_:
+        _print_json(history.to_json())
+    else:
+        from launcher.jobs import metrics_text
+
+        out.print(metrics_text(history), markup=False)
 
 
 @app.command("list")

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from launcher.backends import get_backend
 from launcher.backends.base import Backend, JobStatus
+from launcher.backends.cloudwatch import console_links
+from launcher.backends.history import MetricsHistory, metric_cell
+from launcher.display import html
 from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, LauncherError, UsageError
 from launcher.registry import JobRef, launcher_home, load, records
 
@@ -90,8 +94,35 @@ class Job:
                 return
             time.sleep(poll_s)
 
+    def metrics(self) -> MetricsHistory:
+        """Every step the job has logged so far (`.to_rows()`, `.last`, `.plot(path)`)."""
+        return self.backend.metrics(self.ref)
+
+    def plot_metrics(self, path: str | Path) -> Path:
+        """Loss, tokens/s/GPU, MFU and memory against step, as a PNG (the `plot` extra)."""
+        return self.metrics().plot(path)
+
+    @property
+    def links(self) -> list[tuple[str, str]]:
+        """(title, url) of the console pages of a SageMaker job; [] for other backends."""
+        return console_links(self.name, self.ref.region) if self.ref.backend == "sagemaker" and self.ref.region else []
+
     def __repr__(self) -> str:
         return f"Job({self.name!r}, backend={self.ref.backend!r})"
+
+    def _repr_html_(self) -> str:
+        rows = [("job", self.name), ("backend", self.ref.backend)]
+        rows += [(k, v) for k, v in (("region", self.ref.region), ("submitted", self.ref.created)) if v]
+        try:
+            status = self.status()
+        except LauncherError as error:  # a notebook cell should show the handle even when the engine is away
+            rows.append(("status", f"unknown: {error}"))
+        else:
+            rows.append(("state", status.state + (f" ({status.secondary})" if status.secondary else "")))
+            result = result_text(status)
+            rows += [("result", result)] if result else []
+        raw = [("links", html.links(self.links))] if self.links else []
+        return html.table(rows, title=f"Job {self.name}", raw=raw)
 
 
 def list_jobs(*, backend: str | None = None, region: str | None = None, limit: int = 50) -> list[JobStatus]:
@@ -168,3 +199,24 @@ def list_text(statuses: list[JobStatus]) -> str:
     rows += [(s.name, s.backend, s.state, s.secondary or "", s.created or "") for s in statuses]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+_METRICS_COLUMNS = (
+    ("step", "STEP"),
+    ("loss", "LOSS"),
+    ("tokens_per_s_per_gpu", "TOKENS/S/GPU"),
+    ("mfu", "MFU"),
+    ("step_time_s", "STEP_S"),
+    ("mem_reserved_gib", "MEM_GIB"),
+)
+
+
+def metrics_text(history: MetricsHistory) -> str:
+    """Every logged step as a table (blank where a value was not measured, such as MFU on a CPU)."""
+    if not len(history):
+        return f"{history.job}: no steps logged yet"
+    rows = [tuple(title for _, title in _METRICS_COLUMNS)]
+    for row in history:
+        rows.append(tuple(metric_cell(row.get(key)) for key, _ in _METRICS_COLUMNS))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)

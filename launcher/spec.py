@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import html
 import json
 import re
 import secrets
@@ -21,6 +20,7 @@ import string
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from launcher.display import html
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
 
 if TYPE_CHECKING:
@@ -375,11 +375,7 @@ class JobSpec:
         return "\n".join(f"{key:<{width}}  {value}" for key, value in self.summary_rows())
 
     def _repr_html_(self) -> str:
-        cells = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(k)}</th><td><code>{html.escape(v)}</code></td></tr>"
-            for k, v in self.summary_rows()
-        )
-        return f"<table>{cells}</table>"
+        return html.table(self.summary_rows(), title=f"JobSpec {self.name}")
 
 
 def _tuple(value: Any) -> Any:

@@ -23,6 +23,7 @@ RANKS = {
     "launcher": 0,
     "contract": 0,
     "errors": 1,
+    "display": 1.5,  # HTML, SVG and plots: knows no launcher type, only errors
     "catalog": 2,
     "recipe": 3,
     "workload": 4,

@@ -13,10 +13,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher.backends import staging
+from launcher.backends.cloudwatch import console_links
+from launcher.backends.history import MetricsHistory, metric_cell
+from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
+from launcher.display import html
 from launcher.errors import EngineError, UsageError
 from launcher.registry import JobRef
 from launcher.spec import MAX_JOB_NAME, JobSpec, Placement, job_name
@@ -74,6 +79,24 @@ class JobStatus:
         data = asdict(self)
         data["terminal"] = self.terminal
         return data
+
+    @property
+    def links(self) -> list[tuple[str, str]]:
+        """(title, url) of the pages that show this job: the SageMaker console and its CloudWatch logs."""
+        region = self.details.get("region")
+        return console_links(self.name, region) if self.backend == "sagemaker" and region else []
+
+    def _repr_html_(self) -> str:
+        state = self.state + (f" ({self.secondary})" if self.secondary and self.secondary != self.state else "")
+        rows = [("job", self.name), ("backend", self.backend), ("state", state)]
+        rows += [(k, v) for k, v in (("created", self.created), ("ended", self.ended)) if v]
+        if self.failure_reason:
+            rows.append(("failure", self.failure_reason))
+        if self.exit_code is not None:
+            rows.append(("exit code", str(self.exit_code)))
+        rows += [(key.removeprefix("train:"), metric_cell(value)) for key, value in self.metrics.items()]
+        raw = [("links", html.links(self.links))] if self.links else []
+        return html.table(rows, title=f"{self.name}: {state}", raw=raw)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +200,10 @@ class Backend(ABC):
     def list(self, *, region: str | None = None, limit: int = 50) -> list[JobStatus]:
         return self._list(region=region, limit=limit)
 
+    def metrics(self, ref: JobRef) -> MetricsHistory:
+        """Every step the job has logged so far."""
+        return self._metrics(ref)
+
     @abstractmethod
     def _render(self, spec: JobSpec) -> Rendering: ...
 
@@ -194,6 +221,15 @@ class Backend(ABC):
 
     def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
         return []
+
+    def _metrics(self, ref: JobRef) -> MetricsHistory:
+        # What every engine keeps: the job's log, where rank 0 prints one line per step.
+        return MetricsHistory.from_lines(ref.name, self._logs(ref, follow=False, poll_s=1.0))
+
+    def _file_or_log_metrics(self, ref: JobRef, metrics_file: Path | None) -> MetricsHistory:
+        """The job's metrics.jsonl where this machine can read it, else its log lines."""
+        rows = metrics_file_rows(metrics_file) if metrics_file is not None else []
+        return MetricsHistory.from_rows(ref.name, rows) if rows else Backend._metrics(self, ref)
 
 
 # name -> "module:class"; a backend's module is imported only when that backend is asked for.

@@ -78,3 +78,15 @@ def log_lines(
         if done:
             return
         sleep(poll_s)
+
+
+def console_links(job: str, region: str) -> list[tuple[str, str]]:
+    """The AWS console pages of a SageMaker training job: the job, and its log streams in CloudWatch."""
+    console = f"https://{region}.console.aws.amazon.com"
+    return [
+        ("SageMaker console", f"{console}/sagemaker/home?region={region}#/jobs/{job}"),
+        (
+            "CloudWatch logs",
+            f"{console}/cloudwatch/home?region={region}#logStream:group={LOG_GROUP};prefix={job};streamFilter=typeLogStreamPrefix",
+        ),
+    ]

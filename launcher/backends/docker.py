@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.backends.base import Backend, Capabilities, EngineUnavailable, JobRef, JobStatus, Rendering, utc_now
+from launcher.backends.history import MetricsHistory
 from launcher.backends.images import EcrRegistry, ecr_registry, training_image
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import last_metrics
@@ -162,6 +163,10 @@ class DockerBackend(Backend):
         if follow:
             return follow_logs(ref.name, poll_s=poll_s)
         return stream_tool(["docker", "logs", ref.name], action=f"reading the logs of {ref.name}")
+
+    def _metrics(self, ref: JobRef) -> MetricsHistory:
+        # The job's output directory is mounted from here for jobs submitted from this machine.
+        return self._file_or_log_metrics(ref, job_dir(ref.name) / "output" / METRICS_FILE)
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
         # docker stop sends SIGTERM and, after the grace period, SIGKILL.

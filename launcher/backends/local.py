@@ -20,6 +20,7 @@ from pathlib import Path
 
 from launcher.backends import local_runner as runner
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.history import MetricsHistory
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.bundle import Bundle
@@ -133,6 +134,9 @@ class LocalBackend(Backend):
         return follow_file(
             directory / runner.LOG, follow=follow, is_done=lambda: self._status(ref).terminal, poll_s=min(poll_s, 0.5)
         )
+
+    def _metrics(self, ref: JobRef) -> MetricsHistory:
+        return self._file_or_log_metrics(ref, self._directory(ref) / METRICS_FILE)
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
         directory = self._directory(ref)

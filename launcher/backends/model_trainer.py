@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from launcher.backends import aws
 from launcher.backends.sagemaker import METRIC_DEFINITIONS, Locations, settings
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
@@ -27,23 +28,39 @@ def to_model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str |
             f"to_model_trainer() needs a sagemaker spec, not {spec.backend}; build it with backend='sagemaker'"
         )
     try:
-        from sagemaker.core.training.configs import (
-            CheckpointConfig,
-            Compute,
-            InputData,
-            MetricDefinition,
-            Networking,
-            OutputDataConfig,
-            RetryStrategy,
-            SourceCode,
-            StoppingCondition,
-            Tag,
-        )
-        from sagemaker.train import ModelTrainer
+        import sagemaker.train  # noqa: F401  (the SDK; imported for real in _trainer)
     except ImportError:
         raise UsageError("to_model_trainer() needs the SageMaker SDK: pip install 'launcher[sagemaker]'") from None
 
     locations, cloud = Locations.of(spec), settings(spec)
+    if source_dir is None:
+        source_dir = Bundle.build(spec.resolved_json).extract(job_dir(spec.name) / "code")
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    # The SDK asks AWS for the account and the default bucket as it builds the trainer: without
+    # credentials that is a botocore traceback, which the API turns into one line.
+    try:
+        return _trainer(spec, locations, cloud, sagemaker_session, source_dir)
+    except (BotoCoreError, ClientError) as error:
+        raise aws.explain(error, action=f"to_model_trainer({spec.name})", region=cloud.region) from None
+
+
+def _trainer(spec: JobSpec, locations: Locations, cloud, sagemaker_session, source_dir):
+    """The ModelTrainer itself; every SDK call that may reach AWS is made in here."""
+    from sagemaker.core.training.configs import (
+        CheckpointConfig,
+        Compute,
+        InputData,
+        MetricDefinition,
+        Networking,
+        OutputDataConfig,
+        RetryStrategy,
+        SourceCode,
+        StoppingCondition,
+        Tag,
+    )
+    from sagemaker.train import ModelTrainer
+
     if sagemaker_session is None:
         import boto3
         from sagemaker.core.helper.session_helper import Session
@@ -51,8 +68,6 @@ def to_model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str |
         sagemaker_session = Session(
             boto_session=boto3.Session(region_name=cloud.region), default_bucket=locations.bucket
         )
-    if source_dir is None:
-        source_dir = Bundle.build(spec.resolved_json).extract(job_dir(spec.name) / "code")
 
     r, net = spec.resources, cloud.networking
     trainer = ModelTrainer(

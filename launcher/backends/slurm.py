@@ -37,6 +37,7 @@ from launcher.backends.base import (
     Rendering,
     utc_now,
 )
+from launcher.backends.history import MetricsHistory
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
@@ -434,6 +435,10 @@ class SlurmBackend(Backend):
         if log is None:
             raise UsageError(f"Slurm job {job_id}: no log file known; Slurm has forgotten the job")
         return follow_file(log, follow=follow, is_done=lambda: self._status(ref).terminal, poll_s=min(poll_s, 1.0))
+
+    def _metrics(self, ref: JobRef) -> MetricsHistory:
+        directory = self._directory(ref)
+        return self._file_or_log_metrics(ref, directory / METRICS_FILE if directory else None)
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
         job_id = self._job_id(ref)

@@ -36,15 +36,21 @@ def follow_file(path: Path, *, follow: bool, is_done: Callable[[], bool], poll_s
 
 
 def last_metrics(path: Path) -> dict[str, float]:
+    rows = metrics_file_rows(path)
+    return rows[-1] if rows else {}
+
+
+def metrics_file_rows(path: Path) -> list[dict[str, float]]:
+    """Every step a metrics.jsonl holds, in the order written; [] when there is none yet."""
     if not path.is_file():
-        return {}
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    for line in reversed(lines):
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
         try:
-            return json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:
-            continue  # a line being written right now
-    return {}
+            continue  # a blank line, or the line being written right now
+    return rows
 
 
 def log_summary(log: Path, max_bytes: int = 65536) -> dict[str, float | str]:

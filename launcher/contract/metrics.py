@@ -12,7 +12,7 @@ capture group each; `parse_fields` reads any such line back into numbers (nan in
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 METRIC_KEYS = (
     "step",
@@ -80,3 +80,21 @@ def parse_fields(line: str) -> dict[str, float | str]:
             except ValueError:
                 values[key] = text
     return values
+
+
+def metric_rows(lines: Iterable[str]) -> list[dict[str, float]]:
+    """Every `metrics step=N ...` line among `lines` as a dict, by step; other lines are skipped.
+
+    The line may carry a prefix (a host label, a platform's timestamp), as the regexes allow.
+    A step logged twice (a restarted run logs its steps again) keeps its latest values.
+    """
+    rows: dict[int, dict[str, float]] = {}
+    marker = f"{METRICS_PREFIX} step="
+    for line in lines:
+        start = line.find(marker)
+        if start < 0:
+            continue
+        fields = {k: v for k, v in parse_fields(line[start:]).items() if isinstance(v, float)}
+        if "step" in fields:
+            rows[int(fields["step"])] = {**fields, "step": int(fields["step"])}
+    return [rows[step] for step in sorted(rows)]

@@ -14,9 +14,11 @@ call it thousands of times (scripts/bench_estimate.py measures it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from launcher.catalog import Accelerator, choices
+from launcher.display import html, svg
 from launcher.errors import UsageError
 from launcher.estimate import fsdp, megatron
 from launcher.estimate.breakdown import StageMemory
@@ -77,6 +79,42 @@ class MemoryEstimate:
             f"per GPU ({self.utilization:.0%}, threshold {self.threshold:.0%}); largest: {largest} "
             f"{format_bytes(self.breakdown[largest])} on pipeline stage {self.peak_stage} ({self.peak_phase})"
         )
+
+    def stage_bars(self) -> list[tuple[str, dict[str, int]]]:
+        """(label, breakdown) per pipeline stage: what the pictures draw."""
+        return [(f"stage {s.stage}" if len(self.stages) > 1 else "GPU", dict(s.breakdown)) for s in self.stages]
+
+    def plot(self, path: str | Path, *, title: str | None = None) -> Path:
+        """The memory per stage as stacked bars with the capacity and threshold lines, a PNG (the `plot` extra)."""
+        from launcher.display.plots import plot_memory
+
+        title = (
+            title or f"{self.verdict}: peak {format_bytes(self.per_gpu_peak_bytes)} per GPU ({self.utilization:.0%})"
+        )
+        return plot_memory(
+            path, self.stage_bars(), capacity_bytes=self.gpu_memory_bytes, threshold=self.threshold, title=title
+        )
+
+    def _repr_html_(self) -> str:
+        largest = self.largest_component
+        rows = [
+            ("verdict", self.verdict),
+            (
+                "peak per GPU",
+                f"{format_bytes(self.per_gpu_peak_bytes)} of {format_bytes(self.gpu_memory_bytes)} ({self.utilization:.0%})",
+            ),
+            ("threshold", f"{self.threshold:.0%} ({format_bytes(self.threshold * self.gpu_memory_bytes)})"),
+            ("allocated", format_bytes(self.allocated_bytes)),
+            ("largest", f"{largest} {format_bytes(self.breakdown[largest])}"),
+            ("peaks at", f"pipeline stage {self.peak_stage}, {self.peak_phase}"),
+            ("accounting", self.mode),
+        ]
+        rows += [("suggestion", self.suggestion)] if self.suggestion else []
+        rows += [("note", note) for note in self.notes]
+        picture = svg.memory_bars(
+            self.stage_bars(), capacity_bytes=self.gpu_memory_bytes, threshold=self.threshold, size=format_bytes
+        )
+        return html.block(html.table(rows, title=f"Memory estimate: {self.verdict}"), picture)
 
     def with_suggestion(self, suggestion: str | None) -> MemoryEstimate:
         return replace(self, suggestion=suggestion)

@@ -11,6 +11,6 @@ change that makes a recipe fit.
 
 from launcher.plan.budget import resolve_budget
 from launcher.plan.rank import plan, search
-from launcher.plan.result import LayoutPlan, Search
+from launcher.plan.result import LayoutPlan, LayoutPlans, Search
 
-__all__ = ["LayoutPlan", "Search", "plan", "resolve_budget", "search"]
+__all__ = ["LayoutPlan", "LayoutPlans", "Search", "plan", "resolve_budget", "search"]

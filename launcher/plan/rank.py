@@ -27,7 +27,7 @@ from launcher.plan.modes import (
     with_modes,
 )
 from launcher.plan.modes import mode as run_mode
-from launcher.plan.result import LayoutPlan, Search
+from launcher.plan.result import LayoutPlan, LayoutPlans, Search
 from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict
 from launcher.recipe import Recipe
 from launcher.recipe.resolve import Hardware
@@ -72,7 +72,7 @@ def plan(
     threshold: float = DEFAULT_THRESHOLD,
     constants: Constants = CONSTANTS,
     vary_accumulation: bool | None = None,
-) -> list[LayoutPlan]:
+) -> LayoutPlans:
     """The `top` fastest layouts for `recipe` on a GPU budget that fit in `threshold` of memory."""
     return search(
         recipe,
@@ -109,9 +109,7 @@ def search(
         raise UsageError(f"--top {top}: use 1 or more")
     started = time.perf_counter()
     budget = resolve_budget(recipe, gpus=gpus, instances=instances, instance_type=instance_type)
-    scored = score_layouts(
-        recipe, budget, vary_fp8=vary_fp8, constants=constants, vary_accumulation=vary_accumulation
-    )
+    scored = score_layouts(recipe, budget, vary_fp8=vary_fp8, constants=constants, vary_accumulation=vary_accumulation)
     if not scored:
         training = recipe.training
         raise UsageError(
@@ -133,7 +131,7 @@ def search(
         )
     return Search(
         budget=budget,
-        ranked=ranked,
+        ranked=LayoutPlans(ranked),
         considered=len(scored),
         estimated=found.estimated,
         faster_but_too_big=found.too_big,

@@ -4,10 +4,13 @@ its predicted speed and cost) and the `Search` that ranked them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from launcher.contract.layout import Layout
-from launcher.estimate import MemoryEstimate, Workload
+from launcher.display import html
+from launcher.errors import UsageError
+from launcher.estimate import MemoryEstimate, Workload, format_bytes
 from launcher.plan.modes import estimator_counts_accumulation, mode
 from launcher.plan.throughput import Throughput
 from launcher.recipe import Recipe
@@ -120,12 +123,55 @@ class LayoutPlan:
         }
 
 
+class LayoutPlans(list):
+    """The layouts that fit, best first: a list of LayoutPlan that also draws itself."""
+
+    @property
+    def best(self) -> LayoutPlan:
+        if not self:
+            raise UsageError("no layout fits this budget; `launcher plan` and `launcher estimate` say what to change")
+        return self[0]
+
+    def plot(self, path: str | Path, *, title: str | None = None) -> Path:
+        """Predicted tokens/s/GPU against peak memory for every layout, the best marked (the `plot` extra)."""
+        from launcher.display.plots import plot_plans
+
+        points = [(p.describe(), p.memory.per_gpu_peak_bytes, p.tokens_per_s_per_gpu) for p in self]
+        memory = self.best.memory if self else None
+        return plot_plans(
+            path,
+            points,
+            best=0,
+            capacity_bytes=memory.gpu_memory_bytes if memory else 0,
+            threshold=memory.threshold if memory else 1.0,
+            title=title or f"{len(self)} layouts that fit; best: {points[0][0] if points else 'none'}",
+        )
+
+    def _repr_html_(self) -> str:
+        header = ("#", "layout", "tokens/s/GPU", "MFU", "step (s)", "peak memory", "$/h", "$/run")
+        rows = [
+            (
+                str(rank),
+                plan.describe(),
+                f"{plan.tokens_per_s_per_gpu:,.0f}",
+                f"{plan.throughput.mfu:.1%}",
+                f"{plan.throughput.step_time_s:.3g}",
+                f"{format_bytes(plan.memory.per_gpu_peak_bytes)} ({plan.memory.utilization:.0%})",
+                f"{plan.throughput.usd_per_hour:,.2f}",
+                "" if plan.throughput.usd_per_run is None else f"{plan.throughput.usd_per_run:,.0f}",
+            )
+            for rank, plan in enumerate(self, start=1)
+        ]
+        title = f"{len(self)} layouts that fit, best first" if self else "no layout fits"
+        return html.grid(header, rows, title=title, marked=0)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Search:
     """What `search` found: the ranked layouts and how it got there."""
 
     budget: Hardware
-    ranked: list[LayoutPlan]
+    ranked: LayoutPlans
     considered: int  # valid layouts scored (layout x micro batch x AC x fp8)
     estimated: int  # memory estimates made
     faster_but_too_big: int  # layouts faster than the last shown that do not fit

@@ -12,6 +12,7 @@ from pydantic import PrivateAttr, ValidationError, model_validator
 from launcher.catalog import ModelArch
 from launcher.contract.config import FORMAT as RESOLVED_FORMAT
 from launcher.contract.layout import Layout
+from launcher.display import html
 from launcher.errors import Problem, RecipeError
 from launcher.recipe import rules
 from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw
@@ -261,6 +262,27 @@ class Recipe(RecipeSpec):
         return f"Recipe({self.name!r}, {self.model_name}, seq {self.training.seq_len}, {self.layout} on {self.cluster.instance_count}x{self.hardware.instance_key})"
 
     __str__ = __repr__
+
+    def _repr_html_(self) -> str:
+        t, hw = self.training, self.hardware
+        rows = [
+            ("model", f"{self.model_name} ({self.arch.num_params() / 1e9:.3g} B parameters)"),
+            ("sequence", f"{t.seq_len:,} tokens"),
+            (
+                "batch",
+                f"global {t.global_batch_size}, micro {t.micro_batch_size}, {self.grad_accum_steps} accumulation steps",
+            ),
+            ("tokens per step", f"{self.tokens_per_step:,}"),
+            ("steps", f"{t.steps:,}"),
+            ("precision", self.precision.dtype + (", fp8" if self.precision.fp8 else "")),
+            ("layout", str(self.layout)),
+            ("cluster", f"{self.cluster.instance_count} x {hw.instance_key}: {self.world_size} x {hw.accelerator_key}"),
+            ("backend", self.cluster.backend),
+        ]
+        if self.source is not None:
+            rows.append(("file", str(self.source)))
+        rows += [("warning", w) for w in self.warnings]
+        return html.table(rows, title=f"Recipe {self.name}")
 
 
 def _key_path(dotted: str) -> tuple:

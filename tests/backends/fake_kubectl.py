@@ -144,7 +144,7 @@ def config(objects, rest, args, namespace, stdin) -> int:
 
 
 def logs(objects, rest, args, namespace, stdin) -> int:
-    print(f"logs of {rest[0]}")
+    print(os.environ.get("FAKE_KUBECTL_LOGS") or f"logs of {rest[0]}")
     return 0
 
 

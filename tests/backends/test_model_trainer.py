@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import boto3
 import pytest
 
@@ -40,3 +42,21 @@ def test_only_sagemaker_specs_convert(home, fake_bundle):
 
     with pytest.raises(UsageError, match="needs a sagemaker spec, not local"):
         to_model_trainer(spec_for("tiny-cpu", "local"))
+
+
+def test_without_credentials_the_error_is_one_line_not_a_botocore_traceback(home, fake_bundle, monkeypatch):
+    from launcher.backends import aws
+    from launcher.errors import LauncherError
+
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    aws.reset_clients()
+    with pytest.raises(LauncherError) as raised:
+        to_model_trainer(spec_for("llama70b-128k", "sagemaker"))
+    assert str(raised.value) == (
+        "to_model_trainer(llama70b-128k-job): no AWS credentials found; run `aws configure`, set AWS_PROFILE, "
+        "or run on a machine with an IAM role"
+    )

@@ -22,9 +22,7 @@ NVLINK = 900 / 2 * GB * CONSTANTS.nvlink_efficiency  # 360 GB/s
 
 
 def workload(layout: Layout, *, seq_len=8192, grad_accum_steps=1, **modes) -> Workload:
-    base = Workload(
-        arch=LLAMA8B, layout=layout, seq_len=seq_len, micro_batch_size=1, grad_accum_steps=grad_accum_steps
-    )
+    base = Workload(arch=LLAMA8B, layout=layout, seq_len=seq_len, micro_batch_size=1, grad_accum_steps=grad_accum_steps)
     return with_modes(base, **modes) if modes else base
 
 

@@ -171,7 +171,8 @@ def test_searching_accumulation_modes_keeps_those_whose_unsharded_state_fits():
         p
         for p in varied.ranked
         if p.grad_accumulation == "sync_each"
-        and (p.layout, p.micro_batch_size, p.activation_checkpointing) == (
+        and (p.layout, p.micro_batch_size, p.activation_checkpointing)
+        == (
             gathered.layout,
             gathered.micro_batch_size,
             gathered.activation_checkpointing,
