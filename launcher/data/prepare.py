@@ -15,6 +15,7 @@ contents, the tokenizer and the settings, so it also names the submit-time cache
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import itertools
 import json
@@ -35,6 +36,7 @@ from launcher.data.tokenizer import TokenizerInfo, tokenizer_info
 from launcher.errors import UsageError
 
 DEFAULT_SHARD_TOKENS = 100_000_000
+LOCK = ".lock"
 CHUNK_CHARS = 1 << 20
 """Documents go to a worker in chunks of about this many characters: big enough that passing
 them between processes costs little next to tokenizing them."""
@@ -154,8 +156,23 @@ def prepare_opened(
     opened: Opened, directory: Path, *, workers: int, out: str, on_shard: Callable[[dict], None] | None = None
 ) -> Prepared:
     """Resume or start the dataset in `directory`; a complete one is verified and kept."""
-    started = time.perf_counter()
     directory.mkdir(parents=True, exist_ok=True)
+    with _locked(directory):
+        return _prepare_locked(opened, directory, workers=workers, out=out, on_shard=on_shard)
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """One preparation per directory at a time: two submits of one recipe share its cache."""
+    with (directory / LOCK).open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _prepare_locked(
+    opened: Opened, directory: Path, *, workers: int, out: str, on_shard: Callable[[dict], None] | None
+) -> Prepared:
+    started = time.perf_counter()
     done = _resumable_records(opened, directory)
     if done is not None and (directory / MANIFEST).is_file():
         return Prepared(out, read_manifest(directory), len(done), 0, 0, time.perf_counter() - started, workers)

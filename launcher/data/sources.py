@@ -62,7 +62,9 @@ def _datasets_files(directory: Path) -> list[Path]:
         state = json.loads((directory / DATASETS_STATE).read_text())
         return [directory / entry["filename"] for entry in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise UsageError(f"INPUT {directory}: {DATASETS_STATE} does not list the dataset's arrow files ({error})") from None
+        raise UsageError(
+            f"INPUT {directory}: {DATASETS_STATE} does not list the dataset's arrow files ({error})"
+        ) from None
 
 
 def _expand_s3(given: str, downloads: Path) -> list[tuple[str, Path]]:
@@ -95,7 +97,9 @@ def _text_documents(file: InputFile, delimiter: str | None) -> Iterator[str]:
     try:
         text = file.path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise UsageError(f"INPUT {file.uri}: not UTF-8 text (byte {error.start}); give --format for other files") from None
+        raise UsageError(
+            f"INPUT {file.uri}: not UTF-8 text (byte {error.start}); give --format for other files"
+        ) from None
     yield from (doc for doc in (text.split(delimiter) if delimiter else [text]) if doc)
 
 
@@ -138,7 +142,9 @@ def _arrow_documents(file: InputFile, field: str) -> Iterator[str]:
         else:
             names, batches = _open_arrow(file.path)
         if field not in names:
-            raise UsageError(f"INPUT {file.uri}: no column {field!r}; name the text column with --field (columns: {', '.join(names)})")
+            raise UsageError(
+                f"INPUT {file.uri}: no column {field!r}; name the text column with --field (columns: {', '.join(names)})"
+            )
         for batch in batches():
             yield from (text for text in batch.column(field).to_pylist() if text)
     except pyarrow.ArrowException as error:

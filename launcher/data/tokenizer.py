@@ -33,7 +33,12 @@ class TokenizerInfo:
         return token_dtype(self.vocab_size)
 
     def to_json(self) -> dict:
-        return {"sha256": self.sha256, "vocab_size": self.vocab_size, "eos_id": self.eos_id, "eos_token": self.eos_token}
+        return {
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "eos_token": self.eos_token,
+        }
 
 
 def load_tokenizer(path: Path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +59,20 @@ def corpus(tmp_path):
     for part in range(3):
         write_jsonl(directory / f"part-{part}.jsonl", docs[part * 40 : (part + 1) * 40])
     return str(directory / "*.jsonl"), docs
+
+
+def read_dataset(directory) -> list[tuple[list[int], list[int]]]:
+    """(token ids, document start offsets) of each shard the manifest lists, in order."""
+    from array import array
+
+    manifest = json.loads((directory / "manifest.json").read_text())
+    shards = []
+    for shard in manifest["shards"]:
+        tokens = array("H" if manifest["dtype"] == "uint16" else "I", (directory / shard["name"]).read_bytes())
+        offsets = array("Q", (directory / shard["index_name"]).read_bytes())
+        shards.append((tokens.tolist(), offsets.tolist()))
+    return shards
+
+
+def files_of(directory) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file() and p.name != ".lock"}
