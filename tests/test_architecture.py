@@ -24,6 +24,7 @@ RANKS = {
     "contract": 0,
     "errors": 1,
     "catalog": 2,
+    "data": 2,
     "recipe": 3,
     "workload": 4,
     "estimate": 5,

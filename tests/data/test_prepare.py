@@ -98,17 +98,19 @@ def test_text_parquet_and_saved_datasets_inputs_give_the_same_shards_as_jsonl(co
     import pyarrow.ipc
     import pyarrow.parquet
 
-    corpus_glob, docs = corpus
+    _, docs = corpus
+    docs = docs[:40]  # the first file's documents
+    corpus_glob = corpus[0].replace("*", "part-0")
     prepare(settings(corpus_glob, tokenizer_file), out=str(tmp_path / "jsonl"), workers=1)
     expected = {k: v for k, v in files_of(tmp_path / "jsonl").items() if k.startswith("shard-")}
 
     (tmp_path / "corpus.txt").write_text("<|doc|>".join(docs))
     table = pyarrow.table({"id": list(range(len(docs))), "body": docs})
-    pyarrow.parquet.write_table(table, tmp_path / "corpus.parquet", row_group_size=50)
+    pyarrow.parquet.write_table(table, tmp_path / "corpus.parquet", row_group_size=15)
     saved = tmp_path / "saved"  # the layout `datasets.Dataset.save_to_disk` writes
     saved.mkdir()
     with pyarrow.ipc.new_stream(saved / "data-00000-of-00001.arrow", table.schema) as stream:
-        stream.write_table(table, max_chunksize=30)
+        stream.write_table(table, max_chunksize=12)
     (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
 
     for name, given, changes in [
