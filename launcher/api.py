@@ -18,6 +18,7 @@ from typing import Any, get_args
 
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.backends.base import EngineUnavailable
+from launcher.contract.dataset import MANIFEST
 from launcher.data.prepare import DEFAULT_SHARD_TOKENS, Prepared, PrepareSettings, open_inputs, prepare, prepare_opened
 from launcher.errors import LauncherError, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
@@ -345,7 +346,13 @@ def prepare_recipe_data(recipe: Recipe, *, dry_run: bool, tell: Callable[[Stage,
         opened = open_inputs(settings, Path(downloads))
         directory = launcher_home() / "datasets" / opened.key
         if dry_run:
-            tell(Stage.DATA, f"data: would tokenize {data.source} into {directory}")
+            done_before = (directory / MANIFEST).is_file()
+            tell(
+                Stage.DATA,
+                f"data: {directory}: prepared earlier"
+                if done_before
+                else f"data: would tokenize {data.source} into {directory}",
+            )
         else:
             done = prepare_opened(opened, directory, workers=os.cpu_count() or 1, out=str(directory))
             kept = "already prepared" if not done.written_shards else f"{done.tokens_per_s:,.0f} tokens/s"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
-from pathlib import Path
 
 import pytest
 

@@ -65,7 +65,10 @@ def test_the_recipe_reads_its_dtype_from_the_manifest_and_checks_the_vocabulary(
     manifest = json.loads((copy / "manifest.json").read_text())
     (copy / "manifest.json").write_text(json.dumps({**manifest, "dtype": "uint32"}))
     assert tiny_recipe(**{"data.source": str(copy)}).data.dtype == "uint32"
-    assert tiny_recipe(**{"data.source": str(prepared)}).resolved()["data"] == {"source": str(prepared), "dtype": "uint16"}
+    assert tiny_recipe(**{"data.source": str(prepared)}).resolved()["data"] == {
+        "source": str(prepared),
+        "dtype": "uint16",
+    }
 
     with pytest.raises(RecipeError) as small_model:
         tiny_recipe(**{"data.source": str(prepared), "model": {"base": "llama-tiny", "vocab_size": 256}})
@@ -86,5 +89,7 @@ def test_raw_text_with_a_tokenizer_needs_a_source_and_an_engine_that_reads_this_
     assert [p.path for p in synthetic.value.problems] == ["data.tokenizer"]
     assert "data.source is synthetic" in synthetic.value.problems[0].message
     with pytest.raises(RecipeError) as sagemaker:
-        tiny_recipe(**{"data.tokenizer": str(tokenizer_file), "data.source": "s3://bucket/raw/", "cluster.backend": "sagemaker"})
+        tiny_recipe(
+            **{"data.tokenizer": str(tokenizer_file), "data.source": "s3://bucket/raw/", "cluster.backend": "sagemaker"}
+        )
     assert any(p.path == "data.tokenizer" and "launcher data prepare" in p.message for p in sagemaker.value.problems)

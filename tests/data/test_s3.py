@@ -10,7 +10,7 @@ import boto3
 from launcher.data.prepare import PrepareSettings, prepare
 from tests.backends.helpers import REGION
 
-from .conftest import files_of, write_jsonl
+from .conftest import files_of
 
 BUCKET = "corpus-bucket"
 
@@ -39,7 +39,9 @@ def test_s3_inputs_prepared_to_an_s3_prefix_match_a_local_run_and_a_rerun_upload
     assert [i["sha256"] for i in remote.manifest["inputs"]] == [i["sha256"] for i in local.manifest["inputs"]]
 
     listed = client.list_objects_v2(Bucket=BUCKET, Prefix="tokens/")["Contents"]
-    uploaded = {o["Key"].removeprefix("tokens/"): client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed}
+    uploaded = {
+        o["Key"].removeprefix("tokens/"): client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed
+    }
     shards = {k: v for k, v in files_of(tmp_path / "local").items() if k.startswith("shard-")}
     assert {k: v for k, v in uploaded.items() if k != "manifest.json"} == shards
     manifest = json.loads(uploaded["manifest.json"])
