@@ -34,6 +34,7 @@ def train_tokenizer(path, vocab_size: int = 300) -> None:
         vocab_size=vocab_size,
         special_tokens=["<unk>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(make_documents(50, seed=1), trainer=trainer)
     tokenizer.save(str(path))
