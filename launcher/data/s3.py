@@ -7,6 +7,7 @@ error becomes one line naming the URI.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 from pathlib import Path
 
@@ -21,9 +22,15 @@ def split(uri: str) -> tuple[str, str]:
 
 
 def _client():
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return _cached_client(region, os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_PROFILE"))
+
+
+@functools.cache
+def _cached_client(region: str, endpoint: str | None, profile: str | None):
+    """One client per setting: building one costs more than most of the calls made with it."""
     import boto3
 
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     return boto3.client("s3", region_name=region)
 
 

@@ -121,3 +121,16 @@ def test_text_parquet_and_saved_datasets_inputs_give_the_same_shards_as_jsonl(co
         done = prepare(settings(str(given), tokenizer_file, **changes), out=str(tmp_path / name), workers=1)
         assert done.manifest["inputs"][0]["format"] == name
         assert {k: v for k, v in files_of(tmp_path / name).items() if k.startswith("shard-")} == expected, name
+
+
+def test_vocabularies_past_65536_tokens_are_written_as_uint32(tokenizer_file):
+    from array import array
+
+    from launcher.contract.dataset import token_dtype
+    from launcher.data import encode
+
+    assert (token_dtype(65536), token_dtype(65537), token_dtype(128256)) == ("uint16", "uint32", "uint32")
+    encode.start_worker(str(tokenizer_file), 1, "uint32")
+    (written,) = encode.encode_chunk(["the long context model"])
+    ids = Tokenizer.from_file(str(tokenizer_file)).encode("the long context model").ids
+    assert array("I", written).tolist() == [*ids, 1]

@@ -30,7 +30,7 @@ def test_s3_inputs_prepared_to_an_s3_prefix_match_a_local_run_and_a_rerun_upload
     client.put_object(Bucket=BUCKET, Key="raw/README.md", Body=b"not a part of the corpus")
 
     def run(inputs: str, out: str):
-        given = PrepareSettings(inputs=(inputs,), tokenizer=str(tokenizer_file), shard_tokens=4000)
+        given = PrepareSettings(inputs=(inputs,), tokenizer=str(tokenizer_file), shard_tokens=12000)
         return prepare(given, out=out, workers=1, work_dir=tmp_path / "work")
 
     local = run(corpus_glob, str(tmp_path / "local"))
