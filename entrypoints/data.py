@@ -19,7 +19,9 @@ Sources:
   modulo the vocabulary, from a generator seeded by (seed, sample index). Random enough to
   exercise everything, learnable enough that the loss falls from log V towards log 4.
 - a directory of `*.bin` files (sorted by name) or one file: raw little-endian uint16/uint32
-  token ids, read as one concatenated stream. Sample i is tokens [i·s, i·s + s + 1). The
+  token ids, read as one concatenated stream. A directory `launcher data prepare` wrote holds a
+  manifest.json (launcher/contract/dataset.py): its shards are read in the manifest's order, and
+  its dtype and vocabulary are checked against the config first. Sample i is tokens [i·s, i·s + s + 1). The
   files are read with positioned reads (os.pread), one sample at a time, never loaded whole.
 - an s3:// URI: SageMaker downloads the channel, so the files are read from $SM_CHANNEL_TRAIN.
 """
@@ -35,6 +37,7 @@ import torch
 
 from entrypoints.parallel.context import shard_sequence
 from launcher.contract.config import ConfigError, JobConfig
+from launcher.contract.dataset import manifest_problem, read_manifest
 
 TOKEN_DTYPES = {"uint16": (torch.uint16, 2), "uint32": (torch.uint32, 4)}
 
@@ -106,8 +109,9 @@ class TokenFiles:
         return b"".join(chunks)
 
 
-def token_files(source: str) -> list[Path]:
-    """The token files of a data.source that is a path or an s3:// URI."""
+def token_files(source: str, *, dtype: str | None = None, vocab_size: int | None = None) -> list[Path]:
+    """The token files of a data.source that is a path or an s3:// URI; a prepared dataset's
+    manifest, when there is one, names them and must agree with `dtype` and `vocab_size`."""
     if source.startswith("s3://"):
         channel = os.environ.get("SM_CHANNEL_TRAIN")
         if not channel:
@@ -122,6 +126,15 @@ def token_files(source: str) -> list[Path]:
         return [root]
     if not root.is_dir():
         raise ConfigError(f"data.source: {root} does not exist; give a directory of *.bin token files or one file")
+    try:
+        manifest = read_manifest(root)
+    except ValueError as error:
+        raise ConfigError(f"data.source: {error}") from None
+    if manifest is not None:
+        problem = manifest_problem(manifest, dtype=dtype, vocab_size=vocab_size) if vocab_size else None
+        if problem:
+            raise ConfigError(problem)
+        return [root / shard["name"] for shard in manifest["shards"]]
     files = sorted(p for p in root.rglob("*.bin") if p.is_file())
     if not files:
         raise ConfigError(f"data.source: {root} holds no *.bin token files")
@@ -155,7 +168,10 @@ class DataLoader:
             dataset = SyntheticTokens(vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed)
         else:
             dataset = TokenFiles(
-                token_files(cfg.data.source), dtype=cfg.data.dtype, seq_len=t.seq_len, vocab_size=m.vocab_size
+                token_files(cfg.data.source, dtype=cfg.data.dtype, vocab_size=m.vocab_size),
+                dtype=cfg.data.dtype,
+                seq_len=t.seq_len,
+                vocab_size=m.vocab_size,
             )
         return DataLoader(
             dataset,

@@ -25,6 +25,7 @@ _EXPORTS = {
     "JobStatus": "launcher.backends.base",
     "list_jobs": "launcher.jobs",
     "submit": "launcher.api",
+    "prepare_data": "launcher.api",
     "to_model_trainer": "launcher.backends.model_trainer",
 }
 

@@ -9,6 +9,8 @@ what submit would have sent. The memory estimate runs before anything is uploade
 from __future__ import annotations
 
 import enum
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,8 @@ from typing import Any, get_args
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.backends.base import EngineUnavailable
 from launcher.backends.history import MetricsHistory
+from launcher.contract.dataset import MANIFEST
+from launcher.data.prepare import DEFAULT_SHARD_TOKENS, Prepared, PrepareSettings, open_inputs, prepare, prepare_opened
 from launcher.display import html
 from launcher.errors import Detached, LauncherError, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
@@ -28,8 +32,8 @@ from launcher.plan.forecast import RunForecast, forecast
 from launcher.plan.suggest import suggestion
 from launcher.plan.throughput import CONSTANTS, Constants, predicted_summary
 from launcher.recipe import Recipe, parse_set_options
-from launcher.recipe.schema import Cluster
-from launcher.registry import JobRef, forget, lineage_of, save
+from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
+from launcher.registry import JobRef, forget, launcher_home, lineage_of, save
 from launcher.spec import JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
@@ -47,6 +51,7 @@ __all__ = [
     "plan",
     "plan_search",
     "predicted_summary",
+    "prepare_data",
     "status",
     "stop",
     "submit",
@@ -55,6 +60,7 @@ __all__ = [
 
 class Stage(enum.Enum):
     LOAD = "load"
+    DATA = "data"
     PLAN = "plan"
     ESTIMATE = "estimate"
     SPEC = "spec"
@@ -281,6 +287,7 @@ def submit(
     for warning in loaded.warnings:
         tell(Stage.LOAD, f"warning: {warning}")
     target = get_backend(backend or loaded.cluster.backend)
+    loaded = prepare_recipe_data(loaded, dry_run=dry_run, tell=tell)
 
     if auto_plan:
         planned = best_layout(loaded, threshold=threshold)
@@ -323,6 +330,66 @@ def submit(
     except KeyboardInterrupt:
         raise Detached(spec.name) from None
     return Submission(loaded, memory, spec, rendering, job, final)
+
+
+def prepare_data(
+    inputs: Sequence[str],
+    *,
+    tokenizer: str,
+    out: str,
+    format: str = "auto",
+    field: str = "text",
+    delimiter: str | None = None,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    eos_token: str | None = None,
+    workers: int | None = None,
+) -> Prepared:
+    """Tokenize text files (local, globs or s3://) into shards, a document index and a manifest
+    at `out` (a directory or an s3:// prefix); resumable, and byte-identical whatever `workers`."""
+    settings = PrepareSettings(
+        inputs=tuple(inputs),
+        tokenizer=tokenizer,
+        format=format,
+        field=field,
+        delimiter=delimiter,
+        shard_tokens=shard_tokens,
+        eos_token=eos_token,
+    )
+    return prepare(settings, out=out, workers=workers, work_dir=launcher_home() / "datasets" / "uploads")
+
+
+def prepare_recipe_data(recipe: Recipe, *, dry_run: bool, tell: Callable[[Stage, str], None]) -> Recipe:
+    """A recipe naming raw text and a tokenizer, switched to its prepared dataset: prepared now
+    (unless dry_run) into $LAUNCHER_HOME/datasets/<key>, where the same inputs, tokenizer and
+    settings always land, so a later submit reuses it."""
+    data = recipe.data
+    if data.tokenizer is None:
+        return recipe
+    settings = PrepareSettings(
+        inputs=(data.source,),
+        tokenizer=data.tokenizer,
+        format=data.format,
+        field=data.field,
+        delimiter=data.delimiter,
+        eos_token=data.eos_token,
+    )
+    with tempfile.TemporaryDirectory(prefix="launcher-prepare-") as downloads:
+        opened = open_inputs(settings, Path(downloads))
+        directory = launcher_home() / "datasets" / opened.key
+        if dry_run:
+            done_before = (directory / MANIFEST).is_file()
+            tell(
+                Stage.DATA,
+                f"data: {directory}: prepared earlier"
+                if done_before
+                else f"data: would tokenize {data.source} into {directory}",
+            )
+        else:
+            done = prepare_opened(opened, directory, workers=os.cpu_count() or 1, out=str(directory))
+            kept = "already prepared" if not done.written_shards else f"{done.tokens_per_s:,.0f} tokens/s"
+            tell(Stage.DATA, f"data: {directory}: {done.manifest['tokens']:,} tokens ({kept})")
+    defaults = {f"data.{key}": Data.model_fields[key].default for key in DATA_PREPARE_KEYS}
+    return recipe.with_changes({**defaults, "data.source": str(directory), "data.dtype": opened.tokenizer.dtype})
 
 
 def _submit_recorded(target, rendering: Rendering) -> JobRef:

@@ -447,6 +447,50 @@ def schema() -> None:
     print(json.dumps(recipe_json_schema(), indent=2))
 
 
+data_app = typer.Typer(help="Prepare training data: tokenize text into shards a recipe's data.source reads.")
+app.add_typer(data_app, name="data", no_args_is_help=True)
+
+
+@data_app.command("prepare")
+def data_prepare(
+    inputs: Annotated[
+        list[str], typer.Argument(help="Files, directories, globs or s3:// prefixes.", show_default=False)
+    ],
+    tokenizer: Annotated[str, typer.Option(help="A tokenizer.json or a directory holding one.", show_default=False)],
+    destination: Annotated[str, typer.Option("--out", help="Output directory or s3:// prefix.", show_default=False)],
+    format: Annotated[str, typer.Option(help="auto (by file name), text, jsonl, parquet or arrow.")] = "auto",
+    field: Annotated[str, typer.Option(help="The JSONL field or column holding the text.")] = "text",
+    delimiter: Annotated[
+        str | None, typer.Option(help="Split text files into documents at this string.", show_default=False)
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Tokenizing processes (default: all cores).", show_default=False)
+    ] = None,
+    shard_tokens: Annotated[int, typer.Option(help="Start a new shard past this many tokens.")] = 100_000_000,
+    eos_token: Annotated[
+        str | None, typer.Option(help="The token after every document (default: the tokenizer's).", show_default=False)
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Tokenize documents into uint16/uint32 shards, a document index and manifest.json; resumable."""
+    from launcher import api
+
+    done = api.prepare_data(
+        inputs, tokenizer=tokenizer, out=destination, format=format, field=field, delimiter=delimiter,
+        shard_tokens=shard_tokens, eos_token=eos_token, workers=workers,
+    )  # fmt: skip
+    m = done.manifest
+    if json_:
+        _print_json({"out": done.out, "reused_shards": done.reused_shards, "tokens_per_s": done.tokens_per_s, **m})
+        return
+    rate = f"{done.tokens_per_s:,.0f} tokens/s on {done.workers} workers" if done.written_shards else "nothing to do"
+    out.print(
+        f"{done.out}: {m['documents']:,} documents, {m['tokens']:,} {m['dtype']} tokens in {len(m['shards'])} shards "
+        f"({done.reused_shards} kept from an earlier run; {rate})",
+        markup=False,
+    )
+
+
 def command():
     """The click command behind `launcher`: on/off flags shown without a `<bool>` type, and a
     closed stdout (`launcher schema | head`) turned into PipeClosed, which click would otherwise

@@ -25,6 +25,7 @@ RANKS = {
     "errors": 1,
     "display": 1.5,  # HTML, SVG and plots: knows no launcher type, only errors
     "catalog": 2,
+    "data": 2,
     "recipe": 3,
     "workload": 4,
     "estimate": 5,

@@ -5,6 +5,7 @@
     metrics.py  the metric keys, the `metrics ...` / `summary ...` log lines and their regexes
     fp8.py      when FP8 training all-gathers float8 weights
     text.py     how messages list what would be valid
+    dataset.py  the prepared-dataset format (manifest, shards, index) and read_manifest
 
 The code bundle ships this package (with launcher/__init__.py, which imports nothing) beside
 entrypoints/, so the training processes import it with only torch installed. Nothing here may

@@ -88,9 +88,11 @@ def _make_absolute(data: dict, directory: Path) -> None:
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
         model["hf_config"] = _absolute(directory, model["hf_config"])
-    source = data.get("data", {}).get("source") if isinstance(data.get("data"), dict) else None
-    if isinstance(source, str) and source != "synthetic" and "://" not in source:
-        data["data"]["source"] = _absolute(directory, source)
+    section = data.get("data") if isinstance(data.get("data"), dict) else {}
+    for key in ("source", "tokenizer"):
+        value = section.get(key)
+        if isinstance(value, str) and value != "synthetic" and "://" not in value:
+            section[key] = _absolute(directory, value)
 
 
 MAX_EXTENDS_DEPTH = 16

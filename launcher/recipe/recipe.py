@@ -17,8 +17,8 @@ from launcher.errors import Problem, RecipeError
 from launcher.recipe import rules
 from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw
 from launcher.recipe.messages import problems_from_validation
-from launcher.recipe.resolve import Hardware, resolve_hardware, resolve_model
-from launcher.recipe.schema import RecipeSpec
+from launcher.recipe.resolve import Hardware, fill_dataset_dtype, resolve_hardware, resolve_model
+from launcher.recipe.schema import DATA_PREPARE_KEYS, RecipeSpec
 
 
 class RuleViolations(ValueError):
@@ -111,7 +111,7 @@ class Recipe(RecipeSpec):
     @classmethod
     def _from_raw(cls, raw: RawRecipe) -> Recipe:
         try:
-            return cls.model_validate(raw.data)
+            return cls.model_validate(fill_dataset_dtype(raw.data))
         except ValidationError as err:
             located = problems_from_validation(err, raw.data, RecipeSpec)
             for error in err.errors():
@@ -208,7 +208,7 @@ class Recipe(RecipeSpec):
                 "world_size": layout.world_size,
                 "grad_accum_steps": self.grad_accum_steps,
             },
-            "data": self.data.model_dump(mode="json"),
+            "data": self.data.model_dump(mode="json", exclude=set(DATA_PREPARE_KEYS)),
             "checkpoint": {**self.checkpoint.model_dump(mode="json"), "dir": checkpoint_dir or self.checkpoint.dir},
             "runtime": {
                 "device": self.cluster.device,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from launcher import catalog
 from launcher.catalog import Accelerator, InstanceType, ModelArch, choices
+from launcher.contract.dataset import read_manifest
 from launcher.errors import Problem
 from launcher.recipe.files import UnreadableFile, read_text_file
 from launcher.recipe.schema import (
@@ -26,6 +27,28 @@ def suggest(value: str, options) -> str:
     """' (did you mean X?)' when a close match exists."""
     close = difflib.get_close_matches(value, list(options), n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
+
+
+def dataset_manifest(source: str) -> tuple[dict | None, Problem | None]:
+    """The manifest of a local prepared dataset (None for synthetic, s3:// and plain token files)."""
+    if source == "synthetic" or "://" in source:
+        return None, None
+    try:
+        return read_manifest(source), None
+    except (ValueError, OSError) as error:
+        return None, Problem("data.source", str(error))
+
+
+def fill_dataset_dtype(data: dict) -> dict:
+    """The recipe data with data.dtype taken from a prepared dataset's manifest when not given."""
+    section = data.get("data")
+    if not isinstance(section, dict) or "dtype" in section or section.get("tokenizer") is not None:
+        return data
+    source = section.get("source")
+    manifest, _ = dataset_manifest(source) if isinstance(source, str) else (None, None)
+    if manifest is None or manifest.get("dtype") not in ("uint16", "uint32"):
+        return data
+    return {**data, "data": {**section, "dtype": manifest["dtype"]}}
 
 
 def resolve_model(ref) -> tuple[ModelArch | None, list[Problem]]:

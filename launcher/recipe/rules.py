@@ -12,9 +12,10 @@ import re
 
 from launcher.catalog import ModelArch
 from launcher.contract import layout as contract_layout
+from launcher.contract.dataset import manifest_problem
 from launcher.contract.layout import Layout, fill_data_shard
 from launcher.errors import Problem
-from launcher.recipe.resolve import Hardware
+from launcher.recipe.resolve import Hardware, dataset_manifest
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S, RecipeSpec
 
 # Patterns from the SageMaker API model (botocore sagemaker/2017-07-24/service-2.json), matched
@@ -112,7 +113,35 @@ def hardware_problems(spec: RecipeSpec, arch: ModelArch, hardware: Hardware) -> 
                 "data.source", f"a local path ({source}) cannot reach a SageMaker job; upload it and use an s3:// URI"
             )
         )
-    return problems
+    return problems + data_problems(spec, arch)
+
+
+def data_problems(spec: RecipeSpec, arch: ModelArch) -> list[Problem]:
+    """A prepared dataset must fit the model; raw text needs somewhere the job can read it."""
+    data = spec.data
+    if data.tokenizer is None:
+        manifest, problem = dataset_manifest(data.source)
+        if problem is not None or manifest is None:
+            return [problem] if problem else []
+        line = manifest_problem(manifest, dtype=data.dtype, vocab_size=arch.vocab_size)
+        key, _, message = (line or "").partition(": ")
+        return [Problem(key, message)] if line else []
+    if data.source == "synthetic":
+        return [
+            Problem(
+                "data.tokenizer",
+                "tokenizes raw text, but data.source is synthetic; set data.source to text files, e.g. corpus/*.jsonl",
+            )
+        ]
+    if spec.cluster.backend == "sagemaker":
+        return [
+            Problem(
+                "data.tokenizer",
+                "submit prepares raw text on this machine, which a SageMaker job cannot read; run "
+                "`launcher data prepare SOURCE --tokenizer T --out s3://...` and set data.source to that prefix",
+            )
+        ]
+    return []
 
 
 def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:

@@ -309,9 +309,27 @@ class Kubernetes(Section):
 
 class Data(Section):
     source: str = "synthetic"
-    """'synthetic', a local directory or file of token shards, or an s3:// URI."""
+    """'synthetic'; token shards: a local directory (e.g. `launcher data prepare`'s output) or file, or an
+    s3:// URI; or, with data.tokenizer, raw text: a file, directory, glob or s3:// prefix."""
     dtype: Literal["uint16", "uint32"] = "uint16"
-    """Integer type of the token files (uint16 holds vocabularies up to 65536)."""
+    """Integer type of the token files (uint16 holds vocabularies up to 65536); read from a prepared
+    dataset's manifest.json when not given."""
+    tokenizer: str | None = None
+    """A Hugging Face tokenizer.json or a directory holding one: data.source is then raw text, which
+    submit tokenizes first (cached by content hash under $LAUNCHER_HOME/datasets)."""
+    format: Literal["auto", "text", "jsonl", "parquet", "arrow"] = "auto"
+    """How to read raw data.source files: auto (by file name), text (one document per file, or split
+    at data.delimiter), jsonl, parquet, or arrow (a `datasets` dataset saved to disk)."""
+    field: str = "text"
+    """The JSONL field, or Parquet/arrow column, that holds each document's text."""
+    delimiter: str | None = None
+    """Text files only: split each file into documents at this string (e.g. a blank line, "\n\n")."""
+    eos_token: str | None = None
+    """The token appended after every document; default: the tokenizer's end-of-text token."""
+
+
+DATA_PREPARE_KEYS = ("tokenizer", "format", "field", "delimiter", "eos_token")
+"""The data keys that say how submit prepares raw text; the training job never sees them."""
 
 
 class Checkpoint(Section):

@@ -208,6 +208,7 @@ def test_the_entrypoints_import_from_an_unpacked_bundle_with_nothing_else_of_the
         "launcher",
         "launcher.contract",
         "launcher.contract.config",
+        "launcher.contract.dataset",
         "launcher.contract.fp8",
         "launcher.contract.layout",
         "launcher.contract.failure",
