@@ -17,9 +17,9 @@ therefore passes the whole sequence's document ids to every context-parallel ran
 per token, small next to any activation), and no rank needs another's.
 
 Kernels: on CUDA, `flex_attention` with a block mask (compiled; it skips the blocks outside the
-mask, and no S x S tensor exists); elsewhere SDPA with an explicit boolean [B, 1, Lq, Lk] mask,
-built once per forward and query range and shared by every layer (what the memory estimator
-counts on the CPU).
+mask, and no S x S tensor exists); elsewhere SDPA with an explicit additive [B, 1, Lq, Lk] mask in
+the compute dtype, built once per forward and query range and shared by every layer (what the
+memory estimator counts on the CPU: launcher/estimate/fsdp.py `document_mask_bytes`).
 """
 
 from __future__ import annotations
@@ -55,21 +55,25 @@ class DocumentMask:
     def __init__(self, documents: torch.Tensor, *, kernel: str | None = None):
         self.documents = documents
         self.kernel = kernel or default_kernel(documents.device)
-        self._masks: dict[tuple[int, int, int], object] = {}
+        self._masks: dict[tuple, object] = {}
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int, enable_gqa: bool
     ) -> torch.Tensor:
         """Causal attention within documents. q [B, H, Lq, D] at positions [q_start, q_start + Lq);
         k, v [B, Hkv, Lk, D] at positions [0, Lk)."""
-        key = (q_start, q.shape[2], k.shape[2])
+        key = (q_start, q.shape[2], k.shape[2], q.dtype)
         mask = self._masks.get(key)
         if self.kernel == "flex":
             if mask is None:
-                mask = self._masks[key] = self._block_mask(*key)
+                mask = self._masks[key] = self._block_mask(*key[:3])
             return _flex_attention(q.device)(q, k, v, block_mask=mask, enable_gqa=enable_gqa)
         if mask is None:
-            mask = self._masks[key] = self.boolean_mask(*key)
+            # Additive, in the compute dtype: SDPA saves this one tensor for every layer's
+            # backward, where a boolean mask would be converted (and saved) once per layer.
+            visible = self.boolean_mask(*key[:3])
+            mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
+            self._masks[key] = mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
 
     def boolean_mask(self, q_start: int, q_len: int, k_len: int) -> torch.Tensor:
