@@ -4,7 +4,7 @@ One torchrun launch (attention_paths_run.py) runs every check; these tests read 
 Numerics are fp32 on gloo and must match one process to 1e-5 relative: Ulysses forward and
 backward against full causal attention (MHA and GQA); a tiny Llama with document masking at cp 2
 over both paths against one process (loss and every gradient); and whole training jobs
-(cp 2 Ulysses, pipeline 2) whose first logged loss must equal one process's.
+(cp 2 Ulysses with full checkpointing, pipeline 2) whose first logged loss must equal one process's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ DOCUMENT_JOB = {
     "data.document_masking": True,
 }
 TRAIN_JOBS = {
-    "cp2_ulysses_documents": {**DOCUMENT_JOB, "parallel.context": 2, "parallel.cp_attention": "ulysses"},
+    # Full checkpointing: the recomputed blocks must reuse the forward's document masks.
+    "cp2_ulysses_documents_full_ac": {
+        **DOCUMENT_JOB,
+        "parallel.context": 2,
+        "parallel.cp_attention": "ulysses",
+        "parallel.activation_checkpointing": "full",
+    },
     "pp2_documents_global_positions": {
         **DOCUMENT_JOB,
         "parallel.pipeline": 2,
