@@ -94,9 +94,7 @@ class DocumentMask:
             q_pos = q_idx + q_start
             return (kv_idx <= q_pos) & (documents[b, q_pos] == documents[b, kv_idx])
 
-        return create_block_mask(
-            same_document_causal, documents.shape[0], None, q_len, k_len, device=documents.device
-        )
+        return create_block_mask(same_document_causal, documents.shape[0], None, q_len, k_len, device=documents.device)
 
 
 _COMPILED_FLEX = None

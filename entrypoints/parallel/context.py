@@ -110,10 +110,18 @@ class ContextParallelAttention:
         self.size = cp_mesh.size()
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, enable_gqa: bool, documents: DocumentMask | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        enable_gqa: bool,
+        documents: DocumentMask | None = None,
     ) -> torch.Tensor:
         k_full, v_full = self.gather(k), self.gather(v)
-        return zigzag_attention_masked(q, k_full, v_full, self.rank, self.size, enable_gqa=enable_gqa, documents=documents)
+        return zigzag_attention_masked(
+            q, k_full, v_full, self.rank, self.size, enable_gqa=enable_gqa, documents=documents
+        )
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """[B, H, 2C, D] zigzag-local -> [B, H, 2·size·C, D] in natural order."""

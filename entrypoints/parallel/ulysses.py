@@ -46,7 +46,13 @@ class UlyssesAttention:
         self.size = cp_mesh.size()
 
     def __call__(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, enable_gqa: bool, documents: DocumentMask | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        enable_gqa: bool,
+        documents: DocumentMask | None = None,
     ) -> torch.Tensor:
         q_full, k_full, v_full = (self.sequence_from_heads(x) for x in (q, k, v))
         if documents is not None:

@@ -45,5 +45,7 @@ def test_document_masking_on_the_cpu_keeps_one_additive_mask_per_query_range():
 
 def test_document_masking_on_cuda_costs_only_the_block_tables():
     w = workload(document_masking=True, seq_len=131072)
-    extra = fsdp.moments(w)[LAYER]["activations"] - fsdp.moments(replace(w, document_masking=False))[LAYER]["activations"]
+    extra = (
+        fsdp.moments(w)[LAYER]["activations"] - fsdp.moments(replace(w, document_masking=False))[LAYER]["activations"]
+    )
     assert extra == 4 * 131072 + 16 * 1024 * 1024  # ids + four int32 tables of 1024 x 1024 blocks
