@@ -55,7 +55,7 @@ class Workload:
 
     @property
     def cp_attention_path(self) -> str:
-        """ "allgather" or "ulysses": what the entrypoints run for this layout (the contract's rule)."""
+        """The concrete path, allgather or ulysses, that the entrypoints run for this layout (the contract's rule)."""
         return cp_attention_for(self.cp_attention, self.arch, self.layout)
 
     @property
