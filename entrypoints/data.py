@@ -1,7 +1,7 @@
 """Training batches: seeded synthetic tokens, or tokenized shards read from disk.
 
     loader = DataLoader.from_config(cfg, dp_rank=..., cp_rank=..., device=...)
-    for tokens, targets in loader.next_step(): ...        # grad_accum_steps micro-batches
+    for tokens, targets, documents in loader.next_step(): ...   # grad_accum_steps micro-batches
     loader.state_dict() / loader.load_state_dict(...)      # {"samples_seen": int}
 
 A dataset is a sequence of samples of seq_len + 1 tokens (inputs and the targets shifted by one).
@@ -11,13 +11,18 @@ Step k uses samples [k·G, (k+1)·G) for global batch G, whatever the layout:
   G/micro_batch sees exactly the same micro-batches, in the same order;
 - every tensor-parallel rank of a group gets the same batch (replicated parameters would
   otherwise silently diverge);
-- each context-parallel rank keeps its two zigzag chunks of every sequence (parallel/context.py).
+- each context-parallel rank keeps its two zigzag chunks of every sequence (parallel/context.py);
+- with data.document_masking, `documents` holds the document ids of every WHOLE input sequence
+  (model/documents.py), computed before the zigzag split and given to every cp rank, since
+  attention masks and RoPE positions need them for keys of the whole sequence; else None.
 The position (samples seen) is checkpointed, so a resumed job continues with the next sample.
 
 Sources:
 - "synthetic": every sequence is start + cumulative sums of steps drawn from {1, 2, 3, 4},
   modulo the vocabulary, from a generator seeded by (seed, sample index). Random enough to
-  exercise everything, learnable enough that the loss falls from log V towards log 4.
+  exercise everything, learnable enough that the loss falls from log V towards log 4. With
+  document masking, documents of 1 to seq_len/4 tokens (lengths from the same generator) each
+  end with the separator token (launcher.contract.config.SYNTHETIC_DOCUMENT_SEPARATOR).
 - a directory of `*.bin` files (sorted by name) or one file: raw little-endian uint16/uint32
   token ids, read as one concatenated stream. A directory `launcher data prepare` wrote holds a
   manifest.json (launcher/contract/dataset.py): its shards are read in the manifest's order, and
@@ -32,9 +37,11 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
+from entrypoints.model.documents import document_ids
 from entrypoints.parallel.context import shard_sequence
 from launcher.contract.config import ConfigError, JobConfig
 from launcher.contract.dataset import manifest_problem, read_manifest
@@ -43,8 +50,9 @@ TOKEN_DTYPES = {"uint16": (torch.uint16, 2), "uint32": (torch.uint32, 4)}
 
 
 class SyntheticTokens:
-    def __init__(self, *, vocab_size: int, seq_len: int, seed: int):
+    def __init__(self, *, vocab_size: int, seq_len: int, seed: int, separator: int | None = None):
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        self.separator = separator
 
     def __len__(self) -> int:
         return 2**62
@@ -53,7 +61,12 @@ class SyntheticTokens:
         generator = torch.Generator().manual_seed((self.seed * 2_654_435_761 + index) & (2**63 - 1))
         start = torch.randint(self.vocab_size, (1,), generator=generator)
         steps = torch.randint(1, 5, (self.seq_len,), generator=generator)
-        return torch.cat([start, start + steps.cumsum(0)]) % self.vocab_size
+        tokens = torch.cat([start, start + steps.cumsum(0)]) % self.vocab_size
+        if self.separator is not None:
+            lengths = torch.randint(1, max(2, self.seq_len // 4) + 1, (self.seq_len,), generator=generator)
+            ends = lengths.cumsum(0) - 1
+            tokens[ends[ends <= self.seq_len]] = self.separator
+        return tokens
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,15 @@ def token_files(source: str, *, dtype: str | None = None, vocab_size: int | None
     return files
 
 
+class Batch(NamedTuple):
+    tokens: torch.Tensor
+    """[B, s/cp] input token ids (this rank's zigzag share)."""
+    targets: torch.Tensor
+    """[B, s/cp] the next token of each input."""
+    documents: torch.Tensor | None
+    """[B, s] document ids of the whole input sequences, with document masking; else None."""
+
+
 class DataLoader:
     def __init__(
         self,
@@ -153,19 +175,22 @@ class DataLoader:
         cp_rank: int,
         cp_size: int,
         device: torch.device,
+        document_separator: int | None = None,
     ):
         self.dataset = dataset
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.cp_rank, self.cp_size = cp_rank, cp_size
         self.device = device
+        self.document_separator = document_separator
         self.samples_seen = 0
 
     @staticmethod
     def from_config(cfg: JobConfig, *, dp_rank: int, cp_rank: int, device: torch.device) -> DataLoader:
         t, m = cfg.training, cfg.model
+        separator = cfg.data.document_separator if cfg.data.document_masking else None
         if cfg.data.source == "synthetic":
-            dataset = SyntheticTokens(vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed)
+            dataset = SyntheticTokens(vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed, separator=separator)
         else:
             dataset = TokenFiles(
                 token_files(cfg.data.source, dtype=cfg.data.dtype, vocab_size=m.vocab_size),
@@ -182,9 +207,10 @@ class DataLoader:
             cp_rank=cp_rank,
             cp_size=cfg.parallel.context,
             device=device,
+            document_separator=separator,
         )
 
-    def rank_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def rank_batch(self) -> Batch:
         """This rank's whole share of the next step, [G/dp, s/cp] tokens and targets; advances."""
         per_rank = self.global_batch_size // self.dp_size
         first = self.samples_seen + self.dp_rank * per_rank
@@ -192,12 +218,18 @@ class DataLoader:
         self.samples_seen += self.global_batch_size
         tokens = shard_sequence(samples[:, :-1], 1, self.cp_rank, self.cp_size)
         targets = shard_sequence(samples[:, 1:], 1, self.cp_rank, self.cp_size)
-        return tokens.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+        documents = None
+        if self.document_separator is not None:
+            documents = document_ids(samples[:, :-1], self.document_separator).to(self.device, non_blocking=True)
+        return Batch(tokens.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True), documents)
 
-    def next_step(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def next_step(self) -> Iterator[Batch]:
         """The micro-batches of the next step, in order."""
-        tokens, targets = self.rank_batch()
-        return zip(tokens.split(self.micro_batch_size), targets.split(self.micro_batch_size), strict=True)
+        tokens, targets, documents = self.rank_batch()
+        size = self.micro_batch_size
+        parts = [tokens.split(size), targets.split(size)]
+        parts.append(documents.split(size) if documents is not None else [None] * len(parts[0]))
+        return (Batch(*micro) for micro in zip(*parts, strict=True))
 
     def state_dict(self) -> dict:
         return {"samples_seen": self.samples_seen}

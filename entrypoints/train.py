@@ -228,8 +228,8 @@ def _accumulate(model, data: DataLoader) -> torch.Tensor:
     """Forward and backward over the step's micro-batches; the mean loss."""
     micro_batches = list(data.next_step())
     total = torch.zeros((), device=data.device)
-    for tokens, targets in micro_batches:
-        loss = model(tokens, targets=targets)
+    for tokens, targets, documents in micro_batches:
+        loss = model(tokens, targets=targets, documents=documents)
         (loss / len(micro_batches)).backward()
         total += loss.detach()
     return total / len(micro_batches)

@@ -211,11 +211,11 @@ def _last_error(stderr: str) -> str:
 
 
 def cp_kernel_check(seq: int, device: str) -> dict:
-    """zigzag_attention for every rank of cp 2 and 4, against full causal SDPA, fwd + bwd."""
+    """zigzag_attention_masked for every rank of cp 2 and 4, against full causal SDPA, fwd + bwd."""
     import torch
     import torch.nn.functional as F
 
-    from entrypoints.parallel.context import shard_sequence, zigzag_attention
+    from entrypoints.parallel.context import shard_sequence, zigzag_attention_masked
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     heads, kv_heads, head_dim = (32, 8, 64) if device == "cuda" else (4, 2, 16)
@@ -258,7 +258,7 @@ def cp_kernel_check(seq: int, device: str) -> dict:
             def one_rank(rank=rank, cp=cp):
                 q_local = shard_sequence(q, 2, rank, cp).detach().requires_grad_()
                 k_full, v_full = k.detach().requires_grad_(), v.detach().requires_grad_()
-                out = zigzag_attention(q_local, k_full, v_full, rank, cp, enable_gqa=True)
+                out = zigzag_attention_masked(q_local, k_full, v_full, rank, cp, enable_gqa=True)
                 out.backward(shard_sequence(grad, 2, rank, cp))
                 return out.detach(), q_local.grad, k_full.grad, v_full.grad
 

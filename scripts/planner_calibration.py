@@ -121,8 +121,23 @@ def nemo_summary_points() -> list[Point]:
     points = []
     for model, gpus, gbs, mbs, seq, t, p, c, v, measured in rows:
         layout = Layout(tensor=t, pipeline=p, context=c, virtual_stages=v, data_shard=gpus // (t * p * c))
-        points.append(Point(NEMO, model, gpus, layout, seq, gbs, mbs, "none", measured, fp8=True, compile=True,
-                            schedule="interleaved_1f1b" if v > 1 else "1f1b", note=f"TP{t} PP{p} CP{c} VP{v}"))
+        points.append(
+            Point(
+                NEMO,
+                model,
+                gpus,
+                layout,
+                seq,
+                gbs,
+                mbs,
+                "none",
+                measured,
+                fp8=True,
+                compile=True,
+                schedule="interleaved_1f1b" if v > 1 else "1f1b",
+                note=f"TP{t} PP{p} CP{c} VP{v}",
+            )
+        )
     return points
 
 
@@ -138,8 +153,23 @@ def nemo_long_sequence_points() -> list[Point]:
         seq = k_tokens * 1024
         layout = Layout(tensor=t, pipeline=p, context=c, data_shard=dp)
         batch = max(dp, 4 * 2**20 // seq)
-        points.append(Point(NEMO_LONG, "llama2-7b", layout.world_size, layout, seq, batch, 1, "none", tflops, fp8=True,
-                            compile=True, tflops=True, note=f"TP{t} PP{p} DP{dp} CP{c}: {tflops} model TFLOP/s"))
+        points.append(
+            Point(
+                NEMO_LONG,
+                "llama2-7b",
+                layout.world_size,
+                layout,
+                seq,
+                batch,
+                1,
+                "none",
+                tflops,
+                fp8=True,
+                compile=True,
+                tflops=True,
+                note=f"TP{t} PP{p} DP{dp} CP{c}: {tflops} model TFLOP/s",
+            )
+        )
     return points
 
 
@@ -152,8 +182,22 @@ def llama3_paper_points() -> list[Point]:
     for gpus, c, dp, seq, tflops in rows:
         layout = Layout(tensor=8, context=c, pipeline=16, virtual_stages=2, data_shard=dp)
         assert layout.world_size == gpus
-        points.append(Point(LLAMA3_PAPER, "llama3.1-405b", gpus, layout, seq, 16 * 2**20 // seq, 1, "full" if c > 1 else "none",
-                            tflops, tflops=True, schedule="interleaved_1f1b", note=f"TP8 CP{c} PP16 DP{dp}: {tflops} TFLOP/s"))
+        points.append(
+            Point(
+                LLAMA3_PAPER,
+                "llama3.1-405b",
+                gpus,
+                layout,
+                seq,
+                16 * 2**20 // seq,
+                1,
+                "full" if c > 1 else "none",
+                tflops,
+                tflops=True,
+                schedule="interleaved_1f1b",
+                note=f"TP8 CP{c} PP16 DP{dp}: {tflops} TFLOP/s",
+            )
+        )
     return points
 
 
@@ -356,7 +400,8 @@ def calibration_section() -> tuple[str, list[Result]]:
             layouts, rho = correlations[source]
             summary += (
                 f"; checks: median error {statistics.median(checks):+.0%}, range {min(checks):+.0%} to "
-                f"{max(checks):+.0%}" + (f"; Spearman over {layouts} layouts: {rho:.2f}" if layouts >= MIN_RANKED else "")
+                f"{max(checks):+.0%}"
+                + (f"; Spearman over {layouts} layouts: {rho:.2f}" if layouts >= MIN_RANKED else "")
             )
         lines += ["", summary + ".", ""]
     lines += [

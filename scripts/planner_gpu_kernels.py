@@ -234,7 +234,7 @@ def cp_attention(results: dict) -> None:
     """The entrypoints' zigzag context-parallel attention kernel on one rank's chunks."""
     import torch
 
-    from entrypoints.parallel.context import zigzag_attention
+    from entrypoints.parallel.context import zigzag_attention_masked
 
     heads, kv_heads, dim, seq = 32, 8, 128, 32768
     rows = []
@@ -246,7 +246,7 @@ def cp_attention(results: dict) -> None:
             v = torch.randn(1, kv_heads, seq, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
             def step(q=q, k=k, v=v, rank=rank, size=size):
-                zigzag_attention(q, k, v, rank, size, enable_gqa=True).backward(torch.ones_like(q))
+                zigzag_attention_masked(q, k, v, rank, size, enable_gqa=True).backward(torch.ones_like(q))
 
             seconds = timed(step)
             flops = 6 * seq * heads * dim * local  # this rank's share of the causal work

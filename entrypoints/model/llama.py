@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from entrypoints.model.documents import DocumentMask, document_positions
 from entrypoints.model.loss import linear_cross_entropy
 from launcher.contract.config import ModelConfig, RopeScaling
 
@@ -51,14 +52,15 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
 
 
 def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """[2, len(positions), head_dim/2] fp32: cos and sin of position x frequency."""
-    angles = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device)[None, :]
+    """[2, *positions.shape, head_dim/2] fp32: cos and sin of position x frequency."""
+    angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device)
     return torch.stack([angles.cos(), angles.sin()]).float()
 
 
 def apply_rotary(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, S, H, D] by the table rope [2, S, D/2] (halves layout, as Hugging Face's)."""
-    cos, sin = rope[0][:, None, :], rope[1][:, None, :]
+    """Rotate x [B, S, H, D] by the table rope [2, S, D/2] or [2, B, S, D/2] (per-sample positions),
+    halves layout as Hugging Face's."""
+    cos, sin = rope[0].unsqueeze(-2), rope[1].unsqueeze(-2)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
@@ -75,18 +77,20 @@ class Attention(nn.Module):
         # Set by apply_context_parallel: a callable (q, k, v) -> out over the cp group.
         self.context_parallel = None
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, documents: DocumentMask | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1: the heads this rank holds (all of them, or 1/tp under tensor parallel).
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
-        q, k = apply_rotary(q, rope[:, :seq]), apply_rotary(k, rope[:, :seq])
+        q, k = apply_rotary(q, rope[..., :seq, :]), apply_rotary(k, rope[..., :seq, :])
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if self.context_parallel is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
+        if self.context_parallel is not None:
+            out = self.context_parallel(q, k, v, enable_gqa=self.gqa, documents=documents)
+        elif documents is not None:
+            out = documents.attend(q, k, v, q_start=0, enable_gqa=self.gqa)
         else:
-            out = self.context_parallel(q, k, v, enable_gqa=self.gqa)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -112,18 +116,21 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, documents: DocumentMask | None = None) -> torch.Tensor:
+        # A keyword: the tensor-parallel plan prepares the positional inputs (x, rope) only.
+        h = x + self.attention(self.attention_norm(x), rope, documents=documents)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
     """The whole model, or one pipeline stage of it (parts it does not hold are None)."""
 
-    def __init__(self, cfg: ModelConfig, *, seq_len: int):
+    def __init__(self, cfg: ModelConfig, *, seq_len: int, document_positions: str = "restart"):
         super().__init__()
         self.cfg = cfg
         self.seq_len = seq_len
+        # With documents given to forward: RoPE positions "restart" in each document, or stay "global".
+        self.document_positions = document_positions
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(i, cfg) for i in range(cfg.num_layers)})
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
@@ -149,16 +156,29 @@ class Transformer(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.tok_embeddings.weight if self.cfg.tie_embeddings else self.output.weight
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, S] on the first stage, hidden states [B, S, D] on later ones.
+    def document_rope(self, documents: torch.Tensor) -> torch.Tensor:
+        """[2, B, s_local, head_dim/2]: RoPE at each token's position within its document."""
+        within = document_positions(documents)[:, self.positions.to(documents.device)]
+        return rope_table(within, rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling))
+
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, documents: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens [B, S] on the first stage, hidden states [B, S, D] on later ones; documents
+        [B, seq_len]: the document ids of the WHOLE sequence (model/documents.py), for document
+        masking, on every rank and stage.
 
         Returns the loss (the last stage, with targets), the logits (last stage, no targets), or
         the hidden states for the next stage.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        rope = self.rope.to(h.dtype)
+        mask = None if documents is None else DocumentMask(documents)
+        if mask is not None and self.document_positions == "restart":
+            rope = self.document_rope(documents).to(h.dtype)
+        else:
+            rope = self.rope.to(h.dtype)
         for layer in self.layers.values():
-            h = layer(h, rope)
+            h = layer(h, rope, mask)
         if self.norm is None:
             return h
         h = self.norm(h)
@@ -167,7 +187,9 @@ class Transformer(nn.Module):
         return linear_cross_entropy(h, self.output_weight, targets, tp_mesh=self.loss_tp_mesh)
 
 
-def build_model(cfg: ModelConfig, *, seq_len: int, device: str | torch.device = "meta") -> Transformer:
+def build_model(
+    cfg: ModelConfig, *, seq_len: int, device: str | torch.device = "meta", document_positions: str = "restart"
+) -> Transformer:
     """The model with uninitialised parameters on `device` (meta by default)."""
     with torch.device(device):
-        return Transformer(cfg, seq_len=seq_len)
+        return Transformer(cfg, seq_len=seq_len, document_positions=document_positions)

@@ -21,7 +21,11 @@ bool [C, (n+1)·C] mask, which only the tests and fake-tensor traces see.
     apply_context_parallel(model, cp_mesh)            # called by parallelize()
     zigzag_positions(seq_len, rank, size)             # LongTensor [seq_len // size]
     shard_sequence(x, dim, rank, size)                # the rank's two chunks of x, concatenated
-    zigzag_attention(q, k_full, v_full, rank, size)   # the per-rank kernel, gathered K/V given
+    zigzag_attention_masked(q, k_full, v_full, rank, size)   # the per-rank kernel, gathered K/V given
+
+`parallel.cp_attention: ulysses` replaces the all-gather with all-to-alls over heads
+(parallel/ulysses.py); `apply_context_parallel` installs whichever the config names. With
+document masking (model/documents.py) each zigzag chunk attends through the document mask.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from entrypoints.model.documents import DocumentMask
 from entrypoints.parallel.collectives import all_gather_autograd
 
 
@@ -65,20 +70,29 @@ def unshard_sequence(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     return torch.cat(ordered, dim=dim)
 
 
-def zigzag_attention(
-    q: torch.Tensor, k_full: torch.Tensor, v_full: torch.Tensor, rank: int, size: int, *, enable_gqa: bool = False
+def zigzag_attention_masked(
+    q: torch.Tensor,
+    k_full: torch.Tensor,
+    v_full: torch.Tensor,
+    rank: int,
+    size: int,
+    *,
+    enable_gqa: bool = False,
+    documents: DocumentMask | None = None,
 ) -> torch.Tensor:
     """Causal attention of a rank's two query chunks against the whole sequence's K/V.
 
     q: [B, H, 2C, D] (the rank's zigzag chunks); k_full, v_full: [B, Hkv, 2·size·C, D] in
-    natural order. Returns [B, H, 2C, D].
+    natural order. Returns [B, H, 2C, D]. With `documents`, attention also stays in each document.
     """
     chunk = q.shape[2] // 2
     outputs = []
     for n, q_chunk in zip(zigzag_chunks(rank, size), q.split(chunk, dim=2), strict=True):
         kv_len = (n + 1) * chunk
         k, v = k_full[:, :, :kv_len], v_full[:, :, :kv_len]
-        if n == 0:
+        if documents is not None:
+            out = documents.attend(q_chunk, k, v, q_start=n * chunk, enable_gqa=enable_gqa)
+        elif n == 0:
             out = F.scaled_dot_product_attention(q_chunk, k, v, is_causal=True, enable_gqa=enable_gqa)
         else:
             mask = causal_lower_right(chunk, kv_len)
@@ -95,8 +109,19 @@ class ContextParallelAttention:
         self.rank = cp_mesh.get_local_rank()
         self.size = cp_mesh.size()
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, enable_gqa: bool) -> torch.Tensor:
-        return zigzag_attention(q, self.gather(k), self.gather(v), self.rank, self.size, enable_gqa=enable_gqa)
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        enable_gqa: bool,
+        documents: DocumentMask | None = None,
+    ) -> torch.Tensor:
+        k_full, v_full = self.gather(k), self.gather(v)
+        return zigzag_attention_masked(
+            q, k_full, v_full, self.rank, self.size, enable_gqa=enable_gqa, documents=documents
+        )
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """[B, H, 2C, D] zigzag-local -> [B, H, 2·size·C, D] in natural order."""
@@ -108,10 +133,14 @@ class ContextParallelAttention:
         return unshard_sequence(parts, dim=2)
 
 
-def apply_context_parallel(model, cp_mesh) -> None:
-    """Shard the model's sequence over `cp_mesh`: RoPE positions and every attention layer."""
+def apply_context_parallel(model, cp_mesh, attention=None) -> None:
+    """Shard the model's sequence over `cp_mesh`: RoPE positions and every attention layer.
+
+    attention: what every layer calls, per `parallel.cp_attention`: the all-gather above (None)
+    or `ulysses.UlyssesAttention` (parallelize.py picks; ulysses.py builds on this module).
+    """
     rank, size = cp_mesh.get_local_rank(), cp_mesh.size()
     model.set_positions(zigzag_positions(model.seq_len, rank, size))
-    attention = ContextParallelAttention(cp_mesh)
+    attention = attention or ContextParallelAttention(cp_mesh)
     for block in model.layers.values():
         block.attention.context_parallel = attention

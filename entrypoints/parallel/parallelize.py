@@ -20,6 +20,7 @@ from entrypoints.parallel.fsdp import apply_fsdp
 from entrypoints.parallel.mesh import fsdp_mesh
 from entrypoints.parallel.pipeline import split_model
 from entrypoints.parallel.tensor import apply_tensor_parallel
+from entrypoints.parallel.ulysses import UlyssesAttention
 from launcher.contract.config import JobConfig
 from launcher.contract.layout import rank_stages
 
@@ -35,10 +36,11 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
     if par.tensor > 1:
         apply_tensor_parallel(model, mesh["tp"], float8_styles=fp8 is not None and fp8.float8_all_gather)
 
-    # 2. Context parallel: zigzag RoPE positions and the K/V all-gather inside attention.
-    #    Touches no parameter; FSDP shards over cp as well (dp_shard x cp).
+    # 2. Context parallel: zigzag RoPE positions, and attention over the cp group by the K/V
+    #    all-gather or Ulysses' all-to-alls. Touches no parameter; FSDP shards over cp as well.
     if par.context > 1:
-        apply_context_parallel(model, mesh["cp"])
+        ulysses = UlyssesAttention(mesh["cp"]) if par.cp_attention == "ulysses" else None
+        apply_context_parallel(model, mesh["cp"], ulysses)
 
     # 3. Activation checkpointing wraps whole blocks, after TP/CP have edited their insides.
     if par.activation_checkpointing != "none":
@@ -62,7 +64,9 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
 
 def build_model_parts(cfg: JobConfig, mesh, *, fp8: Fp8Settings | None = None) -> tuple[list[Transformer], list[int]]:
     """This rank's parallelised meta model parts and their pipeline stage ids ([model], [0] without PP)."""
-    model = build_model(cfg.model, seq_len=cfg.training.seq_len, device="meta")
+    model = build_model(
+        cfg.model, seq_len=cfg.training.seq_len, device="meta", document_positions=cfg.data.document_positions
+    )
     # FP8 conversion runs first, on the whole meta model, so every stage gets Float8Linear layers.
     if fp8 is not None:
         convert_to_float8(model, fp8)

@@ -64,9 +64,13 @@ class Pipeline:
         stages = self.stages if schedule is ScheduleInterleaved1F1B else self.stages[0]
         self.schedule = schedule(stages, n_microbatches=parallel.grad_accum_steps, loss_fn=_pass_loss)
 
-    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
-        """Forward and backward over all micro-batches of one step; the mean loss on the last stage."""
+    def step(
+        self, tokens: torch.Tensor, targets: torch.Tensor, documents: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Forward and backward over all micro-batches of one step; the mean loss on the last stage.
+        Document ids (document masking) go to every stage, as the targets do."""
         losses: list[torch.Tensor] = []
         inputs = (tokens,) if self.has_first else ()
-        self.schedule.step(*inputs, target=targets, losses=losses, return_outputs=False, targets=targets)
+        extra = {} if documents is None else {"documents": documents}
+        self.schedule.step(*inputs, target=targets, losses=losses, return_outputs=False, targets=targets, **extra)
         return torch.stack(losses).mean().detach() if self.has_last else None

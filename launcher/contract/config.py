@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from launcher.contract.layout import Layout, layout_problems
+from launcher.contract.layout import Layout, cp_attention_problems, layout_problems
 
 FORMAT = 1
+SYNTHETIC_DOCUMENT_SEPARATOR = 0
+"""The token that ends documents in synthetic data with document masking (entrypoints/data.py)."""
 
 
 class ConfigError(ValueError):
@@ -124,6 +126,9 @@ class ParallelConfig(Layout):
 
     pipeline_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    cp_attention: Literal["allgather", "ulysses"] = "allgather"
+    """How attention runs under context parallelism (the recipe's "auto" is resolved by
+    `layout.cp_attention_for` before it gets here)."""
     world_size: int = field()
     """The product of the degrees, written out so that a config is never run on another world size."""
     grad_accum_steps: int
@@ -142,6 +147,19 @@ class DataConfig:
     source: str = "synthetic"
     """'synthetic', a local directory or file of token shards, or an s3:// URI (read from SM_CHANNEL_TRAIN)."""
     dtype: Literal["uint16", "uint32"] = "uint16"
+    document_masking: bool = False
+    """Attention stays within each document of a packed sequence (entrypoints/model/documents.py)."""
+    document_separator: int | None = None
+    """The token id that ends a document (e.g. EOS); required when document_masking is on."""
+    document_positions: Literal["restart", "global"] = "restart"
+    """RoPE positions: restart at 0 in each document (as if it ran on its own), or count over the sequence."""
+
+    def __post_init__(self):
+        if self.document_masking and self.document_separator is None:
+            raise ConfigError(
+                "data.document_separator: document_masking needs the token id that ends each document "
+                "(the tokenizer's EOS id)"
+            )
 
 
 @_config
@@ -199,6 +217,12 @@ class JobConfig:
             gpus_per_node=self.runtime.nproc_per_node,
             schedule=p.pipeline_schedule,
         )
+        problems += cp_attention_problems(p.cp_attention, self.model, p)
+        separator = self.data.document_separator
+        if self.data.document_masking and not 0 <= separator < self.model.vocab_size:
+            raise ConfigError(
+                f"data.document_separator: {separator} is not a token id of the {self.model.vocab_size}-token vocabulary"
+            )
         if problems:
             raise ConfigError(f"{problems[0].path}: {problems[0].message}")
 

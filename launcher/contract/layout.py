@@ -276,3 +276,61 @@ def _batch_problems(
             )
         ]
     return []
+
+
+# --- context-parallel attention: all-gather or Ulysses ----------------------------------------------
+
+CP_ATTENTION = ("auto", "allgather", "ulysses")
+"""`parallel.cp_attention`: how attention runs when context > 1 (resolved configs carry the last two).
+
+- allgather: every rank all-gathers K and V of the whole sequence and attends its zigzag query
+  chunks to them; per layer and rank it moves 2·(c-1)/c·s·kv_dim/t values forward and the same
+  again as the dK/dV reduce-scatter backward.
+- ulysses: two all-to-alls turn the zigzag sequence shard of every head into the whole sequence
+  of heads/c heads, plain causal attention runs on that, and one all-to-all turns the output
+  back (and the same three reversed in backward); per layer and rank it moves about
+  2·(c-1)/c·s/c·(h + kv_dim)/t values each way. It needs both head counts divisible by t x c.
+"""
+
+
+def ulysses_fits(model: ModelShape, layout: Layout) -> bool:
+    """Whether Ulysses can split this model's heads: query and KV heads divisible by tensor x context.
+
+    KV heads are not replicated to make GQA fit: with fewer KV heads than t x c the all-gather
+    path moves fewer bytes anyway (see `cp_attention_for`)."""
+    split = layout.tensor * layout.context
+    return model.num_heads % split == 0 and model.num_kv_heads % split == 0
+
+
+def cp_attention_for(choice: str, model: ModelShape, layout: Layout) -> str:
+    """The concrete path ("allgather" or "ulysses") for a recipe's `parallel.cp_attention`.
+
+    auto picks Ulysses when the heads allow it and it moves no more bytes than the all-gather:
+    Ulysses sends (h + kv)/c per token and layer against the all-gather's kv, so it wins when
+    num_heads / num_kv_heads <= context - 1 (MHA from cp 2; Llama 3 8B's 32/8 from cp 8). Where
+    it wins on bytes it also saves memory (no gathered K/V) and runs the plain causal kernel on
+    the whole sequence. For GQA with few KV heads per rank the gathered K/V are small, and the
+    all-gather stays cheaper. Without context parallelism the choice does not matter: allgather.
+    """
+    if choice != "auto":
+        return choice
+    c = layout.context
+    if c == 1 or not ulysses_fits(model, layout):
+        return "allgather"
+    return "ulysses" if model.num_heads + model.num_kv_heads <= c * model.num_kv_heads else "allgather"
+
+
+def cp_attention_problems(choice: str, model: ModelShape, layout: Layout) -> list[LayoutProblem]:
+    """A `parallel.cp_attention` the layout cannot run (ulysses with heads it cannot split)."""
+    if choice not in CP_ATTENTION:
+        return [LayoutProblem("parallel.cp_attention", f"'{choice}' is not one of {choices(CP_ATTENTION)}")]
+    if choice != "ulysses" or layout.context == 1 or ulysses_fits(model, layout):
+        return []
+    t, c = layout.tensor, layout.context
+    return [
+        LayoutProblem(
+            "parallel.cp_attention",
+            f"ulysses needs num_heads {model.num_heads} and num_kv_heads {model.num_kv_heads} divisible by "
+            f"tensor {t} x context {c} = {t * c}; use allgather or auto",
+        )
+    ]

@@ -88,7 +88,9 @@ class _Block:
         # Sequence parallel keeps the all-gathered norm outputs: (t - 1) more shards of each.
         self.tp_gathered = cb * (tokens - sharded) * h * 2
         # Context parallel keeps K and V of the whole sequence: (c - 1) more chunks of each.
-        self.cp_gathered = cb * tokens * (c - 1) * 2 * kv / t
+        # Ulysses (parallel/ulysses.py) instead saves q, k, v and the output of the whole
+        # sequence for heads/c heads, as many values as the local ones counted above: nothing more.
+        self.cp_gathered = 0 if w.cp_attention_path == "ulysses" else cb * tokens * (c - 1) * 2 * kv / t
         self.saved = local + self.tp_gathered + self.cp_gathered
         self.layer_input = cb * sharded * h
         # MLP backward, where a block's backward peaks: the gradients of w2's input, of
@@ -138,14 +140,38 @@ def _checkpointed_on_rank(workload: Workload, rank: int) -> int:
     return sum(_checkpointed_below(mode, run.stop) - _checkpointed_below(mode, run.start) for run in runs)
 
 
-class _Context:
-    """What every rank's moments share: the compute dtype, one block, the loss."""
+def document_mask_bytes(w: Workload, cb: int, device: str) -> float:
+    """What document masking (entrypoints/model/documents.py) keeps per micro-batch, shared by
+    every layer of a rank until its backward: the int32 document ids of the whole sequence, and
+    - on the CPU, an additive mask [b, 1, Lq, Lk] in the compute dtype per query range
+      (SDPA saves it): the whole sequence for plain attention and Ulysses, the two zigzag chunks
+      against their key prefixes for the all-gather path;
+    - on CUDA, flex_attention's block mask: four int32 tables of 128 x 128 blocks.
+    """
+    if not w.document_masking:
+        return 0.0
+    b, s, c = w.micro_batch_size, w.seq_len, w.layout.context
+    ids = 4 * b * s
+    if c > 1 and w.cp_attention_path == "allgather":
+        chunk = s / (2 * c)
+        # Rank r's chunks r and 2c-1-r see r+1 and 2c-r chunks of keys: 2c+1 chunk pairs in all.
+        ranges = [(chunk, chunk * (2 * c + 1))]
+    else:
+        ranges = [(s, s)]
+    if device == "cpu":
+        return ids + sum(cb * b * q_len * k_keys for q_len, k_keys in ranges)
+    return ids + sum(4 * 4 * b * ceil(q_len / 128) * ceil(k_keys / 128) for q_len, k_keys in ranges)
 
-    __slots__ = ("w", "cb", "block", "loss", "device")
+
+class _Context:
+    """What every rank's moments share: the compute dtype, one block, the loss, document masks."""
+
+    __slots__ = ("w", "cb", "block", "loss", "device", "documents")
 
     def __init__(self, workload: Workload, device: str):
         self.w, self.device = workload, device
         self.cb = FP32 if workload.dtype == "fp32" else 2
+        self.documents = document_mask_bytes(workload, self.cb, device)
         # Float8 collectives exist on nccl only; gloo (the CPU) all-gathers in the compute dtype.
         gather = float8_all_gather(fp8=workload.fp8, fp8_recipe=workload.fp8_recipe, backend=collective_backend(device))
         self.block = _Block(workload, self.cb, float8_all_gather=gather)
@@ -219,6 +245,8 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
         loss = context.loss if last else None
         head_saved = loss.head_saved if last else 0
         kept = _kept(block, n, checkpointed)
+        # Every micro-batch in flight on each of the rank's stages holds its own document masks.
+        kept = (kept[0] + layout.virtual_stages * context.documents, kept[1], kept[2])
         found.update(
             _pipelined_moments(w, block, context.cb, rank, kept, checkpointed, base, loss, head_saved, root_params)
         )
@@ -258,7 +286,8 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     h, V = arch.hidden_size, arch.vocab_size
     mode = w.activation_checkpointing
     vocab_matrix = V * h / t
-    rope_cast = cb * _tokens(w) * arch.head_dim  # the RoPE table in the compute dtype, shared by layers
+    # The RoPE table in the compute dtype and the document masks, shared by the layers.
+    rope_cast = cb * _tokens(w) * arch.head_dim + context.documents
     all_kept = _kept(block, n, _checkpointed_below(mode, n))
     accumulating = w.grad_accum_steps > 1  # earlier micro-batches' gradient shards
     gathered_root = cb * root_params

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.catalog import ModelArch
-from launcher.contract.layout import Layout
+from launcher.contract.layout import Layout, cp_attention_for
 from launcher.recipe import Recipe
 
 
@@ -30,6 +30,8 @@ class Workload:
     pipeline_schedule: str = "1f1b"
     compile: bool = False  # torch.compile of each block: changes speed, not memory
     steps: int | None = None  # optimizer steps of the run, for its time and cost
+    cp_attention: str = "auto"  # parallel.cp_attention as written; `cp_attention_path` resolves it per layout
+    document_masking: bool = False  # data.document_masking: attention masks per micro-batch
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Workload:
@@ -47,7 +49,14 @@ class Workload:
             pipeline_schedule=parallel.pipeline_schedule,
             compile=training.compile,
             steps=training.steps,
+            cp_attention=parallel.cp_attention,
+            document_masking=recipe.data.document_masking,
         )
+
+    @property
+    def cp_attention_path(self) -> str:
+        """The concrete path, allgather or ulysses, that the entrypoints run for this layout (the contract's rule)."""
+        return cp_attention_for(self.cp_attention, self.arch, self.layout)
 
     @property
     def tokens_per_step(self) -> int:

@@ -11,13 +11,14 @@ from pydantic import PrivateAttr, ValidationError, model_validator
 
 from launcher.catalog import ModelArch
 from launcher.contract.config import FORMAT as RESOLVED_FORMAT
-from launcher.contract.layout import Layout
+from launcher.contract.config import SYNTHETIC_DOCUMENT_SEPARATOR
+from launcher.contract.layout import Layout, cp_attention_for
 from launcher.display import html
 from launcher.errors import Problem, RecipeError
 from launcher.recipe import rules
 from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw
 from launcher.recipe.messages import problems_from_validation
-from launcher.recipe.resolve import Hardware, fill_dataset_dtype, resolve_hardware, resolve_model
+from launcher.recipe.resolve import Hardware, fill_from_manifest, resolve_hardware, resolve_model
 from launcher.recipe.schema import DATA_PREPARE_KEYS, RecipeSpec
 
 
@@ -79,6 +80,7 @@ class Recipe(RecipeSpec):
                 schedule=par.pipeline_schedule,
             )
             problems += found if layout else [p for p in found if p.path != "training.global_batch_size"]
+            problems += rules.attention_problems(self, arch, probe)
             if layout is not None:
                 self._layout = layout
             self._arch, self._hardware = arch, hardware
@@ -111,7 +113,7 @@ class Recipe(RecipeSpec):
     @classmethod
     def _from_raw(cls, raw: RawRecipe) -> Recipe:
         try:
-            return cls.model_validate(fill_dataset_dtype(raw.data))
+            return cls.model_validate(fill_from_manifest(raw.data))
         except ValidationError as err:
             located = problems_from_validation(err, raw.data, RecipeSpec)
             for error in err.errors():
@@ -205,10 +207,14 @@ class Recipe(RecipeSpec):
                 **layout.as_dict(),
                 "pipeline_schedule": self.parallel.pipeline_schedule,
                 "activation_checkpointing": self.parallel.activation_checkpointing,
+                "cp_attention": cp_attention_for(self.parallel.cp_attention, self.arch, layout),
                 "world_size": layout.world_size,
                 "grad_accum_steps": self.grad_accum_steps,
             },
-            "data": self.data.model_dump(mode="json", exclude=set(DATA_PREPARE_KEYS)),
+            "data": {
+                **self.data.model_dump(mode="json", exclude=set(DATA_PREPARE_KEYS)),
+                "document_separator": self.document_separator,
+            },
             "checkpoint": {**self.checkpoint.model_dump(mode="json"), "dir": checkpoint_dir or self.checkpoint.dir},
             "runtime": {
                 "device": self.cluster.device,
@@ -222,6 +228,14 @@ class Recipe(RecipeSpec):
                 "output_dir": output_dir,
             },
         }
+
+    @property
+    def document_separator(self) -> int | None:
+        """The token that ends a document: data.document_separator, or synthetic data's own."""
+        data = self.data
+        if data.document_separator is None and data.source == "synthetic":
+            return SYNTHETIC_DOCUMENT_SEPARATOR
+        return data.document_separator
 
     def shown(self) -> dict[str, Any]:
         """What `launcher show` prints: the resolved job config and where it runs (every section

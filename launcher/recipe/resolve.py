@@ -39,16 +39,22 @@ def dataset_manifest(source: str) -> tuple[dict | None, Problem | None]:
         return None, Problem("data.source", str(error))
 
 
-def fill_dataset_dtype(data: dict) -> dict:
-    """The recipe data with data.dtype taken from a prepared dataset's manifest when not given."""
+def fill_from_manifest(data: dict) -> dict:
+    """The recipe data with what a prepared dataset's manifest knows filled in where not given:
+    data.dtype, and data.document_separator (the tokenizer's end-of-text id, `eos_id`)."""
     section = data.get("data")
-    if not isinstance(section, dict) or "dtype" in section or section.get("tokenizer") is not None:
+    if not isinstance(section, dict) or section.get("tokenizer") is not None:
         return data
     source = section.get("source")
     manifest, _ = dataset_manifest(source) if isinstance(source, str) else (None, None)
-    if manifest is None or manifest.get("dtype") not in ("uint16", "uint32"):
+    if manifest is None:
         return data
-    return {**data, "data": {**section, "dtype": manifest["dtype"]}}
+    filled = dict(section)
+    if "dtype" not in section and manifest.get("dtype") in ("uint16", "uint32"):
+        filled["dtype"] = manifest["dtype"]
+    if section.get("document_separator") is None and type(manifest.get("eos_id")) is int:
+        filled["document_separator"] = manifest["eos_id"]
+    return {**data, "data": filled}
 
 
 def resolve_model(ref) -> tuple[ModelArch | None, list[Problem]]:

@@ -54,6 +54,33 @@ def layout_problems(
     return [Problem(path, message) for path, message in found]
 
 
+def attention_problems(spec: RecipeSpec, arch: ModelArch, layout: Layout) -> list[Problem]:
+    """The context-parallel attention path and document masking against the model and the data."""
+    problems = [
+        Problem(path, message)
+        for path, message in contract_layout.cp_attention_problems(spec.parallel.cp_attention, arch, layout)
+    ]
+    data = spec.data
+    if not data.document_masking:
+        return problems
+    separator = data.document_separator
+    if separator is None and data.source != "synthetic":
+        problems.append(
+            Problem(
+                "data.document_separator",
+                "document_masking needs the token id that ends each document; set it to the tokenizer's EOS id",
+            )
+        )
+    elif separator is not None and separator >= arch.vocab_size:
+        problems.append(
+            Problem(
+                "data.document_separator",
+                f"{separator} is not a token id of the {arch.vocab_size}-token vocabulary; use 0 to {arch.vocab_size - 1}",
+            )
+        )
+    return problems
+
+
 def resolve_layout(spec: RecipeSpec, world_size: int, hardware_text: str) -> tuple[Layout | None, list[Problem]]:
     par = spec.parallel
     shard = par.data_shard

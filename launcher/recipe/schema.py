@@ -209,6 +209,10 @@ class Parallel(Section):
     """FSDP shard degree; 'auto' fills the GPUs the other degrees leave."""
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     """Recompute activations in backward: none, selective (every other block), or full (every block)."""
+    cp_attention: Literal["auto", "allgather", "ulysses"] = "auto"
+    """Attention under context parallelism: allgather (K/V gathered from the whole sequence), ulysses
+    (all-to-all over heads; needs num_heads and num_kv_heads divisible by tensor x context), or auto:
+    ulysses where the heads allow it and it moves no more bytes (num_heads / num_kv_heads <= context - 1)."""
 
 
 class Cluster(Section):
@@ -314,6 +318,14 @@ class Data(Section):
     dtype: Literal["uint16", "uint32"] = "uint16"
     """Integer type of the token files (uint16 holds vocabularies up to 65536); read from a prepared
     dataset's manifest.json when not given."""
+    document_masking: bool = False
+    """Attention stays within each document of a packed sequence (block-diagonal causal mask)."""
+    document_separator: int | None = Field(default=None, ge=0, le=2**32 - 1)
+    """The token id that ends each document (the tokenizer's EOS id); required with document_masking
+    on token files, unless data.source is a prepared dataset (its manifest's eos_id). Synthetic data
+    ends documents with token 0 at seeded random lengths."""
+    document_positions: Literal["restart", "global"] = "restart"
+    """With document_masking: RoPE positions restart at 0 in each document, or count over the whole sequence."""
     tokenizer: str | None = None
     """A Hugging Face tokenizer.json or a directory holding one: data.source is then raw text, which
     submit tokenizes first (cached by content hash under $LAUNCHER_HOME/datasets)."""

@@ -1,0 +1,51 @@
+"""What the context-parallel attention path and document masking add to the fsdp estimate, on
+hand-computed values: llama-tiny (8 heads, 4 KV heads, kv_dim 64) at s 256, b 1, bf16. The
+comment beside each number is its arithmetic."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from launcher.contract.layout import Layout
+from launcher.estimate import fsdp
+
+from .test_fsdp import workload
+
+LAYER = "backward of layer 3"
+
+
+def test_ulysses_keeps_no_gathered_k_and_v():
+    allgather = workload(layout=Layout(context=2), cp_attention="allgather")
+    ulysses = replace(allgather, cp_attention="ulysses")
+    assert ulysses.cp_attention_path == "ulysses"
+    gathered, alone = fsdp.moments(allgather)[LAYER], fsdp.moments(ulysses)[LAYER]
+    assert gathered["cp_buffers"] == 4 * 2 * 128 * 2 * 64  # 4 layers x K and V of the other 128 tokens
+    assert alone["cp_buffers"] == 0
+    assert alone["activations"] == gathered["activations"]  # q, k, v, out move between ranks, not grow
+
+
+def test_auto_picks_ulysses_only_where_it_moves_fewer_bytes():
+    # 8 heads / 4 KV heads: Ulysses sends (8 + 4)/c head-widths per token, the all-gather 4.
+    assert workload(layout=Layout(context=2)).cp_attention_path == "allgather"  # 6 > 4
+    assert workload(layout=Layout(context=4)).cp_attention_path == "ulysses"  # 3 < 4
+
+
+def test_document_masking_on_the_cpu_keeps_one_additive_mask_per_query_range():
+    plain = workload(document_masking=True)
+    extra = fsdp.moments(plain, device="cpu")[LAYER]["activations"]
+    extra -= fsdp.moments(replace(plain, document_masking=False), device="cpu")[LAYER]["activations"]
+    assert extra == 4 * 256 + 2 * 256 * 256  # int32 ids + a bf16 [256 x 256] mask shared by the layers
+
+    zigzag = workload(layout=Layout(context=2), document_masking=True, cp_attention="allgather")
+    extra = fsdp.moments(zigzag, device="cpu")[LAYER]["activations"]
+    extra -= fsdp.moments(replace(zigzag, document_masking=False), device="cpu")[LAYER]["activations"]
+    # chunks of 64 tokens: rank 0's chunks 0 and 3 see 64 and 256 keys = 5 chunk pairs
+    assert extra == 4 * 256 + 2 * 64 * 64 * 5
+
+
+def test_document_masking_on_cuda_costs_only_the_block_tables():
+    w = workload(document_masking=True, seq_len=131072)
+    extra = (
+        fsdp.moments(w)[LAYER]["activations"] - fsdp.moments(replace(w, document_masking=False))[LAYER]["activations"]
+    )
+    assert extra == 4 * 131072 + 16 * 1024 * 1024  # ids + four int32 tables of 1024 x 1024 blocks
