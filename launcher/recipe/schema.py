@@ -112,12 +112,20 @@ class ModelOverride(Section):
     max_context: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["max_context"])
     rope_theta: float | None = Field(default=None, gt=0, le=MAX_ROPE_THETA)
     tie_embeddings: bool | None = None
+    init_from: str | None = Field(default=None, max_length=1024)
+    """Start from the weights of a Hugging Face Llama/Mistral checkpoint: a directory (relative to
+    the recipe) or an s3:// prefix holding config.json and safetensors. Its config.json must match
+    the architecture; a resumed run continues from its own checkpoint instead."""
 
 
 class HFConfigModel(Section):
     """A Hugging Face Llama or Mistral config.json, relative to the recipe file."""
 
     hf_config: str = Field(description="Path to a Hugging Face config.json (Llama or Mistral).")
+    init_from: str | None = Field(default=None, max_length=1024)
+    """Start from the weights of a Hugging Face Llama/Mistral checkpoint: a directory (relative to
+    the recipe) or an s3:// prefix holding config.json and safetensors. Its config.json must match
+    the architecture; a resumed run continues from its own checkpoint instead."""
 
 
 def _model_kind(value: Any) -> str | None:
@@ -323,6 +331,13 @@ class Checkpoint(Section):
     """Keep the newest this many complete checkpoints."""
     resume: str = "auto"
     """'auto' (newest complete checkpoint, if any), 'never', or a checkpoint path."""
+    export_hf: bool | str = False
+    """After the last step, write a Hugging Face checkpoint (config.json, safetensors, tokenizer
+    files) that transformers loads: true for <output dir>/hf, or a directory (relative: under the
+    job's output directory)."""
+    export_tokenizer: str | None = Field(default=None, max_length=1024)
+    """Tokenizer files to copy into the export: a directory or one file on the machines that run
+    the job. Default: those beside a model.init_from checkpoint, if any."""
 
 
 class RecipeSpec(Section):
@@ -333,7 +348,8 @@ class RecipeSpec(Section):
     extends: str | None = None
     """Another recipe file this one overrides, relative to this file."""
     model: ModelRef
-    """A catalog key (llama3.1-8b), {base: KEY, num_layers: 2, ...}, or {hf_config: config.json}."""
+    """A catalog key (llama3.1-8b), {base: KEY, num_layers: 2, ...}, {hf_config: config.json}, or
+    {init_from: DIR} (a Hugging Face checkpoint: its config.json gives the architecture)."""
     training: Training
     precision: Precision = Precision()
     parallel: Parallel = Parallel()
