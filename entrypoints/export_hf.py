@@ -99,7 +99,11 @@ def write_safetensors(
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in tensors:
         size = dtype.itemsize * int(torch.Size(shape).numel())
-        header[hf_name(name)] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        header[hf_name(name)] = {
+            "dtype": DTYPE_NAMES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the format pads the header with spaces to 8 bytes

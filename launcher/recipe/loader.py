@@ -90,8 +90,6 @@ def _make_absolute(data: dict, directory: Path) -> None:
         model["hf_config"] = _absolute(directory, model["hf_config"])
     if isinstance(model, dict) and isinstance(model.get("init_from"), str) and "://" not in model["init_from"]:
         model["init_from"] = _absolute(directory, model["init_from"])
-        if "base" not in model and "hf_config" not in model:  # {init_from: DIR}: its config.json is the architecture
-            model["hf_config"] = str(Path(model["init_from"]) / "config.json")
     source = data.get("data", {}).get("source") if isinstance(data.get("data"), dict) else None
     if isinstance(source, str) and source != "synthetic" and "://" not in source:
         data["data"]["source"] = _absolute(directory, source)

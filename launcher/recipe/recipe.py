@@ -154,7 +154,11 @@ class Recipe(RecipeSpec):
         ref = self.model
         if isinstance(ref, str):
             return ref
-        return getattr(ref, "base", None) or Path(ref.hf_config).parent.name or "hf-model"
+        return (
+            getattr(ref, "base", None)
+            or Path(ref.hf_config or f"{ref.init_from}/config.json").parent.name
+            or "hf-model"
+        )
 
     @property
     def grad_accum_steps(self) -> int:

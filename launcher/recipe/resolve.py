@@ -46,7 +46,15 @@ def resolve_model(ref) -> tuple[ModelArch | None, list[Problem]]:
         arch = base.model_copy(update={**changes, "source": f"{ref.base} with {changes}"})
         return _checked(arch, "model")
     assert isinstance(ref, HFConfigModel)
-    return read_hf_config(Path(ref.hf_config))
+    if ref.hf_config is not None:
+        return read_hf_config(Path(ref.hf_config))
+    if ref.init_from is None or ref.init_from.startswith("s3://"):
+        message = (
+            "an s3:// checkpoint's config.json is read only by the job; give the architecture too: "
+            "{base: CATALOG_KEY, init_from: ...} or {hf_config: a local copy of its config.json, init_from: ...}"
+        )
+        return None, [Problem("model.init_from" if ref.init_from else "model.hf_config", message)]
+    return read_hf_config(Path(ref.init_from) / "config.json")
 
 
 def _checked(arch: ModelArch, path: str) -> tuple[ModelArch | None, list[Problem]]:

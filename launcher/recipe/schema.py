@@ -121,18 +121,22 @@ class ModelOverride(Section):
 class HFConfigModel(Section):
     """A Hugging Face Llama or Mistral config.json, relative to the recipe file."""
 
-    hf_config: str = Field(description="Path to a Hugging Face config.json (Llama or Mistral).")
+    hf_config: str | None = Field(
+        default=None,
+        description="Path to a Hugging Face config.json (Llama or Mistral); default: the one in a local init_from.",
+    )
     init_from: str | None = Field(default=None, max_length=1024)
     """Start from the weights of a Hugging Face Llama/Mistral checkpoint: a directory (relative to
     the recipe) or an s3:// prefix holding config.json and safetensors. Its config.json must match
     the architecture; a resumed run continues from its own checkpoint instead."""
 
 
-def _model_kind(value: Any) -> str | None:
+def model_kind(value: Any) -> str | None:
     if isinstance(value, str):
         return "name"
     if isinstance(value, dict):
-        return "hf_config" if "hf_config" in value else "override"
+        # {init_from: DIR} alone: the checkpoint's own config.json is the architecture.
+        return "hf_config" if "hf_config" in value or ("init_from" in value and "base" not in value) else "override"
     if isinstance(value, BaseModel):
         return "hf_config" if isinstance(value, HFConfigModel) else "override"
     return None
@@ -143,9 +147,9 @@ ModelRef = Annotated[
     | Annotated[ModelOverride, Tag("override")]
     | Annotated[HFConfigModel, Tag("hf_config")],
     Discriminator(
-        _model_kind,
+        model_kind,
         custom_error_type="model_ref",
-        custom_error_message="expected a catalog name, {base: NAME, ...} or {hf_config: PATH}",
+        custom_error_message="expected a catalog name, {base: NAME, ...}, {hf_config: PATH} or {init_from: DIR}",
     ),
 ]
 MODEL_REF_TAGS = ("name", "override", "hf_config")
