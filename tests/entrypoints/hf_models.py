@@ -14,7 +14,7 @@ SEQ_LEN = 128
 COMMON = {
     "hidden_size": 64,
     "intermediate_size": 176,
-    "num_hidden_layers": 4,
+    "num_hidden_layers": 2,
     "num_attention_heads": 8,
     "vocab_size": 256,
     "max_position_embeddings": 1024,

@@ -2,8 +2,9 @@
 
 Tiny random `LlamaForCausalLM` (Llama 3.1 RoPE scaling, GQA, untied) and `MistralForCausalLM`
 (tied embeddings) are saved with `save_pretrained` into several safetensors files, loaded
-through `model.init_from` in one process and under TP 2, CP 2, PP 2 and FSDP 2 x TP 2 (one
-4-rank torchrun launch), and compared with transformers' forward in fp32.
+through `model.init_from` in one process and, Llama, under TP 2, CP 2, PP 2 and FSDP 2 x TP 2,
+Mistral under FSDP 2 x TP 2 (one 4-rank torchrun launch), and compared with transformers'
+forward in fp32.
 
 The layout jobs train one step at lr 1e-30 (an update far below fp32 resolution) and export:
 the step-1 loss is the loaded model's loss, and the export is the loaded weights, so it must
@@ -32,8 +33,8 @@ LAYOUTS = {  # 4 ranks each: the named parallelism, with the remaining factor of
     "fsdp2_tp2": {"parallel.tensor": 2, "parallel.data_shard": 2},
 }
 # Llama in every layout; Mistral (tied embeddings, which the layout rules refuse to split over
-# pipeline stages) where it differs: TP splits its shared embedding, CP shards no parameters.
-CASES = [("llama", layout) for layout in LAYOUTS] + [("mistral", "cp2"), ("mistral", "fsdp2_tp2")]
+# pipeline stages) where its weights differ: FSDP x TP splits the shared embedding both ways.
+CASES = [("llama", layout) for layout in LAYOUTS] + [("mistral", "fsdp2_tp2")]
 ROUND_TRIP = ("llama", "fsdp2_tp2")  # trains 3 steps for real; its step-1 loss is still the loaded model's
 BASE = {
     "training.seq_len": SEQ_LEN,
@@ -63,6 +64,8 @@ def hf_runs(tmp_path_factory) -> HFRuns:
     root = tmp_path_factory.mktemp("hf")
     checkpoints = {kind: root / f"hf-{kind}" for kind in MODELS}
     models = {kind: save_hf_model(kind, path) for kind, path in checkpoints.items()}
+    # Tokenizer files beside the weights go into every export (no tokenizer is needed to test that).
+    (checkpoints["llama"] / "tokenizer_config.json").write_text('{"model_max_length": 1024}\n')
     layouts = {}
     for kind, layout in CASES:
         overrides = {**BASE, **model_ref(checkpoints[kind]), **LAYOUTS[layout], "training.steps": 3}
@@ -153,6 +156,7 @@ def test_round_trip_export_loads_in_transformers_with_our_logits(hf_runs):
     job = hf_runs.round_trip
     export = job.output_dir / "hf"
     assert json.loads((export / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert (export / "tokenizer_config.json").read_text() == '{"model_max_length": 1024}\n'
     reloaded = AutoModelForCausalLM.from_pretrained(export, attn_implementation="eager").eval()
     cfg = job_config(job)
     ours = our_model(cfg, init_from=export)
@@ -170,15 +174,19 @@ def test_round_trip_export_loads_in_transformers_with_our_logits(hf_runs):
     ), "training changed the weights"
 
 
-def test_export_of_a_dcp_checkpoint_after_the_fact_equals_the_export_in_training(hf_runs, tmp_path):
-    from entrypoints.export_hf import main
+def test_launcher_export_of_a_local_jobs_checkpoint_equals_the_export_in_training(hf_runs, tmp_path, monkeypatch):
+    """`launcher export JOB --step 3 --out DIR`: the job's own code bundle reads its DCP checkpoint."""
+    from launcher import api
+    from launcher.bundle import Bundle
+    from launcher.registry import JobRef, job_dir, write_json
 
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
     job = hf_runs.round_trip
-    assert main(["--config", str(job.config), "--step", "3", "--out", str(tmp_path / "hf")]) == 0
-    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == sorted(
-        p.name for p in (job.output_dir / "hf").iterdir()
-    )
-    after, during = read_safetensors_dir(tmp_path / "hf"), read_safetensors_dir(job.output_dir / "hf")
+    Bundle.build(job.config.read_text()).extract(job_dir("fine-tune") / "code")  # as the local backend does
+    write_json(job_dir("fine-tune") / "job.json", JobRef(name="fine-tune", backend="local").to_dict())
+    written = api.export("fine-tune", step=3, out=tmp_path / "hf")
+    assert sorted(p.name for p in written.iterdir()) == sorted(p.name for p in (job.output_dir / "hf").iterdir())
+    after, during = read_safetensors_dir(written), read_safetensors_dir(job.output_dir / "hf")
     assert after.keys() == during.keys()
     assert all(torch.equal(after[name], during[name]) for name in during)
 
