@@ -4,6 +4,7 @@
     layout.py   the parallel layout, its validity rules and the pipeline stage split
     metrics.py  the metric keys, the `metrics ...` / `summary ...` log lines and their regexes
     fp8.py      when FP8 training all-gathers float8 weights
+    hf_checkpoint.py  Hugging Face names, the architecture check, the exported config.json
     text.py     how messages list what would be valid
 
 The code bundle ships this package (with launcher/__init__.py, which imports nothing) beside
