@@ -13,24 +13,10 @@ from launcher.contract.config import ConfigError, JobConfig
 from launcher.errors import RecipeError
 from launcher.recipe import Recipe
 
+from .hf_models import MODELS
+
 REPO = Path(__file__).resolve().parents[2]
-LLAMA = {  # what transformers writes for this config is the test's input
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 1024,
-    "rope_theta": 500000.0,
-    "rope_scaling": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    },
-}
+LLAMA = MODELS["llama"][1]  # what transformers writes for this config is the test's input
 CPU_ONE = {"training.seq_len": 128, "parallel.tensor": 1, "cluster.nproc_per_node": 1}
 
 
