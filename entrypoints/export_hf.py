@@ -72,22 +72,23 @@ def export_plan(cfg: JobConfig, *, max_file_bytes: int = MAX_FILE_BYTES) -> list
     stage_of_layer = {
         layer: stage for stage in range(num_stages) for layer in stage_layers(cfg.model.num_layers, num_stages, stage)
     }
-    groups: list[tuple[int, list, int]] = []  # (stage, tensors, bytes)
+    files: list[tuple[int, list]] = []  # (stage, [(name, shape), ...])
+    file_bytes = 0
     for name, param in model.named_parameters():
         if name.startswith("layers."):
             stage = stage_of_layer[int(name.split(".")[1])]
         else:
             stage = 0 if name.startswith("tok_embeddings") else num_stages - 1
         size = param.numel() * itemsize
-        if not groups or groups[-1][0] != stage or (groups[-1][2] + size > max_file_bytes and groups[-1][1]):
-            groups.append((stage, [], 0))
-        stage_, tensors, total = groups[-1]
-        tensors.append((name, tuple(param.shape)))
-        groups[-1] = (stage_, tensors, total + size)
-    count = len(groups)
+        if not files or files[-1][0] != stage or file_bytes + size > max_file_bytes:
+            files.append((stage, []))
+            file_bytes = 0
+        files[-1][1].append((name, tuple(param.shape)))
+        file_bytes += size
+    count = len(files)
     return [
         FilePlan(f"model-{i + 1:05d}-of-{count:05d}.safetensors", stage, tensors)
-        for i, (stage, tensors, _) in enumerate(groups)
+        for i, (stage, tensors) in enumerate(files)
     ]
 
 

@@ -170,3 +170,23 @@ def test_the_exported_config_is_one_transformers_reads_back():
         "rope_theta": model["rope_theta"],
         "rope_scaling": model["rope_scaling"],
     }
+
+
+def test_export_files_stay_under_the_size_limit_and_never_span_two_pipeline_stages():
+    from entrypoints.export_hf import export_plan
+    from entrypoints.model.llama import build_model
+
+    overrides = {"model": "llama3.1-tiny", "parallel.pipeline": 2, "parallel.tensor": 1, "cluster.nproc_per_node": 2}
+    cfg = JobConfig.from_dict(Recipe.load(REPO / "recipes/tiny-cpu.yaml", overrides).resolved())
+    limit = 200_000  # bytes: a few of the tiny model's fp32 weights per file
+    plan = export_plan(cfg, max_file_bytes=limit)
+    shapes = {name: tuple(p.shape) for name, p in build_model(cfg.model, seq_len=128).named_parameters()}
+    assert [t for f in plan for t in f.tensors] == list(shapes.items())  # every tensor once, in model order
+    assert [f.name for f in plan][-1] == f"model-{len(plan):05d}-of-{len(plan):05d}.safetensors"
+    for file in plan:
+        sizes = [4 * torch.Size(shape).numel() for _, shape in file.tensors]
+        assert sum(sizes) <= limit or len(sizes) == 1, file.name
+        layers = {int(n.split(".")[1]) for n, _ in file.tensors if n.startswith("layers.")}
+        assert layers <= set(range(2 * file.stage, 2 * file.stage + 2)), file.name  # 4 layers, 2 per stage
+    assert {f.stage for f in plan if any(n == "tok_embeddings.weight" for n, _ in f.tensors)} == {0}
+    assert {f.stage for f in plan if any(n == "output.weight" for n, _ in f.tensors)} == {1}
