@@ -7,7 +7,9 @@ Reads only the resolved config (and SM_CHANNEL_TRAIN for s3 data). Outputs:
 - metrics: stdout lines and <output_dir>/metrics.jsonl (metrics.py); output_dir is
   runtime.output_dir, else $SM_OUTPUT_DATA_DIR, else ./output;
 - checkpoints: checkpoint.dir, else /opt/ml/checkpoints on SageMaker (SM_TRAINING_ENV set),
-  else ./checkpoints (checkpoint.py).
+  else ./checkpoints (checkpoint.py);
+- a Hugging Face checkpoint after the last step with checkpoint.export_hf (export_hf.py).
+A fresh run with model.init_from starts from that Hugging Face checkpoint (hf_weights.py).
 Exit status: 0 when every step ran, 2 for a config it cannot run (one line on stderr), 143
 after SIGTERM (a final checkpoint is written first when it fits in STOP_BUDGET_S; spot
 interruptions end this way). A failure's message goes to torchrun's TORCHELASTIC_ERROR_FILE
@@ -40,7 +42,9 @@ import torch.distributed as dist
 from entrypoints import failure
 from entrypoints.checkpoint import Checkpointer, Placement
 from entrypoints.data import DataLoader
+from entrypoints.export_hf import export_directory, export_hf
 from entrypoints.fp8 import after_optimizer_step, fp8_settings
+from entrypoints.hf_weights import load_hf_weights
 from entrypoints.metrics import MetricsLogger, flops_per_token
 from entrypoints.model.init import materialize
 from entrypoints.optim import Optimizers, clip_grad_norm
@@ -113,6 +117,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         placement=Placement.from_env(env.rank, env.world_size),
     )
     start = _steps_left_after(checkpoints.resume(), t.steps)
+    load_hf_weights(parts, cfg, fresh_start=start == 0)
     metrics = MetricsLogger(
         output_dir(cfg),
         enabled=env.rank == 0,
@@ -158,6 +163,8 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             if checkpoints.due(step) or time_due > 0 or step == t.steps:
                 checkpoints.save(step, blocking=step == t.steps)
     checkpoints.close()
+    if cfg.checkpoint.export_hf and not interrupted:
+        export_hf(parts, stage_ids, mesh, cfg, export_directory(cfg, output_dir(cfg)))
     summary = metrics.summary(time.perf_counter() - began)
     summary["interrupted"] = interrupted
     return summary

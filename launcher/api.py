@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,8 +35,9 @@ from launcher.plan.suggest import suggestion
 from launcher.plan.throughput import CONSTANTS, Constants, predicted_summary
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
-from launcher.registry import JobRef, forget, launcher_home, lineage_of, save
-from launcher.spec import JobSpec
+from launcher.registry import JobRef, forget, job_dir, launcher_home, lineage_of, save
+from launcher.registry import load as load_record
+from launcher.spec import CONFIG_FILE, JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
 
@@ -427,3 +430,27 @@ def metrics(name: str, *, backend: str | None = None, region: str | None = None)
 
 def stop(name: str, *, backend: str | None = None, region: str | None = None, grace_s: float = 30.0) -> JobStatus:
     return Job.find(name, backend=backend, region=region).stop(grace_s=grace_s)
+
+
+EXPORT_SCRIPT = "entrypoints/export_hf.py"
+
+
+def export(name: str, *, out: str | Path, step: int | None = None) -> Path:
+    """Write checkpoint `step` (default: the newest complete one) of local job `name` into `out` as
+    a Hugging Face checkpoint, with the job's own code bundle in one process (no GPU needed)."""
+    ref = load_record(name)
+    if ref is None:
+        raise UsageError(f"no job named {name} was submitted from here; `launcher list` shows the jobs")
+    code = job_dir(name) / "code"
+    if ref.backend != "local" or not (code / EXPORT_SCRIPT).is_file():
+        raise UsageError(
+            f"launcher export reads the checkpoints of local jobs; for a {ref.backend} job copy its checkpoint "
+            f"directory here and run python {EXPORT_SCRIPT} --config resolved.json --checkpoint-dir DIR --out DIR"
+        )
+    argv = [sys.executable, EXPORT_SCRIPT, "--config", CONFIG_FILE, "--out", str(Path(out).resolve())]
+    argv += ["--step", str(step)] if step is not None else []
+    done = subprocess.run(argv, cwd=code, capture_output=True, text=True)
+    if done.returncode:
+        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+        raise UsageError(lines[-1].removeprefix("error: "))
+    return Path(out)

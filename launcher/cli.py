@@ -440,6 +440,19 @@ def list_(
 
 
 @app.command()
+def export(
+    name: str,
+    out_dir: Annotated[Path, typer.Option("--out", help="The directory to write.", show_default=False)],
+    step: Annotated[int | None, typer.Option(help="The checkpoint's step (default: the newest).")] = None,
+) -> None:
+    """Write a local job's checkpoint as a Hugging Face checkpoint that transformers loads."""
+    from launcher import api
+
+    written = api.export(name, out=out_dir, step=step)
+    out.print(f"{name}: Hugging Face checkpoint written to {written}", markup=False)
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schema of recipes, for editor completion (yaml-language-server)."""
     from launcher.recipe.schema_export import recipe_json_schema

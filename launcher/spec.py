@@ -76,6 +76,11 @@ class Placement:
     s3_staging_dir: str | None = None
     """A directory that submit fills with the s3:// data before the job starts (on this machine;
     for Slurm on the shared file system); None where the engine fetches the data itself."""
+    s3_model_dir: str | None = None
+    """Where the training processes read an s3:// model.init_from (SageMaker's model channel, a
+    staged copy); None: the backend cannot provide it."""
+    s3_model_staging_dir: str | None = None
+    """A directory that submit fills with the s3:// model.init_from before the job starts."""
     image: str | None = None
     """The container image; None runs on the machines' own Python environment."""
     mounts: tuple[Mount, ...] = ()
@@ -262,6 +267,7 @@ class JobSpec:
             inputs = (
                 DataInput(name="train", source=recipe.data.source, container_path=container, staged_at=staged_at),
             )
+        inputs += _model_input(recipe, placement)
         resolved = recipe.resolved(checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir)
         return cls(
             name=name,
@@ -416,6 +422,23 @@ EFA_ENVIRONMENT = {
     "FI_EFA_USE_DEVICE_RDMA": "1",  # GPUDirect RDMA between GPU memory and the EFA devices
     "FI_EFA_FORK_SAFE": "1",  # data-loader workers fork after libfabric registered memory
 }
+
+
+def _model_input(recipe: Recipe, placement: Placement) -> tuple[DataInput, ...]:
+    """An s3:// model.init_from as the `model` input (SageMaker's channel, or a staged copy); a
+    local path is read where it is. Without a place for it the input keeps the URI, which the
+    backend refuses (Backend.problems)."""
+    init_from = getattr(recipe.model, "init_from", None)
+    if not init_from or not init_from.startswith("s3://"):
+        return ()
+    return (
+        DataInput(
+            name="model",
+            source=init_from,
+            container_path=placement.s3_model_dir or init_from,
+            staged_at=placement.s3_model_staging_dir,
+        ),
+    )
 
 
 def job_environment(name: str, resources: Resources, inputs: tuple[DataInput, ...]) -> dict[str, str]:

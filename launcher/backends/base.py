@@ -150,7 +150,12 @@ class Backend(ABC):
                 f"the {self.name} backend cannot attach the EFA devices {r.instance_type} needs between nodes; use {others('efa')}"
             )
         for data in spec.inputs:
-            if data.source.startswith("s3://") and not caps.s3_data:
+            if data.name == "model" and data.container_path.startswith("s3://"):
+                problems.append(
+                    f"model.init_from: the {self.name} backend does not fetch s3:// weights; copy them to the nodes "
+                    "and give the path, or use the local or sagemaker backend"
+                )
+            elif data.source.startswith("s3://") and not caps.s3_data:
                 problems.append(
                     f"data.source: the {self.name} backend cannot read {data.source}; copy it to the nodes and use a path, or use {others('s3_data')}"
                 )

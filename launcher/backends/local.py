@@ -45,6 +45,10 @@ class LocalBackend(Backend):
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # Nothing reruns a failed local job, so torchrun restarts its workers once by default.
         placement = dataclasses.replace(job_dir_placement(recipe, name, lineage), max_restarts=1)
+        init_from = getattr(recipe.model, "init_from", None) or ""
+        if init_from.startswith("s3://"):  # staged like s3:// data, and read through SM_CHANNEL_MODEL
+            model = str(staging_dir(init_from, launcher_home()))
+            placement = dataclasses.replace(placement, s3_model_dir=model, s3_model_staging_dir=model)
         if not recipe.data.source.startswith("s3://"):
             return placement
         staged = str(staging_dir(recipe.data.source, launcher_home()))

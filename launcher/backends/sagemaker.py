@@ -208,6 +208,7 @@ class SageMakerBackend(Backend):
             checkpoint_dir=CHECKPOINT_DIR,
             output_dir=OUTPUT_DIR,
             s3_data_dir=f"{CHANNELS_DIR}/train",
+            s3_model_dir=f"{CHANNELS_DIR}/model",  # model.init_from's channel
             image=training_image(recipe),
             bootstrap=True,
         )

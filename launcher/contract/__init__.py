@@ -4,6 +4,7 @@
     layout.py   the parallel layout, its validity rules and the pipeline stage split
     metrics.py  the metric keys, the `metrics ...` / `summary ...` log lines and their regexes
     fp8.py      when FP8 training all-gathers float8 weights
+    hf_checkpoint.py  Hugging Face names, the architecture check, the exported config.json
     text.py     how messages list what would be valid
     dataset.py  the prepared-dataset format (manifest, shards, index) and read_manifest
 

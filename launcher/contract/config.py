@@ -70,6 +70,9 @@ class ModelConfig:
     norm_eps: float = 1e-5
     source: str | None = None
     """Where the architecture numbers come from (documentation only)."""
+    init_from: str | None = None
+    """A Hugging Face checkpoint directory (or s3:// prefix, read from SM_CHANNEL_MODEL) whose
+    weights replace the random initialisation of a fresh run (entrypoints/hf_weights.py)."""
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
@@ -171,6 +174,10 @@ class CheckpointConfig:
     keep: int = 3
     resume: str = "auto"
     """'auto' (newest complete checkpoint, if any), 'never', or the path of one checkpoint."""
+    export_hf: str | None = None
+    """After the last step, write a Hugging Face checkpoint here (relative: under the output directory)."""
+    export_tokenizer: str | None = None
+    """Tokenizer files (a directory or one file) copied into the export."""
 
 
 @_config

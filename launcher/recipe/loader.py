@@ -88,6 +88,8 @@ def _make_absolute(data: dict, directory: Path) -> None:
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
         model["hf_config"] = _absolute(directory, model["hf_config"])
+    if isinstance(model, dict) and isinstance(model.get("init_from"), str) and "://" not in model["init_from"]:
+        model["init_from"] = _absolute(directory, model["init_from"])
     section = data.get("data") if isinstance(data.get("data"), dict) else {}
     for key in ("source", "tokenizer"):
         value = section.get(key)

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 from launcher.catalog import choices
 from launcher.errors import Problem
 from launcher.recipe.resolve import suggest
-from launcher.recipe.schema import MODEL_REF_TAGS, HFConfigModel, ModelOverride
+from launcher.recipe.schema import MODEL_REF_TAGS, HFConfigModel, ModelOverride, model_kind
 
 # Keys that older recipes may still hold, and where they live now.
 MOVED_KEYS = {"sagemaker.max_run": "cluster.max_run", "sagemaker.image_uri": "cluster.image"}
@@ -99,7 +99,7 @@ def _fields_at(model: type[BaseModel], path: tuple, data: Any) -> list[str]:
             return []
         if part == "model":
             value = data.get("model") if isinstance(data, dict) else None
-            current = HFConfigModel if isinstance(value, dict) and "hf_config" in value else ModelOverride
+            current = HFConfigModel if model_kind(value) == "hf_config" else ModelOverride
             continue
         info = current.model_fields.get(part)
         annotation = getattr(info, "annotation", None)

@@ -18,7 +18,7 @@ from launcher.errors import Problem, RecipeError
 from launcher.recipe import rules
 from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw
 from launcher.recipe.messages import problems_from_validation
-from launcher.recipe.resolve import Hardware, fill_from_manifest, resolve_hardware, resolve_model
+from launcher.recipe.resolve import Hardware, fill_from_manifest, init_from_problems, resolve_hardware, resolve_model
 from launcher.recipe.schema import DATA_PREPARE_KEYS, RecipeSpec
 
 
@@ -60,6 +60,7 @@ class Recipe(RecipeSpec):
             )
             layout, layout_problems = rules.resolve_layout(self, world_size, where)
             problems += layout_problems + rules.hardware_problems(self, arch, hardware)
+            problems += init_from_problems(self.model, arch, self.training.seq_len)
             # Without a complete layout, still check the degrees themselves (a TP degree that
             # splits no head count is wrong on any cluster); only the batch rule needs data_shard.
             par = self.parallel
@@ -156,7 +157,11 @@ class Recipe(RecipeSpec):
         ref = self.model
         if isinstance(ref, str):
             return ref
-        return getattr(ref, "base", None) or Path(ref.hf_config).parent.name or "hf-model"
+        return (
+            getattr(ref, "base", None)
+            or Path(ref.hf_config or f"{ref.init_from}/config.json").parent.name
+            or "hf-model"
+        )
 
     @property
     def grad_accum_steps(self) -> int:
@@ -200,7 +205,11 @@ class Recipe(RecipeSpec):
         return {
             "format": RESOLVED_FORMAT,
             "name": self.name,
-            "model": {"name": self.model_name, **self.arch.model_dump(mode="json")},
+            "model": {
+                "name": self.model_name,
+                **self.arch.model_dump(mode="json"),
+                "init_from": getattr(self.model, "init_from", None),
+            },
             "training": self.training.model_dump(mode="json"),
             "precision": self.precision.model_dump(mode="json"),
             "parallel": {
@@ -215,7 +224,12 @@ class Recipe(RecipeSpec):
                 **self.data.model_dump(mode="json", exclude=set(DATA_PREPARE_KEYS)),
                 "document_separator": self.document_separator,
             },
-            "checkpoint": {**self.checkpoint.model_dump(mode="json"), "dir": checkpoint_dir or self.checkpoint.dir},
+            "checkpoint": {
+                **self.checkpoint.model_dump(mode="json"),
+                "dir": checkpoint_dir or self.checkpoint.dir,
+                # true: "hf" under the output directory; false: no export.
+                "export_hf": "hf" if self.checkpoint.export_hf is True else (self.checkpoint.export_hf or None),
+            },
             "runtime": {
                 "device": self.cluster.device,
                 "nnodes": self.cluster.instance_count,

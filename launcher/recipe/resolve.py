@@ -11,6 +11,7 @@ from pathlib import Path
 from launcher import catalog
 from launcher.catalog import Accelerator, InstanceType, ModelArch, choices
 from launcher.contract.dataset import read_manifest
+from launcher.contract.hf_checkpoint import architecture_mismatch, hf_rope, sliding_window_problem
 from launcher.errors import Problem
 from launcher.recipe.files import UnreadableFile, read_text_file
 from launcher.recipe.schema import (
@@ -74,7 +75,15 @@ def resolve_model(ref) -> tuple[ModelArch | None, list[Problem]]:
         arch = base.model_copy(update={**changes, "source": f"{ref.base} with {changes}"})
         return _checked(arch, "model")
     assert isinstance(ref, HFConfigModel)
-    return read_hf_config(Path(ref.hf_config))
+    if ref.hf_config is not None:
+        return read_hf_config(Path(ref.hf_config))
+    if ref.init_from is None or ref.init_from.startswith("s3://"):
+        message = (
+            "an s3:// checkpoint's config.json is read only by the job; give the architecture too: "
+            "{base: CATALOG_KEY, init_from: ...} or {hf_config: a local copy of its config.json, init_from: ...}"
+        )
+        return None, [Problem("model.init_from" if ref.init_from else "model.hf_config", message)]
+    return read_hf_config(Path(ref.init_from) / "config.json")
 
 
 def _checked(arch: ModelArch, path: str) -> tuple[ModelArch | None, list[Problem]]:
@@ -135,7 +144,9 @@ def _hf_value_problem(config: dict, path: Path) -> str | None:
     for key in _HF_NUMBERS:
         if key in config and not (_is_number(config[key]) and 0 < config[key] <= MAX_ROPE_THETA):
             return f"{key} {show(config[key])} in {path} is not a positive number"
-    scaling = config.get("rope_scaling")
+    theta, scaling = hf_rope(config)
+    if not (_is_number(theta) and 0 < theta <= MAX_ROPE_THETA):
+        return f"rope_theta {show(theta)} in {path} is not a positive number"
     if scaling is not None and not isinstance(scaling, dict):
         return f"rope_scaling in {path} is not an object"
     if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
@@ -162,16 +173,16 @@ def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
     problem = _hf_value_problem(config, path)
     if problem:
         return bad(problem)
+    # Up to its window, sliding-window attention (Mistral 7B v0.1) is full causal attention, which
+    # is what the model here computes: the window is the context it can train at.
     window = config.get("sliding_window")
-    max_context = config.get("max_position_embeddings", 4096)
-    if window and window < max_context:
-        return bad(f"sliding-window attention ({window} tokens in {path}) is not supported; use a config without it")
+    max_context = min(config.get("max_position_embeddings", 4096), window or 2**62)
     head_dim = config.get("head_dim")
     if head_dim and head_dim * config["num_attention_heads"] != config["hidden_size"]:
         return bad(
             f"head_dim {head_dim} x {config['num_attention_heads']} heads != hidden_size in {path}; not supported"
         )
-    scaling = config.get("rope_scaling")
+    rope_theta, scaling = hf_rope(config)
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind != "llama3":
@@ -193,7 +204,7 @@ def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
             ffn_hidden_size=config["intermediate_size"],
             vocab_size=config["vocab_size"],
             max_context=max_context,
-            rope_theta=config.get("rope_theta", 10000.0),
+            rope_theta=rope_theta,
             rope_scaling=scaling,
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
             norm_eps=config.get("rms_norm_eps", 1e-5),
@@ -202,6 +213,21 @@ def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
     except (ValueError, KeyError, TypeError) as err:
         return bad(f"{path} has values this launcher cannot use: {str(err).splitlines()[0]}")
     return _checked(arch, "model")
+
+
+def init_from_problems(ref, arch: ModelArch, seq_len: int) -> list[Problem]:
+    """A local model.init_from checked against the recipe's architecture now; an s3:// one is
+    checked by the entrypoints (hf_weights.py) with the same message once SageMaker downloaded it."""
+    init_from = getattr(ref, "init_from", None)
+    if not init_from or init_from.startswith("s3://"):
+        return []
+    path = Path(init_from) / "config.json"
+    config, unreadable = _read_hf_json(path)
+    if config is None:
+        return [Problem("model.init_from", f"{unreadable}; give a Hugging Face checkpoint directory")]
+    ours = arch.model_dump(mode="json")
+    problem = architecture_mismatch(ours, config, str(path)) or sliding_window_problem(config, seq_len, str(path))
+    return [Problem("model.init_from", problem)] if problem else []
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

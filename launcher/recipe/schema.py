@@ -114,19 +114,31 @@ class ModelOverride(Section):
     max_context: PositiveInt | None = Field(default=None, le=MAX_MODEL_SHAPE["max_context"])
     rope_theta: float | None = Field(default=None, gt=0, le=MAX_ROPE_THETA)
     tie_embeddings: bool | None = None
+    init_from: str | None = Field(default=None, max_length=1024)
+    """Start from the weights of a Hugging Face Llama/Mistral checkpoint: a directory (relative to
+    the recipe) or an s3:// prefix holding config.json and safetensors. Its config.json must match
+    the architecture; a resumed run continues from its own checkpoint instead."""
 
 
 class HFConfigModel(Section):
     """A Hugging Face Llama or Mistral config.json, relative to the recipe file."""
 
-    hf_config: str = Field(description="Path to a Hugging Face config.json (Llama or Mistral).")
+    hf_config: str | None = Field(
+        default=None,
+        description="Path to a Hugging Face config.json (Llama or Mistral); default: the one in a local init_from.",
+    )
+    init_from: str | None = Field(default=None, max_length=1024)
+    """Start from the weights of a Hugging Face Llama/Mistral checkpoint: a directory (relative to
+    the recipe) or an s3:// prefix holding config.json and safetensors. Its config.json must match
+    the architecture; a resumed run continues from its own checkpoint instead."""
 
 
-def _model_kind(value: Any) -> str | None:
+def model_kind(value: Any) -> str | None:
     if isinstance(value, str):
         return "name"
     if isinstance(value, dict):
-        return "hf_config" if "hf_config" in value else "override"
+        # {init_from: DIR} alone: the checkpoint's own config.json is the architecture.
+        return "hf_config" if "hf_config" in value or ("init_from" in value and "base" not in value) else "override"
     if isinstance(value, BaseModel):
         return "hf_config" if isinstance(value, HFConfigModel) else "override"
     return None
@@ -137,9 +149,9 @@ ModelRef = Annotated[
     | Annotated[ModelOverride, Tag("override")]
     | Annotated[HFConfigModel, Tag("hf_config")],
     Discriminator(
-        _model_kind,
+        model_kind,
         custom_error_type="model_ref",
-        custom_error_message="expected a catalog name, {base: NAME, ...} or {hf_config: PATH}",
+        custom_error_message="expected a catalog name, {base: NAME, ...}, {hf_config: PATH} or {init_from: DIR}",
     ),
 ]
 MODEL_REF_TAGS = ("name", "override", "hf_config")
@@ -356,6 +368,13 @@ class Checkpoint(Section):
     """Keep the newest this many complete checkpoints."""
     resume: str = "auto"
     """'auto' (newest complete checkpoint, if any), 'never', or a checkpoint path."""
+    export_hf: bool | str = False
+    """After the last step, write a Hugging Face checkpoint (config.json, safetensors, tokenizer
+    files) that transformers loads: true for <output dir>/hf, or a directory (relative: under the
+    job's output directory)."""
+    export_tokenizer: str | None = Field(default=None, max_length=1024)
+    """Tokenizer files to copy into the export: a directory or one file on the machines that run
+    the job. Default: those beside a model.init_from checkpoint, if any."""
 
 
 class RecipeSpec(Section):
@@ -366,7 +385,8 @@ class RecipeSpec(Section):
     extends: str | None = None
     """Another recipe file this one overrides, relative to this file."""
     model: ModelRef
-    """A catalog key (llama3.1-8b), {base: KEY, num_layers: 2, ...}, or {hf_config: config.json}."""
+    """A catalog key (llama3.1-8b), {base: KEY, num_layers: 2, ...}, {hf_config: config.json}, or
+    {init_from: DIR} (a Hugging Face checkpoint: its config.json gives the architecture)."""
     training: Training
     precision: Precision = Precision()
     parallel: Parallel = Parallel()

@@ -101,7 +101,7 @@ CASES = [
     case(
         "model-wrong-shape",
         BASE.replace("model: llama3-8b", "model: [llama3-8b]"),
-        r"model: expected a catalog name, \{base: NAME, \.\.\.\} or \{hf_config: PATH\}, got a list",
+        r"model: expected a catalog name, \{base: NAME, \.\.\.\}, \{hf_config: PATH\} or \{init_from: DIR\}, got a list",
         "model:",
     ),
     case(

@@ -1,0 +1,232 @@
+"""Hugging Face checkpoints out: config.json, sharded safetensors + index, tokenizer files.
+
+    export_hf(parts, stage_ids, mesh, cfg, out)    # in training, after the last step (collective)
+    python entrypoints/export_hf.py --config resolved.json [--step N] --out DIR   # from a DCP checkpoint
+
+The files are planned from the config alone (every rank computes the same plan): one or more
+safetensors files per pipeline stage, never larger than MAX_FILE_BYTES, named
+model-0000k-of-0000n.safetensors as transformers names them. During training every rank of a
+stage gathers each parameter in turn (`DTensor.full_tensor()`, a collective over the stage's
+data/context/tensor-parallel ranks) and the stage's first rank streams it to its file, so no
+rank holds more than one full parameter beyond its shards. Rank 0 writes config.json and the
+index, and copies the tokenizer files (checkpoint.export_tokenizer, else those beside a local
+model.init_from). The dtype is the one trained in (precision.dtype: bf16 or fp32).
+
+Under pipeline parallelism each stage's files are written on the host that holds the stage:
+export to a file system every host shares (the outputs of a multi-node job otherwise end up
+split between hosts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the `entrypoints` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from entrypoints.hf_weights import DTYPE_NAMES, INDEX, checkpoint_directory
+from entrypoints.model.init import canonical_name
+from entrypoints.model.llama import build_model
+from launcher.contract.config import ConfigError, JobConfig, load_config
+from launcher.contract.hf_checkpoint import hf_config_json, hf_name
+from launcher.contract.layout import stage_layers
+
+MAX_FILE_BYTES = 5 * 10**9  # transformers' default max_shard_size
+EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    name: str
+    stage: int
+    tensors: list[tuple[str, tuple[int, ...]]]
+    """(our canonical parameter name, full shape), in file order."""
+
+
+def export_plan(cfg: JobConfig, *, max_file_bytes: int = MAX_FILE_BYTES) -> list[FilePlan]:
+    """Which parameter goes into which file: files follow pipeline stages, then size."""
+    model = build_model(cfg.model, seq_len=cfg.training.seq_len, device="meta")
+    num_stages = cfg.parallel.num_stages
+    itemsize = EXPORT_DTYPES[cfg.precision.dtype].itemsize
+    stage_of_layer = {
+        layer: stage for stage in range(num_stages) for layer in stage_layers(cfg.model.num_layers, num_stages, stage)
+    }
+    files: list[tuple[int, list]] = []  # (stage, [(name, shape), ...])
+    file_bytes = 0
+    for name, param in model.named_parameters():
+        if name.startswith("layers."):
+            stage = stage_of_layer[int(name.split(".")[1])]
+        else:
+            stage = 0 if name.startswith("tok_embeddings") else num_stages - 1
+        size = param.numel() * itemsize
+        if not files or files[-1][0] != stage or file_bytes + size > max_file_bytes:
+            files.append((stage, []))
+            file_bytes = 0
+        files[-1][1].append((name, tuple(param.shape)))
+        file_bytes += size
+    count = len(files)
+    return [
+        FilePlan(f"model-{i + 1:05d}-of-{count:05d}.safetensors", stage, tensors)
+        for i, (stage, tensors) in enumerate(files)
+    ]
+
+
+def write_safetensors(
+    path: Path | None, tensors: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, full: Callable
+) -> None:
+    """Stream `full(name)` for each tensor into a safetensors file (path None: gather only, as a
+    rank that helps the stage's writer gather but writes nothing)."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in tensors:
+        size = dtype.itemsize * int(torch.Size(shape).numel())
+        header[hf_name(name)] = {
+            "dtype": DTYPE_NAMES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the format pads the header with spaces to 8 bytes
+    file = open(path, "wb") if path is not None else None
+    try:
+        if file is not None:
+            file.write(len(encoded).to_bytes(8, "little") + encoded)
+        for name, _ in tensors:
+            tensor = full(name)
+            if file is not None:
+                data = tensor.detach().to("cpu", dtype).contiguous()
+                file.write(ctypes.string_at(data.data_ptr(), data.numel() * data.element_size()))
+    finally:
+        if file is not None:
+            file.close()
+
+
+def write_metadata(cfg: JobConfig, out: Path, plan: list[FilePlan], itemsize: int) -> None:
+    """config.json, the index, and the tokenizer files."""
+    config = hf_config_json(dataclasses.asdict(cfg.model), dtype=cfg.precision.dtype)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weight_map = {hf_name(name): f.name for f in plan for name, _ in f.tensors}
+    total = sum(itemsize * int(torch.Size(shape).numel()) for f in plan for _, shape in f.tensors)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    for source in tokenizer_files(cfg):
+        shutil.copy2(source, out / source.name)
+
+
+def tokenizer_files(cfg: JobConfig) -> list[Path]:
+    """checkpoint.export_tokenizer (a file or a directory), else the tokenizer beside init_from."""
+    given = cfg.checkpoint.export_tokenizer
+    if given:
+        path = Path(given)
+        if path.is_file():
+            return [path]
+        if not path.is_dir():
+            raise ConfigError(f"checkpoint.export_tokenizer: {path} does not exist; give a tokenizer file or directory")
+        return [path / n for n in TOKENIZER_FILES if (path / n).is_file()]
+    if cfg.model.init_from:
+        directory = checkpoint_directory(cfg.model.init_from)
+        return [directory / n for n in TOKENIZER_FILES if (directory / n).is_file()]
+    return []
+
+
+def export_directory(cfg: JobConfig, output_dir: Path) -> Path:
+    """checkpoint.export_hf as a directory; a relative one is under the job's output directory."""
+    path = Path(cfg.checkpoint.export_hf)
+    return path if path.is_absolute() else output_dir / path
+
+
+@torch.no_grad()
+def export_hf(parts, stage_ids: list[int], mesh, cfg: JobConfig, out: Path) -> None:
+    """Write the model as a Hugging Face checkpoint into `out` (a collective: every rank calls it)."""
+    plan = export_plan(cfg)
+    dtype = EXPORT_DTYPES[cfg.precision.dtype]
+    params = {canonical_name(fqn): p for part in parts for fqn, p in part.named_parameters()}
+    # The stage's first rank writes: the one at coordinate 0 of every dim but the pipeline's.
+    writes = all(mesh[dim].get_local_rank() == 0 for dim in ("dp_replicate", "dp_shard", "cp", "tp"))
+    if writes:
+        out.mkdir(parents=True, exist_ok=True)
+
+    def full(name: str) -> torch.Tensor:
+        param = params[name]
+        return param.full_tensor() if isinstance(param, DTensor) else param
+
+    for file in plan:
+        if file.stage in stage_ids:
+            write_safetensors(out / file.name if writes else None, file.tensors, dtype, full)
+    if dist.get_rank() == 0:
+        write_metadata(cfg, out, plan, dtype.itemsize)
+        print(f"exported a Hugging Face checkpoint to {out} ({len(plan)} safetensors files)", flush=True)
+    dist.barrier()
+
+
+def export_from_dcp(cfg: JobConfig, checkpoint: Path, out: Path) -> None:
+    """One process: read the model of a DCP checkpoint into full tensors and write it out."""
+    import torch.distributed.checkpoint as dcp
+
+    model = build_model(cfg.model, seq_len=cfg.training.seq_len, device="meta")
+    model.to_empty(device="cpu")
+    state = {"model": dict(model.named_parameters())}
+    dcp.load(state, checkpoint_id=str(checkpoint), no_dist=True)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = export_plan(cfg)
+    dtype = EXPORT_DTYPES[cfg.precision.dtype]
+    for file in plan:
+        write_safetensors(out / file.name, file.tensors, dtype, lambda name: state["model"][name])
+    write_metadata(cfg, out, plan, dtype.itemsize)
+
+
+def find_checkpoint(cfg: JobConfig, step: int | None, directory: str | None) -> Path:
+    from entrypoints.checkpoint_files import complete_checkpoints
+
+    root = Path(directory or cfg.checkpoint.dir or "checkpoints")
+    found = dict(complete_checkpoints(root))
+    if not found:
+        raise ConfigError(f"checkpoint.dir: no complete checkpoint in {root}")
+    if step is None:
+        return found[max(found)]
+    if step not in found:
+        raise ConfigError(f"--step: no complete checkpoint of step {step} in {root}; there are steps {sorted(found)}")
+    return found[step]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Export a DCP checkpoint of a job as a Hugging Face checkpoint.")
+    parser.add_argument("--config", required=True, help="the job's resolved config JSON")
+    parser.add_argument("--step", type=int, help="the checkpoint's step (default: the newest complete one)")
+    parser.add_argument("--checkpoint-dir", help="where the job's checkpoints are (default: checkpoint.dir)")
+    parser.add_argument("--out", required=True, help="the directory to write")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        checkpoint = find_checkpoint(cfg, args.step, args.checkpoint_dir)
+        export_from_dcp(cfg, checkpoint, Path(args.out))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {checkpoint} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Hugging Face Llama/Mistral checkpoints: names, architecture and config.json, standard library only.
+
+    hf_name("layers.3.attention.wq.weight")      # -> "model.layers.3.self_attn.q_proj.weight"
+    hf_architecture(config)                      # config.json -> our field names and values
+    architecture_mismatch(ours, config, where)   # one line naming both values, or None
+    hf_config_json(model_fields, dtype="bf16")   # the config.json an export writes
+
+The recipe (at load) and the entrypoints (for an s3:// `model.init_from`, after SageMaker
+downloaded it) check a checkpoint against the job's architecture with the same function, so the
+message is the same wherever the mismatch is found.
+
+Rotary layout: Hugging Face Llama/Mistral store q_proj/k_proj in the "rotate_half" layout (the
+first half of each head's dimensions pairs with the second half), which is the layout
+entrypoints/model/llama.py's `apply_rotary` uses, so weights copy over without a permutation
+(tests/entrypoints/test_hf_weights.py proves it against transformers' logits).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Our parameter name (inside a block) -> Hugging Face's.
+_BLOCK_NAMES = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+_TOP_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+HF_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+# The fields a checkpoint must agree on with the recipe; norm_eps and max_context do not change
+# which weights fit, so a recipe may differ there.
+CHECKED_FIELDS = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "ffn_hidden_size",
+    "vocab_size",
+    "rope_theta",
+    "rope_scaling",
+    "tie_embeddings",
+)
+
+
+def hf_name(name: str) -> str:
+    """The Hugging Face name of our (canonical) parameter name."""
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    match = _LAYER.match(name)
+    if match is None or match.group(2) not in _BLOCK_NAMES:
+        raise KeyError(f"no Hugging Face name for parameter {name}")
+    return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"
+
+
+def hf_rope(config: dict) -> tuple[Any, Any]:
+    """(rope_theta, rope scaling object or None) from either config.json spelling.
+
+    transformers 5 writes `rope_parameters` {rope_type, rope_theta, ...}; older releases wrote
+    `rope_theta` and `rope_scaling` {rope_type or type, ...} at the top level.
+    """
+    params = config.get("rope_parameters")
+    if isinstance(params, dict):
+        theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+        kind = params.get("rope_type", params.get("type"))
+        return theta, (None if kind in (None, "default") else params)
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        scaling = None
+    return config.get("rope_theta", 10000.0), scaling
+
+
+def _scaling_fields(scaling: Any) -> Any:
+    if not isinstance(scaling, dict):
+        return scaling
+    return {
+        "type": scaling.get("rope_type", scaling.get("type")),
+        "factor": scaling.get("factor"),
+        "low_freq_factor": scaling.get("low_freq_factor"),
+        "high_freq_factor": scaling.get("high_freq_factor"),
+        "original_max_context": scaling.get("original_max_position_embeddings"),
+    }
+
+
+def hf_architecture(config: dict) -> dict:
+    """The architecture of a config.json in our field names (CHECKED_FIELDS, plus norm_eps)."""
+    theta, scaling = hf_rope(config)
+    return {
+        "hidden_size": config.get("hidden_size"),
+        "num_layers": config.get("num_hidden_layers"),
+        "num_heads": config.get("num_attention_heads"),
+        "num_kv_heads": config.get("num_key_value_heads") or config.get("num_attention_heads"),
+        "ffn_hidden_size": config.get("intermediate_size"),
+        "vocab_size": config.get("vocab_size"),
+        "rope_theta": theta,
+        "rope_scaling": _scaling_fields(scaling),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "norm_eps": config.get("rms_norm_eps", 1e-5),
+    }
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        return all(_same(ours.get(k), theirs.get(k)) for k in set(ours) | set(theirs))
+    if isinstance(ours, int | float) and isinstance(theirs, int | float) and not isinstance(ours, bool):
+        return float(ours) == float(theirs)
+    return ours == theirs
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items() if v is not None) + "}"
+    return "none" if value is None else str(value)
+
+
+def architecture_mismatch(ours: dict, config: dict, where: str) -> str | None:
+    """The first CHECKED_FIELDS value where `ours` (our field names) and config.json differ.
+
+    `where` names the config.json in the message, e.g. "s3://bucket/llama/config.json".
+    """
+    theirs = hf_architecture(config)
+    if config.get("model_type") not in ARCHITECTURES:
+        return f"model_type {config.get('model_type')!r} in {where} is not supported; use a llama or mistral checkpoint"
+    for key in CHECKED_FIELDS:
+        if not _same(ours.get(key), theirs[key]):
+            return (
+                f"model.{key} is {_show(ours.get(key))} in the recipe but {_show(theirs[key])} in {where}; "
+                "make the recipe's model match the checkpoint (model: {hf_config: that config.json})"
+            )
+    return None
+
+
+def sliding_window_problem(config: dict, seq_len: int, where: str) -> str | None:
+    """Mistral's sliding window changes attention only for sequences longer than the window,
+    and the model here has no sliding window: refuse a checkpoint whose window is shorter."""
+    window = config.get("sliding_window")
+    if window and window < seq_len:
+        return (
+            f"sliding_window {window} in {where} is shorter than training.seq_len {seq_len}; this model attends "
+            f"to the whole sequence, so use training.seq_len <= {window}"
+        )
+    return None
+
+
+def hf_config_json(model: dict, *, dtype: str) -> dict:
+    """A config.json that transformers loads as LlamaForCausalLM / MistralForCausalLM.
+
+    `model` holds the resolved config's model fields (family, hidden_size, ..., rope_scaling).
+    """
+    family = model.get("family", "llama")
+    rope = {"rope_type": "default", "rope_theta": model["rope_theta"]}
+    scaling = model.get("rope_scaling")
+    if scaling:
+        rope = {
+            "rope_type": scaling["type"],
+            "rope_theta": model["rope_theta"],
+            "factor": scaling["factor"],
+            "low_freq_factor": scaling["low_freq_factor"],
+            "high_freq_factor": scaling["high_freq_factor"],
+            "original_max_position_embeddings": scaling["original_max_context"],
+        }
+    config = {
+        "architectures": [ARCHITECTURES[family]],
+        "model_type": family,
+        "hidden_size": model["hidden_size"],
+        "intermediate_size": model["ffn_hidden_size"],
+        "num_hidden_layers": model["num_layers"],
+        "num_attention_heads": model["num_heads"],
+        "num_key_value_heads": model["num_kv_heads"],
+        "head_dim": model["hidden_size"] // model["num_heads"],
+        "vocab_size": model["vocab_size"],
+        "max_position_embeddings": model["max_context"],
+        "rms_norm_eps": model["norm_eps"],
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": bool(model.get("tie_embeddings")),
+        # Both spellings: transformers 5 reads rope_parameters, earlier releases rope_theta/rope_scaling.
+        "rope_parameters": rope,
+        "rope_theta": model["rope_theta"],
+        "rope_scaling": rope if scaling else None,
+        "dtype": HF_DTYPES[dtype],
+        "torch_dtype": HF_DTYPES[dtype],
+    }
+    if family == "llama":
+        config["mlp_bias"] = False
+    else:
+        config["sliding_window"] = None
+    return config

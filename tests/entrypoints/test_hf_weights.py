@@ -1,0 +1,199 @@
+"""Hugging Face checkpoints in and out, proven against transformers (an implementation no one here wrote).
+
+Tiny random `LlamaForCausalLM` (Llama 3.1 RoPE scaling, GQA, untied) and `MistralForCausalLM`
+(tied embeddings) are saved with `save_pretrained` into several safetensors files, loaded
+through `model.init_from` in one process and, Llama, under TP 2, CP 2, PP 2 and FSDP 2 x TP 2,
+Mistral under FSDP 2 x TP 2 (one 4-rank torchrun launch), and compared with transformers'
+forward in fp32.
+
+The layout jobs train one step at lr 1e-30 (an update far below fp32 resolution) and export:
+the step-1 loss is the loaded model's loss, and the export is the loaded weights, so it must
+equal the original checkpoint tensor for tensor. The round-trip job trains 3 steps for real.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from .entrypoint_jobs import Job, launch, write_job
+from .hf_models import MODELS, SEQ_LEN, hf_logits, hf_loss, save_hf_model
+
+pytestmark = pytest.mark.torchrun
+
+RELATIVE = 1e-5
+LAYOUTS = {  # 4 ranks each: the named parallelism, with the remaining factor of 2 replicating it
+    "tp2": {"parallel.tensor": 2, "parallel.data_replicate": 2},
+    "cp2": {"parallel.context": 2, "parallel.data_replicate": 2},
+    "pp2": {"parallel.pipeline": 2, "parallel.data_replicate": 2},
+    "fsdp2_tp2": {"parallel.tensor": 2, "parallel.data_shard": 2},
+}
+# Llama in every layout; Mistral (tied embeddings, which the layout rules refuse to split over
+# pipeline stages) where its weights differ: FSDP x TP splits the shared embedding both ways.
+CASES = [("llama", layout) for layout in LAYOUTS] + [("mistral", "fsdp2_tp2")]
+ROUND_TRIP = ("llama", "fsdp2_tp2")  # trains 3 steps for real; its step-1 loss is still the loaded model's
+BASE = {
+    "training.seq_len": SEQ_LEN,
+    "training.global_batch_size": 8,
+    "training.micro_batch_size": 2,
+    "training.optimizer.warmup_steps": 0,
+    "parallel.tensor": 1,
+    "checkpoint.every_steps": 0,
+    "checkpoint.export_hf": True,
+}
+
+
+def model_ref(directory: Path) -> dict:
+    return {"model": {"hf_config": str(directory / "config.json"), "init_from": str(directory)}}
+
+
+@dataclass
+class HFRuns:
+    checkpoints: dict[str, Path]
+    models: dict
+    layouts: dict[tuple[str, str], Job]
+    round_trip: Job
+
+
+@pytest.fixture(scope="module")
+def hf_runs(tmp_path_factory) -> HFRuns:
+    root = tmp_path_factory.mktemp("hf")
+    checkpoints = {kind: root / f"hf-{kind}" for kind in MODELS}
+    models = {kind: save_hf_model(kind, path) for kind, path in checkpoints.items()}
+    # Tokenizer files beside the weights go into every export (no tokenizer is needed to test that).
+    (checkpoints["llama"] / "tokenizer_config.json").write_text('{"model_max_length": 1024}\n')
+    layouts = {}
+    for kind, layout in CASES:
+        overrides = {**BASE, **model_ref(checkpoints[kind]), **LAYOUTS[layout], "training.steps": 3}
+        if (kind, layout) != ROUND_TRIP:
+            overrides.update({"training.steps": 1, "training.optimizer.lr": 1e-30, "training.optimizer.min_lr": 0.0})
+        layouts[kind, layout] = write_job(root, f"{kind}-{layout}", overrides, procs=4)
+    plan = [{"kind": "train", "config": str(job.config), "result": str(job.result)} for job in layouts.values()]
+    launch(plan, root, 4, "hf-4-rank")
+    return HFRuns(checkpoints=checkpoints, models=models, layouts=layouts, round_trip=layouts[ROUND_TRIP])
+
+
+def job_config(job: Job):
+    from launcher.contract.config import load_config
+
+    return load_config(job.config)
+
+
+def first_batch(cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples of step 1 (every layout trains on exactly these)."""
+    from entrypoints.data import SyntheticTokens
+
+    data = SyntheticTokens(vocab_size=cfg.model.vocab_size, seq_len=cfg.training.seq_len, seed=cfg.training.seed)
+    samples = torch.stack([data.sample(i) for i in range(cfg.training.global_batch_size)])
+    return samples[:, :-1], samples[:, 1:]
+
+
+def our_model(cfg, init_from: Path | None = None):
+    """Our model in one process, loaded from `init_from` (default: the config's) by init_from's loader."""
+    import dataclasses
+
+    from entrypoints.hf_weights import load_hf_weights
+    from entrypoints.model.llama import build_model
+
+    if init_from is not None:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_from=str(init_from)))
+    model = build_model(cfg.model, seq_len=cfg.training.seq_len, device="meta")
+    model.to_empty(device="cpu")
+    model.init_rope()
+    load_hf_weights([model], cfg)
+    return model
+
+
+def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
+
+
+def read_safetensors_dir(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint, read by the safetensors library (not by our reader)."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    return tensors
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_one_process_logits_and_loss_match_transformers(hf_runs, kind):
+    cfg = job_config(next(job for (k, _), job in hf_runs.layouts.items() if k == kind))
+    model = our_model(cfg)
+    tokens, targets = first_batch(cfg)
+    with torch.no_grad():
+        logits, loss = model(tokens), model(tokens, targets=targets).item()
+    reference = hf_runs.models[kind]
+    assert relative_error(logits, hf_logits(reference, tokens)) <= RELATIVE
+    assert loss == pytest.approx(hf_loss(reference, tokens, targets), rel=RELATIVE)
+
+
+@pytest.mark.parametrize(("kind", "layout"), CASES)
+def test_layout_loss_matches_transformers(hf_runs, kind, layout):
+    job = hf_runs.layouts[kind, layout]
+    tokens, targets = first_batch(job_config(job))
+    assert job.losses()[0] == pytest.approx(hf_loss(hf_runs.models[kind], tokens, targets), rel=RELATIVE)
+
+
+@pytest.mark.parametrize(("kind", "layout"), [case for case in CASES if case != ROUND_TRIP])
+def test_layout_loads_and_exports_every_tensor_exactly(hf_runs, kind, layout):
+    exported = read_safetensors_dir(hf_runs.layouts[kind, layout].output_dir / "hf")
+    original = read_safetensors_dir(hf_runs.checkpoints[kind])
+    assert exported.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(exported[name], tensor), name
+
+
+def test_round_trip_export_loads_in_transformers_with_our_logits(hf_runs):
+    from transformers import AutoModelForCausalLM
+
+    job = hf_runs.round_trip
+    export = job.output_dir / "hf"
+    assert json.loads((export / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert (export / "tokenizer_config.json").read_text() == '{"model_max_length": 1024}\n'
+    reloaded = AutoModelForCausalLM.from_pretrained(export, attn_implementation="eager").eval()
+    cfg = job_config(job)
+    ours = our_model(cfg, init_from=export)
+    tokens, _ = first_batch(cfg)
+    with torch.no_grad():
+        assert relative_error(ours(tokens), hf_logits(reloaded, tokens)) <= RELATIVE
+    # The export holds the trained weights: those of the job's final DCP checkpoint.
+    trained, exported = job.final_model(3), read_safetensors_dir(export)
+    assert len(exported) == len(trained)
+    for name, tensor in dict(ours.named_parameters()).items():
+        assert torch.equal(tensor.detach(), trained[name]), name
+    assert not torch.equal(
+        trained["layers.0.attention.wq.weight"],
+        hf_runs.models["llama"].state_dict()["model.layers.0.self_attn.q_proj.weight"],
+    ), "training changed the weights"
+
+
+def test_launcher_export_of_a_local_jobs_checkpoint_equals_the_export_in_training(hf_runs, tmp_path, monkeypatch):
+    """`launcher export JOB --step 3 --out DIR`: the job's own code bundle reads its DCP checkpoint."""
+    from launcher import api
+    from launcher.bundle import Bundle
+    from launcher.registry import JobRef, job_dir, write_json
+
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
+    job = hf_runs.round_trip
+    Bundle.build(job.config.read_text()).extract(job_dir("fine-tune") / "code")  # as the local backend does
+    write_json(job_dir("fine-tune") / "job.json", JobRef(name="fine-tune", backend="local").to_dict())
+    written = api.export("fine-tune", step=3, out=tmp_path / "hf")
+    assert sorted(p.name for p in written.iterdir()) == sorted(p.name for p in (job.output_dir / "hf").iterdir())
+    after, during = read_safetensors_dir(written), read_safetensors_dir(job.output_dir / "hf")
+    assert after.keys() == during.keys()
+    assert all(torch.equal(after[name], during[name]) for name in during)
+
+
+def test_export_of_a_missing_step_names_the_steps_there(hf_runs, capsys):
+    from entrypoints.export_hf import main
+
+    assert main(["--config", str(hf_runs.round_trip.config), "--step", "7", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "--step: no complete checkpoint of step 7" in err and "there are steps [3]" in err
