@@ -298,19 +298,9 @@ def submit(
             tell(Stage.PLAN, line)
         loaded = planned.recipe
 
-    memory = check_memory(loaded, force=force, threshold=threshold)
-    tell(
-        Stage.ESTIMATE,
-        f"memory: {memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per {loaded.hardware.accelerator_key} ({memory.utilization:.0%})",
+    memory, run = _check_fit(
+        loaded, time_limited=target.capabilities.time_limit, force=force, threshold=threshold, tell=tell
     )
-
-    run = check_run_time(loaded, time_limited=target.capabilities.time_limit, force=force)
-    if run is not None:
-        tell(Stage.ESTIMATE, run.line())
-    checkpoints = estimate_recipe_checkpoint(loaded, run.speed.step_time_s if run else None)
-    for line in (checkpoints.line(), *checkpoints.warnings) if run else ():
-        tell(Stage.ESTIMATE, line)
-
     spec = target.spec(loaded, lineage=lineage_of(resume, loaded.name) if resume else None)
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
 
@@ -333,6 +323,25 @@ def submit(
     except KeyboardInterrupt:
         raise Detached(spec.name) from None
     return Submission(loaded, memory, spec, rendering, job, final)
+
+
+def _check_fit(
+    recipe: Recipe, *, time_limited: bool, force: bool, threshold: float, tell: Callable[[Stage, str], None]
+) -> tuple[MemoryEstimate, RunForecast | None]:
+    """Submit's checks before anything is built: memory, run time against the limit, checkpoint
+    cost; each says what it found through `tell`."""
+    memory = check_memory(recipe, force=force, threshold=threshold)
+    tell(
+        Stage.ESTIMATE,
+        f"memory: {memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per {recipe.hardware.accelerator_key} ({memory.utilization:.0%})",
+    )
+    run = check_run_time(recipe, time_limited=time_limited, force=force)
+    if run is not None:
+        tell(Stage.ESTIMATE, run.line())
+    checkpoints = estimate_recipe_checkpoint(recipe, run.speed.step_time_s if run else None)
+    for line in (checkpoints.line(), *checkpoints.warnings) if run else ():
+        tell(Stage.ESTIMATE, line)
+    return memory, run
 
 
 def prepare_data(

@@ -65,9 +65,13 @@ def test_the_recipe_reads_its_dtype_from_the_manifest_and_checks_the_vocabulary(
     manifest = json.loads((copy / "manifest.json").read_text())
     (copy / "manifest.json").write_text(json.dumps({**manifest, "dtype": "uint32"}))
     assert tiny_recipe(**{"data.source": str(copy)}).data.dtype == "uint32"
+    eos_id = json.loads((prepared / "manifest.json").read_text())["eos_id"]
     assert tiny_recipe(**{"data.source": str(prepared)}).resolved()["data"] == {
         "source": str(prepared),
         "dtype": "uint16",
+        "document_masking": False,
+        "document_separator": eos_id,  # the manifest's, for document masking
+        "document_positions": "restart",
     }
 
     with pytest.raises(RecipeError) as small_model:
