@@ -158,13 +158,13 @@ def piece_backend(q: torch.Tensor) -> str:
         return "cpu"
     if q.device.type != "cuda":
         return "math"
-    # A representative piece: causal, the local heads and chunk length, the kernel's layout.
-    probe = q[:, :, : q.shape[2] // 2].contiguous()
-    params = torch.backends.cuda.SDPAParams(probe, probe, probe, None, 0.0, True, False)
+    # Representative pieces: a local chunk's queries as they are laid out, causal and not.
+    probe = q[:, :, : q.shape[2] // 2]
+    params = [torch.backends.cuda.SDPAParams(probe, probe, probe, None, 0.0, causal, False) for causal in (True, False)]
     checks = {"cudnn": torch.backends.cuda.can_use_cudnn_attention, "flash": torch.backends.cuda.can_use_flash_attention}
     for backend in enabled_cuda_backends():
         name = _CUDA_KERNELS.get(backend)
-        if name is not None and checks[name](params, False):
+        if name is not None and all(checks[name](p, False) for p in params):
             return name
     return "math"
 
