@@ -514,14 +514,20 @@ def cp_speed_table(speed: dict) -> list[str]:
     lines = ["", f"cp attention speed ({speed['heads']}/{speed['kv_heads']} heads x {speed['head_dim']}, "
              f"{speed['dtype']}, fwd+bwd): TFLOP/s per rank, and its ratio to full causal attention / cp"]  # fmt: skip
     degrees = speed["degrees"]
-    lines.append(f"{'seq/backend':16} {'full ms':>9} {'full TF/s':>10} " + " ".join(f"{'cp' + str(d):>13}" for d in degrees))
+    lines.append(
+        f"{'seq/backend':16} {'full ms':>9} {'full TF/s':>10} " + " ".join(f"{'cp' + str(d):>13}" for d in degrees)
+    )
     for name, run in speed["runs"].items():
         if "error" in run or "skipped" in run:
             lines.append(f"{name:16} {run.get('error') or run['skipped']}")
             continue
-        cells = " ".join(f"{run[f'cp{d}']['tflops_per_rank']:6.0f} ({run[f'cp{d}']['ratio_to_full']:.2f})" for d in degrees)
+        cells = " ".join(
+            f"{run[f'cp{d}']['tflops_per_rank']:6.0f} ({run[f'cp{d}']['ratio_to_full']:.2f})" for d in degrees
+        )
         lines.append(f"{name:16} {run['full_ms']:9.1f} {run['full_tflops']:10.0f} {cells}")
-        lines.append(f"{'':16} full: {', '.join(run['full_kernels']['ops'])}; cp: {', '.join(run['cp_kernels']['ops'])}")
+        lines.append(
+            f"{'':16} full: {', '.join(run['full_kernels']['ops'])}; cp: {', '.join(run['cp_kernels']['ops'])}"
+        )
     lines.append(f"dispatch at {hypothesis['seq_len']} tokens: {hypothesis['verdict']}")
     for path in ("plain", "masked_cp4_rank1"):
         kernels = hypothesis[path]["kernels"][:2] or hypothesis[path]["ops"]

@@ -161,7 +161,10 @@ def piece_backend(q: torch.Tensor) -> str:
     # Representative pieces: a local chunk's queries as they are laid out, causal and not.
     probe = q[:, :, : q.shape[2] // 2]
     params = [torch.backends.cuda.SDPAParams(probe, probe, probe, None, 0.0, causal, False) for causal in (True, False)]
-    checks = {"cudnn": torch.backends.cuda.can_use_cudnn_attention, "flash": torch.backends.cuda.can_use_flash_attention}
+    checks = {
+        "cudnn": torch.backends.cuda.can_use_cudnn_attention,
+        "flash": torch.backends.cuda.can_use_flash_attention,
+    }
     for backend in enabled_cuda_backends():
         name = _CUDA_KERNELS.get(backend)
         if name is not None and all(checks[name](p, False) for p in params):
@@ -261,7 +264,12 @@ def _chunks(q, out, lse, chunk_ids):
 
 
 def lse_merged_attention(
-    q: torch.Tensor, k_full: torch.Tensor, v_full: torch.Tensor, chunk_ids: tuple[int, ...], *, backend: str | None = None
+    q: torch.Tensor,
+    k_full: torch.Tensor,
+    v_full: torch.Tensor,
+    chunk_ids: tuple[int, ...],
+    *,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Causal attention of q's chunks (global chunk indices `chunk_ids`) over the whole K/V.
 
