@@ -3,9 +3,11 @@
 Under zigzag context parallelism (parallel/context.py) a rank holds query chunks n of the
 2·size chunks of C tokens and the whole sequence's K/V (all-gathered). Chunk n attends to keys
 [0, (n+1)·C) with a causal mask aligned to the lower right. The masked path
-(`context.zigzag_attention_masked`) sends that mask to SDPA, which on CUDA goes to
-FlashAttention-2 while plain causal SDPA on sm90 takes cuDNN: CP attention measured 0.58-0.64
-of plain attention on an H200. Here every chunk is cut into pieces that need no mask at all:
+(`context.zigzag_attention_masked`) sends that mask to SDPA, which on CUDA goes straight to
+FlashAttention-2 (torch's CausalBias dispatch), while plain causal SDPA on sm90 with torch >= 2.9
+prefers cuDNN (not yet confirmed by a profile; scripts/gpu_check.py checks): CP attention
+measured 0.58-0.64 of plain attention on an H200. Here every chunk is cut into pieces that need
+no mask at all:
 
 - the diagonal block: queries of chunk n against keys [n·C, (n+1)·C), plain `is_causal` (the
   block is square, so top-left and lower-right alignment agree);
@@ -23,7 +25,7 @@ gradient: dq of a chunk is the sum over its pieces, dK/dV of the gathered sequen
 all pieces touching each key (the all-gather's backward then reduce-scatters them). The fused
 backward kernels take (dO, q, k, v, O, L) as arguments, so they are called with the merged ones.
 
-GQA without copying K/V. The prefix is not causal, so the G query heads sharing one K/V head
+GQA without copying the gathered K/V. The prefix is not causal, so the G query heads sharing one K/V head
 can be stacked along the sequence: q [B, Hkv·G, C, D] is read as [B, Hkv, G·C, D], and the
 kernel sees as many heads as K/V have. The diagonal is causal (a row's mask depends on its
 position), so its C-token K/V slice is repeated to the query heads; dK/dV sum the repeats back.
@@ -32,8 +34,8 @@ Kernels, chosen per call by `piece_backend` (the model's `sdpa.CUDA_BACKEND_ORDE
 to kernels that return the LSE and honouring what `sdpa_kernel` has switched off):
 - CUDA: cuDNN (`_scaled_dot_product_cudnn_attention`, LSE [B, H, S, 1]), then FlashAttention-2
   (`_scaled_dot_product_flash_attention`, LSE [B, H, S]), with their `*_backward` ops. The
-  memory-efficient kernel is skipped: it pads its LSE to 32 rows and neither of the others is
-  ever unavailable where it would be;
+  memory-efficient kernel is left out (its LSE is padded to multiples of 32 rows); on sm80+ in
+  bf16/fp16 with head dims up to 256, one of the two above takes every piece;
 - CPU: `_scaled_dot_product_flash_attention_for_cpu` and its backward (exact in fp32; also
   what fake-tensor traces run, since both have meta kernels);
 - anywhere else, or for inputs no fused kernel takes (fp32 on CUDA, odd head sizes): an exact
@@ -156,7 +158,8 @@ def piece_backend(q: torch.Tensor) -> str:
     """The kernel the pieces of q's attention run on: see the module docstring for the order."""
     if q.device.type == "cpu":
         return "cpu"
-    if q.device.type != "cuda":
+    # The fused CUDA ops take head dims in multiples of 8 (SDPA pads others before calling them).
+    if q.device.type != "cuda" or q.shape[-1] % 8:
         return "math"
     # Representative pieces: a local chunk's queries as they are laid out, causal and not.
     probe = q[:, :, : q.shape[2] // 2]
