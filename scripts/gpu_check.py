@@ -14,7 +14,13 @@ It
 3. runs the context-parallel attention kernel (parallel/context.py: zigzag chunks against the
    gathered K/V) at 32K tokens against full causal attention, forward and backward, for every
    rank of cp 2 and 4 in turn on this one GPU, and reports the largest errors and timings;
-4. prints a table and writes gpu_check.json to the output directory ($OUT, else ./out).
+4. times one rank of the LSE-merged CP kernel (parallel/cp_attention.py) at cp 2, 4 and 8
+   against plain causal SDPA over the whole sequence divided by cp, at 32K and 128K tokens,
+   forward and backward in bf16, once per SDPA backend (cuDNN, flash), reporting TFLOP/s per
+   rank, the ratio (issue 11's goal: >= 0.9) and the ops and kernels the profiler saw; and
+   checks issue 11's hypothesis that by default plain causal SDPA runs cuDNN while the old
+   lower-right-masked path runs FlashAttention-2 (the kernel names of each);
+5. prints a table and writes gpu_check.json to the output directory ($OUT, else ./out).
 
 A part that cannot run (no torchao for FP8, no launcher for the estimate) is reported as
 skipped with the reason; the others still run. Exit status 1 if any part failed.
@@ -280,6 +286,172 @@ def cp_kernel_check(seq: int, device: str) -> dict:
     return results
 
 
+# --- context-parallel attention speed against plain causal attention -------------------------
+#
+# Time on an H200 (estimated from 466 TFLOP/s for plain causal attention at 32K, and counting
+# warm-up, two timed calls, one profiled call and cuDNN's plan builds): at 128K one full causal
+# fwd+bwd of 32 heads x 128 dims is 7·s²·H·D = 4.9e14 FLOP, about 1.1 s; each backend times the
+# reference 3 times and every cp degree's two ranks 3 times each (about 2 x 1.1 s per degree in
+# all), so about 12 s per backend at 128K, under 1 s at 32K, plus ~15 s of hypothesis check,
+# profiling and set-up: about 45 s in all, under a minute of gpu_check.sh's 8 minutes.
+
+CP_SPEED_SEQS, CP_SPEED_SMOKE_SEQS = (32768, 131072), (256,)
+CP_SPEED_DEGREES = (2, 4, 8)
+CP_SPEED_REPEATS = 2
+
+
+def attention_flop(seq: int, heads: int, head_dim: int) -> float:
+    """Causal attention fwd + bwd: QK^T and PV are 2·s²·H·D each, halved by the mask; the
+    backward is 2.5x the forward (five matrix products to two): 3.5 x 2·s²·H·D."""
+    return 7.0 * seq * seq * heads * head_dim
+
+
+def cp_speed_check(seqs: tuple[int, ...], device: str) -> dict:
+    """One rank's LSE-merged CP kernel against plain causal SDPA over the whole sequence / cp,
+    per SDPA backend, forward + backward, with the kernels each ran; and whether plain causal
+    SDPA and the old lower-right-masked path go to different kernels by default."""
+    import torch
+
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    heads, kv_heads, head_dim = (32, 8, 128) if cuda else (4, 2, 16)
+    shape = {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": str(dtype)}
+    report = {**shape, "degrees": list(CP_SPEED_DEGREES), "runs": {}}
+    report["hypothesis"] = _dispatch_hypothesis(_attention_inputs(seqs[0], shape, device), device)
+    from torch.nn.attention import SDPBackend
+
+    pins = {"cudnn": [SDPBackend.CUDNN_ATTENTION], "flash": [SDPBackend.FLASH_ATTENTION]} if cuda else {"cpu": None}
+    for seq in seqs:
+        inputs = _attention_inputs(seq, shape, device)
+        for backend, pin in pins.items():
+            try:
+                report["runs"][f"{seq}/{backend}"] = _cp_speed_one(inputs, backend, pin, device)
+            except Exception as err:  # one backend failing leaves the others measured
+                report["runs"][f"{seq}/{backend}"] = {"error": f"{type(err).__name__}: {err}"[:400]}
+        del inputs
+    return report
+
+
+def _attention_inputs(seq: int, shape: dict, device: str) -> dict:
+    import torch
+
+    dtype = getattr(torch, shape["dtype"].removeprefix("torch."))
+    generator = torch.Generator(device=device).manual_seed(seq)
+
+    def randn(heads):
+        return torch.randn(1, heads, seq, shape["head_dim"], generator=generator, device=device, dtype=dtype)
+
+    return {"seq": seq, "q": randn(shape["heads"]), "k": randn(shape["kv_heads"]), "v": randn(shape["kv_heads"]),
+            "grad": randn(shape["heads"])}  # fmt: skip
+
+
+def _fwd_bwd(attention, q, k, v, grad):
+    """A closure: attention(q, k, v) forward and backward on fresh leaves."""
+
+    def run():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        attention(*leaves).backward(grad)
+
+    return run
+
+
+def _seconds(fn, device: str) -> float:
+    fn()  # warm-up: cuDNN builds its execution plans on first use
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(CP_SPEED_REPEATS):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / CP_SPEED_REPEATS
+
+
+def _kernels(fn, device: str) -> dict:
+    """The attention ops (aten::*scaled_dot_product* / *attention*) and the device kernels with
+    the most time in one call of fn, by torch.profiler's key_averages names."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        _sync(device)
+    events = prof.key_averages()
+    ops = sorted({e.key for e in events if e.key.startswith("aten::") and "attention" in e.key})
+    on_device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    on_device.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    return {"ops": ops, "kernels": [e.key[:160] for e in on_device[:4]]}
+
+
+def _cp_speed_one(inputs: dict, backend: str, pin, device: str) -> dict:
+    import contextlib
+
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    from entrypoints.parallel.context import shard_sequence, zigzag_attention
+    from entrypoints.parallel.cp_attention import piece_backend
+
+    seq, q, k, v, grad = (inputs[key] for key in ("seq", "q", "k", "v", "grad"))
+    flop = attention_flop(seq, q.shape[1], q.shape[3])
+    with sdpa_kernel(pin) if pin else contextlib.nullcontext():
+        chosen = piece_backend(q)
+        if chosen != backend:
+            return {"skipped": f"the {backend} kernel does not take these inputs (the dispatcher chose {chosen})"}
+        full = _fwd_bwd(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True, enable_gqa=True), q, k, v, grad)
+        entry = {"full_gqa": "native"}
+        try:
+            full_s = _seconds(full, device)
+        except RuntimeError:  # a pinned kernel without GQA support: the same kernel on repeated K/V
+            group = q.shape[1] // k.shape[1]
+            k_rep, v_rep = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            full = _fwd_bwd(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), q, k_rep, v_rep, grad)
+            entry["full_gqa"] = "K/V repeated to the query heads (no GQA in this kernel)"
+            full_s = _seconds(full, device)
+        entry.update(full_ms=full_s * 1e3, full_tflops=flop / full_s / 1e12, full_kernels=_kernels(full, device))
+        for cp in CP_SPEED_DEGREES:
+            per_rank = []
+            for rank in (0, cp - 1):  # zigzag ranks do equal work; 0 and cp-1 differ most in shape
+                q_local, grad_local = (shard_sequence(t, 2, rank, cp) for t in (q, grad))
+                one_rank = _fwd_bwd(
+                    lambda a, b, c, rank=rank, cp=cp: zigzag_attention(a, b, c, rank, cp, enable_gqa=True),
+                    q_local, k, v, grad_local,
+                )  # fmt: skip
+                per_rank.append(_seconds(one_rank, device))
+            rank_s = sum(per_rank) / len(per_rank)
+            entry[f"cp{cp}"] = {
+                "rank_ms": [s * 1e3 for s in per_rank],
+                "tflops_per_rank": flop / cp / rank_s / 1e12,
+                "ratio_to_full": (full_s / cp) / rank_s,
+            }
+        entry["cp_kernels"] = _kernels(one_rank, device)  # the last rank of the largest degree
+    return entry
+
+
+def _dispatch_hypothesis(inputs: dict, device: str) -> dict:
+    """Issue 11: plain is_causal SDPA prefers cuDNN on sm90 (torch >= 2.9), while the old
+    lower-right CausalBias path goes to FlashAttention-2. Default dispatch, no pinning."""
+    import torch.nn.functional as F
+
+    from entrypoints.parallel.context import shard_sequence, zigzag_attention_masked
+
+    q, k, v, grad = (inputs[key] for key in ("q", "k", "v", "grad"))
+    cp, rank = 4, 1
+    plain = _fwd_bwd(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True, enable_gqa=True), q, k, v, grad)
+    masked = _fwd_bwd(
+        lambda a, b, c: zigzag_attention_masked(a, b, c, rank, cp, enable_gqa=True),
+        shard_sequence(q, 2, rank, cp), k, v, shard_sequence(grad, 2, rank, cp),
+    )  # fmt: skip
+    result = {"seq_len": inputs["seq"], "plain": _kernels(plain, device), "masked_cp4_rank1": _kernels(masked, device)}
+    plain_ops, masked_ops = " ".join(result["plain"]["ops"]), " ".join(result["masked_cp4_rank1"]["ops"])
+    if device != "cuda":
+        result["verdict"] = "not applicable: the CPU has one fused kernel"
+    elif "cudnn" in plain_ops and "flash" in masked_ops and "cudnn" not in masked_ops:
+        result["verdict"] = "confirmed: plain causal SDPA ran cuDNN, the lower-right mask FlashAttention-2"
+    else:
+        result["verdict"] = f"refuted: plain ran {plain_ops or 'no fused op'}; masked ran {masked_ops or 'no fused op'}"
+    return result
+
+
 def _max_err(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
 
@@ -331,7 +503,36 @@ def table(report: dict) -> str:
             lines.append(
                 f"  cp{degree}: per-rank ms [{ranks}] (max/mean {entry['balance']:.2f}); max abs error {errors}"
             )
+    lines += cp_speed_table(report["cp_speed"])
     return "\n".join(lines)
+
+
+def cp_speed_table(speed: dict) -> list[str]:
+    if "error" in speed:
+        return [f"cp attention speed: failed ({speed['error']})"]
+    hypothesis = speed["hypothesis"]
+    lines = ["", f"cp attention speed ({speed['heads']}/{speed['kv_heads']} heads x {speed['head_dim']}, "
+             f"{speed['dtype']}, fwd+bwd): TFLOP/s per rank, and its ratio to full causal attention / cp"]  # fmt: skip
+    degrees = speed["degrees"]
+    lines.append(
+        f"{'seq/backend':16} {'full ms':>9} {'full TF/s':>10} " + " ".join(f"{'cp' + str(d):>13}" for d in degrees)
+    )
+    for name, run in speed["runs"].items():
+        if "error" in run or "skipped" in run:
+            lines.append(f"{name:16} {run.get('error') or run['skipped']}")
+            continue
+        cells = " ".join(
+            f"{run[f'cp{d}']['tflops_per_rank']:6.0f} ({run[f'cp{d}']['ratio_to_full']:.2f})" for d in degrees
+        )
+        lines.append(f"{name:16} {run['full_ms']:9.1f} {run['full_tflops']:10.0f} {cells}")
+        lines.append(
+            f"{'':16} full: {', '.join(run['full_kernels']['ops'])}; cp: {', '.join(run['cp_kernels']['ops'])}"
+        )
+    lines.append(f"dispatch at {hypothesis['seq_len']} tokens: {hypothesis['verdict']}")
+    for path in ("plain", "masked_cp4_rank1"):
+        kernels = hypothesis[path]["kernels"][:2] or hypothesis[path]["ops"]
+        lines.append(f"  {path}: {'; '.join(kernels)}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,12 +579,15 @@ def main(argv: list[str] | None = None) -> int:
         report["cp_attention"] = cp_kernel_check(CP_SMOKE_SEQ if args.cpu_smoke else CP_SEQ, device)
     except Exception as err:  # reported with the rest; the exit status says it failed
         report["cp_attention"] = {"error": f"{type(err).__name__}: {err}"}
+    try:
+        report["cp_speed"] = cp_speed_check(CP_SPEED_SMOKE_SEQS if args.cpu_smoke else CP_SPEED_SEQS, device)
+    except Exception as err:  # reported with the rest; the exit status says it failed
+        report["cp_speed"] = {"error": f"{type(err).__name__}: {err}"}
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
     print(table(report))
     print(f"\ngpu_check: wrote {out / 'gpu_check.json'}")
-    failed = [n for n, r in report["training"].items() if r["status"] == "failed"] + (
-        ["cp_attention"] if "error" in report["cp_attention"] else []
-    )
+    failed = [n for n, r in report["training"].items() if r["status"] == "failed"]
+    failed += [part for part in ("cp_attention", "cp_speed") if "error" in report[part]]
     if failed:
         print(f"gpu_check: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -2,7 +2,9 @@
 # One-shot GPU check on one H100/H200, well within 8 minutes:
 # 1. scripts/gpu_check.py: Llama 3.2 1B at 8K tokens in bf16, FP8 and compiled FP8 (tokens/s,
 #    MFU, peak memory next to the memory estimator's prediction) and the context-parallel
-#    attention kernel at 32K tokens against full attention -> gpu_check.json;
+#    attention kernel at 32K tokens against full attention (errors), and its speed: one rank's
+#    LSE-merged kernel at cp 2/4/8 against plain causal attention / cp at 32K and 128K, per SDPA
+#    backend (cuDNN, flash), with kernel names (about 45 s of the 8 minutes) -> gpu_check.json;
 # 2. scripts/estimator_gpu.py: the estimator against torch.cuda.max_memory_allocated/reserved on
 #    single-GPU configs (1B-8B, 4K-32K tokens, each AC mode) -> estimator_gpu.json.
 # Prints tables and writes both JSON files to $OUT (else ./out).

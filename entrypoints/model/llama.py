@@ -11,8 +11,9 @@ reshard across layouts.
 
 Memory-relevant choices (the estimator reads these):
 - RMSNorm is `nn.RMSNorm` -> `F.rms_norm`, a fused kernel on CUDA (on CPU it decomposes).
-- Attention is `F.scaled_dot_product_attention(..., enable_gqa=True)`: K/V are never expanded
-  to the query head count; flash kernels save the output and an fp32 log-sum-exp, no s x s.
+- Attention is `F.scaled_dot_product_attention(..., enable_gqa=True)` in a fixed CUDA backend
+  order (model/sdpa.py): K/V are never expanded to the query head count; flash kernels save
+  the output and an fp32 log-sum-exp, no s x s.
 - RoPE tables are one fp32 buffer [2, s_local, head_dim/2] per model (cos, sin), cast once per
   forward to the activation dtype and shared by every layer. Each layer's rotation saves the
   un-rotated q and k for backward.
@@ -30,6 +31,7 @@ from torch import nn
 
 from entrypoints.model.documents import DocumentMask, document_positions
 from entrypoints.model.loss import linear_cross_entropy
+from entrypoints.model.sdpa import causal_attention
 from launcher.contract.config import ModelConfig, RopeScaling
 
 
@@ -90,7 +92,7 @@ class Attention(nn.Module):
         elif documents is not None:
             out = documents.attend(q, k, v, q_start=0, enable_gqa=self.gqa)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
+            out = causal_attention(q, k, v, enable_gqa=self.gqa)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -8,15 +8,19 @@ module does it by hand:
   the global token positions a rank holds; the data loader, RoPE and the causal mask all use them.
 - Attention: every rank all-gathers K and V over the cp group (after RoPE) with the autograd
   all-gather of `collectives.py`, whose backward reduce-scatters dK/dV. Each local query chunk n
-  (global positions [n·C, (n+1)·C)) then attends to the key prefix [0, (n+1)·C) with a
-  lower-right-aligned causal mask: two SDPA calls per layer, no s x s scores.
+  (global positions [n·C, (n+1)·C)) then attends to the key prefix [0, (n+1)·C):
+  - `zigzag_attention` (what training runs): per chunk a non-causal piece against keys
+    [0, n·C) and a causal piece against the diagonal block, fused kernels merged by their
+    log-sum-exps, with its own backward (parallel/cp_attention.py);
+  - `zigzag_attention_masked`: one SDPA call per chunk with a lower-right-aligned causal mask.
+    Kept as the reference the fast path is compared with, and as the base of masks that are not
+    purely causal. On CUDA the lower-right mask goes to FlashAttention-2
+    (`_scaled_dot_product_flash_attention` with is_causal, which is bottom-right aligned); on
+    CPU torch materialises it as a bool [C, (n+1)·C] mask.
 
 Memory per layer and rank (what the estimator models): the gathered K and V in natural order,
-2·s·kv_dim_local elements, are saved for backward (SDPA keeps views of them); while gathering,
-the raw rank-ordered buffer and the reordered copy coexist briefly. On CUDA the lower-right
-causal mask goes to the flash kernel (`causal_lower_right` -> `_scaled_dot_product_flash_
-attention` with is_causal, which is bottom-right aligned); on CPU torch materialises it as a
-bool [C, (n+1)·C] mask, which only the tests and fake-tensor traces see.
+2·s·kv_dim_local elements, are saved for backward (every piece reads views of them); while
+gathering, the raw rank-ordered buffer and the reordered copy coexist briefly.
 
     apply_context_parallel(model, cp_mesh)            # called by parallelize()
     zigzag_positions(seq_len, rank, size)             # LongTensor [seq_len // size]
@@ -36,6 +40,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from entrypoints.model.documents import DocumentMask
 from entrypoints.parallel.collectives import all_gather_autograd
+from entrypoints.parallel.cp_attention import lse_merged_attention
 
 
 def zigzag_chunks(rank: int, size: int) -> tuple[int, int]:
@@ -70,6 +75,28 @@ def unshard_sequence(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     return torch.cat(ordered, dim=dim)
 
 
+def zigzag_attention(
+    q: torch.Tensor,
+    k_full: torch.Tensor,
+    v_full: torch.Tensor,
+    rank: int,
+    size: int,
+    *,
+    enable_gqa: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Causal attention of a rank's two query chunks against the whole sequence's K/V.
+
+    q: [B, H, 2C, D] (the rank's zigzag chunks); k_full, v_full: [B, Hkv, 2·size·C, D] in
+    natural order. Returns [B, H, 2C, D]. LSE-merged fused pieces (cp_attention.py); the K/V
+    head count comes from the shapes, `enable_gqa` is accepted for SDPA's signature. `backend`
+    pins a kernel of cp_attention.BACKENDS.
+    """
+    if not enable_gqa and q.shape[1] != k_full.shape[1]:
+        raise ValueError(f"{q.shape[1]} query heads and {k_full.shape[1]} K/V heads need enable_gqa=True")
+    return lse_merged_attention(q, k_full, v_full, zigzag_chunks(rank, size), backend=backend)
+
+
 def zigzag_attention_masked(
     q: torch.Tensor,
     k_full: torch.Tensor,
@@ -80,7 +107,8 @@ def zigzag_attention_masked(
     enable_gqa: bool = False,
     documents: DocumentMask | None = None,
 ) -> torch.Tensor:
-    """Causal attention of a rank's two query chunks against the whole sequence's K/V.
+    """Causal attention of a rank's two query chunks against the whole sequence's K/V, one
+    masked SDPA call per chunk: the path for document masking, and the reference.
 
     q: [B, H, 2C, D] (the rank's zigzag chunks); k_full, v_full: [B, Hkv, 2·size·C, D] in
     natural order. Returns [B, H, 2C, D]. With `documents`, attention also stays in each document.
@@ -119,6 +147,9 @@ class ContextParallelAttention:
         documents: DocumentMask | None = None,
     ) -> torch.Tensor:
         k_full, v_full = self.gather(k), self.gather(v)
+        if documents is None:
+            return zigzag_attention(q, k_full, v_full, self.rank, self.size, enable_gqa=enable_gqa)
+        # The fused pieces take no mask: document masking runs the masked kernel.
         return zigzag_attention_masked(
             q, k_full, v_full, self.rank, self.size, enable_gqa=enable_gqa, documents=documents
         )

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed._functional_collectives as funcol
-import torch.nn.functional as F
 
 from entrypoints.model.documents import DocumentMask
+from entrypoints.model.sdpa import causal_attention
 from entrypoints.parallel.context import shard_sequence, unshard_sequence
 
 
@@ -58,7 +58,7 @@ class UlyssesAttention:
         if documents is not None:
             out = documents.attend(q_full, k_full, v_full, q_start=0, enable_gqa=enable_gqa)
         else:
-            out = F.scaled_dot_product_attention(q_full, k_full, v_full, is_causal=True, enable_gqa=enable_gqa)
+            out = causal_attention(q_full, k_full, v_full, enable_gqa=enable_gqa)  # the pinned backend order
         return self.heads_from_sequence(out)
 
     def sequence_from_heads(self, x: torch.Tensor) -> torch.Tensor:

@@ -51,9 +51,9 @@ class _Block:
     - the inputs of the attention and MLP projections: the norm outputs, all-gathered along
       the sequence under TP, so T x h each (DTensor keeps the gathered tensor, not the shard);
     - rotated q (T x h/t), k and v (T x kv/t; under CP the K/V all-gathered from the whole
-      sequence, c x that), the attention output (T x h/t; twice under CP, where the two zigzag
-      chunks' outputs are concatenated and copied into wo's input) and an fp32 log-sum-exp
-      per head and token;
+      sequence, c x that), the attention output (T x h/t, once: the CP kernel writes its
+      merged output laid out [B, S, H, D], so wo's input is a view of it) and an fp32
+      log-sum-exp per head and token;
     - the SwiGLU intermediates w1 x, w3 x, silu(w1 x) and their product: 4 x T x f/t.
     """
 
@@ -75,13 +75,12 @@ class _Block:
         t, c = layout.tensor, layout.context
         tokens = w.micro_batch_size * w.seq_len / c
         sharded = tokens / t
-        out_copies = 2 if c > 1 else 1
         local = (
             cb * sharded * h * 2  # block input, residual after attention
             + FP32 * sharded * 2  # rstd of both norms
             + cb * sharded * h * 2  # the two norm outputs, as a sequence shard
             + cb * tokens * (h + 2 * kv) / t  # q, k, v
-            + cb * tokens * h / t * out_copies  # attention output (and its copy under CP)
+            + cb * tokens * h / t  # attention output
             + FP32 * tokens * heads / t  # log-sum-exp
             + cb * tokens * 4 * f / t  # SwiGLU intermediates
         )

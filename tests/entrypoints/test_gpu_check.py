@@ -1,4 +1,5 @@
-"""scripts/gpu_check.sh: refuses a machine without a GPU, and runs end to end on the CPU (--cpu-smoke)."""
+"""scripts/gpu_check.sh: refuses a machine without a GPU, and runs end to end on the CPU (--cpu-smoke),
+the CP attention speed section included (at 256 tokens, kernel names by the profiler)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def test_cpu_smoke_trains_and_checks_cp_attention(tmp_path):
     for degree in ("cp2", "cp4"):
         assert max(report["cp_attention"][degree]["max_abs_error"].values()) < 1e-5
     assert "cp attention at 512 tokens" in proc.stdout
+    speed = report["cp_speed"]
+    run = speed["runs"]["256/cpu"]
+    cpu_kernel = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    assert {cpu_kernel, cpu_kernel + "_backward"} <= set(run["cp_kernels"]["ops"])
+    assert cpu_kernel in run["full_kernels"]["ops"]
+    for degree in (2, 4, 8):
+        assert len(run[f"cp{degree}"]["rank_ms"]) == 2 and run[f"cp{degree}"]["tflops_per_rank"] > 0
+    assert speed["hypothesis"]["verdict"] == "not applicable: the CPU has one fused kernel"
+    assert cpu_kernel in speed["hypothesis"]["masked_cp4_rank1"]["ops"]
+    assert "cp attention speed (4/2 heads x 16" in proc.stdout
