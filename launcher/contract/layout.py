@@ -187,8 +187,15 @@ def rank_stages(pp_rank: int, layout: Layout) -> list[int]:
 
 def layers_by_rank(num_layers: int, layout: Layout) -> list[int]:
     """How many layers each pipeline rank holds over all its stages, rank 0 first."""
-    counts = stage_layer_counts(num_layers, layout.num_stages, layout.pipeline_layers)
-    return [sum(counts[s] for s in rank_stages(rank, layout)) for rank in range(layout.pipeline)]
+    return list(_layers_by_rank(num_layers, layout.pipeline, layout.virtual_stages, layout.pipeline_layers))
+
+
+@cache
+def _layers_by_rank(num_layers: int, pipeline: int, virtual: int, override: tuple[int, ...] | None) -> tuple[int, ...]:
+    # Cached: the estimator and the planner ask for every rank of thousands of layouts, and
+    # only these four numbers matter.
+    counts = stage_layer_counts(num_layers, pipeline * virtual, override)
+    return tuple(sum(counts[rank::pipeline]) for rank in range(pipeline))
 
 
 def rank_layers(num_layers: int, layout: Layout, pp_rank: int) -> int:
