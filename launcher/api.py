@@ -16,10 +16,10 @@ from typing import Any, get_args
 
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.backends.base import EngineUnavailable
-from launcher.errors import LauncherError, UsageError
+from launcher.errors import Detached, LauncherError, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
-from launcher.jobs import Job, list_jobs, shell_exit_code
+from launcher.jobs import Job, list_jobs, outcome_exit_code
 from launcher.plan import LayoutPlan, Search, search
 from launcher.plan.apply import auto_plan as best_layout
 from launcher.plan.forecast import RunForecast, forecast
@@ -85,8 +85,8 @@ class Submission:
 
     @property
     def exit_code(self) -> int:
-        """The job's exit code after wait=True (0 when it completed)."""
-        return 0 if self.final is None else shell_exit_code(self.final)
+        """After wait=True: 0 when the job completed, 1 when it failed or was stopped."""
+        return 0 if self.final is None else outcome_exit_code(self.final)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.spec.name, "backend": self.spec.backend, "dry_run": self.dry_run}
@@ -233,6 +233,7 @@ def submit(
     threshold: float = DEFAULT_THRESHOLD,
     report: Callable[[Stage, str], None] | None = None,
     on_line: Callable[[str], None] | None = None,
+    on_status: Callable[[JobStatus], None] | None = None,
     poll_s: float = 5.0,
 ) -> Submission:
     """Check a recipe's memory, build its JobSpec, render it for a backend and (unless dry_run) submit it.
@@ -242,7 +243,9 @@ def submit(
     `resume` names an earlier job of the same recipe whose checkpoints (its lineage) this one continues.
     Above CONFIRM_ABOVE_USD of predicted cost, `confirm(question)` must say yes, or `yes` be set.
 
-    `report(stage, message)` hears about each stage; `on_line` gets log lines while waiting.
+    `report(stage, message)` hears about each stage; while waiting, `on_status` hears the job's
+    state as it starts and `on_line` gets its log lines. Ctrl-C while waiting raises Detached: the
+    job goes on.
     """
 
     def tell(stage: Stage, message: str) -> None:
@@ -290,7 +293,10 @@ def submit(
     tell(Stage.SUBMIT, f"submitted {spec.name} to {target.name}")
     if not wait:
         return Submission(loaded, memory, spec, rendering, job)
-    final = job.wait(on_line=on_line, poll_s=poll_s)
+    try:
+        final = job.wait(on_line=on_line, on_status=on_status, poll_s=poll_s)
+    except KeyboardInterrupt:
+        raise Detached(spec.name) from None
     return Submission(loaded, memory, spec, rendering, job, final)
 
 

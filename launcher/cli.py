@@ -1,34 +1,79 @@
 """The `launcher` command: a thin skin over the Python API. Each verb is a few lines.
 
-Errors reach the user in one place, `main`: a LauncherError prints its lines and exits with
-its code (2 for bad input); set LAUNCHER_TRACEBACK=1 to see the traceback of any error.
+Errors reach the user in one place, `main`: a LauncherError prints its lines (as JSON on stdout
+with --json) and exits with its code, the same for every verb (launcher.errors: 0 ok, 1 job
+failed, 2 bad input or won't fit, 3 cloud or engine error, 130 detached); set
+LAUNCHER_TRACEBACK=1 to see the traceback of any error.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from launcher.errors import LauncherError, RecipeError
+try:  # typer >= 0.29 carries its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer, on click itself
+    from click import exceptions as click_errors
+
+from launcher.errors import EXIT_DETACHED, EXIT_USAGE, Detached, LauncherError, RecipeError
 
 if TYPE_CHECKING:  # the CLI imports the API inside each verb, so `launcher --help` stays fast
+    from launcher.backends import JobStatus
     from launcher.recipe import Recipe
 
 app = typer.Typer(
     name="launcher",
     help="Validate, size and launch long-context LLM training jobs from YAML recipes.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+class PipeClosed(Exception):
+    """stdout's reader went away (`launcher plan ... | head`): not an error of the launcher's."""
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        raise PipeClosed  # rich would exit 1; main() exits 0, quietly
+
+
+out = _Console(soft_wrap=True, highlight=False)
+err = _Console(stderr=True, soft_wrap=True, highlight=False)
+"""Progress, notes and warnings: silenced by --quiet."""
+failures = Console(stderr=True, soft_wrap=True, highlight=False)
+"""Errors: never silenced."""
+
+
+def _version(value: bool) -> None:
+    if value:
+        import launcher
+
+        print(f"launcher {launcher.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only results (submit: the job name); no progress or notes.")
+    ] = False,
+) -> None:
+    """Validate, size and launch long-context LLM training jobs from YAML recipes."""
+    err.quiet = quiet
+
 
 RecipeArg = Annotated[Path, typer.Argument(help="A YAML recipe file.", show_default=False)]
 SetOpt = Annotated[
@@ -89,7 +134,7 @@ def validate(
 def show(recipe: RecipeArg, set_: SetOpt = None, json_: JsonOpt = False) -> None:
     """Print the fully resolved recipe, with derived values such as data_shard and world size."""
     loaded = _load(recipe, set_)
-    resolved = {**loaded.resolved(), "derived": loaded.summary()}
+    resolved = {**loaded.shown(), "derived": loaded.summary()}
     if json_:
         _print_json(resolved)
     else:
@@ -122,6 +167,8 @@ def estimate(
         from launcher.estimate.table import estimate_table
 
         out.print(estimate_table(result, title=f"{loaded.summary_line()} [{mode}]"))
+    if result.verdict == "oom":
+        raise typer.Exit(EXIT_USAGE)
 
 
 @app.command()
@@ -158,7 +205,7 @@ def plan(
 
         table = plan_table(found, title=f"{loaded.model_name}, {loaded.training.seq_len} tokens on {found.budget}")
         # Piped output has no terminal width to fit; do not squeeze the table to rich's 80 columns.
-        wide = out if out.is_terminal else Console(soft_wrap=True, highlight=False, width=120)
+        wide = out if out.is_terminal else _Console(soft_wrap=True, highlight=False, width=120)
         wide.print(table)
 
 
@@ -167,7 +214,12 @@ BackendOpt = Annotated[
     typer.Option("--backend", "-b", help="sagemaker, local, docker, slurm, k8s or accelerate.", show_default=False),
 ]
 RegionOpt = Annotated[
-    str | None, typer.Option(help="AWS region of a SageMaker job not submitted from here.", show_default=False)
+    str | None,
+    typer.Option(
+        help="AWS region of a SageMaker job not submitted from here; default: AWS_REGION, "
+        "AWS_DEFAULT_REGION, then the profile's region, as the AWS CLI does.",
+        show_default=False,
+    ),
 ]
 
 
@@ -205,21 +257,78 @@ def submit(
     from launcher import api
     from launcher.jobs import result_text
 
-    result = api.submit(
-        recipe, backend=backend, set_options=set_ or [], dry_run=dry_run, force=force, wait=wait, auto_plan=auto_plan,
-        yes=yes, resume=resume, confirm=_ask if sys.stdin.isatty() else None,
-        report=lambda stage, message: err.print(message, markup=False),
-        on_line=lambda line: _line(line, sys.stderr if json_ else sys.stdout),
-    )  # fmt: skip
+    loaded = api.load(recipe, backend=backend, set_options=set_ or [])
+    follow = _Follow(total_steps=loaded.training.steps, lines_to=sys.stderr if json_ else sys.stdout)
+    with follow:
+        result = api.submit(
+            loaded, backend=backend, dry_run=dry_run, force=force, wait=wait, auto_plan=auto_plan,
+            yes=yes, resume=resume, confirm=_ask if sys.stdin.isatty() else None,
+            report=lambda stage, message: err.print(message, markup=False),
+            on_line=follow.line, on_status=follow.status,
+        )  # fmt: skip
     if json_:
         _print_json(result.rendering.data if dry_run else result.to_dict())
     elif dry_run:
         out.print(result.rendering.text, markup=False, end="")
+    elif err.quiet:
+        print(result.spec.name)
     elif result.final is None:
         out.print(f"{result.spec.name}: follow with `launcher logs {result.spec.name} --follow`", markup=False)
     else:
         out.print(f"{result.spec.name}: {result.final.state}. {result_text(result.final)}", markup=False)
     raise typer.Exit(result.exit_code)
+
+
+class _Follow:
+    """What `submit --wait` shows while a job runs: its log lines; on a terminal, a live line with
+    the starting phase (SageMaker's secondary status), then the step, loss and ETA."""
+
+    def __init__(self, *, total_steps: int, lines_to):
+        self.total_steps, self.lines_to = total_steps, lines_to
+        self.live = None
+        self.first_step: tuple[int, float] | None = None  # (step, when its metrics line arrived)
+
+    def __enter__(self):
+        if err.is_terminal and not err.quiet:
+            from rich.live import Live
+
+            # Live redirects print() to above the live line, so log lines and the line do not mix.
+            self.live = Live("", console=err, transient=True, refresh_per_second=4)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def line(self, text: str) -> None:
+        if not err.quiet:
+            _line(text, self.lines_to)
+        if self.live is not None and text.startswith("metrics step="):
+            from launcher.contract.metrics import parse_fields
+
+            self.live.update(self._progress(parse_fields(text)))
+
+    def status(self, status: JobStatus) -> None:
+        text = f"{status.name}: {status.state}" + (f" ({status.secondary})" if status.secondary else "")
+        if self.live is not None:
+            self.live.update(text)
+        elif not status.terminal:
+            err.print(text, markup=False)
+
+    def _progress(self, fields: dict) -> str:
+        step, now = int(fields.get("step", 0)), time.monotonic()
+        if self.first_step is None:
+            self.first_step = (step, now)
+        text = f"step {step}/{self.total_steps}"
+        if isinstance(fields.get("loss"), float):
+            text += f"  loss {fields['loss']:.4f}"
+        first, since = self.first_step
+        if step > first:
+            from launcher.plan.forecast import duration
+
+            text += f"  ETA {duration((now - since) / (step - first) * (self.total_steps - step))}"
+        return text
 
 
 @app.command()
@@ -244,12 +353,15 @@ def logs(
 
     With --follow the exit code is the job's, as with `submit --wait`."""
     from launcher import api
-    from launcher.jobs import shell_exit_code
+    from launcher.jobs import outcome_exit_code
 
-    for line in api.logs(name, follow=follow, backend=backend, region=region):
-        _line(json.dumps({"line": line}) if json_ else line)
+    try:
+        for line in api.logs(name, follow=follow, backend=backend, region=region):
+            _line(json.dumps({"line": line}) if json_ else line)
+    except KeyboardInterrupt:
+        raise Detached(name) from None
     if follow:
-        raise typer.Exit(shell_exit_code(api.status(name, backend=backend, region=region)))
+        raise typer.Exit(outcome_exit_code(api.status(name, backend=backend, region=region)))
 
 
 @app.command()
@@ -291,20 +403,83 @@ def schema() -> None:
     print(json.dumps(recipe_json_schema(), indent=2))
 
 
-def main() -> None:
-    # click handles usage errors (exit 2) and --help; everything the launcher itself refuses
-    # arrives here as a LauncherError.
+def command():
+    """The click command behind `launcher`: on/off flags shown without a `<bool>` type, and a
+    closed stdout (`launcher schema | head`) turned into PipeClosed, which click would otherwise
+    report as exit 1."""
+    root = typer.main.get_command(app)
+    commands = [root]
+    while commands:
+        command_ = commands.pop()
+        commands += getattr(command_, "commands", {}).values()
+        for param in command_.params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        if command_.callback is not None:
+            command_.callback = _closed_pipe_guard(command_.callback)
+        command_.get_help_option = _untyped_help(command_.get_help_option)
+    return root
+
+
+def _untyped_help(get_help_option):
+    """click makes --help when a command runs, not with the command's params."""
+
+    def untyped(ctx):
+        option = get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    return untyped
+
+
+def _closed_pipe_guard(callback):
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except BrokenPipeError:
+            raise PipeClosed from None
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; every failure is one message (JSON on stdout under --json) and an exit code."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in args
     try:
-        app()
+        code = command().main(args=args, prog_name="launcher", standalone_mode=False)
+        if code == EXIT_DETACHED:  # typer's answer to Ctrl-C outside a follow, silent otherwise
+            failures.print("interrupted")
+        sys.stdout.flush()
+    except (PipeClosed, BrokenPipeError):
+        # Python would complain again when it flushes stdout at exit: point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    except click_errors.NoArgsIsHelpError as error:
+        print(error.ctx.get_help())
+        code = EXIT_USAGE
+    except click_errors.ClickException as error:  # click's own: an unknown option, a missing argument
+        where = error.ctx.command_path if getattr(error, "ctx", None) else "launcher"
+        code = _fail([f"{where}: {error.format_message()} (see `{where} --help`)"], [], EXIT_USAGE, as_json)
+    except typer.Abort:  # Ctrl-C or end of input at a question
+        code = _fail(["aborted; nothing was submitted"], [], EXIT_DETACHED, as_json)
     except LauncherError as error:
         if os.environ.get("LAUNCHER_TRACEBACK"):
             raise
-        for line in error.lines():
-            err.print(line, markup=False)
-        sys.exit(error.exit_code)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+        problems = [p.__dict__ for p in getattr(error, "problems", [])]
+        code = _fail(error.lines(), problems, error.exit_code, as_json)
+    sys.exit(code or 0)
+
+
+def _fail(lines: list[str], problems: list[dict], exit_code: int, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"error": "\n".join(lines), "problems": problems, "exit_code": exit_code}, indent=2))
+    else:
+        for line in lines:
+            failures.print(line, markup=False)
+    return exit_code
 
 
 if __name__ == "__main__":

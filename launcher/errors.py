@@ -1,14 +1,27 @@
-"""Every error a user can cause derives from LauncherError; the CLI prints it in one place."""
+"""Every error a user can cause derives from LauncherError; the CLI prints it in one place.
+
+The exit codes, the same for every command (README "Exit codes"):
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+"""The job ran and failed (submit --wait, logs --follow), or an error of no other kind."""
+EXIT_USAGE = 2
+"""Bad input: a recipe, an option, a file; or a job that would not fit in GPU memory."""
+EXIT_ENGINE = 3
+"""The cloud or the engine refused or failed: AWS, Slurm, kubectl, docker."""
+EXIT_DETACHED = 130
+"""Ctrl-C while following a job: the job goes on."""
+
 
 class LauncherError(Exception):
     """An error caused by input or environment, shown to the user as text, never as a traceback."""
 
-    exit_code = 1
+    exit_code = EXIT_JOB_FAILED
 
     def lines(self) -> list[str]:
         return [str(self)]
@@ -17,7 +30,26 @@ class LauncherError(Exception):
 class UsageError(LauncherError):
     """Bad input on the command line or in a file: exit code 2."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
+
+
+class EngineError(LauncherError):
+    """AWS, Slurm, Kubernetes or docker refused or failed: exit code 3."""
+
+    exit_code = EXIT_ENGINE
+
+
+class Detached(LauncherError):
+    """Ctrl-C while following a job: the job keeps running; the message says how to reach it."""
+
+    exit_code = EXIT_DETACHED
+
+    def __init__(self, name: str):
+        super().__init__(
+            f"detached from {name}; it is still running. Follow it with `launcher logs {name} --follow`, "
+            f"stop it with `launcher stop {name}`"
+        )
+        self.name = name
 
 
 @dataclass(frozen=True)

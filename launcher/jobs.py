@@ -6,12 +6,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from launcher.backends import get_backend
 from launcher.backends.base import Backend, JobStatus
-from launcher.errors import LauncherError, UsageError
+from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, LauncherError, UsageError
 from launcher.registry import JobRef, launcher_home, load, records
+
+# SageMaker's secondary statuses before the training script runs (DescribeTrainingJob), and
+# "Pending" (Slurm, Kubernetes): phases that write no log lines.
+STARTING_PHASES = frozenset(
+    {"Pending", "Starting", "LaunchingMLInstances", "PreparingTrainingStack", "Downloading", "DownloadingTrainingImage"}
+)
 
 
 class Job:
@@ -29,10 +36,8 @@ class Job:
         if backend is None:
             raise UsageError(
                 f"no job named {name} was submitted from here ({launcher_home() / 'jobs'}); "
-                "pass --backend (and --region for sagemaker) to look it up there"
+                "pass --backend to look it up there (SageMaker: in --region, else the AWS CLI's region)"
             )
-        if backend == "sagemaker" and region is None:
-            raise UsageError(f"{name} was not submitted from here; pass --region to find it on SageMaker")
         return cls(JobRef(name=name, backend=backend, region=region))
 
     @property
@@ -52,12 +57,38 @@ class Job:
     def stop(self, *, grace_s: float = 30.0) -> JobStatus:
         return self.backend.stop(self.ref, grace_s=grace_s)
 
-    def wait(self, *, on_line: Callable[[str], None] | None = None, poll_s: float = 5.0) -> JobStatus:
-        """Follow the logs until the job ends (`on_line` gets each line); return the final status."""
+    def wait(
+        self,
+        *,
+        on_line: Callable[[str], None] | None = None,
+        on_status: Callable[[JobStatus], None] | None = None,
+        poll_s: float = 5.0,
+    ) -> JobStatus:
+        """Follow the logs until the job ends (`on_line` gets each line); return the final status.
+
+        `on_status` hears each change of state while the job starts (SageMaker's secondary status:
+        Starting, Downloading, ...: minutes with no log line), then the final status.
+        """
+        if on_status is not None:
+            self._report_start(on_status, poll_s)
         for line in self.logs(follow=True, poll_s=poll_s):
             if on_line is not None:
                 on_line(line)
-        return self.status()
+        final = self.status()
+        if on_status is not None:
+            on_status(final)
+        return final
+
+    def _report_start(self, on_status: Callable[[JobStatus], None], poll_s: float) -> None:
+        seen = None
+        while True:
+            status = self.status()
+            if (status.state, status.secondary) != seen:
+                on_status(status)
+                seen = (status.state, status.secondary)
+            if status.terminal or status.secondary not in STARTING_PHASES:
+                return
+            time.sleep(poll_s)
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, backend={self.ref.backend!r})"
@@ -89,12 +120,10 @@ def list_jobs(*, backend: str | None = None, region: str | None = None, limit: i
 _HEADLINE_METRICS = ("loss", "tokens_per_s_per_gpu", "mfu", "step")
 
 
-def shell_exit_code(status: JobStatus) -> int:
-    """The exit code a shell would report for the ended job: its own, or 128 + N after signal N."""
-    code = status.exit_code
-    if code is None:
-        return 0 if status.state == "Completed" else 1
-    return 128 - code if code < 0 else code
+def outcome_exit_code(status: JobStatus) -> int:
+    """What `submit --wait` and `logs --follow` exit with: 0 when the job completed, 1 when it
+    failed or was stopped (its own exit code is in `status`); README "Exit codes"."""
+    return EXIT_OK if status.state == "Completed" else EXIT_JOB_FAILED
 
 
 def status_text(status: JobStatus) -> str:

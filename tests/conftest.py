@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -17,6 +18,15 @@ class CliResult:
     @property
     def err_lines(self) -> list[str]:
         return [line for line in self.err.splitlines() if line.strip()]
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_aws_region(monkeypatch):
+    """A region from the developer's shell or ~/.aws/config would change what recipes render
+    (sagemaker.region follows the AWS CLI's order); tests that need one set it themselves."""
+    for key in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
 
 
 @pytest.fixture

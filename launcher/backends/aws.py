@@ -10,7 +10,7 @@ import os
 import re
 from functools import cache
 
-from launcher.errors import LauncherError, UsageError
+from launcher.errors import EngineError, LauncherError, UsageError
 
 # Adaptive mode adds client-side rate limiting on top of standard retries, which keeps `logs
 # --follow` and `list` polling within the CloudWatch and SageMaker request quotas.
@@ -46,7 +46,7 @@ def reset_clients() -> None:
     client.cache_clear()
 
 
-class AwsError(LauncherError):
+class AwsError(EngineError):
     """An AWS call failed; the message is one line saying what to do."""
 
     def __init__(self, message: str, code: str | None = None):

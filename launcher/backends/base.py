@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher.backends import staging
 from launcher.catalog import choices
-from launcher.errors import LauncherError, UsageError
+from launcher.errors import EngineError, UsageError
 from launcher.registry import JobRef
 from launcher.spec import MAX_JOB_NAME, JobSpec, Placement, job_name
 
@@ -227,5 +227,5 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
-class EngineUnavailable(LauncherError):
+class EngineUnavailable(EngineError):
     """The engine a backend drives (Docker, Slurm, kubectl) is not reachable from here."""

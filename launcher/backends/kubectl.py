@@ -11,7 +11,7 @@ import re
 
 from launcher.backends.base import EngineUnavailable
 from launcher.backends.tools import ToolFailed, run_tool
-from launcher.errors import LauncherError, UsageError
+from launcher.errors import EngineError, UsageError
 
 # A klog header and its structured record: `E1130 07:57:01.792858   24657 file.go:265] "msg" k="v" ...`
 _KLOG_RECORD = re.compile(
@@ -30,7 +30,7 @@ ADVICE = (
 )  # fmt: skip
 
 
-class KubectlFailed(LauncherError):
+class KubectlFailed(EngineError):
     def __init__(self, message: str, detail: str):
         super().__init__(message)
         self.detail = detail

@@ -27,6 +27,7 @@ from launcher.catalog import instance_types
 from launcher.contract.metrics import METRIC_REGEXES
 from launcher.contract.text import terminal_safe
 from launcher.errors import LauncherError, UsageError
+from launcher.recipe.region import default_region
 from launcher.spec import JobSpec, Placement, SageMakerSettings
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
@@ -292,9 +293,7 @@ class SageMakerBackend(Backend):
 
     @staticmethod
     def _region(ref: JobRef) -> str:
-        if not ref.region:
-            raise UsageError(f"{ref.name}: pass --region to find a SageMaker job")
-        return ref.region
+        return ref.region or default_region()
 
     def _status(self, ref: JobRef) -> JobStatus:
         return status_from_description(self._describe(ref), region=self._region(ref))
@@ -330,8 +329,7 @@ class SageMakerBackend(Backend):
         return self._status(ref)
 
     def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
-        if region is None:
-            raise UsageError("listing SageMaker jobs needs --region")
+        region = region or default_region()
         sm = aws.client("sagemaker", region)
         kwargs = {"SortBy": "CreationTime", "SortOrder": "Descending", "MaxResults": min(limit, 100)}
         summaries: list[dict] = []

@@ -5,10 +5,10 @@ from __future__ import annotations
 import subprocess
 
 from launcher.backends.base import EngineUnavailable
-from launcher.errors import LauncherError
+from launcher.errors import EngineError
 
 
-class ToolFailed(LauncherError):
+class ToolFailed(EngineError):
     def __init__(self, message: str, output: str):
         super().__init__(message)
         self.output = output

@@ -17,8 +17,16 @@ from dataclasses import dataclass, replace
 
 from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
+from launcher.estimate.memory import verdict
 from launcher.plan.budget import resolve_budget
-from launcher.plan.candidates import shapes
+from launcher.plan.candidates import Shape, shapes
+from launcher.plan.modes import (
+    GRAD_ACCUMULATION_MODES,
+    accumulation_extra_bytes,
+    estimator_counts_accumulation,
+    with_modes,
+)
+from launcher.plan.modes import mode as run_mode
 from launcher.plan.result import LayoutPlan, Search
 from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict
 from launcher.recipe import Recipe
@@ -49,6 +57,7 @@ class Scored:
             -w.micro_batch_size,
             AC_RECOMPUTE[w.activation_checkpointing],
             w.fp8,
+            GRAD_ACCUMULATION_MODES.index(run_mode(w, "grad_accumulation")),
         )
 
 
@@ -62,6 +71,7 @@ def plan(
     vary_fp8: bool = False,
     threshold: float = DEFAULT_THRESHOLD,
     constants: Constants = CONSTANTS,
+    vary_accumulation: bool | None = None,
 ) -> list[LayoutPlan]:
     """The `top` fastest layouts for `recipe` on a GPU budget that fit in `threshold` of memory."""
     return search(
@@ -73,6 +83,7 @@ def plan(
         vary_fp8=vary_fp8,
         threshold=threshold,
         constants=constants,
+        vary_accumulation=vary_accumulation,
     ).ranked
 
 
@@ -86,17 +97,21 @@ def search(
     vary_fp8: bool = False,
     threshold: float = DEFAULT_THRESHOLD,
     constants: Constants = CONSTANTS,
+    vary_accumulation: bool | None = None,
 ) -> Search:
     """`plan`, with the numbers behind it (for the CLI's table and its explanation).
 
     `constants` replaces the throughput model's constants, to ask what-if questions (what if
-    context-parallel attention ran as fast as plain attention?).
+    context-parallel attention ran as fast as plain attention?). `vary_accumulation` searches the
+    `parallel.grad_accumulation` modes too; by default only where recipes can set them.
     """
     if top < 1:
         raise UsageError(f"--top {top}: use 1 or more")
     started = time.perf_counter()
     budget = resolve_budget(recipe, gpus=gpus, instances=instances, instance_type=instance_type)
-    scored = score_layouts(recipe, budget, vary_fp8=vary_fp8, constants=constants)
+    scored = score_layouts(
+        recipe, budget, vary_fp8=vary_fp8, constants=constants, vary_accumulation=vary_accumulation
+    )
     if not scored:
         training = recipe.training
         raise UsageError(
@@ -129,14 +144,19 @@ def search(
     )
 
 
-def candidate_workloads(recipe: Recipe, budget: Hardware, *, vary_fp8: bool = False) -> list[Workload]:
-    """The recipe's workload with every valid layout x micro batch x checkpointing (x FP8) on `budget`."""
+def candidate_workloads(
+    recipe: Recipe, budget: Hardware, *, vary_fp8: bool = False, vary_accumulation: bool | None = None
+) -> list[Workload]:
+    """The recipe's workload with every valid layout x micro batch x checkpointing (x FP8, x
+    accumulation mode) on `budget`."""
     base = Workload.from_recipe(recipe)
+    if vary_accumulation is None:
+        vary_accumulation = estimator_counts_accumulation()  # the recipe schema has the field
     fp8_options = [base.fp8]
     if vary_fp8 and budget.accelerator.has_fp8 and base.dtype == "bf16":
         fp8_options = [False, True]
     return [
-        shape.workload(base, activation_checkpointing=ac, fp8=fp8)
+        accumulated
         for shape in shapes(
             base.arch,
             world_size=budget.world_size,
@@ -147,14 +167,30 @@ def candidate_workloads(recipe: Recipe, budget: Hardware, *, vary_fp8: bool = Fa
         )
         for ac in AC_MODES
         for fp8 in fp8_options
+        for accumulated in accumulation_variants(
+            shape.workload(base, activation_checkpointing=ac, fp8=fp8), shape, vary=vary_accumulation
+        )
     ]
 
 
+def accumulation_variants(workload: Workload, shape: Shape, *, vary: bool) -> list[Workload]:
+    """`workload` under each `parallel.grad_accumulation` mode where they differ: FSDP without
+    pipelining (which keeps blocks gathered anyway) and more than one micro-batch per step."""
+    if not vary or shape.layout.pipeline > 1 or shape.grad_accum_steps == 1 or shape.layout.fsdp_shard == 1:
+        return [workload]
+    return [with_modes(workload, grad_accumulation=choice) for choice in GRAD_ACCUMULATION_MODES]
+
+
 def score_layouts(
-    recipe: Recipe, budget: Hardware, *, vary_fp8: bool = False, constants: Constants = CONSTANTS
+    recipe: Recipe,
+    budget: Hardware,
+    *,
+    vary_fp8: bool = False,
+    constants: Constants = CONSTANTS,
+    vary_accumulation: bool | None = None,
 ) -> list[Scored]:
     """Every candidate workload with its predicted speed, unsorted."""
-    workloads = candidate_workloads(recipe, budget, vary_fp8=vary_fp8)
+    workloads = candidate_workloads(recipe, budget, vary_fp8=vary_fp8, vary_accumulation=vary_accumulation)
     return [Scored(workload, predict(workload, budget, constants=constants)) for workload in workloads]
 
 
@@ -179,13 +215,20 @@ def first_that_fit(
     for item in scored:
         workload = item.workload
         layout = workload.layout
-        key = (layout.tensor, layout.context, layout.pipeline, layout.virtual_stages, workload.fp8)
+        key = (
+            layout.tensor,
+            layout.context,
+            layout.pipeline,
+            layout.virtual_stages,
+            workload.fp8,
+            run_mode(workload, "grad_accumulation"),
+        )
         shard, b = layout.data_shard, workload.micro_batch_size
         recompute = AC_RECOMPUTE[workload.activation_checkpointing]
         if any(shard <= s0 and b >= b0 and recompute <= r0 for s0, b0, r0 in failed.get(key, ())):
             too_big += 1
             continue
-        estimate = estimate_memory(workload, budget, mode=mode, threshold=threshold)
+        estimate = with_accumulation_memory(estimate_memory(workload, budget, mode=mode, threshold=threshold), workload)
         estimated += 1
         if estimate.verdict != "fits":
             failed.setdefault(key, []).append((shard, b, recompute))
@@ -197,6 +240,23 @@ def first_that_fit(
         if len(fitting) == top:
             break
     return Fitting(fitting, estimated, too_big, closest)
+
+
+def with_accumulation_memory(estimate: MemoryEstimate, workload: Workload) -> MemoryEstimate:
+    """`estimate` plus the unsharded gradients (and parameters) of the accumulation mode, where the
+    estimator does not count them yet (launcher.plan.modes); unchanged otherwise."""
+    extra = accumulation_extra_bytes(workload)
+    if not extra:
+        return estimate
+    peak = estimate.per_gpu_peak_bytes + extra
+    breakdown = {**estimate.breakdown, "unsharded_accumulation": extra}
+    return replace(
+        estimate,
+        per_gpu_peak_bytes=peak,
+        allocated_bytes=estimate.allocated_bytes + extra,
+        breakdown=breakdown,
+        verdict=verdict(peak, estimate.gpu_memory_bytes, estimate.threshold),
+    )
 
 
 def _as_plan(item: Scored, estimate: MemoryEstimate, budget: Hardware) -> LayoutPlan:

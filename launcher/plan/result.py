@@ -8,6 +8,7 @@ from typing import Any
 
 from launcher.contract.layout import Layout
 from launcher.estimate import MemoryEstimate, Workload
+from launcher.plan.modes import estimator_counts_accumulation, mode
 from launcher.plan.throughput import Throughput
 from launcher.recipe import Recipe
 from launcher.recipe.resolve import Hardware
@@ -47,6 +48,10 @@ class LayoutPlan:
         return self.workload.fp8
 
     @property
+    def grad_accumulation(self) -> str:
+        return mode(self.workload, "grad_accumulation")
+
+    @property
     def instance_type(self) -> str:
         return self.hardware.instance_key
 
@@ -68,6 +73,8 @@ class LayoutPlan:
         extras = [f"micro batch {self.micro_batch_size}", f"{self.activation_checkpointing} AC"]
         if self.fp8:
             extras.append("fp8")
+        if self.grad_accumulation != "sync_each":
+            extras.append(self.grad_accumulation)
         return " x ".join(parts) + ", " + ", ".join(extras)
 
     def settings(self) -> dict[str, Any]:
@@ -102,6 +109,7 @@ class LayoutPlan:
             "data_replicate": layout.data_replicate,
             "micro_batch_size": self.micro_batch_size,
             "grad_accum_steps": self.grad_accum_steps,
+            "grad_accumulation": self.grad_accumulation,
             "activation_checkpointing": self.activation_checkpointing,
             "fp8": self.fp8,
             "instance_type": self.instance_type,
@@ -147,6 +155,8 @@ def recipe_settings(workload: Workload, hardware: Hardware) -> dict[str, Any]:
         "cluster.instance_type": hardware.instance_key,
         "cluster.instance_count": hardware.instance_count,
     }
+    if estimator_counts_accumulation():  # the recipe schema has parallel.grad_accumulation
+        values["parallel.grad_accumulation"] = mode(workload, "grad_accumulation")
     if hardware.instance_key == "local":
         values["cluster.nproc_per_node"] = hardware.procs_per_node
     return values

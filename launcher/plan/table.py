@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.plan.explain import against_recipe, why
+from launcher.plan.forecast import duration
 from launcher.plan.result import Search
 
 COLUMNS = (
@@ -24,6 +25,8 @@ COLUMNS = (
     "tokens/s\n/GPU",
     "MFU",
     "$ per 1M\ntokens",
+    "run\ntime",
+    "run\ncost",
 )
 
 
@@ -48,6 +51,8 @@ def plan_table(search: Search, title: str = "") -> Group:
             f"{speed.tokens_per_s_per_gpu:,.0f}",
             f"{speed.mfu:.0%}",
             f"{speed.usd_per_million_tokens:.2f}",
+            "-" if speed.time_to_train_s is None else duration(speed.time_to_train_s),
+            "-" if speed.usd_per_run is None else f"${speed.usd_per_run:,.0f}",
             style="bold" if rank == 1 else None,
         )
     lines: list = [table, Text(why(search))]

@@ -44,6 +44,7 @@ from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import layers_by_rank, rank_layers
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
+from launcher.plan.modes import mode
 from launcher.recipe import Recipe
 from launcher.recipe.resolve import Hardware
 
@@ -92,10 +93,15 @@ class Constants:
     """Sequence length at which attention runs at half its long-sequence rate (measured: 260 TFLOP/s
     at 2K, 458 at 8K)."""
 
-    zigzag_attention_factor: float = 0.58
-    """The entrypoints' context-parallel attention (two SDPA calls per layer against key prefixes,
-    the second with a lower-right causal mask, plus the K/V gradient accumulation) runs at this
-    fraction of plain causal SDPA: 255-290 against 466 TFLOP/s at 32K for cp 2, 4 and 8 on an H200."""
+    cp_attention_factor: dict[str, float] = field(
+        default_factory=lambda: {"zigzag_sdpa": 0.58, "allgather": 0.9, "ulysses": 1.0}
+    )
+    """Context-parallel attention's rate as a fraction of plain causal SDPA, by `parallel.cp_attention`.
+    zigzag_sdpa, the entrypoints' kernel before issue #11 (two SDPA calls per layer against key
+    prefixes, the second with a lower-right causal mask): measured 255-290 against 466 TFLOP/s at 32K
+    for cp 2, 4 and 8 on an H200. allgather (LSE-merged fused-kernel pieces) and ulysses (plain
+    causal attention on the whole sequence for a subset of heads): the goal of issue #11, pending
+    GPU measurement (scripts/gpu_check.sh)."""
 
     hbm_efficiency: float = 0.85
     """Fraction of the HBM bandwidth that elementwise kernels and the optimizer step reach (a large
@@ -138,7 +144,12 @@ class Constants:
     collectives sustain as bus bandwidth: about 360 of 450 GB/s on an H100 node."""
 
     network_efficiency: float = 0.8
-    """Fraction of a GPU's share of the node's EFA bandwidth that NCCL collectives sustain."""
+    """Fraction of a node's network bandwidth (the catalog's efa_gbps: every NIC of the node) that
+    NCCL sustains. A ring or tree collective whose group has r ranks on each node drives r NICs at
+    once, so the groups of one mesh dimension share the node's NICs: each gets r/g of them (g GPUs
+    per node), capped by NVLink for its intra-node hops. A group with one rank per node gets one
+    GPU's share; point-to-point sends (pipeline stages) always do. NCCL's tests reach about 80% of
+    the line rate across nodes (nccl-tests all_reduce bus bandwidth on 8 x 400 Gb/s nodes)."""
 
     latency_intra_s: float = 15e-6
     latency_inter_s: float = 40e-6
@@ -150,17 +161,18 @@ class Constants:
     all-gather of each micro-batch is always exposed."""
 
     fsdp_param_bytes: int = 2
-    fsdp_grad_bytes: int = 4
+    fsdp_grad_bytes: dict[str, int] = field(default_factory=lambda: {"fp32": 4, "bf16": 2})
     """FSDP all-gathers bf16 parameters (float8 block weights with tensorwise FP8) and reduce-scatters
-    fp32 gradients: the entrypoints' MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)."""
+    gradients in `parallel.reduce_dtype`: the entrypoints' MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32 unless the recipe says bf16)."""
 
     tp_overlap: float = 0.0
     """Sequence-parallel all-gathers and reduce-scatters sit between dependent matmuls; without
     async TP nothing hides them."""
 
     cp_overlap: float = 0.0
-    """The K/V all-gather must finish before attention starts, and the gradients' reduce-scatter
-    before the K/V projections' backward: not hidden."""
+    """The K/V all-gather (or Ulysses' all-to-alls) must finish before attention starts, and the
+    gradients' reduce-scatter before the K/V projections' backward: not hidden."""
 
     hsdp_overlap: float = 0.5
     """The gradient all-reduce between HSDP replicas runs once per step, block by block as the last
@@ -337,7 +349,8 @@ class _Step:
     __slots__ = (
         "w", "k", "gen", "accelerator", "h", "kv", "f", "vocab", "t", "c", "p", "v", "shard", "replicas", "b",
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
-        "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output",
+        "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
+        "accumulation", "grad_bytes", "cp_attention",
     )  # fmt: skip
 
     def __init__(self, workload: Workload, hardware: Hardware, k: Constants, rank: int | None = None):
@@ -366,20 +379,44 @@ class _Step:
         self.hbm = accelerator.hbm_gbps * GB * k.hbm_efficiency
         self.intra = accelerator.nvlink_gbps / 2 * GB * k.nvlink_efficiency if accelerator.nvlink_gbps else 0.0
         self.gpus_per_node, self.usd_per_hour = hardware.procs_per_node, hardware.usd_per_hour
-        self.inter = hardware.instance.efa_gbps / 8 / self.gpus_per_node * GB * k.network_efficiency
+        self.node_network = hardware.instance.efa_gbps / 8 * GB * k.network_efficiency  # every NIC of a node
+        self.inter = self.node_network / self.gpus_per_node  # one GPU's share
+        self.accumulation = mode(workload, "grad_accumulation")
+        self.grad_bytes = k.fsdp_grad_bytes[mode(workload, "reduce_dtype")]
+        self.cp_attention = mode(workload, "cp_attention")
         h, kv, f = self.h, self.kv, self.f
         self.block_params = self.layers * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h)
         # The last rank also holds the final norm and the output layer.
         self.stage_params = self.block_params + (self.vocab * h + h if self.has_output else 0)
 
     def link(self, stride: int, size: int) -> tuple[float, float]:
-        """(bandwidth per GPU, latency) of a group of `size` ranks `stride` apart in the mesh."""
-        k, gpus_per_node = self.k, self.gpus_per_node
-        if stride * size <= gpus_per_node and gpus_per_node % (stride * size) == 0 and self.intra:
+        """(bus bandwidth, latency) of a collective over `size` ranks `stride` apart in the mesh.
+
+        Every group of a mesh dimension runs its collective at the same time (SPMD), so the groups
+        with ranks on a node share that node's NICs: a group with r ranks per node gets r/g of them.
+        Its intra-node hops run over NVLink, which caps the ring's rate when r > 1."""
+        k, g = self.k, self.gpus_per_node
+        if self._within_node(stride, size):
+            return self.intra, k.latency_intra_s
+        if self.node_network <= 0:
+            return self.intra or self.hbm, k.latency_intra_s  # one machine without a network: stays local
+        per_node = max(1, min(size, g // stride))  # this group's ranks on one node
+        network = self.node_network * per_node / g
+        return (min(network, self.intra) if per_node > 1 and self.intra else network), k.latency_inter_s
+
+    def p2p_link(self, stride: int, size: int) -> tuple[float, float]:
+        """(bandwidth, latency) of a send/recv between ranks `stride` apart: one GPU's NIC share across
+        nodes, since every GPU of the node sends its own message at the same time."""
+        k = self.k
+        if self._within_node(stride, size):
             return self.intra, k.latency_intra_s
         if self.inter <= 0:
-            return self.intra or self.hbm, k.latency_intra_s  # one machine without a network: stays local
+            return self.intra or self.hbm, k.latency_intra_s
         return self.inter, k.latency_inter_s
+
+    def _within_node(self, stride: int, size: int) -> bool:
+        g = self.gpus_per_node
+        return bool(self.intra) and stride * size <= g and g % (stride * size) == 0
 
 
 class _Compute(NamedTuple):
@@ -447,13 +484,13 @@ def matmul_time(step: _Step) -> tuple[float, float]:
 
 def attention_time(step: _Step) -> float:
     """One block's causal attention, forward and backward: 6 * s * h FLOPs per query token, heads
-    split over TP, queries over CP. Short sequences leave the flash kernel's tiles underused; zigzag
-    CP runs two SDPA calls per layer against key prefixes with an explicit lower-right causal mask."""
+    split over TP, queries over CP. Short sequences leave the flash kernel's tiles underused; the
+    CP kernels run at their own fraction of plain attention (`cp_attention_factor`)."""
     k, s = step.k, step.s
     attention_flops = 6 * s * (step.h / step.t) * step.rows
     attention_rate = step.bf16_peak * k.attention_efficiency[step.gen] * _dim_eff(s, k.attention_half_seq)
     if step.c > 1:
-        attention_rate *= k.zigzag_attention_factor
+        attention_rate *= k.cp_attention_factor[step.cp_attention]
     return attention_flops / attention_rate
 
 
@@ -502,11 +539,20 @@ def tensor_parallel_time(step: _Step) -> float:
 
 
 def context_parallel_time(step: _Step) -> float:
-    """The K/V all-gathers (forward, recomputed forward) and their gradients' reduce-scatter."""
+    """allgather (and the older zigzag_sdpa): the K/V all-gathers (forward, recomputed forward) and
+    their gradients' reduce-scatter. ulysses: all-to-alls of q, k, v in and of the output back, in
+    forward, recomputed forward and backward."""
     c, k = step.c, step.k
     if c == 1:
         return 0.0
     bw, lat = step.link(step.t, c)
+    if step.cp_attention == "ulysses":
+        # Each rank keeps 1/c of its s/c tokens' heads and sends the rest: (c - 1)/c of its q, k, v
+        # and, on the way back, of the attention output (gradients alike in backward).
+        local_rows = step.b * step.s / c
+        one_way = k.activation_bytes * local_rows * (2 * step.h + 2 * step.kv) / step.t
+        all_to_all = one_way * (c - 1) / c / bw + 2 * lat
+        return step.layers * (2 + step.recompute) * all_to_all * (1 - k.cp_overlap)
     kv_bytes = (
         2 * k.activation_bytes * step.b * step.s * step.kv / step.t
     )  # K and V of the whole sequence, this TP rank's heads
@@ -514,29 +560,54 @@ def context_parallel_time(step: _Step) -> float:
     return step.layers * (2 + step.recompute) * collective * (1 - k.cp_overlap)
 
 
-def fsdp_time(step: _Step, compute_mb: float) -> tuple[float, float]:
-    """(per micro-batch, per step) FSDP all-gathers and reduce-scatters the compute cannot hide."""
+class _FsdpTraffic(NamedTuple):
+    """One pipeline rank's FSDP collectives, in seconds at full bandwidth."""
+
+    block_gather: float  # all-gather of every block once
+    root_gather: float  # the output layer and final norm (not resharded after forward)
+    reduce: float  # reduce-scatter of every gradient
+    first_block: float  # the first block's all-gather: nothing runs before it to hide it
+
+
+def fsdp_traffic(step: _Step) -> _FsdpTraffic:
     shard, k, layers = step.shard, step.k, step.layers
-    if shard == 1:
-        return 0.0, 0.0
     bw, lat = step.link(step.t, shard)
     spread = (shard - 1) / shard / bw / step.t
     param_bytes = 1 if step.fp8_gather else k.fsdp_param_bytes
-    # Blocks are gathered before forward and again before backward; the root unit (output
-    # layer, norm) once, since FSDP2 does not reshard it after forward.
     block_gather = param_bytes * step.block_params * spread + layers * lat
     root_gather = k.fsdp_param_bytes * (step.stage_params - step.block_params) * spread + lat
-    gather = block_gather + root_gather
-    reduce = k.fsdp_grad_bytes * step.stage_params * spread + layers * lat
-    first_block = block_gather / layers
-    if step.p == 1:
-        # FSDP2's default: each micro-batch gathers every block in forward and again in
-        # backward, and reduce-scatters its gradients.
-        return max(0.0, gather + block_gather + reduce - k.fsdp_overlap * compute_mb) + first_block, 0.0
-    # torch.distributed.pipelining keeps FSDP blocks unsharded between micro-batches and
-    # syncs gradients only on the last: one gather and one reduce-scatter per step.
-    m = step.w.grad_accum_steps
-    return 0.0, max(0.0, gather + reduce - k.fsdp_overlap * m * compute_mb) + first_block
+    reduce = step.grad_bytes * step.stage_params * spread + layers * lat
+    return _FsdpTraffic(block_gather, root_gather, reduce, block_gather / layers)
+
+
+def fsdp_time(step: _Step, compute_mb: float) -> tuple[float, float]:
+    """(per micro-batch, per step) FSDP all-gathers and reduce-scatters the compute cannot hide.
+
+    What repeats every micro-batch depends on `parallel.grad_accumulation` (without pipelining):
+    sync_each gathers every block before forward and again before backward and reduce-scatters
+    the gradients; sync_last reduce-scatters only on the last micro-batch; sync_last_gathered also
+    gathers once per step. Traffic a micro-batch carries hides behind 85% of that micro-batch's
+    compute; the first block's gather of each gathering micro-batch is always exposed."""
+    if step.shard == 1:
+        return 0.0, 0.0
+    traffic, hidden = fsdp_traffic(step), step.k.fsdp_overlap * compute_mb
+    gather = traffic.block_gather + traffic.root_gather
+    if step.p > 1:
+        # torch.distributed.pipelining keeps FSDP blocks unsharded between micro-batches and
+        # syncs gradients only on the last: one gather and one reduce-scatter per step, spread
+        # over the schedule (and its bubble).
+        m = step.w.grad_accum_steps
+        return 0.0, max(0.0, gather + traffic.reduce - hidden * m) + traffic.first_block
+    if step.accumulation == "sync_last_gathered":
+        return 0.0, max(0.0, gather + traffic.reduce - hidden) + traffic.first_block
+    gathers = gather + traffic.block_gather  # forward and backward gathers of one micro-batch
+    if step.accumulation == "sync_each":
+        return max(0.0, gathers + traffic.reduce - hidden) + traffic.first_block, 0.0
+    # sync_last: every micro-batch gathers; the last one also reduce-scatters, which its compute
+    # hides only as far as the gathers left room.
+    exposed_gathers = max(0.0, gathers - hidden)
+    exposed_last = max(0.0, gathers + traffic.reduce - hidden)
+    return exposed_gathers + traffic.first_block, exposed_last - exposed_gathers
 
 
 def pipeline_p2p_time(step: _Step) -> float:
@@ -546,7 +617,7 @@ def pipeline_p2p_time(step: _Step) -> float:
         return 0.0
     layout = step.w.layout
     stride = step.t * step.c * layout.data_shard * step.replicas
-    bw, lat = step.link(stride, p)
+    bw, lat = step.p2p_link(stride, p)
     message = step.k.activation_bytes * step.rows * step.h / step.t
     return 2 * step.v * (message / bw + lat)
 
@@ -564,7 +635,7 @@ def data_replicate_time(step: _Step) -> float:
         return 0.0
     shard_params = step.stage_params / step.t / step.shard
     bw, lat = step.link(step.t * step.shard, replicas)
-    return (2 * k.fsdp_grad_bytes * shard_params * (replicas - 1) / replicas / bw + lat) * (1 - k.hsdp_overlap)
+    return (2 * step.grad_bytes * shard_params * (replicas - 1) / replicas / bw + lat) * (1 - k.hsdp_overlap)
 
 
 def optimizer_time(step: _Step) -> float:

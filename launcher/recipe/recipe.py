@@ -223,6 +223,12 @@ class Recipe(RecipeSpec):
             },
         }
 
+    def shown(self) -> dict[str, Any]:
+        """What `launcher show` prints: the resolved job config and where it runs (every section
+        of the recipe: cluster, sagemaker, slurm, k8s), defaults filled in."""
+        recipe = self.to_dict()
+        return {**self.resolved(), **{key: recipe[key] for key in ("cluster", "sagemaker", "slurm", "k8s")}}
+
     def summary(self) -> dict[str, Any]:
         """Derived values for `launcher show`: what the recipe resolves to, in one place."""
         hw = self.hardware

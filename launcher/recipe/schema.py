@@ -22,6 +22,8 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from launcher.recipe.region import default_region
+
 MAX_SEQ_LEN = 131072
 SAGEMAKER_MAX_RUN_S = 28 * 24 * 3600
 
@@ -242,8 +244,9 @@ class Cluster(Section):
 
 
 class SageMaker(Section):
-    region: str = "us-west-2"
-    """AWS region of the job and of the default image."""
+    region: str = Field(default_factory=default_region)
+    """AWS region of the job and of the default image; default: AWS_REGION, AWS_DEFAULT_REGION, the
+    AWS profile's region, else us-west-2 (the AWS CLI's order)."""
     role_arn: str | None = None
     """IAM role the training job runs as, e.g. arn:aws:iam::123456789012:role/SageMakerTraining."""
     output_uri: str | None = None
@@ -344,7 +347,7 @@ class RecipeSpec(Section):
     precision: Precision = Precision()
     parallel: Parallel = Parallel()
     cluster: Cluster = Cluster()
-    sagemaker: SageMaker = SageMaker()
+    sagemaker: SageMaker = Field(default_factory=SageMaker)
     slurm: Slurm = Slurm()
     k8s: Kubernetes = Kubernetes()
     data: Data = Data()

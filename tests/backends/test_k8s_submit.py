@@ -64,9 +64,11 @@ def cluster(tmp_path, monkeypatch, home, fake_bundle) -> Cluster:
 
 
 def failure(result) -> list[str]:
-    """What submit printed after announcing the job: the error, which must be one line."""
+    """The error of `submit --json` (JSON on stdout), which must be one line; stderr has nothing
+    after announcing the job."""
     lines = result.err_lines
-    return lines[next(i for i, line in enumerate(lines) if line.startswith("job ")) + 1 :]
+    assert lines[next(i for i, line in enumerate(lines) if line.startswith("job ")) + 1 :] == []
+    return json.loads(result.out)["error"].splitlines()
 
 
 def verbs(cluster) -> list[list[str]]:
@@ -229,7 +231,7 @@ def test_without_a_cluster_every_command_says_so_in_one_line(no_cluster, cli, co
 
 
 def test_submit_without_a_cluster_is_one_line(no_cluster, cli, fake_bundle):
-    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "k8s")
+    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "k8s", "--json")
     (line,) = failure(result)
     assert line.startswith("finding the namespace: kubectl failed: error: current-context must exist")
 

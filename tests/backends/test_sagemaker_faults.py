@@ -75,7 +75,7 @@ def test_a_name_taken_by_another_job_is_one_line_and_adopts_nothing(aws, home, f
     foreign = [{"Key": "launcher:submission", "Value": "0" * 32}]
     create_answered_in_use(request, foreign)
     result = cli("submit", recipe_path("llama3-8b-8k"))
-    assert result.code == 1
+    assert result.code == 3  # a cloud error
     name = request["TrainingJobName"]
     assert result.err_lines[-1] == (
         f"CreateTrainingJob {name}: a training job named {name} already exists in {REGION}; submit again for a new name"

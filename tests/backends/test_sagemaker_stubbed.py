@@ -182,7 +182,7 @@ def test_aws_errors_become_one_clear_line(aws, home, fake_bundle, fixed_names, c
     sm = stub("sagemaker")
     sm.add_client_error("create_training_job", service_error_code=code, service_message=message, http_status_code=400)
     result = cli("submit", recipe_path("llama3-8b-8k"))
-    assert result.code == 1
+    assert result.code == 3  # a cloud error
     assert result.err_lines[-1].startswith(expected), result.err_lines
     assert "Traceback" not in result.err
     if code == "ResourceLimitExceeded":
@@ -238,7 +238,7 @@ def test_throttling_that_never_ends_is_one_clear_line(aws, home, fake_bundle, mo
     hook, sent = throttle(1000)
     aws_clients.client("sagemaker", REGION).meta.events.register("before-send.sagemaker.DescribeTrainingJob", hook)
     result = cli("status", name)
-    assert result.code == 1 and len(sent) == aws_clients.MAX_ATTEMPTS
+    assert result.code == 3 and len(sent) == aws_clients.MAX_ATTEMPTS
     assert result.err_lines == [
         f"DescribeTrainingJob {name}: AWS kept throttling the requests after 10 attempts (Rate exceeded); wait and retry"
     ]

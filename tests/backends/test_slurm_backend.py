@@ -296,7 +296,7 @@ def test_logs_read_the_shared_log_and_stop_marks_then_cancels(home, fake_bundle,
 def test_without_slurms_tools_list_and_status_say_so_in_one_line(home, cli, monkeypatch, tmp_path, verb):
     monkeypatch.setenv("PATH", str(tmp_path))
     result = cli(*verb)
-    assert result.code == 1
+    assert result.code == 3  # an engine error
     (line,) = result.err_lines
     assert "` is not installed here (not on PATH)" in line and ("`squeue`" in line or "`scontrol`" in line)
 
@@ -304,7 +304,7 @@ def test_without_slurms_tools_list_and_status_say_so_in_one_line(home, cli, monk
 def test_sbatch_refusing_shows_slurms_own_message(home, fake_bundle, tools, cli):
     failing_tool(tools, "sbatch", captured("sbatch-bad-partition.stderr"))
     result = cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--set", "slurm.partition=nosuch")
-    assert result.code == 1
+    assert result.code == 3  # an engine error
     assert result.err_lines[-1].endswith(
         "sbatch failed: sbatch: error: invalid partition specified: nosuch "
         "sbatch: error: Batch job submission failed: Invalid partition name specified"

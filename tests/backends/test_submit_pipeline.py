@@ -111,7 +111,7 @@ def test_docker_without_an_engine_is_one_clear_line(home, fake_bundle, cli, monk
     down.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     result = cli("submit", recipe_path("tiny-cpu"), "--backend", "docker")
-    assert result.code == 1
+    assert result.code == 3  # an engine error
     (line,) = result.err_lines[-1:]
     assert line.startswith("asking the Docker engine: ") and "--dry-run" in line
 
@@ -119,7 +119,7 @@ def test_docker_without_an_engine_is_one_clear_line(home, fake_bundle, cli, monk
 def test_slurm_without_sbatch_is_one_clear_line(home, fake_bundle, cli, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     result = cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm")
-    assert result.code == 1
+    assert result.code == 3  # an engine error
     assert "`sbatch` is not installed here" in result.err_lines[-1]
 
 

@@ -158,8 +158,8 @@ def test_a_resubmit_resumes_from_the_checkpoint_and_stop_ends_it_and_its_logs(fi
         stopped = json.loads(launcher(user_env, "stop", name, "--grace", "30", "--json"))
         # docker stop's SIGTERM reaches the workers through the bootstrap (143); SIGKILL after the grace is 137.
         assert stopped["state"] == "Stopped" and stopped["exit_code"] in (137, 143), stopped
-        follower.communicate(timeout=30)  # `logs --follow` ends with the container, with its exit code
-        assert follower.returncode == stopped["exit_code"]
+        follower.communicate(timeout=30)  # `logs --follow` ends with the container: not completed, exit 1
+        assert follower.returncode == 1
         assert metrics_steps(home, name)[0] == FIRST_STEPS + 1
     finally:
         if follower.poll() is None:

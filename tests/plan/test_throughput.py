@@ -177,7 +177,10 @@ def test_context_parallel_across_nodes_is_slower_than_within_a_node():
     layout = Layout(tensor=2, context=8)  # 16 GPUs: the cp group spans two nodes of 8...
     across = run(layout=layout, seq_len=131072, activation_checkpointing="full")
     within = run(layout=layout, seq_len=131072, activation_checkpointing="full", gpus_per_node=16)  # ...or one of 16
-    assert across.breakdown["context_parallel"] > 5 * within.breakdown["context_parallel"]
+    # Across: 4 ranks of each cp group per node, the node's two groups (one per TP rank) sharing
+    # its 8 NICs: 3200 Gb/s x 0.8 / 2 = 160 GB/s, against NVLink's 450 x 0.8 = 360 GB/s within.
+    ratio = across.breakdown["context_parallel"] / within.breakdown["context_parallel"]
+    assert 360 / 160 < ratio < 1.1 * 360 / 160  # the rest: 40 us latency per collective, not 15
 
 
 def test_smaller_tensor_parallel_matrices_run_less_efficiently():

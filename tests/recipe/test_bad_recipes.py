@@ -429,11 +429,10 @@ def test_one_bad_file_among_good_ones_fails_the_run(tmp_path, monkeypatch, cli):
     assert any("model: is required" in line for line in result.err_lines)
 
 
-def test_json_error_shape_is_not_needed_for_show(tmp_path, cli):
-    # `show --json` on a bad recipe still prints plain error lines, never partial JSON.
+def test_show_json_on_a_bad_recipe_prints_the_error_as_json(tmp_path, cli):
+    # `show --json` on a bad recipe prints the error as one JSON object, never partial output.
     (tmp_path / "r.yaml").write_text("name: t\nmodel: nope\n")
     result = cli("show", tmp_path / "r.yaml", "--json")
-    assert result.code == 2
-    assert result.out == ""
-    with pytest.raises(json.JSONDecodeError):
-        json.loads(result.err)
+    assert result.code == 2 and result.err == ""
+    report = json.loads(result.out)
+    assert report["exit_code"] == 2 and "training" in {p["path"] for p in report["problems"]}
