@@ -52,9 +52,7 @@ def test_balanced_split_gives_the_end_stages_a_layer_less_for_the_embedding_and_
         (4, 4, [1, 1, 1, 1]),
     ],
 )
-def test_balanced_split_minimises_the_heaviest_stage_counting_embedding_and_output_as_a_layer(
-    layers, stages, expected
-):
+def test_balanced_split_minimises_the_heaviest_stage_counting_embedding_and_output_as_a_layer(layers, stages, expected):
     counts = stage_layer_counts(layers, stages)
     assert counts == expected and sum(counts) == layers and min(counts) >= 1
     carried = [0] * stages
@@ -85,7 +83,9 @@ def test_the_resolved_config_carries_pipeline_layers_to_the_entrypoints():
     assert cfg.parallel.pipeline_layers == (1, 3) and layers_by_rank(4, cfg.parallel) == [1, 3]
     assert "pipeline_layers" not in Recipe.load(REPO / "recipes" / "tiny-cpu.yaml").resolved()["parallel"]
     resolved["parallel"]["pipeline_layers"] = [2, 3]
-    with pytest.raises(ConfigError, match=r"^parallel.pipeline_layers: \[2, 3\] sums to 5, but the model has 4 layers$"):
+    with pytest.raises(
+        ConfigError, match=r"^parallel.pipeline_layers: \[2, 3\] sums to 5, but the model has 4 layers$"
+    ):
         JobConfig.from_dict(resolved)
 
 
