@@ -203,12 +203,6 @@ def rank_layers(num_layers: int, layout: Layout, pp_rank: int) -> int:
     return layers_by_rank(num_layers, layout)[pp_rank]
 
 
-def layers_per_rank(num_layers: int, layout: Layout) -> int:
-    """The most layers any pipeline rank holds (every rank's, num_layers / pipeline, when the
-    split is even)."""
-    return max(layers_by_rank(num_layers, layout))
-
-
 # --- the rules ---------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import (
     Layout,
     layers_by_rank,
-    layers_per_rank,
     rank_stages,
     seq_len_divisor,
     stage_layer_counts,
@@ -29,7 +28,7 @@ def test_even_split_gives_each_stage_a_contiguous_run_and_each_rank_its_loop_sta
     layout = Layout(pipeline=8)
     assert [stage_layers(32, layout, s) for s in (0, 3, 7)] == [range(0, 4), range(12, 16), range(28, 32)]
     interleaved = Layout(pipeline=4, virtual_stages=2)
-    assert rank_stages(1, interleaved) == [1, 5] and layers_per_rank(32, interleaved) == 8
+    assert rank_stages(1, interleaved) == [1, 5] and layers_by_rank(32, interleaved) == [8] * 4
 
 
 def test_balanced_split_gives_the_end_stages_a_layer_less_for_the_embedding_and_the_loss():
@@ -38,7 +37,6 @@ def test_balanced_split_gives_the_end_stages_a_layer_less_for_the_embedding_and_
     assert stage_layers(126, Layout(pipeline=8), 7) == range(111, 126)
     assert stage_layer_counts(126, 16) == [7] + [8] * 14 + [7]
     assert layers_by_rank(126, Layout(pipeline=8)) == [15] + [16] * 6 + [15]
-    assert layers_per_rank(126, Layout(pipeline=8)) == 16
 
 
 @pytest.mark.parametrize(
