@@ -73,7 +73,7 @@ def build_model_parts(cfg: JobConfig, mesh, *, fp8: Fp8Settings | None = None) -
     par = cfg.parallel
     if par.pipeline > 1:
         ids = rank_stages(mesh["pp"].get_local_rank(), par)
-        parts = [split_model(model, i, par.num_stages) for i in ids]
+        parts = [split_model(model, i, par) for i in ids]
     else:
         ids, parts = [0], [model]
     for part in parts:

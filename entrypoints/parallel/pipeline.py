@@ -1,14 +1,16 @@
 """Pipeline parallelism with `torch.distributed.pipelining`: 1F1B, interleaved 1F1B, GPipe.
 
     ids = rank_stages(pp_rank, cfg.parallel)                        # this rank's stages, in order
-    parts = [split_model(model, i, cfg.parallel.num_stages) for i in ids]   # meta stage models
+    parts = [split_model(model, i, cfg.parallel) for i in ids]      # meta stage models
     ...parallelize and materialise each part...
     pipeline = Pipeline(parts, ids, mesh["pp"], cfg.parallel, device)
     loss = pipeline.step(tokens, targets)                           # None on ranks without the last stage
 
-The layers are split evenly into pp x virtual_stages stages, and rank r holds stages r, r + pp,
-r + 2·pp, ... (the "loop" order interleaved 1F1B expects): `launcher.contract.layout`'s
-`stage_layers` and `rank_stages`, which the memory estimator reads too. Each stage is a `Transformer` with
+The layers are split into pp x virtual_stages contiguous stages, balanced with the embedding and
+the output layer counted as a layer each unless the config lists `pipeline_layers` (Llama 3.1
+405B on 8 stages: 15 | 16 x 6 | 15), and rank r holds stages r, r + pp, r + 2·pp, ... (the
+"loop" order interleaved 1F1B expects): `launcher.contract.layout`'s `stage_layers` and
+`rank_stages`, which the memory estimator and the planner read too. Each stage is a `Transformer` with
 the layers it does not hold removed; the first keeps the embedding, the last the final norm
 and the output weight, and layer names stay global so checkpoints reshard across layouts.
 
@@ -26,14 +28,15 @@ import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from launcher.contract.config import ParallelConfig
-from launcher.contract.layout import stage_layers
+from launcher.contract.layout import Layout, stage_layers
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
-def split_model(model, stage_index: int, num_stages: int):
-    """A copy of the (meta) model holding only stage `stage_index` of `num_stages`."""
-    keep = {str(i) for i in stage_layers(len(model.layers), num_stages, stage_index)}
+def split_model(model, stage_index: int, layout: Layout):
+    """A copy of the (meta) model holding only stage `stage_index` of the layout's stages."""
+    num_stages = layout.num_stages
+    keep = {str(i) for i in stage_layers(len(model.layers), layout, stage_index)}
     part = copy.deepcopy(model)
     for key in list(part.layers):
         if key not in keep:

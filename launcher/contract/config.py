@@ -301,6 +301,10 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         return value
     if origin is tuple:
         args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            if not isinstance(value, list | tuple):
+                raise ConfigError(f"{key}: expected a list, got {json.dumps(value)}")
+            return tuple(_coerce(args[0], v, f"{key}.{i}") for i, v in enumerate(value))
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{key}: expected a list of {len(args)} numbers, got {json.dumps(value)}")
         return tuple(_coerce(a, v, f"{key}.{i}") for i, (a, v) in enumerate(zip(args, value, strict=True)))

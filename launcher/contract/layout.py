@@ -12,7 +12,9 @@ other runs. Rules return `LayoutProblem(path, message)`: a recipe key path and o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import cache
 from typing import NamedTuple, Protocol
 
 from launcher.contract.text import choices
@@ -28,6 +30,9 @@ class Layout:
     data_replicate: int = 1
     data_shard: int = 1
     virtual_stages: int = 1
+    pipeline_layers: tuple[int, ...] | None = None
+    """Layers per pipeline stage (pipeline x virtual_stages of them), or None for the balanced
+    split of `stage_layer_counts`."""
 
     @property
     def world_size(self) -> int:
@@ -56,9 +61,13 @@ class Layout:
             )
         )
 
-    def as_dict(self) -> dict[str, int]:
-        """The six degrees (subclasses such as the entrypoints' ParallelConfig add more fields)."""
-        return {f.name: getattr(self, f.name) for f in fields(Layout)}
+    def as_dict(self) -> dict[str, int | list[int]]:
+        """The six degrees, and pipeline_layers when set (subclasses such as the entrypoints'
+        ParallelConfig add more fields)."""
+        found = {f.name: getattr(self, f.name) for f in fields(Layout) if f.name != "pipeline_layers"}
+        if self.pipeline_layers is not None:
+            found["pipeline_layers"] = list(self.pipeline_layers)
+        return found
 
     def __str__(self) -> str:
         parts = [f"{name}{size}" for name, size in self.mesh_shape().items() if size > 1]
@@ -108,17 +117,65 @@ def seq_len_divisor(context: int, tensor: int) -> int:
     return 2 * context * tensor if context > 1 else tensor
 
 
-def stage_layers(num_layers: int, num_stages: int, stage: int) -> range:
-    """The layers pipeline stage `stage` holds: a contiguous run, all runs the same length.
+EMBEDDING_WEIGHT = 1
+"""The embedding counted as this many transformer layers when stages are balanced: its lookup
+costs nothing, but its V x h weight, fp32 master and AdamW states are about 2/3 of a Llama 3.1
+405B block's (and its gradient is dense over the whole vocabulary)."""
+OUTPUT_WEIGHT = 1
+"""The final norm, output layer and loss counted as this many layers: the fused loss recomputes
+the logits in backward, 8 FLOPs per output weight and token against a block's 6 per weight,
+about 0.9 of a 405B block (torchtitan's `input_weight`/`output_weight` default to 1 too)."""
 
-    The rules below refuse a stage count that does not divide the layers, so the entrypoints
-    always split evenly. The throughput model also prices published uneven splits (Llama 3.1
-    405B's 126 layers on 8 stages); there the first `num_layers % num_stages` stages hold one
-    layer more.
+
+def stage_layer_counts(num_layers: int, num_stages: int, override: Sequence[int] | None = None) -> list[int]:
+    """How many transformer layers each of the `num_stages` pipeline stages holds, in order.
+
+    `override` (the recipe's `parallel.pipeline_layers`) is used as given. Otherwise the stages
+    are balanced as torchtitan's `generate_llm_fqn_per_model_part` does: the first stage also
+    carries the embedding and the last the output layer and loss, each counted as one layer
+    (EMBEDDING_WEIGHT, OUTPUT_WEIGHT). The rule:
+
+    1. the heaviest stage's cost (layers + what it carries) is made as small as it can be:
+       T = ceil((num_layers + embedding + output) / num_stages);
+    2. each stage may hold T minus what it carries; while that totals more than num_layers, the
+       stage with the most layers gives one up, the earliest first, so layers stay as even as
+       T allows and the later stages keep the extras: the first pipeline rank holds the most
+       micro-batches in flight under 1F1B.
+
+    126 layers on 8 stages: 15 | 16 x 6 | 15. Layers that divide evenly stay even (32 on 8:
+    4 x 8), since T is then one more than the even share. Every stage holds at least one layer
+    when num_layers >= num_stages; fewer is a ValueError (the rules refuse it first).
     """
-    per_stage, extra = divmod(num_layers, num_stages)
-    start = stage * per_stage + min(stage, extra)
-    return range(start, start + per_stage + (stage < extra))
+    if override is not None:
+        counts = list(override)
+        if len(counts) != num_stages or sum(counts) != num_layers or min(counts, default=0) < 1:
+            raise ValueError(
+                f"pipeline_layers {counts} is not {num_stages} positive layer counts summing to {num_layers}"
+            )
+        return counts
+    if num_stages < 1 or num_layers < num_stages:
+        raise ValueError(f"{num_layers} layers cannot fill {num_stages} pipeline stages with one layer each")
+    return list(_balanced_counts(num_layers, num_stages))
+
+
+@cache
+def _balanced_counts(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    carried = [0] * num_stages
+    carried[0] += EMBEDDING_WEIGHT
+    carried[-1] += OUTPUT_WEIGHT
+    heaviest = -(-(num_layers + EMBEDDING_WEIGHT + OUTPUT_WEIGHT) // num_stages)
+    counts = [max(1, heaviest - c) for c in carried]
+    for _ in range(sum(counts) - num_layers):
+        counts[counts.index(max(counts))] -= 1
+    return tuple(counts)
+
+
+def stage_layers(num_layers: int, layout: Layout, stage: int) -> range:
+    """The layers pipeline stage `stage` (of layout.num_stages) holds: a contiguous run, sized by
+    `stage_layer_counts` with the layout's `pipeline_layers` override."""
+    counts = stage_layer_counts(num_layers, layout.num_stages, layout.pipeline_layers)
+    start = sum(counts[:stage])
+    return range(start, start + counts[stage])
 
 
 def rank_stages(pp_rank: int, layout: Layout) -> list[int]:
@@ -128,10 +185,22 @@ def rank_stages(pp_rank: int, layout: Layout) -> list[int]:
     return [pp_rank + v * layout.pipeline for v in range(layout.virtual_stages)]
 
 
-def layers_per_rank(num_layers: int, layout: Layout) -> int:
-    """The most layers a pipeline rank holds: rank 0's, whose stages come first in every round
-    (every rank's, num_layers / pipeline, when the split is even)."""
-    return sum(len(stage_layers(num_layers, layout.num_stages, s)) for s in rank_stages(0, layout))
+def layers_by_rank(num_layers: int, layout: Layout) -> list[int]:
+    """How many layers each pipeline rank holds over all its stages, rank 0 first."""
+    return list(_layers_by_rank(num_layers, layout.pipeline, layout.virtual_stages, layout.pipeline_layers))
+
+
+@cache
+def _layers_by_rank(num_layers: int, pipeline: int, virtual: int, override: tuple[int, ...] | None) -> tuple[int, ...]:
+    # Cached: the estimator and the planner ask for every rank of thousands of layouts, and
+    # only these four numbers matter.
+    counts = stage_layer_counts(num_layers, pipeline * virtual, override)
+    return tuple(sum(counts[rank::pipeline]) for rank in range(pipeline))
+
+
+def rank_layers(num_layers: int, layout: Layout, pp_rank: int) -> int:
+    """How many layers pipeline rank `pp_rank` holds over all its stages."""
+    return layers_by_rank(num_layers, layout)[pp_rank]
 
 
 # --- the rules ---------------------------------------------------------------------------------------
@@ -195,18 +264,8 @@ def _tensor_problems(layout: Layout, model: ModelShape, gpus_per_node: int) -> l
 
 
 def _pipeline_problems(layout: Layout, model: ModelShape, schedule: str) -> list[LayoutProblem]:
-    p, v, layers = layout.pipeline, layout.virtual_stages, model.num_layers
-    problems = []
-    stages = layout.num_stages
-    if layers % stages:
-        valid_p = [d // v for d in divisors(layers) if d % v == 0]
-        where = "parallel.pipeline" if v == 1 else "parallel.virtual_stages"
-        fix = f"use pipeline {choices(valid_p)}" if valid_p else f"use virtual_stages dividing {layers}"
-        problems.append(
-            LayoutProblem(
-                where, f"pipeline {p} x virtual_stages {v} = {stages} stages do not divide {layers} layers; {fix}"
-            )
-        )
+    p, v = layout.pipeline, layout.virtual_stages
+    problems = _stage_split_problems(layout, model.num_layers)
     if v > 1 and schedule != "interleaved_1f1b":
         problems.append(
             LayoutProblem(
@@ -234,6 +293,35 @@ def _pipeline_problems(layout: Layout, model: ModelShape, schedule: str) -> list
             LayoutProblem("parallel.pipeline", f"{p} splits a model with tied embeddings over stages; use pipeline: 1")
         )
     return problems
+
+
+def _stage_split_problems(layout: Layout, layers: int) -> list[LayoutProblem]:
+    """Every stage holds at least one layer; an explicit split covers every layer once."""
+    p, v, stages = layout.pipeline, layout.virtual_stages, layout.num_stages
+    given = layout.pipeline_layers
+    if given is None:
+        if layers >= stages:
+            return []
+        where = "parallel.pipeline" if v == 1 else "parallel.virtual_stages"
+        return [
+            LayoutProblem(
+                where,
+                f"pipeline {p} x virtual_stages {v} = {stages} stages exceed the {layers} layers; "
+                f"every stage needs a layer, use at most {layers} stages",
+            )
+        ]
+    key = "parallel.pipeline_layers"
+    if len(given) != stages:
+        return [
+            LayoutProblem(
+                key, f"{len(given)} entries for pipeline {p} x virtual_stages {v} = {stages} stages; give {stages}"
+            )
+        ]
+    if min(given) < 1:
+        return [LayoutProblem(key, f"{list(given)} has a stage without layers; every stage needs at least 1")]
+    if sum(given) != layers:
+        return [LayoutProblem(key, f"{list(given)} sums to {sum(given)}, but the model has {layers} layers")]
+    return []
 
 
 def _sequence_problems(layout: Layout, seq_len: int) -> list[LayoutProblem]:

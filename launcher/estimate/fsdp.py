@@ -29,7 +29,7 @@ from __future__ import annotations
 from math import ceil
 
 from launcher.contract.fp8 import collective_backend, float8_all_gather
-from launcher.contract.layout import layers_per_rank, rank_stages, stage_layers
+from launcher.contract.layout import rank_layers, rank_stages, stage_layers
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.overheads import device_overheads
 from launcher.estimate.pipeline import first_backward
@@ -135,7 +135,7 @@ def _checkpointed_on_rank(workload: Workload, rank: int) -> int:
     """How many of the layers pipeline rank `rank` holds are checkpointed (its stages are
     rank, rank + p, ... of p x v, each a contiguous run of layers)."""
     layout, mode = workload.layout, workload.activation_checkpointing
-    runs = (stage_layers(workload.arch.num_layers, layout.num_stages, s) for s in rank_stages(rank, layout))
+    runs = (stage_layers(workload.arch.num_layers, layout, s) for s in rank_stages(rank, layout))
     return sum(_checkpointed_below(mode, run.stop) - _checkpointed_below(mode, run.start) for run in runs)
 
 
@@ -178,11 +178,12 @@ class _Context:
 
 
 def stage_peaks(workload: Workload, *, device: str = "cuda") -> list[StageMemory]:
-    """Each pipeline rank at its largest moment, with the device overheads added."""
+    """Each pipeline rank at its largest moment, with the device overheads added. Under uneven
+    stages each rank is counted with the layers it really holds; the largest must fit."""
     context = _Context(workload, device)
-    layers = layers_per_rank(workload.arch.num_layers, workload.layout)
     stages = []
     for rank in range(workload.layout.pipeline):
+        layers = rank_layers(workload.arch.num_layers, workload.layout, rank)
         found = _rank_moments(context, rank)
         phase, breakdown = max(found.items(), key=lambda item: sum(item[1].values()))
         breakdown = {name: round(value) for name, value in breakdown.items()}
@@ -197,7 +198,7 @@ def saved_activation_bytes(workload: Workload, *, rank: int = 0) -> int:
     checkpointing reduce and longer sequences increase."""
     context = _Context(workload, "cuda")
     block, cb = context.block, context.cb
-    layers = layers_per_rank(workload.arch.num_layers, workload.layout)
+    layers = rank_layers(workload.arch.num_layers, workload.layout, rank)
     checkpointed = _checkpointed_on_rank(workload, rank)
     total = checkpointed * block.layer_input + (layers - checkpointed) * block.saved
     if rank == workload.layout.pipeline - 1:
@@ -225,7 +226,7 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
     shard = layout.fsdp_shard
     first, last = rank == 0, rank == p - 1
     tokens = _tokens(w)
-    n = layers_per_rank(arch.num_layers, layout)
+    n = rank_layers(arch.num_layers, layout, rank)
 
     vocab_matrix = V * h / t
     root_params = (vocab_matrix if first else 0) + ((0 if arch.tie_embeddings else vocab_matrix) + h if last else 0)
@@ -351,7 +352,7 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     """
     layout = w.layout
     p, v, m = layout.pipeline, layout.virtual_stages, w.grad_accum_steps
-    n = layers_per_rank(w.arch.num_layers, layout)
+    n = rank_layers(w.arch.num_layers, layout, rank)
     tokens = _tokens(w)
     schedule = first_backward(rank, layout, w.pipeline_schedule, m)
     stages = rank_stages(rank, layout)
@@ -359,9 +360,12 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     boundary = cb * tokens / layout.tensor * w.arch.hidden_size
     receive_buffers = boundary * m * sum((s > 0) + (s < last_stage) for s in stages)
     total, tp, cp = kept
+    # Chunks in flight are counted at the rank's mean stage size (they differ by a layer at most
+    # under the balanced split).
     per_chunk = (total - tp - cp) / v, tp / v, cp / v
     # The first backward reaches the rank's last chunk; its gradients accumulate first.
-    first_chunk_params = n / v * block.params + (root_params if v == 1 or rank == p - 1 else 0)
+    last_chunk_layers = len(stage_layers(w.arch.num_layers, layout, stages[-1]))
+    first_chunk_params = last_chunk_layers * block.params + (root_params if v == 1 or rank == p - 1 else 0)
 
     moments = {}
     for name, chunks, accumulated in (

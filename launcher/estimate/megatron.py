@@ -14,7 +14,7 @@ FP8 is not part of the published accounting and does not change this mode's numb
 from __future__ import annotations
 
 from launcher.catalog import ModelArch
-from launcher.contract.layout import Layout, layers_per_rank
+from launcher.contract.layout import Layout, rank_layers
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.pipeline import in_flight
 from launcher.estimate.workload import Workload
@@ -38,11 +38,11 @@ def embedding_params(arch: ModelArch, t: int) -> float:
 
 
 def stage_params(arch: ModelArch, layout: Layout, stage: int) -> float:
-    """Parameters on pipeline rank `stage`: its L/p layers, plus the embedding on the first
+    """Parameters on pipeline rank `stage`: its layers (`rank_layers`), plus the embedding on the first
     rank and the output layer on the last. Megatron keeps a copy of a tied embedding on the
     last rank when p > 1, so only a tied single-stage model holds one h*V/t."""
     t, p = layout.tensor, layout.pipeline
-    params = layers_per_rank(arch.num_layers, layout) * block_params(arch, t)
+    params = rank_layers(arch.num_layers, layout, stage) * block_params(arch, t)
     if stage == 0:
         params += embedding_params(arch, t)
     if stage == p - 1 and (not arch.tie_embeddings or p > 1):
@@ -107,10 +107,10 @@ def stage_peaks(
         working_set = layer_activation_bytes(arch, s, b, t, c) + attention_score_bytes(arch, s, b, t, c)
     kept_per_layer = layer_input_bytes(arch, s, b, t, c) if w.activation_checkpointing == "full" else per_layer
     per_param = bytes_per_param(layout, distributed_optimizer=distributed_optimizer)
-    layers = layers_per_rank(arch.num_layers, layout)
 
     stages = []
     for rank in range(layout.pipeline):
+        layers = rank_layers(arch.num_layers, layout, rank)
         params = stage_params(arch, layout, rank)
         breakdown = empty_breakdown()
         breakdown["parameters"] = round(2 * params)

@@ -1,9 +1,10 @@
 """Pipeline schedules: how many micro-batches a rank holds at once, read from torch's code.
 
-Layers split evenly into p*v stages; pipeline rank r holds stages r, r+p, ..., r+(v-1)p
-(torch.distributed.pipelining's interleaved placement; `launcher.contract.layout.rank_stages`). Stage 0 has the embedding; the last
-stage, which rank p-1 holds, has the final norm and the output layer. A "chunk" is one stage
-of one micro-batch: 1/v of a rank's layers.
+Layers split into p*v contiguous stages (`launcher.contract.layout.stage_layer_counts`: balanced,
+the end stages a layer lighter, or the recipe's pipeline_layers); pipeline rank r holds stages
+r, r+p, ..., r+(v-1)p (torch.distributed.pipelining's interleaved placement; `rank_stages`).
+Stage 0 has the embedding; the last stage, which rank p-1 holds, has the final norm and the
+output layer. A "chunk" is one stage of one micro-batch: about 1/v of a rank's layers.
 """
 
 from __future__ import annotations

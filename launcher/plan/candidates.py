@@ -4,7 +4,7 @@ The search walks the degrees from the innermost mesh dimension outwards (tensor,
 pipeline, then the data-parallel split of what is left) and only ever tries divisors of the GPUs
 still unassigned, so it never builds a product it then throws away. Branches that a recipe rule
 rejects are cut where the rule first applies (head counts for tensor, sequence divisibility for
-context, layer counts for pipeline, the batch for data parallelism), and every layout that
+context, the layer count for pipeline, the batch for data parallelism), and every layout that
 survives is checked once more by `launcher.recipe.rules.layout_problems`, the same function that
 validates recipes, so a layout the planner proposes is always one a recipe accepts.
 """
@@ -25,6 +25,14 @@ MAX_VIRTUAL_STAGES = 8
 MAX_MICRO_BATCH = 64
 
 
+def _virtual_choices(layers: int, pipeline: int) -> list[int]:
+    """Stages per rank to try: powers of two, which give most of interleaving's bubble cut, and
+    any other count up to MAX_VIRTUAL_STAGES that splits the layers evenly. Uneven counts run
+    too (`stage_layer_counts`); leaving them out keeps the search small."""
+    even = [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if layers % (pipeline * v) == 0]
+    return sorted({v for v in (1, 2, 4, 8) if v <= MAX_VIRTUAL_STAGES} | set(even))
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     """A layout with its micro-batching: everything but activation checkpointing and FP8."""
@@ -35,10 +43,14 @@ class Shape:
     pipeline_schedule: str
 
     def workload(self, base: Workload, *, activation_checkpointing: str, fp8: bool) -> Workload:
-        """`base` (the recipe's workload) with this shape, checkpointing and FP8 setting."""
+        """`base` (the recipe's workload) with this shape, checkpointing and FP8 setting; the
+        recipe's pipeline_layers stay where this shape has as many stages, else the balanced split."""
+        layout, given = self.layout, base.layout.pipeline_layers
+        if given is not None and len(given) == layout.num_stages:
+            layout = replace(layout, pipeline_layers=given)
         return replace(
             base,
-            layout=self.layout,
+            layout=layout,
             micro_batch_size=self.micro_batch_size,
             grad_accum_steps=self.grad_accum_steps,
             pipeline_schedule=self.pipeline_schedule,
@@ -68,13 +80,13 @@ def shapes(
             if seq_len % seq_len_divisor(c, t):
                 continue
             for p in divisors(world_size // (t * c)):
-                if layers % p:
-                    continue
+                if p > layers:
+                    break  # every stage needs a layer; stages need not split the layers evenly
                 rest = world_size // (t * c * p)  # data_replicate x data_shard
                 if global_batch_size % rest:
                     continue
                 per_rank = global_batch_size // rest
-                virtual = [1] if p == 1 else [v for v in divisors(layers // p) if v <= MAX_VIRTUAL_STAGES]
+                virtual = [1] if p == 1 else [v for v in _virtual_choices(layers, p) if p * v <= layers]
                 for b in divisors(per_rank):
                     if b > MAX_MICRO_BATCH:
                         break

@@ -1,8 +1,9 @@
 """Predicted training throughput and cost of one layout: an analytic step-time model.
 
-One optimizer step runs `m` micro-batches (grad_accum_steps) through every pipeline rank. For
-one micro-batch on one GPU of the heaviest pipeline rank (the last: its blocks plus the output
-layer and the loss):
+One optimizer step runs `m` micro-batches (grad_accum_steps) through every pipeline rank, and the
+slowest rank sets the pace: the last (its blocks plus the output layer and the loss) or, where the
+stages are uneven (`launcher.contract.layout.stage_layer_counts`), the one with the most layers.
+For one micro-batch on one GPU of that rank:
 
     compute  = matmul FLOPs    / (peak x matmul efficiency x shape efficiency)
              + attention FLOPs / (bf16 peak x attention efficiency)
@@ -40,7 +41,7 @@ from typing import Any, NamedTuple
 
 from launcher.catalog import Accelerator, ModelArch
 from launcher.contract.fp8 import collective_backend, float8_all_gather
-from launcher.contract.layout import layers_per_rank
+from launcher.contract.layout import layers_by_rank, rank_layers
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
 from launcher.plan.modes import mode
@@ -288,7 +289,24 @@ def predict(workload: Workload, hardware: Hardware, *, constants: Constants = CO
     Each term of the step time is one function below, in seconds per micro-batch or per step.
     Raises ThroughputUnknown for hardware without a peak FLOP/s (the host CPU).
     """
-    step = _Step(workload, hardware, constants)
+    ranks = _slowest_rank_candidates(workload)
+    timed = [_predict_rank(_Step(workload, hardware, constants, rank)) for rank in ranks]
+    return max(timed, key=lambda speed: speed.step_time_s)
+
+
+def _slowest_rank_candidates(workload: Workload) -> list[int]:
+    """The pipeline ranks that can be the slowest: the last, which holds the output layer and
+    the loss, and the other rank with the most layers if it has more than the last (the
+    embedding's lookup is not timed)."""
+    per_rank = layers_by_rank(workload.arch.num_layers, workload.layout)
+    last = len(per_rank) - 1
+    heaviest = max(range(last + 1), key=per_rank.__getitem__)
+    return [last] if per_rank[heaviest] <= per_rank[last] else [heaviest, last]
+
+
+def _predict_rank(step: _Step) -> Throughput:
+    """The step time if every pipeline rank were as slow as `step`'s."""
+    workload = step.w
     compute = compute_time(step)
     tp_mb = tensor_parallel_time(step)
     cp_mb = context_parallel_time(step)
@@ -326,16 +344,16 @@ def predicted_summary(recipe: Recipe) -> dict[str, float] | None:
 
 
 class _Step:
-    """What every term shares: one micro-batch on one GPU of the heaviest (last) pipeline rank."""
+    """What every term shares: one micro-batch on one GPU of pipeline rank `rank`."""
 
     __slots__ = (
         "w", "k", "gen", "accelerator", "h", "kv", "f", "vocab", "t", "c", "p", "v", "shard", "replicas", "b",
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
-        "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "node_network", "accumulation",
-        "grad_bytes", "cp_attention",
+        "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
+        "accumulation", "grad_bytes", "cp_attention",
     )  # fmt: skip
 
-    def __init__(self, workload: Workload, hardware: Hardware, k: Constants):
+    def __init__(self, workload: Workload, hardware: Hardware, k: Constants, rank: int | None = None):
         accelerator = hardware.accelerator
         if not accelerator.peak_bf16_tflops or not accelerator.hbm_gbps:
             raise ThroughputUnknown(
@@ -347,7 +365,9 @@ class _Step:
         self.t, self.c, self.p, self.v = layout.tensor, layout.context, layout.pipeline, layout.virtual_stages
         self.shard, self.replicas = layout.fsdp_shard, layout.data_replicate
         self.b, self.s = workload.micro_batch_size, workload.seq_len
-        self.layers = layers_per_rank(arch.num_layers, layout)
+        rank = layout.pipeline - 1 if rank is None else rank
+        self.layers = rank_layers(arch.num_layers, layout, rank)
+        self.has_output = rank == layout.pipeline - 1
         self.recompute = AC_RECOMPUTE[workload.activation_checkpointing]
         fp8, fp8_recipe = workload.fp8 and accelerator.has_fp8, workload.fp8_recipe
         self.fp8 = fp8
@@ -366,7 +386,8 @@ class _Step:
         self.cp_attention = mode(workload, "cp_attention")
         h, kv, f = self.h, self.kv, self.f
         self.block_params = self.layers * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h)
-        self.stage_params = self.block_params + self.vocab * h + h  # the last rank: blocks, final norm, output layer
+        # The last rank also holds the final norm and the output layer.
+        self.stage_params = self.block_params + (self.vocab * h + h if self.has_output else 0)
 
     def link(self, stride: int, size: int) -> tuple[float, float]:
         """(bus bandwidth, latency) of a collective over `size` ranks `stride` apart in the mesh.
@@ -422,9 +443,9 @@ def compute_time(step: _Step) -> _Compute:
     per_layer_forward = (block_gemm_s + attention_s) / 3 + forward_ew_s + cast_forward_s
     layers = step.layers
     return _Compute(
-        matmul=layers * block_gemm_s + head_s,
+        matmul=layers * block_gemm_s + (head_s if step.has_output else 0.0),
         attention=layers * attention_s,
-        elementwise=layers * (3 * forward_ew_s + 2 * cast_forward_s) + loss_s,
+        elementwise=layers * (3 * forward_ew_s + 2 * cast_forward_s) + (loss_s if step.has_output else 0.0),
         recompute=step.recompute * layers * per_layer_forward,
     )
 

@@ -70,6 +70,7 @@ class Recipe(RecipeSpec):
                 pipeline=par.pipeline,
                 data_replicate=par.data_replicate,
                 virtual_stages=par.virtual_stages,
+                pipeline_layers=None if par.pipeline_layers is None else tuple(par.pipeline_layers),
             )
             found = rules.layout_problems(
                 probe,

@@ -107,6 +107,7 @@ def resolve_layout(spec: RecipeSpec, world_size: int, hardware_text: str) -> tup
         data_replicate=par.data_replicate,
         data_shard=shard,
         virtual_stages=par.virtual_stages,
+        pipeline_layers=None if par.pipeline_layers is None else tuple(par.pipeline_layers),
     )
     if layout.world_size != world_size:
         others = layout.world_size // shard

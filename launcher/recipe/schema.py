@@ -215,6 +215,12 @@ class Parallel(Section):
     virtual_stages: PositiveInt = Field(default=1, le=MAX_MODEL_SHAPE["num_layers"])
     """Pipeline stages per rank (interleaved 1F1B uses 2 or more)."""
     pipeline_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"
+    pipeline_layers: list[Annotated[PositiveInt, Field(le=MAX_MODEL_SHAPE["num_layers"])]] | None = Field(
+        default=None, max_length=MAX_MODEL_SHAPE["num_layers"]
+    )
+    """Transformer layers per pipeline stage, pipeline x virtual_stages numbers summing to the
+    model's layers, e.g. [15, 16, 16, 16, 16, 16, 16, 15]. Default: balanced, with one layer
+    fewer on the first and last stages where they carry the embedding and the output layer."""
     data_replicate: PositiveInt = Field(default=1, le=MAX_GPUS)
     """Replicas of the FSDP-sharded model (HSDP); gradients are all-reduced between them."""
     data_shard: Annotated[PositiveInt, Field(le=MAX_GPUS)] | Literal["auto"] = "auto"

@@ -8,7 +8,7 @@ seconds of start-up on two cores) the jobs are batched by world size in `multiru
 - 4 processes: every 4-rank layout (also the source of the checkpoint that is resumed),
   and context-parallel attention at cp 4;
 - 2 processes: resume of the 4-rank checkpoint on 2 ranks, FP8, tied embeddings under TP,
-  context-parallel attention at cp 2, and the vocab-parallel fused loss.
+  uneven pipeline stages, context-parallel attention at cp 2, and the vocab-parallel fused loss.
 """
 
 from __future__ import annotations
@@ -54,6 +54,21 @@ LAYOUTS = {
     "pp2_cp2_gpipe": {"parallel.pipeline": 2, "parallel.context": 2, "parallel.pipeline_schedule": "gpipe"},
 }
 TIED = {"model": {"base": "llama3.1-tiny", "tie_embeddings": True}}
+FIVE_LAYERS = {"model": {"base": "llama3.1-tiny", "num_layers": 5}}
+# name -> overrides of 5-layer models on 2 ranks, pp 2, that must match the 5-layer reference.
+UNEVEN = {
+    # Balanced: 2 | 3 (the first stage also holds the embedding).
+    "pp2_5_layers": {**FIVE_LAYERS, "parallel.pipeline": 2},
+    # An explicit split over 4 interleaved stages, 1 | 2 | 1 | 1: rank 0 holds stages 0 and 2
+    # (2 layers), rank 1 stages 1 and 3 (3 layers).
+    "pp2_v2_5_layers_1_2_1_1": {
+        **FIVE_LAYERS,
+        "parallel.pipeline": 2,
+        "parallel.virtual_stages": 2,
+        "parallel.pipeline_schedule": "interleaved_1f1b",
+        "parallel.pipeline_layers": [1, 2, 1, 1],
+    },
+}
 FP8_STEPS = 12
 CP_CASES = [[4, 4], [6, 2], [3, 1], [5, 5], [8, 1]]  # heads / kv heads: MHA, GQA, odd counts, MQA
 
@@ -137,6 +152,8 @@ class Runs:
     resumed: Job
     fp8: Job
     tied_tp: Job
+    five_layers: Job
+    uneven: dict[str, Job]
     cp_attention: dict[int, dict]
     vocab_parallel_loss: dict
     stdout: str
@@ -153,6 +170,8 @@ def run_all(root: Path) -> Runs:
 
     reference = write_job(root, "reference", {}, procs=1)
     tied_reference = write_job(root, "tied-reference", TIED, procs=1)
+    five_layers = write_job(root, "five-layers", FIVE_LAYERS, procs=1)
+    uneven = {name: write_job(root, name, overrides, procs=2) for name, overrides in UNEVEN.items()}
     layouts = {name: write_job(root, name, overrides, procs=4) for name, overrides in LAYOUTS.items()}
     source = layouts["dp_shard2_tp2"]
     resumed = write_job(
@@ -170,10 +189,13 @@ def run_all(root: Path) -> Runs:
     )
     tied_tp = write_job(root, "tied-tp2", {**TIED, "parallel.tensor": 2}, procs=2)
 
-    launch([train(reference), train(tied_reference)], root, 1, "1-rank")
+    launch([train(reference), train(tied_reference), train(five_layers)], root, 1, "1-rank")
     four = launch([*(train(j) for j in layouts.values()), cp_attention("4")], root, 4, "4-rank")
     loss_check = {"kind": "vocab_parallel_loss", "result": str(root / "vocab-parallel-loss.json")}
-    two = launch([train(resumed), train(fp8), train(tied_tp), cp_attention("2"), loss_check], root, 2, "2-rank")
+    uneven_jobs = [train(job) for job in uneven.values()]
+    two = launch(
+        [train(resumed), train(fp8), train(tied_tp), *uneven_jobs, cp_attention("2"), loss_check], root, 2, "2-rank"
+    )
     return Runs(
         reference=reference,
         tied_reference=tied_reference,
@@ -181,6 +203,8 @@ def run_all(root: Path) -> Runs:
         resumed=resumed,
         fp8=fp8,
         tied_tp=tied_tp,
+        five_layers=five_layers,
+        uneven=uneven,
         cp_attention={n: json.loads((root / f"cp-attention-{n}.json").read_text()) for n in (2, 4)},
         vocab_parallel_loss=json.loads((root / "vocab-parallel-loss.json").read_text()),
         stdout=four.stdout + two.stdout,

@@ -10,7 +10,14 @@ import pytest
 
 from launcher.contract.config import ConfigError, JobConfig
 from launcher.contract.fp8 import collective_backend, float8_all_gather
-from launcher.contract.layout import Layout, layers_per_rank, rank_stages, seq_len_divisor, stage_layers
+from launcher.contract.layout import (
+    Layout,
+    layers_by_rank,
+    rank_stages,
+    seq_len_divisor,
+    stage_layer_counts,
+    stage_layers,
+)
 from launcher.recipe import Recipe
 from launcher.recipe.rules import layout_problems
 
@@ -18,16 +25,66 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_even_split_gives_each_stage_a_contiguous_run_and_each_rank_its_loop_stages():
-    assert [stage_layers(32, 8, s) for s in (0, 3, 7)] == [range(0, 4), range(12, 16), range(28, 32)]
-    layout = Layout(pipeline=4, virtual_stages=2)
-    assert rank_stages(1, layout) == [1, 5] and layers_per_rank(32, layout) == 8
+    layout = Layout(pipeline=8)
+    assert [stage_layers(32, layout, s) for s in (0, 3, 7)] == [range(0, 4), range(12, 16), range(28, 32)]
+    interleaved = Layout(pipeline=4, virtual_stages=2)
+    assert rank_stages(1, interleaved) == [1, 5] and layers_by_rank(32, interleaved) == [8] * 4
 
 
-def test_uneven_split_puts_the_extra_layers_first_and_counts_the_heaviest_rank():
-    # Llama 3.1 405B's 126 layers on 8 stages, as published; the entrypoints' rules refuse it.
-    assert [len(stage_layers(126, 8, s)) for s in range(8)] == [16] * 6 + [15] * 2
-    assert stage_layers(126, 8, 7) == range(111, 126)
-    assert layers_per_rank(126, Layout(pipeline=8)) == 16
+def test_balanced_split_gives_the_end_stages_a_layer_less_for_the_embedding_and_the_loss():
+    # Llama 3.1 405B's 126 layers on 8 stages, as torchtitan splits them.
+    assert stage_layer_counts(126, 8) == [15] + [16] * 6 + [15]
+    assert stage_layers(126, Layout(pipeline=8), 7) == range(111, 126)
+    assert stage_layer_counts(126, 16) == [7] + [8] * 14 + [7]
+    assert layers_by_rank(126, Layout(pipeline=8)) == [15] + [16] * 6 + [15]
+
+
+@pytest.mark.parametrize(
+    "layers, stages, expected",
+    [
+        (32, 8, [4] * 8),  # an even split stays even
+        (80, 1, [80]),
+        (5, 2, [2, 3]),  # the later stage keeps the extra layer: rank 0 holds the most micro-batches
+        (5, 4, [1, 1, 2, 1]),
+        (80, 3, [26, 27, 27]),
+        (4, 4, [1, 1, 1, 1]),
+    ],
+)
+def test_balanced_split_minimises_the_heaviest_stage_counting_embedding_and_output_as_a_layer(layers, stages, expected):
+    counts = stage_layer_counts(layers, stages)
+    assert counts == expected and sum(counts) == layers and min(counts) >= 1
+    carried = [0] * stages
+    carried[0] += 1
+    carried[-1] += 1
+    heaviest = max(c + w for c, w in zip(counts, carried, strict=True))
+    assert heaviest == -(-(layers + 2) // stages)  # no split could do better
+
+
+def test_an_explicit_split_overrides_the_balance_and_reaches_every_rank():
+    layout = Layout(pipeline=2, virtual_stages=2, pipeline_layers=(3, 1, 1, 3))
+    assert [stage_layers(8, layout, s) for s in range(4)] == [range(0, 3), range(3, 4), range(4, 5), range(5, 8)]
+    assert layers_by_rank(8, layout) == [4, 4]
+    with pytest.raises(ValueError, match=r"pipeline_layers \[3, 1\] is not 2 positive layer counts summing to 5"):
+        stage_layer_counts(5, 2, (3, 1))
+    with pytest.raises(ValueError, match="3 layers cannot fill 4 pipeline stages"):
+        stage_layer_counts(3, 4)
+
+
+def test_the_resolved_config_carries_pipeline_layers_to_the_entrypoints():
+    recipe = Recipe.load(
+        REPO / "recipes" / "tiny-cpu.yaml",
+        {"parallel.pipeline": 2, "parallel.tensor": 1, "parallel.pipeline_layers": [1, 3]},
+    )
+    resolved = recipe.resolved()
+    assert resolved["parallel"]["pipeline_layers"] == [1, 3]
+    cfg = JobConfig.from_dict(resolved)
+    assert cfg.parallel.pipeline_layers == (1, 3) and layers_by_rank(4, cfg.parallel) == [1, 3]
+    assert "pipeline_layers" not in Recipe.load(REPO / "recipes" / "tiny-cpu.yaml").resolved()["parallel"]
+    resolved["parallel"]["pipeline_layers"] = [2, 3]
+    with pytest.raises(
+        ConfigError, match=r"^parallel.pipeline_layers: \[2, 3\] sums to 5, but the model has 4 layers$"
+    ):
+        JobConfig.from_dict(resolved)
 
 
 def test_sequence_divisor_is_2cp_tp_under_context_parallelism_and_tp_without():

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from .entrypoint_jobs import CP_CASES, FP8_STEPS, LAYOUTS
+from .entrypoint_jobs import CP_CASES, FP8_STEPS, LAYOUTS, UNEVEN
 
 pytestmark = pytest.mark.torchrun
 
@@ -46,6 +46,15 @@ def test_grad_norm_and_lr_are_layout_independent(runs):
         for got_step, want_step in zip(job.metrics(), want, strict=True):
             assert got_step["grad_norm"] == pytest.approx(want_step["grad_norm"], abs=TOLERANCE), layout
             assert got_step["lr"] == want_step["lr"], layout
+
+
+@pytest.mark.parametrize("name", UNEVEN)
+def test_uneven_pipeline_stages_match_single_process(runs, name):
+    job, reference = runs.uneven[name], runs.five_layers
+    assert job.losses() == pytest.approx(reference.losses(), abs=TOLERANCE)
+    for got, want in zip(job.metrics(), reference.metrics(), strict=True):
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], abs=TOLERANCE)
+    assert_same_model(job.final_model(3), reference.final_model(3), TOLERANCE)
 
 
 def test_tied_embeddings_under_tensor_parallel_match_single_process(runs):
@@ -114,6 +123,7 @@ def test_metrics_lines_parse_with_the_sagemaker_metric_definitions(runs, metric_
     lines = [line for line in runs.stdout.splitlines() if line.startswith("metrics ")]
     records = [m for job in runs.layouts.values() for m in job.metrics()]
     records += runs.resumed.metrics() + runs.fp8.metrics() + runs.tied_tp.metrics()
+    records += [m for job in runs.uneven.values() for m in job.metrics()]
     assert len(lines) == len(records) > 20
     for line, record in zip(lines, records, strict=True):
         for definition in metric_definitions:

@@ -23,9 +23,9 @@ def workloads(draw, *, pipeline: bool = True) -> Workload:
     arch = draw(st.sampled_from(ARCHS))
     tensor = draw(st.sampled_from([t for t in (1, 2, 4, 8) if arch.num_kv_heads % t == 0]))
     context = draw(st.sampled_from([1, 2, 4, 8]))
-    stages = [p for p in (1, 2, 4) if arch.num_layers % p == 0] if pipeline else [1]
-    p = draw(st.sampled_from(stages))
-    v = draw(st.sampled_from([v for v in (1, 2) if arch.num_layers % (p * v) == 0])) if p > 1 else 1
+    # Pipeline degrees that split the layers unevenly too (3 stages of 32 layers: 10 | 11 | 11).
+    p = draw(st.sampled_from([1, 2, 3, 4] if pipeline else [1]))
+    v = draw(st.sampled_from([v for v in (1, 2) if p * v <= arch.num_layers])) if p > 1 else 1
     seq_len = 2 * context * tensor * draw(st.sampled_from([64, 256, 1024, 4096]))
     return Workload(
         arch=arch,

@@ -124,6 +124,14 @@ CONFIGS: list[TracedConfig] = [
         stage=1,
     ),
     TracedConfig(
+        "8B 8K pp2 dp4 1F1B, uneven stages 3 | 4 (7 layers), last stage",
+        llama8b(7),
+        8192,
+        parallel={"pipeline": 2},
+        global_batch_size=16,
+        stage=1,
+    ),
+    TracedConfig(
         "8B 8K pp4 dp2 gpipe selective (8 layers)",
         llama8b(8),
         8192,

@@ -22,9 +22,9 @@ def brute_force(arch, *, world_size, gpus_per_node, seq_len, global_batch_size):
         if world_size % (t * c * p * r):
             continue
         shard = world_size // (t * c * p * r)
-        # p * v stages must divide the layers, so v must too: the rules reject every other v,
-        # and leaving them out keeps the product small.
-        for v in (v for v in range(1, MAX_VIRTUAL_STAGES + 1) if arch.num_layers % v == 0):
+        # Every stage needs a layer, so the rules reject v above the layer count; leaving those
+        # out keeps the product small.
+        for v in range(1, min(MAX_VIRTUAL_STAGES, arch.num_layers) + 1):
             for b in range(1, global_batch_size + 1):
                 layout = Layout(tensor=t, context=c, pipeline=p, data_replicate=r, data_shard=shard, virtual_stages=v)
                 schedule = "interleaved_1f1b" if v > 1 else "1f1b"

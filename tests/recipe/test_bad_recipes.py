@@ -331,30 +331,44 @@ def test_bad_recipe_exits_2_with_one_line(tmp_path, monkeypatch, cli, text, mess
         assert line.startswith("recipe.yaml"), line
 
 
-def test_layers_not_divisible_by_pipeline_names_valid_degrees(tmp_path, monkeypatch, cli):
+def test_pipeline_not_dividing_the_layers_is_valid_with_uneven_stages(tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "r.yaml").write_text(
         BASE.replace("global_batch_size: 16", "global_batch_size: 24")
         + "  instance_count: 3\nparallel:\n  pipeline: 3\n  data_shard: 4\n  tensor: 2\n"
     )
     result = cli("validate", "r.yaml")
-    assert result.code == 2
-    [line] = result.err_lines
-    assert (
-        line
-        == "r.yaml:12 parallel.pipeline: pipeline 3 x virtual_stages 1 = 3 stages do not divide 32 layers; use pipeline 1, 2, 4, 8, 16 or 32"
-    )
+    assert result.code == 0, result.err
 
 
-def test_virtual_stages_dividing_no_layer_count(tmp_path, monkeypatch, cli):
+def test_more_stages_than_layers_says_every_stage_needs_a_layer(tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)
-    text = BASE + "parallel:\n  pipeline: 2\n  virtual_stages: 3\n  pipeline_schedule: interleaved_1f1b\n"
+    text = BASE + "parallel:\n  pipeline: 2\n  virtual_stages: 17\n  pipeline_schedule: interleaved_1f1b\n"
     (tmp_path / "r.yaml").write_text(text)
     result = cli("validate", "r.yaml")
     assert result.code == 2
     assert result.err_lines == [
-        "r.yaml:12 parallel.virtual_stages: pipeline 2 x virtual_stages 3 = 6 stages do not divide 32 layers; use virtual_stages dividing 32"
+        "r.yaml:12 parallel.virtual_stages: pipeline 2 x virtual_stages 17 = 34 stages exceed the 32 layers; "
+        "every stage needs a layer, use at most 32 stages"
     ]
+
+
+@pytest.mark.parametrize(
+    "layers, message",
+    [
+        ("[16, 16, 0]", r"parallel.pipeline_layers.2: expected a positive number, got 0"),
+        ("[16, 16, 1]", r"parallel.pipeline_layers: 3 entries for pipeline 2 x virtual_stages 1 = 2 stages; give 2"),
+        ("[15, 16]", r"parallel.pipeline_layers: \[15, 16\] sums to 31, but the model has 32 layers"),
+    ],
+    ids=["zero", "length", "sum"],
+)
+def test_bad_pipeline_layers_names_the_key(tmp_path, monkeypatch, cli, layers, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.yaml").write_text(BASE + f"parallel:\n  pipeline: 2\n  pipeline_layers: {layers}\n")
+    result = cli("validate", "r.yaml")
+    assert result.code == 2
+    [line] = result.err_lines
+    assert re.search(message, line), line
 
 
 def test_missing_file(tmp_path, cli):

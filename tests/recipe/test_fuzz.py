@@ -57,7 +57,7 @@ LEAF_PATHS = [
     "training.optimizer.lr", "training.optimizer.betas", "training.optimizer.warmup_steps",
     "training.grad_clip", "precision.fp8", "precision.dtype", "parallel.tensor", "parallel.context",
     "parallel.pipeline", "parallel.virtual_stages", "parallel.data_shard", "parallel.data_replicate",
-    "parallel.pipeline_schedule", "cluster.backend", "cluster.instance_type", "cluster.instance_count",
+    "parallel.pipeline_schedule", "parallel.pipeline_layers", "cluster.backend", "cluster.instance_type", "cluster.instance_count",
     "cluster.nproc_per_node", "cluster.device", "cluster.accelerator", "cluster.max_run", "cluster.image",
     "cluster.usd_per_hour", "sagemaker.region", "sagemaker.role_arn", "sagemaker.subnets",
     "sagemaker.subnets.0", "sagemaker.tags", "sagemaker.max_wait", "sagemaker.spot",
