@@ -70,7 +70,7 @@ def export_plan(cfg: JobConfig, *, max_file_bytes: int = MAX_FILE_BYTES) -> list
     num_stages = cfg.parallel.num_stages
     itemsize = EXPORT_DTYPES[cfg.precision.dtype].itemsize
     stage_of_layer = {
-        layer: stage for stage in range(num_stages) for layer in stage_layers(cfg.model.num_layers, num_stages, stage)
+        layer: stage for stage in range(num_stages) for layer in stage_layers(cfg.model.num_layers, cfg.parallel, stage)
     }
     files: list[tuple[int, list]] = []  # (stage, [(name, shape), ...])
     file_bytes = 0
