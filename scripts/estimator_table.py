@@ -6,7 +6,7 @@
 Each table sits between `<!-- generated: NAME -->` and `<!-- end generated -->` in the doc;
 everything else there is written by hand. The traced configs are tests/estimate/
 traced_configs.py, traced with the entrypoints' own code by tests/estimate/memory_tracing.py
-(the test suite asserts the same 10% bound). The GPU table compares the current estimate with
+(the test suite asserts the same 2% bound). The GPU table compares the current estimate with
 docs/estimator_gpu_h200.json, which scripts/estimator_gpu.py measured on an H200.
 """
 
@@ -56,7 +56,7 @@ def traced_table() -> str:
             f"| {(stage.allocated_bytes - traced.peak_bytes) / 2**20:+,.1f} | {error:+.2%} | {where} | {stage.phase} |"
         )
     rows.append("")
-    rows.append(f"Largest error: {worst:.1%} over {len(CONFIGS)} configs (the test bound is 10%).")
+    rows.append(f"Largest error: {worst:.1%} over {len(CONFIGS)} configs (the test bound is 2%).")
     return "\n".join(rows)
 
 

@@ -6,7 +6,7 @@ seconds of start-up on two cores) the jobs are batched by world size in `multiru
 
 - 1 process: the single-process references;
 - 4 processes: every 4-rank layout (also the source of the checkpoint that is resumed),
-  and context-parallel attention at cp 4;
+  FSDP's gradient accumulation modes, and context-parallel attention at cp 4;
 - 2 processes: resume of the 4-rank checkpoint on 2 ranks, FP8, tied embeddings under TP,
   context-parallel attention at cp 2, and the vocab-parallel fused loss.
 """
@@ -52,6 +52,22 @@ LAYOUTS = {
         "parallel.pipeline_schedule": "interleaved_1f1b",
     },
     "pp2_cp2_gpipe": {"parallel.pipeline": 2, "parallel.context": 2, "parallel.pipeline_schedule": "gpipe"},
+}
+# name -> overrides: FSDP's accumulation modes on 4 ranks, 2 micro-batches each; each must match
+# the sync_each run of the same layout (and the single-process reference).
+ACCUMULATION = {
+    "dp_shard2_tp2_sync_last": {"parallel.tensor": 2, "parallel.grad_accumulation": "sync_last"},
+    "dp_shard2_tp2_sync_last_gathered": {"parallel.tensor": 2, "parallel.grad_accumulation": "sync_last_gathered"},
+    "hsdp_sync_last_gathered": {
+        "parallel.data_replicate": 2,
+        "parallel.data_shard": 2,
+        "parallel.grad_accumulation": "sync_last_gathered",
+    },
+    "dp_shard2_tp2_sync_last_bf16_reduce": {
+        "parallel.tensor": 2,
+        "parallel.grad_accumulation": "sync_last",
+        "parallel.reduce_dtype": "bf16",
+    },
 }
 TIED = {"model": {"base": "llama3.1-tiny", "tie_embeddings": True}}
 FP8_STEPS = 12
@@ -134,6 +150,7 @@ class Runs:
     reference: Job
     tied_reference: Job
     layouts: dict[str, Job]
+    accumulation: dict[str, Job]
     resumed: Job
     fp8: Job
     tied_tp: Job
@@ -154,6 +171,7 @@ def run_all(root: Path) -> Runs:
     reference = write_job(root, "reference", {}, procs=1)
     tied_reference = write_job(root, "tied-reference", TIED, procs=1)
     layouts = {name: write_job(root, name, overrides, procs=4) for name, overrides in LAYOUTS.items()}
+    accumulation = {name: write_job(root, name, overrides, procs=4) for name, overrides in ACCUMULATION.items()}
     source = layouts["dp_shard2_tp2"]
     resumed = write_job(
         root,
@@ -171,13 +189,15 @@ def run_all(root: Path) -> Runs:
     tied_tp = write_job(root, "tied-tp2", {**TIED, "parallel.tensor": 2}, procs=2)
 
     launch([train(reference), train(tied_reference)], root, 1, "1-rank")
-    four = launch([*(train(j) for j in layouts.values()), cp_attention("4")], root, 4, "4-rank")
+    four_rank_jobs = [*layouts.values(), *accumulation.values()]
+    four = launch([*(train(j) for j in four_rank_jobs), cp_attention("4")], root, 4, "4-rank")
     loss_check = {"kind": "vocab_parallel_loss", "result": str(root / "vocab-parallel-loss.json")}
     two = launch([train(resumed), train(fp8), train(tied_tp), cp_attention("2"), loss_check], root, 2, "2-rank")
     return Runs(
         reference=reference,
         tied_reference=tied_reference,
         layouts=layouts,
+        accumulation=accumulation,
         resumed=resumed,
         fp8=fp8,
         tied_tp=tied_tp,

@@ -164,6 +164,27 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=16,
     ),
     TracedConfig(
+        "8B 8K fsdp8 sync_last, 2 micro-batches (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"grad_accumulation": "sync_last"},
+        global_batch_size=16,
+    ),
+    TracedConfig(
+        "8B 8K fsdp8 sync_last_gathered selective, 3 micro-batches (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"grad_accumulation": "sync_last_gathered", "activation_checkpointing": "selective"},
+        global_batch_size=24,
+    ),
+    TracedConfig(
+        "8B 8K dp4 tp2 sync_last, bf16 reduce, 2 micro-batches (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"tensor": 2, "grad_accumulation": "sync_last", "reduce_dtype": "bf16"},
+        global_batch_size=8,
+    ),
+    TracedConfig(
         "Mistral 7B 32K dp4 cp2 fp8 selective (8 layers)",
         {"base": "mistral-7b", "num_layers": 8},
         32768,
