@@ -117,7 +117,8 @@ class _Block:
         # Under training.compile the casts fuse into the compiled block (Inductor writes the
         # float8 tensor directly from the bf16 input), so these eager fp32 temporaries do not
         # exist. What the compiled block holds instead is to be measured on a GPU
-        # (scripts/estimator_gpu.py); a CPU fake-tensor trace cannot run Inductor's kernels.
+        # (scripts/estimator_gpu.py); under fake tensors torch.compile falls back to eager,
+        # so the CPU trace cannot see it.
         if w.fp8 and not w.compile and fp8_moment > self.backward_working + self.weight_grad_w2:
             # The block peaks at that cast, before any of its weight gradients exist.
             self.fp8_cast = fp8_moment - cb * sharded * h

@@ -1,8 +1,10 @@
 """The fsdp estimate against the program it describes: the entrypoints' own model, parallelize
 and optimizer code, traced under fake tensors (memory_tracing.py), on real Llama 3.1 8B and
 70B shapes with TP, CP, PP, every checkpointing mode, FP8 and each gradient accumulation mode
-(traced_configs.py), within 2%. No config sets training.compile: Inductor's generated kernels
-do not run on fake tensors, so a compiled block's memory is left to a GPU measurement.
+(traced_configs.py), within 2%. No config sets training.compile: under an active fake mode
+torch.compile falls back to eager (tried with torch 2.13: dynamo compiles nothing and the ops
+run unfused), so such a trace would show the eager program. A compiled block's memory is left
+to a GPU measurement.
 
 Each trace runs in its own interpreter and takes 1 to 15 seconds.
 """
