@@ -62,6 +62,7 @@ ACCUMULATION = {
         "parallel.data_replicate": 2,
         "parallel.data_shard": 2,
         "parallel.grad_accumulation": "sync_last_gathered",
+        "training.micro_batch_size": 1,  # 8 sequences over 4 data-parallel ranks: 2 micro-batches
     },
     "dp_shard2_tp2_sync_last_bf16_reduce": {
         "parallel.tensor": 2,

@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from launcher import api
-from launcher.estimate import fsdp
+from launcher.estimate import fsdp, resolved_config
 
 from .memory_tracing import LiveStorages, pipeline_actions, trace_in_subprocess
 from .traced_configs import CONFIGS
@@ -28,7 +28,7 @@ GIB = 2**30
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_estimate_is_within_2_percent_of_the_traced_peak(config):
     recipe = config.recipe()
-    traced = trace_in_subprocess(recipe.resolved(), stage=config.stage)
+    traced = trace_in_subprocess(resolved_config(recipe), stage=config.stage)
     estimated = api.estimate(recipe).stages[config.stage].allocated_bytes
     error = estimated / traced.peak_bytes - 1
     assert abs(error) <= TOLERANCE, (

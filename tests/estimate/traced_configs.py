@@ -73,7 +73,7 @@ CONFIGS: list[TracedConfig] = [
         "8B 8K fsdp8 selective, 2 micro-batches",
         llama8b(),
         8192,
-        parallel={"activation_checkpointing": "selective"},
+        parallel={"activation_checkpointing": "selective", "grad_accumulation": "sync_each"},
         global_batch_size=16,
     ),
     TracedConfig("8B 8K dp4 tp2 (8 layers)", llama8b(8), 8192, parallel={"tensor": 2}, global_batch_size=4),
