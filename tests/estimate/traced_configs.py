@@ -171,11 +171,11 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=16,
     ),
     TracedConfig(
-        "8B 8K fsdp8 sync_last_gathered selective, 3 micro-batches (8 layers)",
+        "8B 8K fsdp8 sync_last_gathered selective, 2 micro-batches (8 layers)",
         llama8b(8),
         8192,
         parallel={"grad_accumulation": "sync_last_gathered", "activation_checkpointing": "selective"},
-        global_batch_size=24,
+        global_batch_size=16,
     ),
     TracedConfig(
         "8B 8K dp4 tp2 sync_last, bf16 reduce, 2 micro-batches (8 layers)",
