@@ -48,6 +48,7 @@ from entrypoints.hf_weights import load_hf_weights
 from entrypoints.metrics import MetricsLogger, flops_per_token
 from entrypoints.model.init import materialize
 from entrypoints.optim import Optimizers, clip_grad_norm
+from entrypoints.parallel.accumulate import accumulate
 from entrypoints.parallel.mesh import build_mesh
 from entrypoints.parallel.parallelize import build_model_parts
 from entrypoints.parallel.pipeline import Pipeline
@@ -139,7 +140,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         for step in range(start + 1, t.steps + 1):
             step_start = time.perf_counter()
             if pipeline is None:
-                loss = _accumulate(parts[0], data)
+                loss = accumulate(parts[0], list(data.next_step()), par.grad_accumulation)
             else:
                 loss = pipeline.step(*data.rank_batch())
             grad_norm = clip_grad_norm(parts, t.grad_clip, mesh["pp"])
@@ -229,17 +230,6 @@ def _save_after_sigterm(checkpoints: Checkpointer, step: int, env: DistEnv, *, s
             "checkpoint saved" if saved else f"no time for a checkpoint; the last is step {checkpoints.last_saved_step}"
         )
         print(f"interrupted by SIGTERM after step {step}; {what}", flush=True)
-
-
-def _accumulate(model, data: DataLoader) -> torch.Tensor:
-    """Forward and backward over the step's micro-batches; the mean loss."""
-    micro_batches = list(data.next_step())
-    total = torch.zeros((), device=data.device)
-    for tokens, targets, documents in micro_batches:
-        loss = model(tokens, targets=targets, documents=documents)
-        (loss / len(micro_batches)).backward()
-        total += loss.detach()
-    return total / len(micro_batches)
 
 
 @failure.record

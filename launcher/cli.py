@@ -138,7 +138,9 @@ def validate(
 def show(recipe: RecipeArg, set_: SetOpt = None, json_: JsonOpt = False) -> None:
     """Print the fully resolved recipe, with derived values such as data_shard and world size."""
     loaded = _load(recipe, set_)
-    resolved = {**loaded.shown(), "derived": loaded.summary()}
+    from launcher.estimate import resolved_config
+
+    resolved = {**resolved_config(loaded), **loaded.run_sections(), "derived": loaded.summary()}
     if json_:
         _print_json(resolved)
     else:

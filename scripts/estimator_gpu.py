@@ -79,6 +79,7 @@ def merged(base: dict, changes: dict) -> dict:
 
 def prepare(directory: Path) -> None:
     from launcher import api
+    from launcher.estimate import resolved_config
     from launcher.recipe import Recipe
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,8 @@ def prepare(directory: Path) -> None:
     for name, changes in CONFIGS:
         recipe = Recipe.from_dict(merged(BASE, changes))
         estimate = api.estimate(recipe)
-        prepared.append({"name": name, "resolved": recipe.resolved(), "estimate": estimate.to_json()})
+        # resolved_config: the accumulation mode the estimate describes is the one that runs.
+        prepared.append({"name": name, "resolved": resolved_config(recipe), "estimate": estimate.to_json()})
     (directory / "configs.json").write_text(json.dumps(prepared, indent=1))
     print(f"estimator_gpu: {len(prepared)} configs written to {directory / 'configs.json'}")
 

@@ -650,7 +650,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | term | model | overlap assumption |
 |---|---|---|
 | matmuls | 6 FLOPs per weight and token (8 for the output layer: the fused loss recomputes logits), at peak x efficiency(GPU, precision) x d/(d+half) for each GEMM dimension M, K, N | - |
-| attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: 0.58 for the entrypoints' current two-SDPA kernel, 0.9 allgather, 1.0 ulysses) | - |
+| attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: 0.9 allgather (LSE-merged fused pieces), 1.0 ulysses, 0.58 the masked two-SDPA kernel document masking runs) | - |
 | elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3 | - |
 | recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | - |
 | TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink | none (no async TP) |
@@ -681,15 +681,12 @@ specifications), NVLink the catalog's `nvlink_gbps` (accelerators.yaml, NVIDIA d
 
 ### Modes from issue #11
 
-`parallel.grad_accumulation`, `parallel.reduce_dtype` and `parallel.cp_attention` are read from
-the workload where it has them (launcher/plan/modes.py), else the entrypoints' behaviour without
-them: sync_each, fp32, and the two-SDPA zigzag kernel. `auto` accumulation is priced as sync_each.
-Where recipes can set `parallel.grad_accumulation`, the search tries all three modes for FSDP
-layouts without PP and with more than one micro-batch per step (`search(...,
-vary_accumulation=True)` asks it before that); until the memory estimator counts unsharded
-gradients, the planner adds them itself: the heaviest rank's TP shard of blocks and output layer
-x 4 bytes (2 with bf16 reduction), plus 2 bytes of gathered bf16 parameters for
-sync_last_gathered (`unsharded_accumulation` in the memory breakdown).
+`parallel.grad_accumulation`, `parallel.reduce_dtype` and `parallel.cp_attention` are workload
+fields (launcher/plan/modes.py): `auto` accumulation (decided by memory at submit) is priced as
+sync_each; CP attention is the layout's path (allgather or ulysses), and the masked two-SDPA
+kernel (zigzag_sdpa) where document masking needs it. The search tries all three accumulation
+modes for FSDP layouts without PP and with more than one micro-batch per step; the memory
+estimator counts each mode's unsharded gradients and gathered parameters.
 
 Outputs: tokens/s/GPU, MFU (model FLOPs 6·N + 6·L·h·s per token over the BF16 peak, as the
 entrypoints log it), step time, time to the recipe's steps, and $ per 1M tokens and per run from

@@ -4,13 +4,15 @@
 
 Parameters, gradients and optimizer states are sharded over dp_shard x cp (and replicated over
 dp_replicate: HSDP on a 2-D mesh). Master weights stay fp32 in the shards; `MixedPrecisionPolicy`
-all-gathers them in `param_dtype` (bf16) for compute and reduce-scatters gradients in fp32.
+all-gathers them in `param_dtype` (bf16) for compute and reduce-scatters gradients in
+`reduce_dtype` (fp32 unless `parallel.reduce_dtype: bf16`).
 FSDP is applied even at shard degree 1 because it also carries the mixed-precision policy.
 
 What is gathered when (the estimator models this):
 - each block is one unit: all-gathered before its forward and again before its backward;
-  freed after forward when `reshard_after_forward` (not under pipeline parallelism, where
-  every micro-batch would gather it again, as in torchtitan);
+  freed after forward when `reshard_after_forward` (not under pipeline parallelism or
+  `grad_accumulation: sync_last_gathered`, where every micro-batch would gather it again, as
+  in torchtitan); accumulate.py sets gradient sync and resharding after backward per micro-batch;
 - the root unit holds the embedding, the final norm and the output weight. FSDP2 never
   reshards the root after forward, so these stay gathered from the start of forward to the
   end of backward.
@@ -24,8 +26,10 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
-def apply_fsdp(model, mesh, *, param_dtype: torch.dtype, reshard_after_forward: bool) -> None:
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+def apply_fsdp(
+    model, mesh, *, param_dtype: torch.dtype, reshard_after_forward: bool, reduce_dtype: torch.dtype = torch.float32
+) -> None:
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)

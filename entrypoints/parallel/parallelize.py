@@ -25,6 +25,7 @@ from launcher.contract.config import JobConfig
 from launcher.contract.layout import rank_stages
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+REDUCE_DTYPES = PARAM_DTYPES
 
 
 def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | None = None) -> None:
@@ -53,12 +54,14 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
             block.compile()
 
     # 5. FSDP last: it shards whatever the steps above left, block by block, then the root.
-    #    Under pipeline parallelism blocks stay gathered between micro-batches.
+    #    Under pipeline parallelism and sync_last_gathered, blocks stay gathered between
+    #    micro-batches (the last micro-batch's backward reshards them: accumulate.py).
     apply_fsdp(
         model,
         fsdp_mesh(mesh),
         param_dtype=PARAM_DTYPES[cfg.precision.dtype],
-        reshard_after_forward=par.pipeline == 1,
+        reshard_after_forward=par.pipeline == 1 and par.grad_accumulation != "sync_last_gathered",
+        reduce_dtype=REDUCE_DTYPES[par.reduce_dtype],
     )
 
 

@@ -135,6 +135,10 @@ class ParallelConfig(Layout):
     world_size: int = field()
     """The product of the degrees, written out so that a config is never run on another world size."""
     grad_accum_steps: int
+    grad_accumulation: Literal["sync_each", "sync_last", "sync_last_gathered"] = "sync_each"
+    """Gradient sync across micro-batches (entrypoints/parallel/accumulate.py); never "auto"."""
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """dtype of FSDP's gradient reduce-scatter (MixedPrecisionPolicy.reduce_dtype)."""
 
     def __post_init__(self):
         product = Layout.world_size.fget(self)

@@ -13,8 +13,10 @@ from launcher.estimate.memory import (
     MODES,
     MemoryEstimate,
     Mode,
+    choose_grad_accumulation,
     estimate_memory,
     format_bytes,
+    resolved_config,
     verdict,
 )
 from launcher.estimate.workload import Workload
@@ -27,7 +29,9 @@ __all__ = [
     "Mode",
     "StageMemory",
     "Workload",
+    "choose_grad_accumulation",
     "estimate_memory",
     "format_bytes",
+    "resolved_config",
     "verdict",
 ]

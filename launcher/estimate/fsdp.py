@@ -13,7 +13,8 @@ is explained, with the line of code it comes from, in docs/estimator.md. In shor
   reduce-scatter input until the next reduce-scatter.
 - Under pipeline parallelism every block stays gathered for the whole step and gradients
   accumulate unsharded in fp32 until the step's last micro-batch (torch.distributed.pipelining
-  turns FSDP's gradient sync off in between).
+  turns FSDP's gradient sync off in between). Without it, `grad_accumulation` decides
+  (`_Accumulation`): sync_last keeps unsharded gradients, sync_last_gathered gathered blocks too.
 - Each block saves what autograd needs (listed in `_Block`); full checkpointing keeps only a
   block's input and recomputes the rest in backward; selective checkpoints the odd layers.
 - The loss never materialises logits: it saves the final hidden states and an fp32
@@ -114,7 +115,12 @@ class _Block:
             fp8_moment += 2 * tokens * h + h * f / t
         self.weight_grad_w2 = cb * h * f / t
         self.fp8_cast = 0.0
-        if w.fp8 and fp8_moment > self.backward_working + self.weight_grad_w2:
+        # Under training.compile the casts fuse into the compiled block (Inductor writes the
+        # float8 tensor directly from the bf16 input), so these eager fp32 temporaries do not
+        # exist. What the compiled block holds instead is to be measured on a GPU
+        # (scripts/estimator_gpu.py); under fake tensors torch.compile falls back to eager,
+        # so the CPU trace cannot see it.
+        if w.fp8 and not w.compile and fp8_moment > self.backward_working + self.weight_grad_w2:
             # The block peaks at that cast, before any of its weight gradients exist.
             self.fp8_cast = fp8_moment - cb * sharded * h
             self.backward_working = cb * sharded * h
@@ -278,48 +284,109 @@ def _with_activations(breakdown: dict, alive: tuple[float, float, float], extra:
     return breakdown
 
 
+def _grad_bytes(w: Workload) -> int:
+    """Bytes per value of unsharded gradients and of the reduce-scatter input: reduce_dtype's.
+    (FSDP2 drops reduce_dtype when it equals the compute dtype; gradients then stay in it.)"""
+    return 2 if w.reduce_dtype == "bf16" else FP32
+
+
+class _Accumulation:
+    """What a step without pipeline parallelism keeps across micro-batches, by
+    `grad_accumulation` (entrypoints/parallel/accumulate.py), at the last micro-batch's moments,
+    which hold everything the earlier ones do.
+
+    - sync_each (and any mode with one micro-batch): earlier micro-batches' gradients are
+      reduce-scattered into the fp32 gradient shards; blocks are gathered one at a time.
+    - sync_last: FSDP2 keeps each parameter's gradient unsharded, in the reduce dtype
+      (`unsharded_accumulated_grad`, fp32 unless reduce_dtype is bf16), until the last
+      micro-batch's backward reduce-scatters it; the root unit's (embedding, output weight)
+      at the very end of backward. Gradient shards appear only for blocks already reduced.
+    - sync_last_gathered: blocks also stay gathered from the first forward until the last
+      micro-batch's backward reshards each one after its gradient is reduced.
+    """
+
+    __slots__ = ("block", "n", "shard", "grad_bytes", "unsynced", "gathered", "earlier_shards", "root_grads")
+
+    def __init__(self, w: Workload, block: _Block, n: int, root_params: float, grads_full: float, cb: int):
+        mode = w.grad_accumulation if w.grad_accum_steps > 1 else "sync_each"
+        self.block, self.n, self.shard = block, n, w.layout.fsdp_shard
+        self.grad_bytes = _grad_bytes(w)
+        self.unsynced = mode != "sync_each"
+        self.root_grads = self.grad_bytes * root_params
+        t = w.layout.tensor
+        if self.grad_bytes == cb and t > 1:
+            # Nothing converts the gradient (reduce dtype = compute dtype), and under TP the
+            # embedding's gradient is a shard viewing the dense V x h tensor DTensor computes
+            # (see the embedding's backward below): the whole tensor stays alive (traced).
+            self.root_grads += cb * w.arch.vocab_size * w.arch.hidden_size * (1 - 1 / t)
+        self.gathered = mode == "sync_last_gathered"
+        # sync_each: every shard already holds the earlier micro-batches' gradient sums.
+        self.earlier_shards = grads_full if w.grad_accum_steps > 1 and not self.unsynced else 0.0
+
+    def gradients(self, reduced_blocks: int) -> float:
+        """Gradient shards once `reduced_blocks` blocks' gradients are reduce-scattered."""
+        return self.earlier_shards or FP32 * reduced_blocks * self.block.params / self.shard
+
+    def unsharded_grads(self, reduced_blocks: int) -> float:
+        """Accumulated unsharded gradients of the units not yet reduce-scattered (with the root's)."""
+        if not self.unsynced:
+            return 0.0
+        return self.root_grads + self.grad_bytes * (self.n - reduced_blocks) * self.block.params
+
+    def gathered_blocks(self, one_at_a_time: float, still_gathered: int) -> float:
+        """Bytes of gathered blocks: `one_at_a_time` under resharding, else `still_gathered` blocks."""
+        return still_gathered * self.block.gathered if self.gathered else one_at_a_time
+
+
 def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: float, grads_full: float) -> dict:
     """The one rank of a layout without pipeline parallelism, holding all `n` layers: the loss's
     forward and backward, the blocks' backward and the embedding's backward."""
     w, block, cb, loss = context.w, context.block, context.cb, context.loss
-    arch, t, shard = w.arch, w.layout.tensor, w.layout.fsdp_shard
+    arch, t = w.arch, w.layout.tensor
     h, V = arch.hidden_size, arch.vocab_size
     mode = w.activation_checkpointing
     vocab_matrix = V * h / t
     # The RoPE table in the compute dtype and the document masks, shared by the layers.
     rope_cast = cb * _tokens(w) * arch.head_dim + context.documents
     all_kept = _kept(block, n, _checkpointed_below(mode, n))
-    accumulating = w.grad_accum_steps > 1  # earlier micro-batches' gradient shards
+    acc = _Accumulation(w, block, n, root_params, grads_full, cb)
     gathered_root = cb * root_params
     found: dict[str, dict] = {}
     # The loss: forward, then backward (the output weight's gradient stays unsharded until
     # the root's reduce-scatter at the very end of backward).
     forward = dict(base)
-    forward["gradients"] = grads_full if accumulating else 0
-    forward["fsdp_buffers"] = gathered_root
+    forward["gradients"] = acc.gradients(0)
+    forward["fsdp_buffers"] = gathered_root + acc.gathered_blocks(0, n) + acc.unsharded_grads(0)
     forward["loss"] = loss.forward_working
     found["loss forward"] = _with_activations(forward, all_kept, rope_cast + loss.head_saved)
     # FSDP's root pre-backward hook has already prefetched the last block's all-gather.
     backward = dict(forward)
-    backward["fsdp_buffers"] = gathered_root + cb * vocab_matrix + (block.gathered if n else 0)
+    backward["fsdp_buffers"] = (
+        gathered_root + cb * vocab_matrix + acc.gathered_blocks(block.gathered if n else 0, n) + acc.unsharded_grads(0)
+    )
     backward["loss"] = loss.backward_working
     found["loss backward"] = _with_activations(backward, all_kept, rope_cast + loss.head_saved)
     # Blocks in backward, last layer first. The k-th one reached holds the kept
     # activations of the layers below it, its own full set (recomputed if checkpointed),
     # its gathered weights and the next block's prefetched all-gather buffer; from the
-    # second block on also the previous block's fp32 reduce-scatter input and the
+    # second block on also the previous block's reduce-scatter input and the
     # gradient shards of the blocks done.
     output_grad = 0 if arch.tie_embeddings else cb * vocab_matrix
+    reduce_scatter = acc.grad_bytes * block.params
     for k in sorted({k for k in (0, 1, n - 2, n - 1) if 0 <= k < n}):
         index = n - 1 - k
         below = _kept(block, index, _checkpointed_below(mode, index))
         alive = (below[0] + block.saved, below[1] + block.tp_gathered, below[2] + block.cp_gathered)
         moment = dict(base)
-        moment["gradients"] = grads_full if accumulating else FP32 * k * block.params / shard
+        moment["gradients"] = acc.gradients(k)
         prefetch = block.gathered if index > 0 else 0
-        reduce_scatter = FP32 * block.params if k >= 1 else 0
         moment["fsdp_buffers"] = (
-            gathered_root + output_grad + block.gathered + prefetch + reduce_scatter + block.weight_grad_w2
+            gathered_root
+            + output_grad
+            + acc.gathered_blocks(block.gathered + prefetch, index + 1)
+            + acc.unsharded_grads(k)
+            + (reduce_scatter if k >= 1 else 0)
+            + block.weight_grad_w2
         )
         moment["working"] = block.backward_working
         moment["fp8"] = block.fp8_cast
@@ -330,8 +397,10 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     # its global size before sharding it). Under TP the output weight's unsharded
     # gradient also has a copy (DTensor's to_local backward).
     moment = dict(base)
-    moment["gradients"] = grads_full if accumulating else FP32 * n * block.params / shard
-    moment["fsdp_buffers"] = gathered_root + output_grad * (2 if t > 1 else 1) + FP32 * block.params + cb * V * h
+    moment["gradients"] = acc.gradients(n)
+    moment["fsdp_buffers"] = (
+        gathered_root + output_grad * (2 if t > 1 else 1) + reduce_scatter + cb * V * h + acc.unsharded_grads(n)
+    )
     found["backward of the embedding"] = moment
     return found
 
@@ -346,7 +415,8 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
 
     Blocks are not resharded after forward (parallelize.py), and torch.distributed.pipelining
     turns FSDP's gradient sync off until the end of the step, so each block's gradient
-    accumulates unsharded in fp32 (`unsharded_accumulated_grad`) from its first backward on.
+    accumulates unsharded in the reduce dtype (`unsharded_accumulated_grad`) from its first
+    backward on: what `grad_accumulation: sync_last_gathered` does without pipelining.
     The runtime allocates a receive buffer per micro-batch for every stage input it gets
     from another rank and for every output gradient, up front.
     """
@@ -370,7 +440,7 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     moments = {}
     for name, chunks, accumulated in (
         ("first backward", schedule.forwards, 0.0),
-        ("second backward", schedule.forwards - (not schedule.steady), FP32 * first_chunk_params),
+        ("second backward", schedule.forwards - (not schedule.steady), _grad_bytes(w) * first_chunk_params),
     ):
         if chunks < 1 or (accumulated and m == 1):
             continue

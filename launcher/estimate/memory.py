@@ -23,6 +23,7 @@ from launcher.errors import UsageError
 from launcher.estimate import fsdp, megatron
 from launcher.estimate.breakdown import StageMemory
 from launcher.estimate.workload import Workload
+from launcher.recipe import Recipe
 from launcher.recipe.resolve import Hardware
 
 Mode = Literal["fsdp", "megatron"]
@@ -154,6 +155,8 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Per-GPU peak memory of `workload` on `hardware`; no suggestion (see `launcher.api.estimate`)."""
     check_options(mode, threshold)
+    if workload.grad_accumulation == "auto":
+        workload = replace(workload, grad_accumulation=choose_grad_accumulation(workload, hardware, threshold))
     accounting = ACCOUNTINGS[mode]
     accelerator = hardware.accelerator
     stages = accounting.stage_peaks(workload, device=_device_kind(accelerator))
@@ -172,6 +175,30 @@ def estimate_memory(
         stages=tuple(stages),
         notes=tuple(accounting.notes(workload)),
     )
+
+
+# Fastest first: sync_last_gathered sends nothing between micro-batches, sync_last re-gathers
+# parameters but reduce-scatters once, sync_each does both for every micro-batch.
+ACCUMULATION_SPEED_ORDER = ("sync_last_gathered", "sync_last", "sync_each")
+
+
+def choose_grad_accumulation(workload: Workload, hardware: Hardware, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """What `parallel.grad_accumulation: auto` runs: the fastest mode whose `fsdp` estimate fits
+    under `threshold`, else sync_each (which needs the least memory)."""
+    for choice in ACCUMULATION_SPEED_ORDER[:-1]:
+        candidate = replace(workload, grad_accumulation=choice)
+        if estimate_memory(candidate, hardware, threshold=threshold).fits:
+            return choice
+    return "sync_each"
+
+
+def resolved_config(recipe: Recipe, **placement: str | None) -> dict[str, Any]:
+    """`recipe.resolved(**placement)` with `grad_accumulation: auto` replaced by the estimator's choice."""
+    workload = Workload.from_recipe(recipe)
+    choice = workload.grad_accumulation
+    if choice == "auto":
+        choice = choose_grad_accumulation(workload, recipe.hardware)
+    return recipe.resolved(grad_accumulation=choice, **placement)
 
 
 def check_options(mode: str, threshold: float) -> None:

@@ -28,7 +28,9 @@ class Workload:
     fp8_recipe: str = "tensorwise"
     activation_checkpointing: str = "none"
     pipeline_schedule: str = "1f1b"
-    compile: bool = False  # torch.compile of each block: changes speed, not memory
+    compile: bool = False  # torch.compile of each block: speed, and FP8's cast temporaries
+    grad_accumulation: str = "sync_each"  # or sync_last, sync_last_gathered; "auto" until estimated
+    reduce_dtype: str = "fp32"  # FSDP's gradient reduce-scatter dtype
     steps: int | None = None  # optimizer steps of the run, for its time and cost
     cp_attention: str = "auto"  # parallel.cp_attention as written; `cp_attention_path` resolves it per layout
     document_masking: bool = False  # data.document_masking: attention masks per micro-batch
@@ -48,6 +50,8 @@ class Workload:
             activation_checkpointing=parallel.activation_checkpointing,
             pipeline_schedule=parallel.pipeline_schedule,
             compile=training.compile,
+            grad_accumulation=recipe.grad_accumulation(),
+            reduce_dtype=parallel.reduce_dtype,
             steps=training.steps,
             cp_attention=parallel.cp_attention,
             document_masking=recipe.data.document_masking,

@@ -17,15 +17,9 @@ from dataclasses import dataclass, replace
 
 from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
-from launcher.estimate.memory import verdict
 from launcher.plan.budget import resolve_budget
 from launcher.plan.candidates import Shape, shapes
-from launcher.plan.modes import (
-    GRAD_ACCUMULATION_MODES,
-    accumulation_extra_bytes,
-    estimator_counts_accumulation,
-    with_modes,
-)
+from launcher.plan.modes import GRAD_ACCUMULATION_MODES
 from launcher.plan.modes import mode as run_mode
 from launcher.plan.result import LayoutPlan, LayoutPlans, Search
 from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict
@@ -71,7 +65,7 @@ def plan(
     vary_fp8: bool = False,
     threshold: float = DEFAULT_THRESHOLD,
     constants: Constants = CONSTANTS,
-    vary_accumulation: bool | None = None,
+    vary_accumulation: bool = True,
 ) -> LayoutPlans:
     """The `top` fastest layouts for `recipe` on a GPU budget that fit in `threshold` of memory."""
     return search(
@@ -97,13 +91,13 @@ def search(
     vary_fp8: bool = False,
     threshold: float = DEFAULT_THRESHOLD,
     constants: Constants = CONSTANTS,
-    vary_accumulation: bool | None = None,
+    vary_accumulation: bool = True,
 ) -> Search:
     """`plan`, with the numbers behind it (for the CLI's table and its explanation).
 
     `constants` replaces the throughput model's constants, to ask what-if questions (what if
-    context-parallel attention ran as fast as plain attention?). `vary_accumulation` searches the
-    `parallel.grad_accumulation` modes too; by default only where recipes can set them.
+    context-parallel attention ran as fast as plain attention?). `vary_accumulation` (on by default) searches the
+    `parallel.grad_accumulation` modes too.
     """
     if top < 1:
         raise UsageError(f"--top {top}: use 1 or more")
@@ -143,13 +137,11 @@ def search(
 
 
 def candidate_workloads(
-    recipe: Recipe, budget: Hardware, *, vary_fp8: bool = False, vary_accumulation: bool | None = None
+    recipe: Recipe, budget: Hardware, *, vary_fp8: bool = False, vary_accumulation: bool = True
 ) -> list[Workload]:
     """The recipe's workload with every valid layout x micro batch x checkpointing (x FP8, x
     accumulation mode) on `budget`."""
     base = Workload.from_recipe(recipe)
-    if vary_accumulation is None:
-        vary_accumulation = estimator_counts_accumulation()  # the recipe schema has the field
     fp8_options = [base.fp8]
     if vary_fp8 and budget.accelerator.has_fp8 and base.dtype == "bf16":
         fp8_options = [False, True]
@@ -176,7 +168,7 @@ def accumulation_variants(workload: Workload, shape: Shape, *, vary: bool) -> li
     pipelining (which keeps blocks gathered anyway) and more than one micro-batch per step."""
     if not vary or shape.layout.pipeline > 1 or shape.grad_accum_steps == 1 or shape.layout.fsdp_shard == 1:
         return [workload]
-    return [with_modes(workload, grad_accumulation=choice) for choice in GRAD_ACCUMULATION_MODES]
+    return [replace(workload, grad_accumulation=choice) for choice in GRAD_ACCUMULATION_MODES]
 
 
 def score_layouts(
@@ -185,7 +177,7 @@ def score_layouts(
     *,
     vary_fp8: bool = False,
     constants: Constants = CONSTANTS,
-    vary_accumulation: bool | None = None,
+    vary_accumulation: bool = True,
 ) -> list[Scored]:
     """Every candidate workload with its predicted speed, unsorted."""
     workloads = candidate_workloads(recipe, budget, vary_fp8=vary_fp8, vary_accumulation=vary_accumulation)
@@ -226,7 +218,7 @@ def first_that_fit(
         if any(shard <= s0 and b >= b0 and recompute <= r0 for s0, b0, r0 in failed.get(key, ())):
             too_big += 1
             continue
-        estimate = with_accumulation_memory(estimate_memory(workload, budget, mode=mode, threshold=threshold), workload)
+        estimate = estimate_memory(workload, budget, mode=mode, threshold=threshold)
         estimated += 1
         if estimate.verdict != "fits":
             failed.setdefault(key, []).append((shard, b, recompute))
@@ -238,23 +230,6 @@ def first_that_fit(
         if len(fitting) == top:
             break
     return Fitting(fitting, estimated, too_big, closest)
-
-
-def with_accumulation_memory(estimate: MemoryEstimate, workload: Workload) -> MemoryEstimate:
-    """`estimate` plus the unsharded gradients (and parameters) of the accumulation mode, where the
-    estimator does not count them yet (launcher.plan.modes); unchanged otherwise."""
-    extra = accumulation_extra_bytes(workload)
-    if not extra:
-        return estimate
-    peak = estimate.per_gpu_peak_bytes + extra
-    breakdown = {**estimate.breakdown, "unsharded_accumulation": extra}
-    return replace(
-        estimate,
-        per_gpu_peak_bytes=peak,
-        allocated_bytes=estimate.allocated_bytes + extra,
-        breakdown=breakdown,
-        verdict=verdict(peak, estimate.gpu_memory_bytes, estimate.threshold),
-    )
 
 
 def _as_plan(item: Scored, estimate: MemoryEstimate, budget: Hardware) -> LayoutPlan:

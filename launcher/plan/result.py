@@ -11,7 +11,7 @@ from launcher.contract.layout import Layout
 from launcher.display import html
 from launcher.errors import UsageError
 from launcher.estimate import MemoryEstimate, Workload, format_bytes
-from launcher.plan.modes import estimator_counts_accumulation, mode
+from launcher.plan.modes import mode
 from launcher.plan.throughput import Throughput
 from launcher.recipe import Recipe
 from launcher.recipe.resolve import Hardware
@@ -201,8 +201,7 @@ def recipe_settings(workload: Workload, hardware: Hardware) -> dict[str, Any]:
         "cluster.instance_type": hardware.instance_key,
         "cluster.instance_count": hardware.instance_count,
     }
-    if estimator_counts_accumulation():  # the recipe schema has parallel.grad_accumulation
-        values["parallel.grad_accumulation"] = mode(workload, "grad_accumulation")
+    values["parallel.grad_accumulation"] = mode(workload, "grad_accumulation")
     if hardware.instance_key == "local":
         values["cluster.nproc_per_node"] = hardware.procs_per_node
     return values

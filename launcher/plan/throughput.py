@@ -97,8 +97,9 @@ class Constants:
         default_factory=lambda: {"zigzag_sdpa": 0.58, "allgather": 0.9, "ulysses": 1.0}
     )
     """Context-parallel attention's rate as a fraction of plain causal SDPA, by `parallel.cp_attention`.
-    zigzag_sdpa, the entrypoints' kernel before issue #11 (two SDPA calls per layer against key
-    prefixes, the second with a lower-right causal mask): measured 255-290 against 466 TFLOP/s at 32K
+    zigzag_sdpa, the all-gather path's masked kernel (the only one before issue #11; document masking
+    still runs it: two SDPA calls per layer against key prefixes, the second with a lower-right
+    causal mask): measured 255-290 against 466 TFLOP/s at 32K
     for cp 2, 4 and 8 on an H200. allgather (LSE-merged fused-kernel pieces) and ulysses (plain
     causal attention on the whole sequence for a subset of heads): the goal of issue #11, pending
     GPU measurement (scripts/gpu_check.sh)."""

@@ -170,6 +170,21 @@ class Recipe(RecipeSpec):
         t = self.training
         return t.global_batch_size // (t.micro_batch_size * self._layout.data_parallel)
 
+    def grad_accumulation(self, auto_choice: str | None = None) -> str:
+        """The accumulation mode the job runs (parallel.grad_accumulation made concrete).
+
+        One micro-batch has nothing to accumulate: sync_each. Pipeline parallelism always keeps
+        gradients unsharded and blocks gathered across micro-batches (pipeline.py), whatever
+        the recipe says: sync_last_gathered. "auto" takes `auto_choice`, the estimator's pick
+        (launcher.estimate.accumulation); without one, "auto" stays for the caller to resolve.
+        """
+        if self.grad_accum_steps == 1:
+            return "sync_each"
+        if self._layout.pipeline > 1:
+            return "sync_last_gathered"
+        mode = self.parallel.grad_accumulation
+        return (auto_choice or mode) if mode == "auto" else mode
+
     @property
     def tokens_per_step(self) -> int:
         return self.training.global_batch_size * self.training.seq_len
@@ -196,11 +211,21 @@ class Recipe(RecipeSpec):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def resolved(self, *, checkpoint_dir: str | None = None, output_dir: str | None = None) -> dict[str, Any]:
+    def resolved(
+        self,
+        *,
+        checkpoint_dir: str | None = None,
+        output_dir: str | None = None,
+        grad_accumulation: str | None = None,
+    ) -> dict[str, Any]:
         """The resolved job config that the entrypoints read: every name replaced by numbers.
 
-        Backends pass where checkpoints and outputs live on their cluster.
+        Backends pass where checkpoints and outputs live on their cluster. A recipe never calls
+        the estimator, so `grad_accumulation: auto` needs the caller's choice
+        (`launcher.estimate.accumulation.resolved_config` passes the estimator's); without one
+        it runs sync_each, the mode that needs no memory beyond the others.
         """
+        accumulation = self.grad_accumulation(grad_accumulation)
         accelerator = self.hardware.accelerator
         layout = self.layout
         return {
@@ -220,6 +245,8 @@ class Recipe(RecipeSpec):
                 "cp_attention": cp_attention_for(self.parallel.cp_attention, self.arch, layout),
                 "world_size": layout.world_size,
                 "grad_accum_steps": self.grad_accum_steps,
+                "grad_accumulation": "sync_each" if accumulation == "auto" else accumulation,
+                "reduce_dtype": self.parallel.reduce_dtype,
             },
             "data": {
                 **self.data.model_dump(mode="json", exclude=set(DATA_PREPARE_KEYS)),
@@ -252,11 +279,11 @@ class Recipe(RecipeSpec):
             return SYNTHETIC_DOCUMENT_SEPARATOR
         return data.document_separator
 
-    def shown(self) -> dict[str, Any]:
-        """What `launcher show` prints: the resolved job config and where it runs (every section
-        of the recipe: cluster, sagemaker, slurm, k8s), defaults filled in."""
+    def run_sections(self) -> dict[str, Any]:
+        """Where the job runs, which `launcher show` prints beside the resolved job config: the
+        cluster, sagemaker, slurm and k8s sections, defaults filled in."""
         recipe = self.to_dict()
-        return {**self.resolved(), **{key: recipe[key] for key in ("cluster", "sagemaker", "slurm", "k8s")}}
+        return {key: recipe[key] for key in ("cluster", "sagemaker", "slurm", "k8s")}
 
     def summary(self) -> dict[str, Any]:
         """Derived values for `launcher show`: what the recipe resolves to, in one place."""

@@ -231,6 +231,14 @@ class Parallel(Section):
     """Attention under context parallelism: allgather (K/V gathered from the whole sequence), ulysses
     (all-to-all over heads; needs num_heads and num_kv_heads divisible by tensor x context), or auto:
     ulysses where the heads allow it and it moves no more bytes (num_heads / num_kv_heads <= context - 1)."""
+    grad_accumulation: Literal["auto", "sync_each", "sync_last", "sync_last_gathered"] = "auto"
+    """How FSDP treats the micro-batches of one step: sync_each all-gathers parameters and
+    reduce-scatters gradients for every micro-batch; sync_last keeps gradients unsharded until
+    the last micro-batch and reduce-scatters once; sync_last_gathered also keeps parameters
+    gathered between micro-batches; auto picks the fastest mode whose memory estimate fits.
+    Pipeline parallelism always runs as sync_last_gathered."""
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """dtype of FSDP's gradient reduce-scatter (and of unsharded gradients under sync_last)."""
 
 
 class Cluster(Section):

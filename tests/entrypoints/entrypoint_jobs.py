@@ -6,7 +6,7 @@ seconds of start-up on two cores) the jobs are batched by world size in `multiru
 
 - 1 process: the single-process references;
 - 4 processes: every 4-rank layout (also the source of the checkpoint that is resumed),
-  and context-parallel attention at cp 4;
+  FSDP's gradient accumulation modes, and context-parallel attention at cp 4;
 - 2 processes: resume of the 4-rank checkpoint on 2 ranks, FP8, tied embeddings under TP,
   uneven pipeline stages, context-parallel attention at cp 2, and the vocab-parallel fused loss.
 """
@@ -52,6 +52,23 @@ LAYOUTS = {
         "parallel.pipeline_schedule": "interleaved_1f1b",
     },
     "pp2_cp2_gpipe": {"parallel.pipeline": 2, "parallel.context": 2, "parallel.pipeline_schedule": "gpipe"},
+}
+# name -> overrides: FSDP's accumulation modes on 4 ranks, 2 micro-batches each; each must match
+# the sync_each run of the same layout (and the single-process reference).
+ACCUMULATION = {
+    "dp_shard2_tp2_sync_last": {"parallel.tensor": 2, "parallel.grad_accumulation": "sync_last"},
+    "dp_shard2_tp2_sync_last_gathered": {"parallel.tensor": 2, "parallel.grad_accumulation": "sync_last_gathered"},
+    "hsdp_sync_last_gathered": {
+        "parallel.data_replicate": 2,
+        "parallel.data_shard": 2,
+        "parallel.grad_accumulation": "sync_last_gathered",
+        "training.micro_batch_size": 1,  # 8 sequences over 4 data-parallel ranks: 2 micro-batches
+    },
+    "dp_shard2_tp2_sync_last_bf16_reduce": {
+        "parallel.tensor": 2,
+        "parallel.grad_accumulation": "sync_last",
+        "parallel.reduce_dtype": "bf16",
+    },
 }
 TIED = {"model": {"base": "llama3.1-tiny", "tie_embeddings": True}}
 FIVE_LAYERS = {"model": {"base": "llama3.1-tiny", "num_layers": 5}}
@@ -149,6 +166,7 @@ class Runs:
     reference: Job
     tied_reference: Job
     layouts: dict[str, Job]
+    accumulation: dict[str, Job]
     resumed: Job
     fp8: Job
     tied_tp: Job
@@ -173,6 +191,7 @@ def run_all(root: Path) -> Runs:
     five_layers = write_job(root, "five-layers", FIVE_LAYERS, procs=1)
     uneven = {name: write_job(root, name, overrides, procs=2) for name, overrides in UNEVEN.items()}
     layouts = {name: write_job(root, name, overrides, procs=4) for name, overrides in LAYOUTS.items()}
+    accumulation = {name: write_job(root, name, overrides, procs=4) for name, overrides in ACCUMULATION.items()}
     source = layouts["dp_shard2_tp2"]
     resumed = write_job(
         root,
@@ -190,7 +209,8 @@ def run_all(root: Path) -> Runs:
     tied_tp = write_job(root, "tied-tp2", {**TIED, "parallel.tensor": 2}, procs=2)
 
     launch([train(reference), train(tied_reference), train(five_layers)], root, 1, "1-rank")
-    four = launch([*(train(j) for j in layouts.values()), cp_attention("4")], root, 4, "4-rank")
+    four_rank_jobs = [*layouts.values(), *accumulation.values()]
+    four = launch([*(train(j) for j in four_rank_jobs), cp_attention("4")], root, 4, "4-rank")
     loss_check = {"kind": "vocab_parallel_loss", "result": str(root / "vocab-parallel-loss.json")}
     uneven_jobs = [train(job) for job in uneven.values()]
     two = launch(
@@ -200,6 +220,7 @@ def run_all(root: Path) -> Runs:
         reference=reference,
         tied_reference=tied_reference,
         layouts=layouts,
+        accumulation=accumulation,
         resumed=resumed,
         fp8=fp8,
         tied_tp=tied_tp,

@@ -105,6 +105,9 @@ class LiveStorages(TorchDispatchMode):
 
     # --- bookkeeping ---------------------------------------------------------------------
 
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+
     def track(self, *tensors_or_modules, kind: str | None = None) -> None:
         for obj in tensors_or_modules:
             if isinstance(obj, torch.nn.Module):
@@ -326,6 +329,7 @@ def trace_resolved(resolved: dict, *, stage: int = 0, dump_at: int | None = None
 
     from entrypoints.fp8 import fp8_settings
     from entrypoints.optim import Optimizers, clip_grad_norm
+    from entrypoints.parallel.accumulate import accumulate
     from entrypoints.parallel.mesh import build_mesh
     from entrypoints.parallel.parallelize import build_model_parts
     from launcher.contract.config import JobConfig
@@ -367,7 +371,12 @@ def trace_resolved(resolved: dict, *, stage: int = 0, dump_at: int | None = None
                 if par.pipeline > 1:
                     _pipelined_step(parts, ids, cfg, tokens, targets, tracker)
                 else:
-                    _accumulating_step(parts[0], cfg, tokens, targets, tracker)
+                    # train.py's own accumulation loop, on this rank's micro-batches.
+                    micro = training.micro_batch_size
+                    micro_batches = [
+                        (tokens[i : i + micro], targets[i : i + micro], None) for i in range(0, rows, micro)
+                    ]
+                    accumulate(parts[0], micro_batches, par.grad_accumulation, phase=tracker.set_phase)
                 tracker.phase = "optimizer"
                 clip_grad_norm(parts, training.grad_clip, mesh["pp"])
                 optimizers.step()
@@ -385,18 +394,6 @@ def _allocate_optimizer_states(parts, optimizers) -> None:
             param.grad = torch.zeros_like(param)
     optimizers.step()
     optimizers.zero_grad()
-
-
-def _accumulating_step(model, cfg, tokens, targets, tracker: LiveStorages) -> None:
-    """train.py without pipeline parallelism: forward and backward per micro-batch."""
-    micro, accum = cfg.training.micro_batch_size, cfg.parallel.grad_accum_steps
-    for index in range(accum):
-        rows = slice(index * micro, (index + 1) * micro)
-        tracker.phase = "forward"
-        loss = model(tokens[rows], targets=targets[rows])
-        tracker.phase = "backward"
-        (loss / accum).backward()
-        del loss
 
 
 def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> None:

@@ -1,6 +1,10 @@
 """The fsdp estimate against the program it describes: the entrypoints' own model, parallelize
 and optimizer code, traced under fake tensors (memory_tracing.py), on real Llama 3.1 8B and
-70B shapes with TP, CP, PP, every checkpointing mode and FP8 (traced_configs.py).
+70B shapes with TP, CP, PP, every checkpointing mode, FP8 and each gradient accumulation mode
+(traced_configs.py), within 2%. No config sets training.compile: under an active fake mode
+torch.compile falls back to eager (tried with torch 2.13: dynamo compiles nothing and the ops
+run unfused), so such a trace would show the eager program. A compiled block's memory is left
+to a GPU measurement.
 
 Each trace runs in its own interpreter and takes 1 to 15 seconds.
 """
@@ -12,19 +16,19 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from launcher import api
-from launcher.estimate import fsdp
+from launcher.estimate import fsdp, resolved_config
 
 from .memory_tracing import LiveStorages, pipeline_actions, trace_in_subprocess
 from .traced_configs import CONFIGS
 
-TOLERANCE = 0.10
+TOLERANCE = 0.02
 GIB = 2**30
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
-def test_estimate_is_within_10_percent_of_the_traced_peak(config):
+def test_estimate_is_within_2_percent_of_the_traced_peak(config):
     recipe = config.recipe()
-    traced = trace_in_subprocess(recipe.resolved(), stage=config.stage)
+    traced = trace_in_subprocess(resolved_config(recipe), stage=config.stage)
     estimated = api.estimate(recipe).stages[config.stage].allocated_bytes
     error = estimated / traced.peak_bytes - 1
     assert abs(error) <= TOLERANCE, (
@@ -33,7 +37,7 @@ def test_estimate_is_within_10_percent_of_the_traced_peak(config):
     )
 
 
-def test_traced_configs_span_tp_cp_pp_checkpointing_fp8_and_both_model_sizes():
+def test_traced_configs_span_tp_cp_pp_checkpointing_fp8_accumulation_modes_and_both_model_sizes():
     recipes = [c.recipe() for c in CONFIGS]
     assert len(CONFIGS) >= 12
     assert any(r.layout.tensor > 1 for r in recipes)
@@ -43,6 +47,9 @@ def test_traced_configs_span_tp_cp_pp_checkpointing_fp8_and_both_model_sizes():
     assert {r.parallel.activation_checkpointing for r in recipes} == {"none", "selective", "full"}
     assert {r.precision.fp8_recipe for r in recipes if r.precision.fp8} == {"tensorwise", "rowwise"}
     assert {r.arch.hidden_size for r in recipes} >= {4096, 8192}
+    accumulating = [r for r in recipes if r.grad_accum_steps > 1 and r.layout.pipeline == 1]
+    assert {r.grad_accumulation() for r in accumulating} == {"sync_each", "sync_last", "sync_last_gathered"}
+    assert any(r.parallel.reduce_dtype == "bf16" for r in accumulating)
     assert max(r.training.seq_len for r in recipes) == 131072
 
 

@@ -1,6 +1,7 @@
 """The configs the estimator is checked against by tracing the entrypoints (test_traced.py,
-scripts/estimator_table.py): TP, CP, PP, each activation-checkpointing mode and FP8, on real
-Llama 3.1 8B and 70B shapes at 8K to 128K tokens.
+scripts/estimator_table.py): TP, CP, PP, each activation-checkpointing mode, FP8 and each
+gradient accumulation mode (with a bf16 reduce), on real Llama 3.1 8B and 70B shapes at 8K to
+128K tokens. None is compiled: under fake tensors torch.compile runs eager (test_traced.py).
 
 70B configs keep the real shapes (h 8192, f 28672, 64/8 heads, V 128256) with 4 to 8 of the
 80 layers, so a trace takes seconds. Nothing is scaled: the estimate is computed for the same
@@ -73,7 +74,7 @@ CONFIGS: list[TracedConfig] = [
         "8B 8K fsdp8 selective, 2 micro-batches",
         llama8b(),
         8192,
-        parallel={"activation_checkpointing": "selective"},
+        parallel={"activation_checkpointing": "selective", "grad_accumulation": "sync_each"},
         global_batch_size=16,
     ),
     TracedConfig("8B 8K dp4 tp2 (8 layers)", llama8b(8), 8192, parallel={"tensor": 2}, global_batch_size=4),
@@ -170,6 +171,20 @@ CONFIGS: list[TracedConfig] = [
             "activation_checkpointing": "selective",
         },
         global_batch_size=16,
+    ),
+    TracedConfig(
+        "8B 8K fsdp8 sync_last_gathered selective, 2 micro-batches (4 layers)",
+        llama8b(4),
+        8192,
+        parallel={"grad_accumulation": "sync_last_gathered", "activation_checkpointing": "selective"},
+        global_batch_size=16,
+    ),
+    TracedConfig(
+        "8B 8K dp4 tp2 sync_last, bf16 reduce, 2 micro-batches (4 layers)",
+        llama8b(4),
+        8192,
+        parallel={"tensor": 2, "grad_accumulation": "sync_last", "reduce_dtype": "bf16"},
+        global_batch_size=8,
     ),
     TracedConfig(
         "Mistral 7B 32K dp4 cp2 fp8 selective (8 layers)",

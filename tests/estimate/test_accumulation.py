@@ -1,0 +1,150 @@
+"""`parallel.grad_accumulation` and `parallel.reduce_dtype`: what each mode costs in the fsdp
+estimate (hand-computed on llama-tiny, as in test_fsdp.py), what `auto` resolves to, and
+`training.compile` dropping the eager FP8 cast temporaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.contract.config import ConfigError, JobConfig
+from launcher.contract.layout import Layout
+from launcher.errors import RecipeError
+from launcher.estimate import choose_grad_accumulation, estimate_memory, fsdp, resolved_config
+from launcher.estimate.workload import Workload
+from launcher.recipe import Recipe
+
+from .test_fsdp import P5, P_BLOCK, P_RANK, P_ROOT, workload
+
+REPO = Path(__file__).resolve().parents[2]
+OUTPUT_GRAD = 2 * 512 * 128  # the output weight's bf16 gradient
+W2_GRAD = 2 * 128 * 352  # w2's bf16 weight gradient in the MLP backward
+
+
+def test_sync_last_holds_every_unsharded_fp32_gradient_and_no_shards_before_the_last_reduce():
+    moments = fsdp.moments(workload(grad_accum_steps=2, grad_accumulation="sync_last"))
+    loss = moments["loss backward"]
+    assert loss["gradients"] == 0
+    assert loss["fsdp_buffers"] == 2 * P_ROOT + OUTPUT_GRAD + 2 * P_BLOCK + 4 * P_RANK
+    # Layer 2, the second block reached: layer 3 is reduce-scattered (its fp32 shard and its
+    # reduce-scatter input exist), the other three blocks and the root are still unsharded.
+    layer = moments["backward of layer 2"]
+    assert layer["gradients"] == 4 * P_BLOCK // 2
+    unsharded = 4 * (P_ROOT + 3 * P_BLOCK)
+    assert layer["fsdp_buffers"] == 2 * P_ROOT + OUTPUT_GRAD + 2 * 2 * P_BLOCK + unsharded + 4 * P_BLOCK + W2_GRAD
+
+
+def test_bf16_reduce_halves_unsharded_gradients_and_the_reduce_scatter_input():
+    fp32 = fsdp.moments(workload(grad_accum_steps=2, grad_accumulation="sync_last"))["backward of layer 2"]
+    bf16 = fsdp.moments(workload(grad_accum_steps=2, grad_accumulation="sync_last", reduce_dtype="bf16"))
+    saved = fp32["fsdp_buffers"] - bf16["backward of layer 2"]["fsdp_buffers"]
+    assert saved == 2 * (P_ROOT + 3 * P_BLOCK) + 2 * P_BLOCK
+    sync_each = fsdp.moments(workload(reduce_dtype="bf16"))["backward of layer 2"]
+    assert sync_each["fsdp_buffers"] == 2 * P_ROOT + OUTPUT_GRAD + 2 * 2 * P_BLOCK + 2 * P_BLOCK + W2_GRAD
+
+
+def test_sync_last_gathered_keeps_every_block_gathered_until_the_last_backward_reaches_it():
+    moments = fsdp.moments(workload(grad_accum_steps=2, grad_accumulation="sync_last_gathered"))
+    assert moments["loss forward"]["fsdp_buffers"] == 2 * P_ROOT + 4 * 2 * P_BLOCK + 4 * P_RANK
+    # Layer 1: layers 3 and 2 are resharded after their reduce-scatter; 1 and 0 still gathered.
+    layer = moments["backward of layer 1"]
+    unsharded = 4 * (P_ROOT + 2 * P_BLOCK)
+    assert layer["fsdp_buffers"] == 2 * P_ROOT + OUTPUT_GRAD + 2 * 2 * P_BLOCK + unsharded + 4 * P_BLOCK + W2_GRAD
+
+
+def test_one_micro_batch_costs_the_same_in_every_mode():
+    modes = ("sync_each", "sync_last", "sync_last_gathered")
+    assert len({str(fsdp.moments(workload(grad_accumulation=mode))) for mode in modes}) == 1
+
+
+def test_compiled_fp8_has_no_eager_cast_temporaries():
+    eager = fsdp.moments(workload(fp8=True))["backward of layer 3"]
+    compiled = fsdp.moments(workload(fp8=True, compile=True))["backward of layer 3"]
+    assert eager["fp8"] > 0
+    assert compiled["fp8"] == 0
+    # The block's bf16 MLP backward is its moment again, with w2's weight gradient.
+    assert compiled["working"] == 2 * 2 * 256 * 352 + 2 * 256 * 128
+    assert compiled["fsdp_buffers"] == eager["fsdp_buffers"] + W2_GRAD
+
+
+def big(**changes) -> Workload:
+    """Llama 3.1 8B at 8K on 8 H100s, 4 micro-batches per step."""
+    from launcher.catalog import models
+
+    base = dict(
+        arch=models()["llama3.1-8b"], layout=Layout(data_shard=8), seq_len=8192, micro_batch_size=1, grad_accum_steps=4
+    )
+    return Workload(**(base | changes))
+
+
+def test_auto_picks_the_fastest_mode_that_fits_under_80_percent():
+    # Estimated share of an 80 GB H100, full checkpointing: sync_each 34%, sync_last 68%
+    # (+ 32 GB of unsharded fp32 gradients), sync_last_gathered 84% (+ 16 GB of bf16 weights).
+    assert choose_grad_accumulation(big(activation_checkpointing="full"), P5) == "sync_last"
+    # FSDP over 16 GPUs halves the 16 bytes per parameter of states: all modes fit.
+    sixteen = big(activation_checkpointing="full", layout=Layout(data_shard=16))
+    assert choose_grad_accumulation(sixteen, P5) == "sync_last_gathered"
+    # Selective checkpointing: sync_each 59%, sync_last 94%.
+    assert choose_grad_accumulation(big(activation_checkpointing="selective"), P5) == "sync_each"
+
+
+def test_an_auto_estimate_is_the_estimate_of_the_chosen_mode():
+    auto = estimate_memory(big(activation_checkpointing="full", grad_accumulation="auto"), P5)
+    chosen = estimate_memory(big(activation_checkpointing="full", grad_accumulation="sync_last"), P5)
+    assert auto.per_gpu_peak_bytes == chosen.per_gpu_peak_bytes
+
+
+def recipe(**overrides) -> Recipe:
+    return Recipe.load(REPO / "recipes" / "llama3-8b-8k.yaml", overrides)
+
+
+def test_resolved_config_carries_the_estimators_choice_never_auto():
+    two_nodes = {"parallel.activation_checkpointing": "full", "cluster.instance_count": 2}
+    resolved = resolved_config(recipe(**two_nodes))
+    assert resolved["parallel"]["grad_accumulation"] == "sync_last_gathered"
+    assert resolved["parallel"]["reduce_dtype"] == "fp32"
+    assert JobConfig.from_dict(resolved).parallel.grad_accumulation == "sync_last_gathered"
+
+
+def test_a_recipe_alone_resolves_auto_to_sync_each_and_keeps_an_explicit_mode():
+    assert recipe().resolved()["parallel"]["grad_accumulation"] == "sync_each"
+    explicit = recipe(**{"parallel.grad_accumulation": "sync_last", "parallel.reduce_dtype": "bf16"}).resolved()
+    assert (explicit["parallel"]["grad_accumulation"], explicit["parallel"]["reduce_dtype"]) == ("sync_last", "bf16")
+
+
+def test_one_micro_batch_resolves_to_sync_each():
+    single = recipe(**{"training.global_batch_size": 8, "parallel.grad_accumulation": "sync_last_gathered"})
+    assert single.grad_accum_steps == 1
+    assert resolved_config(single)["parallel"]["grad_accumulation"] == "sync_each"
+
+
+def test_pipeline_parallelism_always_resolves_to_sync_last_gathered():
+    piped = recipe(**{"parallel.pipeline": 2, "parallel.grad_accumulation": "sync_each"})
+    assert resolved_config(piped)["parallel"]["grad_accumulation"] == "sync_last_gathered"
+
+
+def test_an_unknown_mode_names_the_key_and_the_valid_modes():
+    with pytest.raises(RecipeError) as error:
+        recipe(**{"parallel.grad_accumulation": "sometimes"})
+    text = str(error.value)
+    assert "parallel.grad_accumulation" in text
+    assert all(mode in text for mode in ("auto", "sync_each", "sync_last", "sync_last_gathered"))
+
+
+def test_the_entrypoints_refuse_auto_in_a_resolved_config():
+    resolved = recipe().resolved()
+    resolved["parallel"]["grad_accumulation"] = "auto"
+    with pytest.raises(ConfigError, match=r"parallel\.grad_accumulation: 'auto' is not one of sync_each"):
+        JobConfig.from_dict(resolved)
+
+
+def test_unconverted_gradients_under_tp_keep_the_dense_embedding_gradient():
+    # bf16 reduce of bf16 compute: FSDP2 never copies the gradient, and the embedding's is a
+    # shard viewing the dense V x h tensor DTensor's backward made (traced at 8B, tp 2).
+    tp = dict(layout=Layout(tensor=2, data_shard=2), grad_accum_steps=2, grad_accumulation="sync_last")
+    bf16 = fsdp.moments(workload(**tp, reduce_dtype="bf16"))["loss forward"]["fsdp_buffers"]
+    fp32 = fsdp.moments(workload(**tp))["loss forward"]["fsdp_buffers"]
+    p_rank_tp2 = 4 * (P_BLOCK - 256) // 2 + 4 * 256 + P_ROOT // 2 + 64  # linear weights and vocab split; norms not
+    dense_rest = 2 * 512 * 128 // 2  # the other half of the bf16 embedding gradient
+    assert fp32 - bf16 == 2 * p_rank_tp2 - dense_rest
