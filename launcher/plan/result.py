@@ -201,7 +201,9 @@ def recipe_settings(workload: Workload, hardware: Hardware) -> dict[str, Any]:
         "cluster.instance_type": hardware.instance_key,
         "cluster.instance_count": hardware.instance_count,
     }
-    values["parallel.grad_accumulation"] = mode(workload, "grad_accumulation")
+    # As the workload holds it: "auto" stays auto (the estimator's choice by memory), so a plan
+    # that searched a concrete mode says so, and its recipe estimates what the plan did.
+    values["parallel.grad_accumulation"] = workload.grad_accumulation
     if hardware.instance_key == "local":
         values["cluster.nproc_per_node"] = hardware.procs_per_node
     return values

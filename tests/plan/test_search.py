@@ -97,7 +97,7 @@ def test_vary_fp8_tries_both_precisions_on_hopper():
 
 
 def test_the_explanation_names_the_runner_up_and_the_reason():
-    found = search(Recipe.load(RECIPES / "llama3-8b-8k.yaml"), top=3)
+    found = search(Recipe.load(RECIPES / "llama3-8b-8k.yaml"), top=3, vary_accumulation=False)  # modes can tie
     why_text = why(found)
     assert why_text.startswith(found.best.describe() + " is fastest at ")
     assert found.ranked[1].describe() in why_text
