@@ -11,6 +11,9 @@ from launcher.plan.explain import against_recipe, why
 from launcher.plan.forecast import duration
 from launcher.plan.result import Search
 
+# parallel.grad_accumulation, short: when FSDP reduce-scatters gradients (and re-gathers weights).
+GRAD_SYNC = {"sync_each": "each", "sync_last": "last", "sync_last_gathered": "last+kept", "auto": "auto"}
+
 COLUMNS = (
     "#",
     "tensor",
@@ -20,6 +23,7 @@ COLUMNS = (
     "data\nreplicate",
     "micro\nbatch",
     "AC",
+    "grad\nsync",
     "fp8",
     "peak\nmemory",
     "tokens/s\n/GPU",
@@ -33,7 +37,7 @@ COLUMNS = (
 def plan_table(search: Search, title: str = "") -> Group:
     table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for name in COLUMNS:
-        table.add_column(name, justify="left" if name == "AC" else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("AC", "grad\nsync") else "right", no_wrap=True)
     for rank, plan in enumerate(search.ranked, 1):
         layout, speed = plan.layout, plan.throughput
         pipeline = str(layout.pipeline) + (f" (v{layout.virtual_stages})" if layout.virtual_stages > 1 else "")
@@ -46,6 +50,7 @@ def plan_table(search: Search, title: str = "") -> Group:
             str(layout.data_replicate),
             str(plan.micro_batch_size),
             plan.activation_checkpointing,
+            GRAD_SYNC[plan.grad_accumulation],
             "yes" if plan.fp8 else "no",
             f"{plan.memory.utilization:.0%}",
             f"{speed.tokens_per_s_per_gpu:,.0f}",
