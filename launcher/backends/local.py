@@ -33,9 +33,10 @@ CODE_DIR = "code"
 
 
 def torchrun_argv(command: tuple[str, ...]) -> list[str]:
-    """The spec's argv with `torchrun` run by this Python, so the job uses this environment's torch."""
+    """The spec's argv with `torchrun` run by this Python, so the job uses this environment's torch,
+    through the bundle's entrypoints/torchrun.py, so a stop ends with one line, not a traceback."""
     assert command[0] == "torchrun", command
-    return [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+    return [sys.executable, "-m", "entrypoints.torchrun", *command[1:]]
 
 
 class LocalBackend(Backend):

@@ -111,3 +111,24 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkp
     assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 2, resumed
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps[-1] == 16 and sorted(set(steps)) == list(range(1, 17))
+
+
+def test_a_stopped_job_is_stopped_with_no_traceback(tmp_path):
+    """`launcher stop`: the workers checkpoint, torchrun ends with one line (entrypoints/torchrun.py),
+    and the job is Stopped with 143, not a failure ending in torchrun's SignalException traceback."""
+    home = tmp_path / "home"
+    overrides = ["training.steps=200", "cluster.nproc_per_node=2", "parallel.tensor=1"]
+    args = [arg for override in overrides for arg in ("--set", override)]
+    submitted = from_checkout("--quiet", "submit", "recipes/tiny-cpu.yaml", "--backend", "local", *args, home=home)
+    assert submitted.returncode == 0, submitted.stderr
+    name = submitted.stdout.strip()
+    metrics, deadline = home / "jobs" / name / "metrics.jsonl", time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert time.monotonic() < deadline, "no second step within 300 s"
+        time.sleep(0.2)
+    stopped = json.loads(from_checkout("stop", name, "--json", home=home).stdout)
+    assert (stopped["state"], stopped["exit_code"], stopped["failure_reason"]) == ("Stopped", 143, None)
+    log = (home / "jobs" / name / "output.log").read_text()
+    assert "Traceback" not in log and "SignalException" not in log
+    assert log.rstrip().endswith("torchrun: stopped by SIGTERM")
+    assert "checkpoint saved" in log
