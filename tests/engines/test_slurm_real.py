@@ -145,7 +145,7 @@ def test_stop_cancels_the_job_after_it_saves_a_checkpoint(slurm, submit, cli, ho
 
 def test_sbatch_refusing_the_job_is_one_line_with_slurms_reason(slurm, home, cli):
     result = cli("submit", RECIPE, "--backend", "slurm", *job_settings("slurm.partition=nosuch"))
-    assert result.code == 1
+    assert result.code == 3  # the engine refused it
     assert result.err_lines[-1].startswith("submitting tiny-cpu-"), result.err
     assert "sbatch failed: sbatch: error: invalid partition specified: nosuch" in result.err_lines[-1]
 
