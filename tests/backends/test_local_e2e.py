@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoints.checkpoint_files import complete_checkpoints
 from launcher.backends.sagemaker import METRIC_DEFINITIONS
 
 from .helpers import REPO
@@ -98,8 +99,11 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkp
 
     deadline = time.monotonic() + 300
     metrics = directory / "metrics.jsonl"
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
-        assert time.monotonic() < deadline, "no third step within 300 s"
+    checkpoints = home / "checkpoints" / "tiny-cpu" / name
+    # Kill once a checkpoint is complete on disk: saves are asynchronous, so on a busy machine the
+    # step-2 save can still be in flight when step 3 is logged, and then there is nothing to resume.
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 3 and complete_checkpoints(checkpoints)):
+        assert time.monotonic() < deadline, "no third step and complete checkpoint within 300 s"
         time.sleep(0.2)
     torchrun = json.loads((directory / "status.json").read_text())["pid"]
     workers = [int(p) for p in Path(f"/proc/{torchrun}/task/{torchrun}/children").read_text().split()]
