@@ -34,7 +34,8 @@ from entrypoints.parallel.context import apply_context_parallel, shard_sequence 
 from entrypoints.parallel.process_group import process_group  # noqa: E402
 from entrypoints.parallel.ulysses import UlyssesAttention  # noqa: E402
 from entrypoints.train import train  # noqa: E402
-from launcher.contract.config import ModelConfig, RopeScaling, load_config  # noqa: E402
+from launcher.contract.config import RopeScaling, load_config  # noqa: E402
+from tests.entrypoints.test_model import tiny  # noqa: E402
 
 ULYSSES_CASES = [[4, 4], [4, 2], [8, 2], [6, 2]]  # heads / kv heads: MHA, GQA, 3 query heads per rank
 SEPARATOR = 0
@@ -76,20 +77,11 @@ def check_ulysses(cp_mesh) -> dict:
 
 
 def tiny_model(seq_len: int):
-    cfg = ModelConfig(
-        name="t",
-        family="llama",
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        ffn_hidden_size=48,
-        vocab_size=61,
-        max_context=64,
-        rope_theta=10000.0,
+    """test_model.py's tiny config, with Llama 3.1 RoPE scaling."""
+    cfg = tiny(
         rope_scaling=RopeScaling(
             type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_context=16
-        ),
+        )
     )
     model = build_model(cfg, seq_len=seq_len)
     materialize(model, torch.device("cpu"), seed=3)
