@@ -8,17 +8,7 @@ import pytest
 from launcher.contract.config import ConfigError, JobConfig
 from launcher.recipe import Recipe
 
-BASE = """\
-name: t
-model: llama3-8b
-training:
-  seq_len: 8192
-  global_batch_size: 16
-  steps: 10
-cluster:
-  backend: sagemaker
-  instance_type: ml.p5.48xlarge
-"""
+from .test_bad_recipes import BASE
 
 
 def validate(tmp_path, monkeypatch, cli, text: str):
