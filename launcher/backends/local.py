@@ -21,6 +21,7 @@ from pathlib import Path
 from launcher.backends import local_runner as runner
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.history import MetricsHistory
+from launcher.backends.processes import ForeignProcessGroup, JobGroup
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.bundle import Bundle
@@ -110,7 +111,7 @@ class LocalBackend(Backend):
         if status["state"] == "InProgress":
             if not _runner_alive(status.get("runner_pid")) and _started_long_ago(status):
                 # The job's state comes from its processes: training goes on without the runner.
-                if _training_alive(status):
+                if _training_alive(directory, status):
                     status.update(secondary="Training (the runner died; state read from the processes)")
                 elif (directory / runner.STOP_REQUESTED).exists():
                     runner.finish(directory, status, None, stopped=True)  # nobody else will record it
@@ -148,16 +149,19 @@ class LocalBackend(Backend):
         status = self._status(ref)
         if status.terminal:
             return status
+        if runner.read_status(directory).get("pgid") is not None:
+            _verified_group(directory, runner.read_status(directory))  # refuse a forged record first
         (directory / runner.STOP_REQUESTED).touch()
         deadline = time.monotonic() + grace_s
-        pgid = _wait_for_pgid(directory, deadline)
-        if pgid is not None:
-            _signal_group(pgid, signal.SIGTERM)
-            while _group_alive(pgid) and time.monotonic() < deadline:
+        recorded = _wait_for_pgid(directory, deadline)
+        if recorded is not None:
+            group = _verified_group(directory, recorded)
+            group.signal(signal.SIGTERM)
+            while group.alive() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            if _group_alive(pgid):
+            if group.alive():
                 (directory / runner.STOP_KILLED).touch()
-                _signal_group(pgid, signal.SIGKILL)
+                _verified_group(directory, recorded).signal(signal.SIGKILL)
         # The runner records the end; if it is gone, record it here.
         settle = time.monotonic() + 10
         while not (status := self._status(ref)).terminal and time.monotonic() < settle:
@@ -201,39 +205,40 @@ def _started_long_ago(status: dict, seconds: float = 30.0) -> bool:
     return (datetime.datetime.now(datetime.UTC) - created).total_seconds() > seconds
 
 
-def _training_alive(status: dict) -> bool:
-    """Whether torchrun's process group still runs: its leader (the same process, by start time)
-    or, after the leader exited, any member of the group."""
-    pgid = status.get("pgid")
-    if not pgid or not _group_alive(pgid):
-        return False
-    start = runner.process_start_time(pgid)
-    return start is None or status.get("pgid_start") in (None, start)
+def _job_group(directory: Path, status: dict) -> JobGroup:
+    """The process group `status.json` names, to be checked against /proc before any signal."""
+    return JobGroup(
+        pgid=status.get("pgid"), leader_start=status.get("pgid_start"), job_dir=runner.job_marker(directory)
+    )
 
 
-def _wait_for_pgid(directory: Path, deadline: float) -> int | None:
-    """torchrun's process group, once the runner has started it; None if the job ended first."""
+def _verified_group(directory: Path, status: dict) -> JobGroup:
+    """The recorded group once /proc shows it is the job's; otherwise one line and no signal."""
+    group = _job_group(directory, status)
+    try:
+        group.verified_members()
+    except ForeignProcessGroup as error:
+        raise ForeignProcessGroup(
+            f"not stopping {directory.name}: {directory / runner.STATUS}: {error}; nothing was signalled"
+        ) from None
+    return group
+
+
+def _training_alive(directory: Path, status: dict) -> bool:
+    """Whether torchrun's process group still runs, as far as /proc can show it is the job's: its
+    leader (the same process, by start time) or, after the leader exited, members with its marker."""
+    return status.get("pgid") is not None and _job_group(directory, status).alive()
+
+
+def _wait_for_pgid(directory: Path, deadline: float) -> dict | None:
+    """The status once the runner has recorded torchrun's process group; None if the job ended
+    first or the group was not recorded by the deadline."""
     while True:
         status = runner.read_status(directory)
         if status["state"] != "InProgress":
             return None
-        if status.get("pgid") or time.monotonic() >= deadline:
-            return status.get("pgid")
+        if status.get("pgid") is not None:
+            return status
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(0.05)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.backends.processes import JOB_MARKER, process_start_time
 from launcher.contract.failure import first_failure
 from launcher.registry import write_json
 
@@ -93,7 +94,12 @@ def run(job_dir: Path) -> int:
         process = subprocess.Popen(
             launch["argv"],
             cwd=launch["cwd"],
-            env={**os.environ, **launch["env"], "TORCHELASTIC_ERROR_FILE": str(job_dir / ERROR_FILE)},
+            env={
+                **os.environ,
+                **launch["env"],
+                "TORCHELASTIC_ERROR_FILE": str(job_dir / ERROR_FILE),
+                JOB_MARKER: job_marker(job_dir),  # what `stop` checks before it signals the group
+            },
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -106,14 +112,9 @@ def run(job_dir: Path) -> int:
     return finish(job_dir, status, returncode, stopped=(job_dir / STOP_REQUESTED).exists())
 
 
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid,
-    it names one process, so a recycled pid is never taken for the job's."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+def job_marker(job_dir: Path) -> str:
+    """The value of JOB_MARKER in the job's processes: its directory, absolute."""
+    return os.path.abspath(job_dir)
 
 
 def finish(job_dir: Path, status: dict, returncode: int | None, *, stopped: bool) -> int:

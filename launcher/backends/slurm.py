@@ -43,7 +43,7 @@ from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
 from launcher.bundle import Bundle
 from launcher.contract.metrics import METRICS_FILE
-from launcher.errors import UsageError
+from launcher.errors import LauncherError, UsageError
 from launcher.registry import checkpoint_home, job_dir, launcher_home, records
 from launcher.spec import CONFIG_FILE, RDZV_PORT, JobSpec, Placement, SlurmSettings
 
@@ -374,6 +374,22 @@ class SlurmBackend(Backend):
             "pass the job id instead (launcher status JOBID --backend slurm)"
         )
 
+    def _check_owns(self, ref: JobRef, job_id: str) -> None:
+        """Refuse to cancel a Slurm job that is not the one the record names: a job id read from a
+        damaged or forged job.json could be any of the user's jobs (or an option for scancel)."""
+        if not job_id.isdigit():
+            raise LauncherError(
+                f"not stopping {ref.name}: its Slurm job id {job_id!r} is not a number; nothing was cancelled"
+            )
+        if ref.name == job_id:
+            return  # `launcher stop JOBID --backend slurm`: the user named the Slurm job itself
+        name = (self._scontrol(job_id) or {}).get("JobName")
+        if name != ref.name:
+            raise LauncherError(
+                f"not stopping {ref.name}: Slurm job {job_id} is named {name!r}, not {ref.name!r} (the record in "
+                f"{job_dir(ref.name)} is stale or damaged); nothing was cancelled"
+            )
+
     def _directory(self, ref: JobRef) -> Path | None:
         """The job's directory on the shared file system (its spec's output_dir), if submitted from here."""
         spec_file = job_dir(ref.name) / "spec.json"
@@ -445,6 +461,7 @@ class SlurmBackend(Backend):
         status = self._status(ref)
         if status.terminal:
             return status
+        self._check_owns(ref, job_id)
         directory = self._directory(ref)
         if directory is not None:
             (directory / STOP_FILE).touch()

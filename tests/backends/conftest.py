@@ -120,3 +120,15 @@ def fixed_names(monkeypatch):
     import launcher.backends.base
 
     monkeypatch.setattr(launcher.backends.base, "job_name", lambda recipe, max_len=63: f"{recipe.lower()}-job")
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch, fake_bundle, home):
+    """Local jobs run the stand-in trainer with this Python instead of torchrun (a fraction of a second each)."""
+    import launcher.backends.local as local
+
+    def direct(command):
+        return [sys.executable, *command[command.index("entrypoints/train.py") :]]
+
+    monkeypatch.setattr(local, "torchrun_argv", direct)
+    return home

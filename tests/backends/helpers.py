@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,3 +38,27 @@ def spec_for(name: str, backend: str, **overrides):
     from launcher.spec import JobSpec
 
     return JobSpec.create(recipe, backend=backend, placement=target.placement(recipe, job), name=job)
+
+
+def submit(**kwargs):
+    """Submit the tiny CPU recipe (with the stand-in trainer under `no_torchrun`)."""
+    from launcher import api
+
+    return api.submit(recipe_path("tiny-cpu"), **kwargs)
+
+
+def wait_for_line(job, text: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in line for line in job.logs()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{text!r} never appeared in the logs of {job.name}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open(f"/proc/{pid}/stat").read().split()[2] == "Z"

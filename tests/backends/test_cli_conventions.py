@@ -16,8 +16,7 @@ import time
 from launcher.jobs import Job
 from tests import REPO
 
-from .helpers import recipe_path
-from .test_local import alive, no_torchrun, submit, wait_for_line  # noqa: F401  (no_torchrun is a fixture)
+from .helpers import alive, recipe_path
 
 LAUNCHER = [sys.executable, "-m", "launcher"]
 

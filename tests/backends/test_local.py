@@ -8,47 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
-import pytest
-
-from launcher import api
 from launcher.jobs import Job, result_text
 
-from .helpers import recipe_path
-
-
-@pytest.fixture
-def no_torchrun(monkeypatch, fake_bundle, home):
-    import launcher.backends.local as local
-
-    def direct(command):
-        return [sys.executable, *command[command.index("entrypoints/train.py") :]]
-
-    monkeypatch.setattr(local, "torchrun_argv", direct)
-    return home
-
-
-def submit(**kwargs):
-    return api.submit(recipe_path("tiny-cpu"), **kwargs)
-
-
-def wait_for_line(job: Job, text: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(text in line for line in job.logs()):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{text!r} never appeared in the logs of {job.name}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+from .helpers import alive, recipe_path, submit, wait_for_line
 
 
 def test_a_job_runs_to_completion_with_its_files_in_the_job_directory(no_torchrun):

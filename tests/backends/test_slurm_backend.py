@@ -266,13 +266,16 @@ def test_a_job_slurm_forgot_reads_its_exit_file(
         assert status["failure_reason"].startswith("Slurm no longer knows job 4242 and the job left no exit code")
 
 
-def test_logs_read_the_shared_log_and_stop_marks_then_cancels(home, fake_bundle, tools, cli, tmp_path):
+def test_logs_read_the_shared_log_and_stop_marks_then_cancels(home, fake_bundle, tools, cli, tmp_path, fixed_names):
     tools("sbatch", "4242\n")
     tools("scancel")
-    # scontrol says RUNNING until scancel has been called, CANCELLED after.
+    # scontrol says RUNNING until scancel has been called, CANCELLED after; the job is the one submitted.
     tools("scontrol")
     scontrol = Path(os.environ["PATH"].split(os.pathsep)[0]) / "scontrol"
-    running, cancelled = captured("scontrol-show-job-running.txt"), captured("scontrol-show-job-cancelled.txt")
+    running, cancelled = (
+        captured(f"scontrol-show-job-{state}.txt").replace("JobName=wrap", "JobName=tiny-cpu-job")
+        for state in ("running", "cancelled")
+    )
     scontrol.write_text(
         scontrol.read_text().replace(
             "sys.stdout.write('')",
@@ -287,6 +290,30 @@ def test_logs_read_the_shared_log_and_stop_marks_then_cancels(home, fake_bundle,
     assert stopped.out.startswith(f"{name}  [slurm]  Stopped (CANCELLED)"), stopped.out
     assert tools.calls("scancel")[0]["argv"] == ["4242"]
     assert (home / "jobs" / name / "stop_requested").exists()
+
+
+@pytest.mark.parametrize(
+    "native_id, says",
+    [
+        ("4242", "Slurm job 4242 is named 'wrap', not 'tiny-cpu-job' (the record in"),  # another job of the user's
+        ("--user=root", "its Slurm job id '--user=root' is not a number"),  # an option for scancel
+    ],
+)
+def test_stop_of_a_record_naming_another_slurm_job_cancels_nothing(
+    home, fake_bundle, tools, cli, fixed_names, native_id, says
+):
+    tools("sbatch", "4242\n")
+    tools("scancel")
+    tools("scontrol", captured("scontrol-show-job-running.txt"))  # job 4242 is someone else's: JobName=wrap
+    name = json.loads(cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json").out)["name"]
+    record = home / "jobs" / name / "job.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "native_id": native_id}))
+    stopped = cli("stop", name)
+    (line,) = stopped.err_lines
+    assert (
+        stopped.code == 1 and line.startswith(f"not stopping {name}: {says}") and line.endswith("nothing was cancelled")
+    )
+    assert tools.calls("scancel") == []
 
 
 # --- one line when Slurm is missing or refuses ---------------------------------------------------------
