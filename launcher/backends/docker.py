@@ -169,6 +169,7 @@ class DockerBackend(Backend):
         return self._file_or_log_metrics(ref, job_dir(ref.name) / "output" / METRICS_FILE)
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
+        _check_owns(ref.name)
         # docker stop sends SIGTERM and, after the grace period, SIGKILL.
         _docker(["stop", "--time", str(int(grace_s)), ref.name], action=f"stopping {ref.name}", timeout=grace_s + 60)
         return self._status(ref)
@@ -267,6 +268,22 @@ def engine_version() -> str:
     """The engine's version, or EngineUnavailable saying why none answers (submit adds that
     --dry-run prints the command; other verbs need the engine itself)."""
     return _docker(["version", "--format", "{{.Server.Version}}"], action="asking the Docker engine", timeout=15)
+
+
+def _check_owns(name: str) -> None:
+    """Refuse to signal a container that launcher did not start for this job: ours carry the label
+    `launcher.job=<name>` (docker_run_argv), whatever else happens to share the name does not."""
+    said = _docker(["inspect", "--format", "{{json .Config.Labels}}", name], action=f"stopping {name}")
+    try:
+        labels = json.loads(said or "null")
+    except ValueError:
+        labels = None
+    owner = labels.get(LABEL) if isinstance(labels, dict) else None
+    if owner != name:
+        raise LauncherError(
+            f"not stopping {name}: container {name} was not started by launcher for this job "
+            f"(its {LABEL} label is {owner!r}); nothing was signalled"
+        )
 
 
 def container_exists(name: str) -> bool:

@@ -309,6 +309,16 @@ def test_an_unknown_container_is_one_line_for_docker_and_podman(verb, action, sa
     assert line == f"{action} ghost: no container named ghost here (docker ps --all lists them)"
 
 
+@pytest.mark.parametrize("labels", ['{"maintainer":"someone"}', '{"launcher.job":"other-job"}', "null", "<no value>"])
+def test_stop_of_a_container_launcher_did_not_start_for_the_job_signals_nothing(labels, fake_docker, home, cli):
+    fake_docker.answer(["inspect", "--format", "{{json .Config.Labels}}"], out=labels + "\n")
+    result = cli("stop", "tiny-cpu-job", "--backend", "docker")
+    assert result.code == 1
+    assert last_line(result).startswith("not stopping tiny-cpu-job: container tiny-cpu-job was not started by launcher")
+    assert last_line(result).endswith("; nothing was signalled")
+    assert ["stop", "--time"] not in fake_docker.commands()
+
+
 @pytest.mark.parametrize("verb", [["status", "x"], ["logs", "x"], ["stop", "x"], ["list"]])
 def test_without_docker_installed_the_advice_fits_the_command(verb, home, cli, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker anywhere
