@@ -21,15 +21,14 @@ from launcher.contract.metrics import METRIC_KEYS, metric_rows, metrics_line
 from launcher.jobs import Job
 from launcher.registry import JobRef
 
-from . import test_docker, test_engine_tools, test_k8s_submit, test_local
+from . import test_docker, test_engine_tools, test_k8s_submit
 from .helpers import REGION, ROLE, recipe_path
 
 # The stand-ins of the engines' own tests: Slurm's tools, docker, kubectl, and the local runner
-# running the stand-in trainer without torchrun.
+# running the stand-in trainer without torchrun (no_torchrun, from conftest.py).
 tools = test_engine_tools.tools
 fake_docker = test_docker.fake_docker
 cluster = test_k8s_submit.cluster
-no_torchrun = test_local.no_torchrun
 
 STEP_KEYS = set(METRIC_KEYS)  # every field the entrypoints log per step
 
