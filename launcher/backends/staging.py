@@ -158,9 +158,9 @@ def stage(uri: str, directory: str | Path, *, region: str | None = None) -> Stag
             manifest = _read_manifest(books, uri)
             if manifest is None:
                 manifest, removed = _reconcile(directory, uri, current)
-                _write_manifest(books, uri, manifest)
             else:
                 removed = _remove_stale(directory, manifest, current)
+            _write_manifest(books, uri, manifest)  # what is on disk now, before any download
             downloaded = _fetch_missing(s3, uri, objects, directory, manifest)
     except UsageError:
         raise
