@@ -12,14 +12,17 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
 import numpy as np
 import pytest
 
 from launcher.backends import aws as aws_clients
+from launcher.backends import staging
 from launcher.backends.staging import (
     LEGACY_MANIFEST,
     bookkeeping_dir,
@@ -238,6 +241,72 @@ def test_a_stalled_s3_server_is_one_aws_error_naming_the_endpoint(aws, tmp_path,
         f"staging {URI}: {endpoint} did not answer within 0.5 s; the network or the service is stalled: "
         "retry later, or check the network and AWS_ENDPOINT_URL"
     )
+
+
+@contextmanager
+def s3_that_stalls_mid_object(body: bytes, sent: int):
+    """An HTTP server on 127.0.0.1 that lists one object (`tokens/shard.bin`, as ListObjectsV2
+    answers) and, asked for it, sends its headers and `sent` bytes, then nothing more."""
+    etag = hashlib.md5(body).hexdigest()
+    listing = (
+        '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        f"<Name>{BUCKET}</Name><Prefix>tokens/</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
+        f"<IsTruncated>false</IsTruncated><Contents><Key>tokens/shard.bin</Key>"
+        f"<LastModified>2026-12-01T00:00:00.000Z</LastModified><ETag>&quot;{etag}&quot;</ETag>"
+        f"<Size>{len(body)}</Size><StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>"
+    ).encode()
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            listing_asked = "list-type=2" in self.path
+            self.send_response(200 if listing_asked else 206)
+            self.send_header("Content-Length", str(len(listing if listing_asked else body)))
+            self.send_header("ETag", f'"{etag}"')
+            if not listing_asked:
+                self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/{len(body)}")
+            self.end_headers()
+            self.wfile.write(listing if listing_asked else body[:sent])
+            self.wfile.flush()
+            if not listing_asked:
+                release.wait(30)  # the stall, until the test is done with it
+
+        def log_message(self, *_):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_an_object_that_stalls_mid_download_is_one_aws_error_and_keeps_what_arrived(aws, tmp_path, monkeypatch):
+    body = os.urandom(50_000)
+    with s3_that_stalls_mid_object(body, sent=1000) as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        monkeypatch.setattr(aws_clients, "READ_TIMEOUT_S", 0.5)
+        # Bytes are written a chunk at a time: with 500-byte chunks the 1,000 that arrived are two.
+        monkeypatch.setattr(staging, "CHUNK", 500)
+        aws_clients.reset_clients()
+        target = tmp_path / "cache"
+        with pytest.raises(aws_clients.AwsError) as raised:
+            stage(URI, target)
+    assert str(raised.value) == (
+        f"staging {URI}: {endpoint} did not answer within 0.5 s; the network or the service is stalled: "
+        "retry later, or check the network and AWS_ENDPOINT_URL"
+    )
+    part, _ = partial_download(target, "shard.bin")
+    assert part.read_bytes() == body[:1000]  # kept: the next submit resumes from byte 1000
+    assert files_in(target) == {}
 
 
 def test_a_full_disk_is_a_local_error_naming_the_file_and_the_download_then_resumes(aws, tmp_path):
