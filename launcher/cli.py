@@ -24,6 +24,7 @@ try:  # typer >= 0.29 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer, on click itself
     from click import exceptions as click_errors
 
+from launcher.contract.text import terminal_safe
 from launcher.errors import EXIT_DETACHED, EXIT_USAGE, Detached, LauncherError, RecipeError
 
 if TYPE_CHECKING:  # the CLI imports the API inside each verb, so `launcher --help` stays fast
@@ -127,7 +128,7 @@ def validate(
         except RecipeError as error:
             failed = True
             for line in error.lines():
-                err.print(line, markup=False)
+                err.print(terminal_safe(line, one_line=True), markup=False)  # a recipe's text, echoed
             continue
         out.print(f"[green]ok[/] {path}: {recipe.summary_line()}")
     if failed:
@@ -577,6 +578,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _fail(lines: list[str], problems: list[dict], exit_code: int, as_json: bool) -> int:
+    # Errors carry text from services, files and processes: none of it may drive the terminal.
+    # A recipe's problems are one line each, so a newline inside a value cannot forge another.
+    lines = [terminal_safe(line, one_line=bool(problems)) for line in lines]
+    problems = [{key: terminal_safe(value) for key, value in problem.items()} for problem in problems]
     if as_json:
         print(json.dumps({"error": "\n".join(lines), "problems": problems, "exit_code": exit_code}, indent=2))
     else:

@@ -1,5 +1,8 @@
 """boto3 clients with retries, and AWS errors turned into one clear line each.
 
+The service's own words in those lines (an error message that echoes a job name back) are
+passed through `terminal_safe`, so they cannot move the cursor or forge lines on a terminal.
+
 boto3 is imported here, inside functions, so `launcher --help` never pays for it. Clients
 honour AWS_ENDPOINT_URL (the tests point it at a moto server) and AWS_PROFILE as boto3 does.
 """
@@ -9,13 +12,18 @@ from __future__ import annotations
 import os
 import re
 from functools import cache
+from urllib.parse import urlsplit
 
+from launcher.contract.text import terminal_safe
 from launcher.errors import EngineError, LauncherError, UsageError
 
 # Adaptive mode adds client-side rate limiting on top of standard retries, which keeps `logs
 # --follow` and `list` polling within the CloudWatch and SageMaker request quotas.
 DEFAULT_RETRY_MODE = "adaptive"
 MAX_ATTEMPTS = 10
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 60
+"""Seconds without an answer before a call is tried again (MAX_ATTEMPTS in all)."""
 
 
 def retry_config() -> dict:
@@ -37,7 +45,12 @@ def _session():
 def client(service: str, region: str):
     from botocore.config import Config
 
-    config = Config(retries=retry_config(), user_agent_extra="launcher", connect_timeout=10, read_timeout=60)
+    config = Config(
+        retries=retry_config(),
+        user_agent_extra="launcher",
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+    )
     return _session().client(service, region_name=region, config=config)
 
 
@@ -55,26 +68,42 @@ class AwsError(EngineError):
 
 
 def explain(
-    error: Exception, *, action: str, region: str, job: str | None = None, quota_hint: str = ""
+    error: Exception,
+    *,
+    action: str,
+    region: str,
+    job: str | None = None,
+    quota_hint: str = "",
+    endpoint: str | None = None,
 ) -> LauncherError:
-    """One line for an AWS failure: which call, why, and how to fix it."""
+    """One line for an AWS failure: which call, why, and how to fix it. `endpoint` names the
+    service's URL when the error itself does not (a timeout while reading a response body)."""
     from botocore.exceptions import (
         ClientError,
+        ConnectTimeoutError,
         EndpointConnectionError,
         NoCredentialsError,
         PartialCredentialsError,
+        ReadTimeoutError,
     )
 
+    action = terminal_safe(action, one_line=True)
+    job = terminal_safe(job, one_line=True) if job is not None else None
+    if isinstance(error, ReadTimeoutError | ConnectTimeoutError):
+        return _timed_out(error, action, region, endpoint, connecting=isinstance(error, ConnectTimeoutError))
     if isinstance(error, NoCredentialsError | PartialCredentialsError):
         return UsageError(
             f"{action}: no AWS credentials found; run `aws configure`, set AWS_PROFILE, or run on a machine with an IAM role"
         )
     if isinstance(error, EndpointConnectionError):
-        return AwsError(f"{action}: cannot reach AWS ({error}); check the network and sagemaker.region {region}")
+        return AwsError(
+            f"{action}: cannot reach AWS ({terminal_safe(str(error), one_line=True)}); "
+            f"check the network and sagemaker.region {region}"
+        )
     if not isinstance(error, ClientError):
-        return AwsError(f"{action}: {error}")
-    code = error.response.get("Error", {}).get("Code", "")
-    message = " ".join(str(error.response.get("Error", {}).get("Message", "")).split())
+        return AwsError(f"{action}: {terminal_safe(str(error), one_line=True)}")
+    code = terminal_safe(str(error.response.get("Error", {}).get("Code", "")), one_line=True)
+    message = terminal_safe(str(error.response.get("Error", {}).get("Message", "")), one_line=True)
     if code == "ResourceLimitExceeded":
         quota = _quoted(message) or quota_hint or "the SageMaker training quota"
         return AwsError(
@@ -110,6 +139,21 @@ def explain(
     if code in ("NoSuchBucket", "404") and "bucket" in action:
         return UsageError(f"{action}: the bucket does not exist in {region}; create it or fix sagemaker.output_uri")
     return AwsError(f"{action}: {code or 'error'}: {message}", code)
+
+
+def _timed_out(error, action: str, region: str, endpoint: str | None, *, connecting: bool) -> AwsError:
+    """A call that got no connection or no answer in time (after the retries botocore makes)."""
+    url = error.kwargs.get("endpoint_url") or endpoint
+    parts = urlsplit(url) if url else None
+    # The endpoint alone: the request's path and query say nothing the action does not.
+    where = terminal_safe(f"{parts.scheme}://{parts.netloc}", one_line=True) if parts and parts.netloc else "AWS"
+    seconds, what = (CONNECT_TIMEOUT_S, "accept a connection") if connecting else (READ_TIMEOUT_S, "answer")
+    check = "AWS_ENDPOINT_URL" if os.environ.get("AWS_ENDPOINT_URL") else f"the region {region}"
+    return AwsError(
+        f"{action}: {where} did not {what} within {seconds:g} s; the network or the service is stalled: "
+        f"retry later, or check the network and {check}",
+        "Timeout",
+    )
 
 
 def _quoted(message: str) -> str | None:

@@ -11,7 +11,9 @@ values, four levels deep):
   expanded (a 342-byte alias bomb expands to billions; the count stops at the bound);
 - numbers longer than MAX_NUMBER_CHARS (Python refuses to convert integers of 4,300 digits with
   a ValueError that is not a YAMLError; no field takes a number a tenth that long);
-- NUL bytes in values (the operating system refuses such paths with a ValueError).
+- NUL bytes in values (the operating system refuses such paths with a ValueError);
+- explicitly tagged values their tag cannot build (`!!timestamp soon`, `!!int x`), each named
+  with its line and what the tag accepts.
 """
 
 from __future__ import annotations
@@ -20,12 +22,23 @@ from typing import Any
 
 import yaml
 
+from launcher.contract.text import choices
 from launcher.errors import Problem, RecipeError
 
 MAX_DEPTH = 32
 MAX_NODES = 10_000
 MAX_NUMBER_CHARS = 64
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_CORE = "tag:yaml.org,2002:"
+# What each scalar tag of the safe constructor accepts, for the message when a value fails it.
+_TAG_ACCEPTS = {
+    "int": "an integer such as 42, -7, 0x2a or 1_000",
+    "float": "a number such as 0.5, 1e-4, .inf or .nan",
+    "bool": "true or false",
+    "timestamp": "a date such as 2026-12-01, or a date and time such as 2026-12-01T10:00:00Z",
+    "binary": "base64 text",
+}
+_BUILD_ERRORS = (yaml.YAMLError, ValueError, TypeError, AttributeError, OverflowError, IndexError, KeyError)
 
 KeyPath = tuple  # of str | int
 
@@ -39,8 +52,10 @@ def _short(path: KeyPath) -> str:
 class _TreeCheck:
     """One walk over a composed node tree: the line of each key path, and every bound exceeded."""
 
-    def __init__(self, shown: str):
+    def __init__(self, shown: str, build):
         self.shown = shown
+        self.build = build
+        """Constructs one scalar node (cached by the loader, so the document reuses it)."""
         self.origins: dict[KeyPath, str] = {}
         self.problems: list[Problem] = []
         self.visited = 0
@@ -96,6 +111,24 @@ class _TreeCheck:
             self.refuse(
                 path, f"a number of {len(node.value):,} characters; numbers here have at most {MAX_NUMBER_CHARS}", node
             )
+        elif node.tag != _CORE + "str":
+            self.check_tagged(node, path)
+
+    def check_tagged(self, node: yaml.ScalarNode, path: KeyPath) -> None:
+        """Build the value now, so a tag its text does not fit is refused at its own line."""
+        try:
+            self.build(node)
+        except _BUILD_ERRORS:
+            name = node.tag.removeprefix(_CORE)
+            shown = "!!" + name if node.tag.startswith(_CORE) else node.tag
+            accepts = _TAG_ACCEPTS.get(name)
+            valid = (
+                f"{shown} takes {accepts}"
+                if accepts
+                else f"{shown} is unknown; the tags are {choices('!!' + t for t in _TAG_ACCEPTS)}"
+            )
+            value = node.value if len(node.value) <= 40 else node.value[:40] + "…"
+            self.refuse(path, f"{shown} {value!r} cannot be read: {valid}; or drop the tag", node)
 
 
 class _TooBig(Exception):
@@ -172,7 +205,7 @@ def parse_yaml(text: str, shown: str) -> tuple[Any, dict[KeyPath, str], int | No
         node = loader.get_single_node()
         if node is None:
             return None, {}, None
-        check = _TreeCheck(shown)
+        check = _TreeCheck(shown, loader.construct_object)
         check.walk(node, ())
         if check.problems:
             raise RecipeError(check.problems)
@@ -184,7 +217,7 @@ def parse_yaml(text: str, shown: str) -> tuple[Any, dict[KeyPath, str], int | No
     except RecursionError:  # only the pure-Python fallback composer recurses
         raise RecipeError([Problem("", f"nested deeper than {MAX_DEPTH} levels", shown)]) from None
     except (ValueError, TypeError, AttributeError, OverflowError, IndexError, KeyError) as err:
-        # A tagged value the constructor cannot build, e.g. `!!timestamp soon` or `!!int x`.
+        # Kept as a last guard: tagged scalars are built (and refused with their line) in the walk.
         raise RecipeError([Problem("", f"a YAML value cannot be read: {str(err)[:200]}", shown)]) from None
     finally:
         loader.dispose()

@@ -21,6 +21,7 @@ from launcher.backends import get_backend
 from launcher.errors import UsageError
 
 from .helpers import spec_for
+from .test_sagemaker_stubbed import NAME, registered, stub  # noqa: F401 (fixture)
 
 HOSTILE = "x'; touch PWNED_QUOTE; echo \"$(touch PWNED_SUBST)`touch PWNED_TICK`\n---\nkind: Secret\n# ${HOME} \\"
 IMAGE = "repo/img:1$(touch${IFS}PWNED_IMAGE)`touch${IFS}PWNED_IMAGE2`';\"&&"
@@ -149,3 +150,44 @@ def test_sagemaker_json_round_trips_and_refuses_tags_sagemaker_would_reject(host
     tagged = spec_for("llama70b-128k", "sagemaker", **{"sagemaker.tags": {"owner": TAG}})
     with pytest.raises(UsageError, match=r"Tags\[0\]\.Value: .* does not match the pattern"):
         get_backend("sagemaker").render(tagged)
+
+
+# --- text from a service or a file reaches the terminal inert ----------------------------------
+
+FORGED = "x\x1b]0;pwned\x07\x1b[2K\rState: Completed\nexit 0\x9b31m\x1b[?1049h"
+"""An OSC title, an erase-line, a carriage return, a forged second line, a C1 CSI, a screen switch."""
+DRIVES_A_TERMINAL = ("\x1b", "\x07", "\r", "\x9b", "\x9d")
+
+
+def inert(text: str) -> bool:
+    return not any(c in text for c in DRIVES_A_TERMINAL)
+
+
+@pytest.mark.usefixtures("registered")
+def test_a_cloud_error_echoing_escape_sequences_prints_as_one_inert_line(cli):
+    sm = stub("sagemaker")
+    message = (
+        f"Value '{FORGED}' at 'trainingJobName' failed to satisfy constraint: Member must satisfy regular expression"
+    )
+    for _ in range(2):
+        sm.add_client_error("stop_training_job", service_error_code="ValidationException", service_message=message)
+    result = cli("stop", NAME)
+    assert result.code == 3 and inert(result.err), repr(result.err)
+    assert result.err_lines == [
+        f"StopTrainingJob {NAME}: SageMaker rejected the request: Value 'xState: Completed exit 031m' at "
+        "'trainingJobName' failed to satisfy constraint: Member must satisfy regular expression"
+    ]
+    as_json = cli("stop", NAME, "--json")
+    assert as_json.code == 3 and inert(json.loads(as_json.out)["error"])
+
+
+def test_a_recipe_value_with_escape_sequences_is_echoed_inert(tmp_path, cli):
+    recipe = tmp_path / "r.yaml"
+    training = {"seq_len": 256, "global_batch_size": 8, "steps": 10}
+    recipe.write_text(json.dumps({"name": "t", "model": FORGED, "training": training}))
+    for verb in ("validate", "estimate"):
+        result = cli(verb, recipe)
+        assert result.code == 2 and inert(result.err), (verb, repr(result.err))
+        assert any(
+            "model: 'xState: Completed" in line and "is not in the model catalog" in line for line in result.err_lines
+        )

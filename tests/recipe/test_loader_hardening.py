@@ -444,12 +444,31 @@ def test_hostile_hf_configs(tmp_path, cli, config, message):
     "text, message",
     [
         ("? [a, b]\n: 1\n", r"a key is a list or mapping"),
-        ("x: !!timestamp soon\n", r"a YAML value cannot be read"),
+        (
+            "name: t\nx: !!timestamp soon\n",
+            r"^\S+r\.yaml:2 x: !!timestamp 'soon' cannot be read: !!timestamp takes a date such as 2026-12-01, "
+            r"or a date and time such as 2026-12-01T10:00:00Z; or drop the tag$",
+        ),
+        ("x: [1, !!int 0x2z]\n", r"^\S+r\.yaml:1 x\.1: !!int '0x2z' cannot be read: !!int takes an integer such as 42"),
+        ("x:\n  y: !!bool maybe\n", r"^\S+r\.yaml:2 x\.y: !!bool 'maybe' cannot be read: !!bool takes true or false"),
+        (
+            "x: !local thing\n",
+            r"^\S+r\.yaml:1 x: !local 'thing' cannot be read: !local is unknown; the tags are !!int, ",
+        ),
         ("x: !!python/object:os.system {}\n", r"YAML syntax error: .*could not determine a constructor"),
         ("a: &a [*a]\n", r"nested deeper than 32 levels"),
         ("name: t\nname: u\n", r"name: duplicate key"),
     ],
-    ids=["complex-key", "bad-timestamp", "python-tag", "recursive-alias", "duplicate-key"],
+    ids=[
+        "complex-key",
+        "bad-timestamp",
+        "bad-int-in-a-list",
+        "bad-bool",
+        "unknown-local-tag",
+        "python-tag",
+        "recursive-alias",
+        "duplicate-key",
+    ],
 )
 def test_hostile_yaml(tmp_path, cli, text, message):
     (tmp_path / "r.yaml").write_text(text)
