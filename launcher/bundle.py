@@ -12,6 +12,10 @@ What goes in is an allowlist: Python sources under entrypoints/, the contract an
 recipe. Any other file needs an explicit `include` pattern, and a name that looks like a secret
 (credentials, keys, tokens, tool configs that hold them) is refused even then: a stray
 `.git-credentials` or kubeconfig beside the entrypoints never leaves this machine.
+
+The container trusts the bundle only by its content: its entrypoint (`unpack_entrypoint`, part of
+the job's request, not of the bundle) compares the file's sha256 with LAUNCHER_BUNDLE_SHA256 from
+the same request before it unpacks or runs anything.
 """
 
 from __future__ import annotations
@@ -70,25 +74,44 @@ SECRET_FILES = (
     "id_ecdsa*",
 )
 
-# The bootstrap that SageMaker and Kubernetes containers run before torchrun: unpack the bundle
-# named by $LAUNCHER_BUNDLE into $LAUNCHER_CODE and exec the argv that follows. Paths arrive as
-# environment variables, so this text never contains anything from a recipe.
+# The request's sha256 of the bundle; the container refuses any other bytes (VERIFY_SCRIPT).
+ENV_BUNDLE_SHA256 = "LAUNCHER_BUNDLE_SHA256"
+
+# The first stage of the container's entrypoint: nothing of the bundle has run yet, and this text
+# is part of the job's request, so a bundle changed in S3 (or in a ConfigMap) cannot skip it; the
+# bootstrap.py inside the bundle could. Its first argument is the refusal, a printf format (each
+# entrypoint string is at most 256 characters in SageMaker's API); the rest is the next stage.
+# `sha256sum -c` fails on a missing file, other bytes and an empty or absent sha256 alike.
+VERIFY_SCRIPT = (
+    'm=$1;shift;echo "$LAUNCHER_BUNDLE_SHA256  $LAUNCHER_BUNDLE"|sha256sum -c --status&&exec "$@";'
+    'printf "$m\\n" "$LAUNCHER_BUNDLE"|tee "${LAUNCHER_FAILURE_FILE:-/opt/ml/output/failure}">&2 2>/dev/null;exit 2'
+)
+BUNDLE_REFUSAL = (
+    "bootstrap: refused the code bundle %s: its sha256 is not the LAUNCHER_BUNDLE_SHA256 of the job's "
+    "request (it was changed or damaged after upload); nothing from it ran"
+)
+# The second stage: unpack the verified bundle named by $LAUNCHER_BUNDLE into $LAUNCHER_CODE and
+# exec the argv that follows. Paths arrive as environment variables, so this text never contains
+# anything from a recipe.
 UNPACK_SCRIPT = (
     'set -e; mkdir -p "$LAUNCHER_CODE"; tar -xzf "$LAUNCHER_BUNDLE" -C "$LAUNCHER_CODE"; cd "$LAUNCHER_CODE"; exec "$@"'
 )
 
 
 def unpack_entrypoint(*, image_entrypoint: str | None = None) -> list[str]:
-    """Container entrypoint argv; the job's argv follows it as arguments.
+    """Container entrypoint argv (verify, then unpack); the job's argv follows it as arguments.
 
-    `image_entrypoint`: the image's own ENTRYPOINT, which the container entrypoint replaces; when
-    that file exists in the container, the job's argv runs through it (it must end in exec "$@")."""
+    The container's environment must name the bundle (LAUNCHER_BUNDLE), where to unpack it
+    (LAUNCHER_CODE) and its sha256 (LAUNCHER_BUNDLE_SHA256). `image_entrypoint`: the image's own
+    ENTRYPOINT, which the container entrypoint replaces; when that file exists in the container,
+    the job's argv runs through it (it must end in exec "$@")."""
     script = UNPACK_SCRIPT
     if image_entrypoint:
         script = script.replace(
             'exec "$@"', f'if [ -x {image_entrypoint} ]; then set -- {image_entrypoint} "$@"; fi; exec "$@"'
         )
-    return ["/bin/bash", "-c", script, "launcher-bootstrap"]
+    verify = ["/bin/bash", "-c", VERIFY_SCRIPT, "launcher-verify", BUNDLE_REFUSAL]
+    return [*verify, "/bin/bash", "-c", script, "launcher-bootstrap"]
 
 
 def find_entrypoints() -> Path:
