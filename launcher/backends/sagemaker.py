@@ -226,7 +226,7 @@ class SageMakerBackend(Backend):
         return problems
 
     def _render(self, spec: JobSpec) -> Rendering:
-        bundle = Bundle.build(spec.resolved_json)
+        bundle = Bundle.of(spec)
         locations = Locations.of(spec)
         code_uri = locations.code_uri(bundle)
         wheels = job_wheels(spec.resolved)
