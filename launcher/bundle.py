@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, UsageError
 from launcher.spec import CONFIG_FILE, ENTRYPOINT
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def refuse_secrets(members: dict[str, bytes | None], allowed: tuple[str, ...]) -
     """Stop the build when a member holds what looks like a secret, unless the recipe allows that file."""
     unknown = sorted(set(allowed) - set(members))
     if unknown:
-        raise LauncherError(
+        raise UsageError(
             f"bundle.allow_secrets_in: {', '.join(unknown)} is not a file of the code bundle; "
             "name files by their path in it, e.g. entrypoints/data.py"
         )
@@ -157,7 +157,7 @@ def refuse_secrets(members: dict[str, bytes | None], allowed: tuple[str, ...]) -
     ]
     if findings:
         shown = ", ".join(map(str, findings[:5])) + (f" and {len(findings) - 5} more" if len(findings) > 5 else "")
-        raise LauncherError(
+        raise UsageError(
             f"bundle: {shown} looks like a secret; nothing is uploaded: move it out of the file (read it "
             "from the environment or a secret store at run time), or, if it is no secret, list the file "
             "in the recipe's bundle.allow_secrets_in"

@@ -328,3 +328,21 @@ def test_bundle_allow_secrets_in_reaches_the_bundle_from_the_recipe(monkeypatch,
     spec = spec_for("tiny-cpu", "local", **{"bundle.allow_secrets_in": ["entrypoints/fixture_key.py"]})
     assert spec.bundle_allow_secrets == ("entrypoints/fixture_key.py",)
     assert "entrypoints/fixture_key.py" in Bundle.of(spec).describe()["files"]
+
+
+def test_submit_of_a_job_whose_bundle_holds_a_secret_stops_with_one_line_and_creates_nothing(
+    monkeypatch, source, home, cli
+):
+    import launcher.bundle
+
+    from .helpers import recipe_path
+
+    (source / "local_settings.py").write_text(f'aws_secret_access_key = "{AWS_SECRET}"\n')
+    monkeypatch.setattr(launcher.bundle, "find_entrypoints", lambda: source)
+    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "local")
+    assert result.code == 2
+    assert result.err.splitlines()[-1].startswith(
+        "bundle: entrypoints/local_settings.py:1 (an AWS secret access key) looks like a secret; nothing is uploaded"
+    )
+    assert "Traceback" not in result.err and AWS_SECRET not in result.out + result.err
+    assert not (home / "jobs").exists() or not list((home / "jobs").iterdir())
