@@ -236,6 +236,8 @@ class JobSpec:
     """The Slurm-only settings; None for every other backend."""
     k8s: KubernetesSettings | None = None
     """The Kubernetes-only settings; None for every other backend."""
+    bundle_allow_secrets: tuple[str, ...] = ()
+    """The recipe's bundle.allow_secrets_in: bundle files packed although they look like secrets."""
     lineage: str = ""
     """The job whose checkpoints this one continues: its own name for a fresh run, the first job's
     name for a `--resume` of it. Checkpoints are kept per lineage, so two runs of one recipe never mix."""
@@ -299,6 +301,7 @@ class JobSpec:
             sagemaker=SageMakerSettings.of(recipe) if on_sagemaker else None,
             slurm=SlurmSettings.of(recipe) if backend == "slurm" else None,
             k8s=KubernetesSettings.of(recipe) if backend == "k8s" else None,
+            bundle_allow_secrets=recipe.bundle.allow_secrets_in,
             resolved_json=canonical_json(resolved),
         )
 
@@ -342,6 +345,7 @@ class JobSpec:
         data["command"] = tuple(data["command"])
         data["environment"] = tuple(sorted(data["environment"].items()))
         data["tags"] = tuple(sorted(data["tags"].items()))
+        data["bundle_allow_secrets"] = tuple(data.get("bundle_allow_secrets", ()))
         data.setdefault("lineage", data["name"])  # specs saved before lineages existed
         data["resolved_json"] = canonical_json(data.pop("resolved"))
         return cls(**data)

@@ -99,7 +99,7 @@ class AccelerateBackend(Backend):
         )
 
     def _render(self, spec: JobSpec) -> Rendering:
-        bundle = Bundle.build(spec.resolved_json)
+        bundle = Bundle.of(spec)
         config = accelerate_config(spec)
         script = launch_script(spec)
         header = [

@@ -119,7 +119,7 @@ class DockerBackend(Backend):
         )
 
     def _render(self, spec: JobSpec) -> Rendering:
-        bundle = Bundle.build(spec.resolved_json)
+        bundle = Bundle.of(spec)
         argv = docker_run_argv(spec)
         data = {"command": argv, "image": spec.image, "job_dir": str(job_dir(spec.name)), "bundle": bundle.describe()}
         login = ecr_registry(spec.image)

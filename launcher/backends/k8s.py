@@ -159,7 +159,7 @@ class KubernetesBackend(Backend):
         return [*super().problems(spec), *([problem] if problem else [])]
 
     def _render(self, spec: JobSpec) -> Rendering:
-        bundle = Bundle.build(spec.resolved_json)
+        bundle = Bundle.of(spec)
         settings = settings_of(spec)
         manifest = build_manifest(spec, bundle, settings)
         documents = manifest.documents()

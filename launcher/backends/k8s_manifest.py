@@ -23,7 +23,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from launcher.bundle import ARCHIVE_NAME, Bundle, unpack_entrypoint
+from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
 from launcher.errors import UsageError
 from launcher.spec import RDZV_PORT, JobSpec, Resources
@@ -211,11 +211,15 @@ def job_labels(spec: JobSpec) -> dict:
     return {**MANAGED_BY, "launcher/recipe": dns_label(spec.recipe_name), "launcher/job": spec.name}
 
 
-def pod_template(spec: JobSpec, settings: ClaimSettings, data_mounts: list, data_pod_volumes: list) -> dict:
+def pod_template(
+    spec: JobSpec, settings: ClaimSettings, data_mounts: list, data_pod_volumes: list, bundle_sha256: str
+) -> dict:
     env = [{"name": k, "value": v} for k, v in spec.environment]
     env += [
         {"name": "LAUNCHER_BUNDLE", "value": f"{BUNDLE_DIR}/{ARCHIVE_NAME}"},
         {"name": "LAUNCHER_CODE", "value": CODE_DIR},
+        # The pod runs nothing from a ConfigMap whose bundle has other bytes (launcher.bundle).
+        {"name": ENV_BUNDLE_SHA256, "value": bundle_sha256},
     ]
     mounts = [
         {"name": "bundle", "mountPath": BUNDLE_DIR, "readOnly": True},
@@ -291,7 +295,7 @@ def build_manifest(
     """Every object of the job; `namespace` and `uid` as far as they are known (see the module doc)."""
     namespace = namespace or settings.namespace
     mounts, pod_volumes, volume_documents = data_volumes(spec, settings, namespace, uid)
-    template = pod_template(spec, settings, mounts, pod_volumes)
+    template = pod_template(spec, settings, mounts, pod_volumes, bundle.sha256)
     return Manifest(
         config_map=config_map(spec, bundle, job_labels(spec), namespace, uid),
         job=pytorch_job(spec, template, namespace),

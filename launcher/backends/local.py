@@ -59,7 +59,7 @@ class LocalBackend(Backend):
     # --- render and submit -----------------------------------------------------------------
 
     def _render(self, spec: JobSpec) -> Rendering:
-        bundle = Bundle.build(spec.resolved_json)
+        bundle = Bundle.of(spec)
         directory = job_dir(spec.name)
         code = directory / CODE_DIR
         argv = torchrun_argv(spec.command)

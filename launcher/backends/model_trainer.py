@@ -34,7 +34,7 @@ def to_model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str |
 
     locations, cloud = Locations.of(spec), settings(spec)
     if source_dir is None:
-        source_dir = Bundle.build(spec.resolved_json).extract(job_dir(spec.name) / "code")
+        source_dir = Bundle.of(spec).extract(job_dir(spec.name) / "code")
     from botocore.exceptions import BotoCoreError, ClientError
 
     # The SDK asks AWS for the account and the default bucket as it builds the trainer: without

@@ -10,6 +10,7 @@ never hyperparameters.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -22,7 +23,7 @@ from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Ren
 from launcher.backends.cloudwatch import LOG_GROUP, log_lines
 from launcher.backends.images import training_image
 from launcher.backends.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
-from launcher.bundle import ARCHIVE_NAME, Bundle, unpack_entrypoint
+from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
 from launcher.contract.metrics import METRIC_REGEXES
 from launcher.contract.text import terminal_safe
@@ -123,13 +124,15 @@ def request_warnings(spec: JobSpec) -> list[str]:
 
 
 def create_training_job_request(
-    spec: JobSpec, *, code_uri: str, locations: Locations, wheels: tuple[Wheel, ...] = ()
+    spec: JobSpec, *, code_uri: str, bundle_sha256: str, locations: Locations, wheels: tuple[Wheel, ...] = ()
 ) -> dict:
     """The CreateTrainingJob request for `spec`: what dry-run prints and submit sends."""
     cloud, resources = settings(spec), spec.resources
     environment = {
         **spec.env,
         "LAUNCHER_BUNDLE": f"{CHANNELS_DIR}/code/{ARCHIVE_NAME}",
+        # The container entrypoint runs nothing from a bundle with other bytes (launcher.bundle).
+        ENV_BUNDLE_SHA256: bundle_sha256,
         "LAUNCHER_CODE": CODE_DIR,
         "LAUNCHER_JOB_NAME": spec.name,
         # Every SageMaker job has hosts and an S3 prefix of its own: no other job shares the
@@ -223,11 +226,13 @@ class SageMakerBackend(Backend):
         return problems
 
     def _render(self, spec: JobSpec) -> Rendering:
-        bundle = Bundle.build(spec.resolved_json)
+        bundle = Bundle.of(spec)
         locations = Locations.of(spec)
         code_uri = locations.code_uri(bundle)
         wheels = job_wheels(spec.resolved)
-        request = create_training_job_request(spec, code_uri=code_uri, locations=locations, wheels=wheels)
+        request = create_training_job_request(
+            spec, code_uri=code_uri, bundle_sha256=bundle.sha256, locations=locations, wheels=wheels
+        )
         problems = aws_model.validate("sagemaker", "CreateTrainingJob", request)
         if problems:
             raise UsageError(
@@ -423,8 +428,11 @@ def upload_wheels(wheels: tuple[Wheel, ...], locations: Locations, spec: JobSpec
 
 
 def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, locations: Locations, spec) -> None:
-    """Upload to a content-addressed key, unless the object there is this one: same size and the
-    same sha256 in its metadata. Anything else at the key (a torn or foreign upload) is replaced."""
+    """Upload to a content-addressed key, unless the object there is this one by content: the
+    SHA-256 that S3 itself checked on upload (ChecksumSHA256; S3 refuses a put whose bytes do not
+    match it) equals ours. The object's own metadata is not asked: whoever can write the bucket can
+    write it. Anything else at the key (a torn, foreign or forged upload) is replaced."""
+    from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import ClientError
 
     region = settings(spec).region
@@ -434,18 +442,21 @@ def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, 
         if locations.default_bucket:
             _ensure_bucket(s3, bucket, region)
         try:
-            head = s3.head_object(Bucket=bucket, Key=key)
-            if head["ContentLength"] == len(data) and head.get("Metadata", {}).get("sha256") == sha256:
+            head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+            # A multipart object's ChecksumSHA256 is a digest of part digests ("...-N"): never equal.
+            if head.get("ChecksumSHA256") == base64.b64encode(bytes.fromhex(sha256)).decode():
                 return
         except ClientError as error:
             if error.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
                 raise
-        extra = {"ContentType": content_type, "Metadata": {"sha256": sha256}}
+        extra = {"ContentType": content_type, "ChecksumAlgorithm": "SHA256"}
         kms_key_id = settings(spec).kms_key_id
         if kms_key_id:
             extra.update(ServerSideEncryption="aws:kms", SSEKMSKeyId=kms_key_id)
         with _progress(len(data), f"uploading {what} to {uri}") as advance:
-            s3.upload_fileobj(io.BytesIO(data), bucket, key, ExtraArgs=extra, Callback=advance)
+            # One PUT, never multipart, so S3 keeps the whole object's SHA-256 (at most 64 MiB here).
+            single = TransferConfig(multipart_threshold=max(len(data) + 1, 8 * 2**20))
+            s3.upload_fileobj(io.BytesIO(data), bucket, key, ExtraArgs=extra, Callback=advance, Config=single)
     except LauncherError:
         raise
     except Exception as error:

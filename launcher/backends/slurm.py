@@ -338,7 +338,7 @@ class SlurmBackend(Backend):
         return problems
 
     def _render(self, spec: JobSpec) -> Rendering:
-        bundle = Bundle.build(spec.resolved_json)
+        bundle = Bundle.of(spec)
         directory = slurm_job_dir(spec.slurm, spec.name)
         script = sbatch_script(spec)
         argv = sbatch_argv(directory)

@@ -337,6 +337,18 @@ class Kubernetes(Section):
     """Requested size of a created checkpoint claim."""
 
 
+class CodeBundle(Section):
+    """What goes into the code bundle that every backend ships to the job."""
+
+    allow_secrets_in: tuple[Annotated[str, Field(pattern=r"^[^/\x00-\x1f][^\x00-\x1f]*$", max_length=512)], ...] = (
+        Field(default=(), max_length=100)
+    )
+    """Files of the bundle, by their path in it (entrypoints/tests/fixture_key.py), that are packed
+    although their content looks like a secret (an AWS or private key, a token, a random password):
+    a test fixture or a documented example key. Every other such file stops the build, with
+    file:line and the kind of secret. Name each file exactly; no globs."""
+
+
 class Data(Section):
     source: str = "synthetic"
     """'synthetic'; token shards: a local directory (e.g. `launcher data prepare`'s output) or file, or an
@@ -408,5 +420,6 @@ class RecipeSpec(Section):
     sagemaker: SageMaker = Field(default_factory=SageMaker)
     slurm: Slurm = Slurm()
     k8s: Kubernetes = Kubernetes()
+    bundle: CodeBundle = CodeBundle()
     data: Data = Data()
     checkpoint: Checkpoint = Checkpoint()

@@ -1,4 +1,5 @@
-"""entrypoints/bootstrap.py, the SageMaker container's first Python, run as a subprocess.
+"""entrypoints/bootstrap.py, the SageMaker container's first Python, run as a subprocess, and the
+container entrypoint before it, which refuses a bundle other than the one the request names.
 
 A fake `torchrun` first on PATH records the argv and environment the bootstrap gives it and
 plays the failures torchrun reports; the last tests run the real torchrun and train.py.
@@ -20,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import REPO
+from launcher.backends import get_backend
+from launcher.bundle import Bundle
+
+from .helpers import REPO, spec_for
 
 BOOTSTRAP = REPO / "entrypoints" / "bootstrap.py"
 JOB_ARGV = ["torchrun", "--nproc-per-node=2", "--max-restarts=0", "entrypoints/train.py", "--config", "resolved.json"]
@@ -370,3 +374,79 @@ def test_a_real_recorded_exception_reaches_the_failure_file_through_torchrun(sag
     lines = failure(tmp_path).splitlines()
     assert re.fullmatch(r"rank 1 on \S+ failed: RuntimeError: shard 7 of the train channel is truncated", lines[0])
     assert any("in main" in line for line in lines[1:]), lines
+
+
+# --- the bundle is checked against the request before anything of it runs ------------------------
+
+# A bundle's own bootstrap.py that proves it ran: a tampered bundle would do anything here.
+RUNS_AND_TELLS = 'import os\nopen(os.environ["BUNDLE_RAN"], "w").write("ran")\n'
+
+
+@pytest.fixture
+def container(tmp_path, fake_bundle, home):
+    """The rendered SageMaker request's container command and environment, on this machine's paths.
+
+    Returns run(archive) -> (CompletedProcess, failure file text or None); the bundle at `archive`
+    stands in for the `code` channel, and BUNDLE_RAN names the file its bootstrap.py would write."""
+    request = get_backend("sagemaker").render(spec_for("llama3-8b-8k", "sagemaker")).data["request"]
+    algorithm = request["AlgorithmSpecification"]
+    output = tmp_path / "opt_ml" / "output"
+    output.mkdir(parents=True)
+
+    def run(archive: Path, **environment: str):
+        env = {
+            **request["Environment"],
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
+            "LAUNCHER_BUNDLE": str(archive),
+            "LAUNCHER_CODE": str(tmp_path / "opt_ml_code"),
+            "LAUNCHER_FAILURE_FILE": str(output / "failure"),
+            "BUNDLE_RAN": str(tmp_path / "bundle-ran"),
+            **environment,
+        }
+        argv = [*algorithm["ContainerEntrypoint"], *algorithm["ContainerArguments"]]
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        text = (output / "failure").read_text() if (output / "failure").exists() else None
+        return result, text
+
+    run.sha256 = request["Environment"].get("LAUNCHER_BUNDLE_SHA256")
+    return run
+
+
+def a_bundle_that_tells(tmp_path: Path, name: str) -> tuple[Path, Bundle]:
+    source = tmp_path / f"{name}-entrypoints"
+    source.mkdir()
+    (source / "bootstrap.py").write_text(RUNS_AND_TELLS)
+    bundle = Bundle.build('{"name": "x"}\n', source)
+    return bundle.write(tmp_path / name / "code.tar.gz"), bundle
+
+
+REFUSED = (
+    "bootstrap: refused the code bundle {}: its sha256 is not the LAUNCHER_BUNDLE_SHA256 of the job's request "
+    "(it was changed or damaged after upload); nothing from it ran\n"
+)
+
+
+def test_a_bundle_whose_bytes_differ_from_the_requests_sha256_is_refused_and_nothing_of_it_runs(container, tmp_path):
+    archive, bundle = a_bundle_that_tells(tmp_path, "tampered")
+    assert bundle.sha256 != container.sha256
+    result, failure_text = container(archive)
+    assert result.returncode == 2, result.stderr
+    assert failure_text == REFUSED.format(archive)  # one line: the job's FailureReason
+    assert result.stderr.endswith(REFUSED.format(archive))
+    assert not (tmp_path / "bundle-ran").exists()
+    assert not (tmp_path / "opt_ml_code").exists()  # not even unpacked
+
+
+@pytest.mark.parametrize("sha256", ["", "0" * 64, "not a digest"], ids=["empty", "zeros", "garbage"])
+def test_a_request_without_the_bundles_sha256_runs_nothing(container, tmp_path, sha256):
+    archive, bundle = a_bundle_that_tells(tmp_path, "any")
+    result, failure_text = container(archive, LAUNCHER_BUNDLE_SHA256=sha256)
+    assert (result.returncode, failure_text) == (2, REFUSED.format(archive))
+    assert not (tmp_path / "bundle-ran").exists()
+
+
+def test_a_bundle_with_the_requests_sha256_is_unpacked_and_run(container, tmp_path):
+    archive, bundle = a_bundle_that_tells(tmp_path, "uploaded")
+    result, failure_text = container(archive, LAUNCHER_BUNDLE_SHA256=bundle.sha256)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "bundle-ran").read_text() == "ran" and failure_text is None

