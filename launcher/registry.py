@@ -138,6 +138,7 @@ def write_json(path: Path, data: Any) -> None:
     text = json.dumps(data, indent=2) + "\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(path)
         descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     except OSError as error:
         raise DiskError(os_error_line(error, "writing", path)) from None
@@ -154,6 +155,26 @@ def write_json(path: Path, data: Any) -> None:
         if isinstance(error, OSError):
             raise DiskError(os_error_line(error, "writing", path)) from None
         raise
+
+
+def _remove_orphans(path: Path) -> None:
+    """Remove the temporary files of earlier writers of `path` that died mid-write (killed): each
+    is named `.<file>.<writer's pid>.<random>.tmp`, and one whose pid is gone has no writer left."""
+    for orphan in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = orphan.name.removeprefix(f".{path.name}.").split(".")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                orphan.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
 
 
 def json_type(value: object) -> str:

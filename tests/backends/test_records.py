@@ -199,6 +199,18 @@ def test_a_full_disk_is_named_with_the_path_and_leaves_no_temporary_file(tmp_pat
         assert json.loads((disk / "status.json").read_text()) == {"state": "InProgress"}  # the old one stands
 
 
+def test_a_writer_killed_mid_write_leaves_no_temporary_file_behind_the_next_write(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid is now no process's
+    orphan = tmp_path / f".status.json.{dead.pid}.x1y2.tmp"
+    orphan.write_text('{"state": "Trai')
+    living = tmp_path / f".status.json.{os.getppid()}.z3w4.tmp"  # a writer that is still running
+    living.write_text("{")
+    write_json(tmp_path / "status.json", {"state": "Completed"})
+    assert temporary_files(tmp_path) == [living.name]
+    assert json.loads((tmp_path / "status.json").read_text()) == {"state": "Completed"}
+
+
 def test_a_full_disk_at_submit_is_one_line_and_leaves_no_job(no_torchrun, cli, fixed_names):
     """Room for the job's record, none for its code: the bundle's extraction hits ENOSPC."""
     from launcher.registry import forget
