@@ -169,7 +169,7 @@ def _submitter(ref: JobRef) -> str | None:
     if ref.submitting is None:
         return None
     pid, start, host = (ref.submitting.get(key) for key in ("pid", "start", "host"))
-    if type(pid) is not int or pid < 1 or type(start) is not int or not isinstance(host, str):
+    if type(pid) is not int or pid < 1 or type(start) not in (int, type(None)) or not isinstance(host, str):
         raise DamagedRecord(
             f"{job_dir(ref.name) / 'job.json'}: damaged job record: submitting is {ref.submitting!r}, "
             "not {pid, start, host} of the submitting process"
@@ -177,6 +177,8 @@ def _submitter(ref: JobRef) -> str | None:
     if host != socket.gethostname():
         return "elsewhere"
     info = process_info(pid)
+    if start is None:  # no /proc where it ran: the pid alone, which a later process may reuse
+        return "running" if info is not None and not info.zombie else "gone"
     return "running" if info is not None and not info.zombie and info.start == start else "gone"
 
 
