@@ -316,6 +316,33 @@ def test_a_submit_killed_before_the_engine_is_never_submitted_and_list_clean_rem
     assert cleaned.out.strip() == "no jobs" and not (home / "jobs" / name).exists()
 
 
+def test_a_sagemaker_record_whose_submit_died_before_create_training_job_is_never_submitted(aws, home, cli):
+    """The engine's own answer decides it: DescribeTrainingJob of a job it never got fails with
+    ResourceNotFound (botocore's sagemaker model lists it for that operation; moto answers with
+    ValidationException "not found")."""
+    from launcher.api import submit as api_submit
+
+    spec = api_submit(recipe_path("llama3-8b-8k"), dry_run=True).spec
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    save(
+        JobRef(
+            name=spec.name,
+            backend="sagemaker",
+            region="us-west-2",
+            submitting={"pid": dead.pid, "start": 1, "host": os.uname().nodename},
+        ),
+        spec,
+    )
+    listed = cli("list")
+    assert listed.code == 0 and listed.out.splitlines()[1].split()[:3] == [spec.name, "sagemaker", "NeverSubmitted"]
+    cleaned = cli("list", "--clean")
+    assert cleaned.err_lines == [
+        f"removed {spec.name}: never submitted: its submit (pid {dead.pid}) ended before sagemaker took the job"
+    ]
+    assert records() == []
+
+
 def test_a_submit_still_under_way_is_shown_and_list_clean_keeps_it(home, cli, fake_bundle):
     from launcher.backends.processes import process_start_time
 
