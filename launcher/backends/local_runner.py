@@ -2,8 +2,13 @@
 
 It starts torchrun in a new process group (so `stop` can signal torchrun and all its workers
 at once), waits for it, and is the only writer of `status.json` while it lives. Besides the
-standard library it uses only the registry's atomic JSON write: it must start fast and never
-depend on torch or the cloud SDKs.
+standard library it uses only the registry's checked JSON reads and atomic writes: it must start
+fast and never depend on torch or the cloud SDKs.
+
+When torchrun ends, its exit code goes to `exit.json` before `status.json` is updated, so the
+outcome is on disk whenever the runner dies; `status` reads it (or the trainer's summary line)
+once it sees the runner gone. A runner that cannot go on (a full disk, a damaged file) says why in
+its last line of runner.log.
 
 A failed job's reason is the error of the rank that failed first (launcher.contract.failure:
 by the raise times in the ranks' error files, not torchrun's first observed exit, which is often
