@@ -8,8 +8,10 @@ what submit would have sent. The memory estimate runs before anything is uploade
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,10 +23,11 @@ from typing import Any, get_args
 from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.backends.base import EngineUnavailable
 from launcher.backends.history import MetricsHistory
+from launcher.backends.processes import process_start_time
 from launcher.contract.dataset import MANIFEST
 from launcher.data.prepare import DEFAULT_SHARD_TOKENS, Prepared, PrepareSettings, open_inputs, prepare, prepare_opened
 from launcher.display import html
-from launcher.errors import Detached, LauncherError, UsageError
+from launcher.errors import Detached, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
 from launcher.jobs import Job, list_jobs, outcome_exit_code
@@ -35,7 +38,7 @@ from launcher.plan.suggest import suggestion
 from launcher.plan.throughput import CONSTANTS, Constants, predicted_summary
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
-from launcher.registry import JobRef, forget, job_dir, launcher_home, lineage_of, save
+from launcher.registry import DiskError, JobRef, forget, job_dir, launcher_home, lineage_of, os_error_line, save
 from launcher.registry import load as load_record
 from launcher.spec import CONFIG_FILE, JobSpec
 
@@ -406,20 +409,34 @@ def prepare_recipe_data(recipe: Recipe, *, dry_run: bool, tell: Callable[[Stage,
 
 def _submit_recorded(target, rendering: Rendering) -> JobRef:
     """Submit with the job's record written first: if this process dies between the engine's
-    create and its answer, `launcher status NAME` still finds the job. A submit that fails takes
-    its record back, so nothing is left that names a job that does not exist."""
+    create and its answer, `launcher status NAME` still finds the job. Until the backend answers,
+    the record names this process (`submitting`), so a record whose submit died is told from one
+    under way. A submit that fails, with any exception, takes its record back, so nothing is left
+    that names a job that does not exist; a disk error is one line naming the file."""
     spec = rendering.spec
-    save(target.pending_ref(spec), spec)
     try:
+        save(dataclasses.replace(target.pending_ref(spec), submitting=_this_process()), spec)
         ref = target.submit(rendering)
-    except EngineUnavailable as unavailable:
-        forget(spec.name)
-        raise EngineUnavailable(f"{unavailable}; `launcher submit --dry-run` prints what would run") from None
-    except LauncherError:
-        forget(spec.name)
+    except BaseException as error:
+        if isinstance(error, Exception):  # Ctrl-C or SIGTERM mid-create: the record stays, marked
+            forget(spec.name)
+        if isinstance(error, EngineUnavailable):
+            raise EngineUnavailable(f"{error}; `launcher submit --dry-run` prints what would run") from None
+        if isinstance(error, OSError):
+            raise DiskError(f"{os_error_line(error, 'writing')}; nothing was submitted") from None
+        if isinstance(error, DiskError):
+            raise DiskError(f"{error}; nothing was submitted") from None
         raise
-    save(ref, spec)
+    try:
+        save(ref, spec)
+    except DiskError as error:  # the job runs; its record still names this (soon gone) submit
+        raise DiskError(f"{error}; {spec.name} was submitted: `launcher status {spec.name}` finds it") from None
     return ref
+
+
+def _this_process() -> dict[str, Any]:
+    """What tells this process apart from any later one with its pid: its start time in /proc."""
+    return {"pid": os.getpid(), "start": process_start_time(os.getpid()), "host": socket.gethostname()}
 
 
 def status(name: str, *, backend: str | None = None, region: str | None = None) -> JobStatus:

@@ -324,8 +324,12 @@ class Bundle:
 
     def extract(self, destination: Path) -> Path:
         destination.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:gz") as tar:
-            tar.extractall(destination, filter="data")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:gz") as tar:
+                tar.extractall(destination, filter="data")
+        except OSError as error:
+            error.filename = error.filename or str(destination)  # tarfile's write errors name no path
+            raise
         return destination
 
     def describe(self, uri: str | None = None) -> dict:

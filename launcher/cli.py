@@ -432,14 +432,27 @@ def list_(
     backend: BackendOpt = None,
     region: RegionOpt = None,
     limit: Annotated[int, typer.Option(help="At most this many jobs.")] = 50,
+    clean: Annotated[
+        bool,
+        typer.Option("--clean", help="First remove the records of submits that died before the backend took the job."),
+    ] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Jobs submitted from here (newest first), or those a backend knows with --backend."""
-    from launcher import api
-    from launcher.jobs import list_text
+    """Jobs submitted from here (newest first), or those a backend knows with --backend.
 
-    found = api.list_jobs(backend=backend, region=region, limit=limit)
+    A record that cannot be read is one line on stderr (and exit code 2); the others are listed."""
+    from launcher import api
+    from launcher.jobs import clean_records, list_text
+
+    for line in clean_records() if clean else ():
+        err.print(line, markup=False)
+    damaged: list[str] = []
+    found = api.list_jobs(backend=backend, region=region, limit=limit, on_damaged=damaged.append)
     _print_json([s.to_dict() for s in found]) if json_ else out.print(list_text(found), markup=False)
+    for line in damaged:
+        failures.print(line, markup=False)
+    if damaged:
+        raise typer.Exit(EXIT_USAGE)
 
 
 @app.command()

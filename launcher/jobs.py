@@ -6,17 +6,20 @@
 
 from __future__ import annotations
 
+import socket
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from launcher.backends import get_backend
+from launcher.backends import NAMES, get_backend
 from launcher.backends.base import Backend, JobStatus
 from launcher.backends.cloudwatch import console_links
 from launcher.backends.history import MetricsHistory, metric_cell
+from launcher.backends.processes import process_info
 from launcher.display import html
-from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, LauncherError, UsageError
-from launcher.registry import JobRef, launcher_home, load, records
+from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, EngineError, LauncherError, UsageError
+from launcher.registry import DamagedRecord, JobRef, NoSuchJob, discard, job_dir, launcher_home, load, scan
 
 # SageMaker's secondary statuses before the training script runs (DescribeTrainingJob), and
 # "Pending" (Slurm, Kubernetes): phases that write no log lines.
@@ -53,7 +56,7 @@ class Job:
         return get_backend(self.ref.backend)
 
     def status(self) -> JobStatus:
-        return self.backend.status(self.ref)
+        return record_status(self.ref)
 
     def logs(self, *, follow: bool = False, poll_s: float = 5.0) -> Iterator[str]:
         return self.backend.logs(self.ref, follow=follow, poll_s=poll_s)
@@ -125,25 +128,111 @@ class Job:
         return html.table(rows, title=f"Job {self.name}", raw=raw)
 
 
-def list_jobs(*, backend: str | None = None, region: str | None = None, limit: int = 50) -> list[JobStatus]:
-    """Jobs on one backend (as that engine lists them), or every job submitted from here."""
+NEVER_SUBMITTED = "NeverSubmitted"
+"""The state of a record whose submit died before the backend took the job."""
+SUBMITTING = "Submitting"
+# What an engine answers for a job it does not have (SageMaker's DescribeTrainingJob: botocore's
+# model lists ResourceNotFound; the service itself answers ValidationException "not found").
+_NOT_FOUND_CODES = ("ResourceNotFound", "ValidationException")
+
+
+def record_status(ref: JobRef) -> JobStatus:
+    """The job's status from its backend; a record still marked `submitting` is a submit under way
+    while its process lives, and "never submitted" once that process is gone and the backend says
+    it has no such job (an engine that cannot be asked leaves it undecided: an error)."""
+    if ref.backend not in NAMES:  # the registry, below the backends, cannot know their names
+        raise DamagedRecord(
+            f"{job_dir(ref.name) / 'job.json'}: damaged job record: backend {ref.backend!r} is not one of {', '.join(NAMES)}"
+        )
+    submitter = _submitter(ref)
+    if submitter == "running":
+        detail = f"submit (pid {ref.submitting['pid']}) still under way"
+        return JobStatus(name=ref.name, backend=ref.backend, state=SUBMITTING, secondary=detail, created=ref.created)
+    try:
+        return get_backend(ref.backend).status(ref)
+    except LauncherError as error:
+        if submitter != "gone" or not _no_such_job(error):
+            raise
+    detail = f"its submit (pid {ref.submitting['pid']}) ended before {ref.backend} took the job"
+    return JobStatus(
+        name=ref.name,
+        backend=ref.backend,
+        state=NEVER_SUBMITTED,
+        secondary=f"never submitted: {detail}; `launcher list --clean` removes the record",
+        created=ref.created,
+    )
+
+
+def _submitter(ref: JobRef) -> str | None:
+    """None: the record is of a submitted job; "running", "gone", or "elsewhere" (another host,
+    whose processes this one cannot see): the process that is submitting it."""
+    if ref.submitting is None:
+        return None
+    pid, start, host = (ref.submitting.get(key) for key in ("pid", "start", "host"))
+    if type(pid) is not int or pid < 1 or type(start) not in (int, type(None)) or not isinstance(host, str):
+        raise DamagedRecord(
+            f"{job_dir(ref.name) / 'job.json'}: damaged job record: submitting is {ref.submitting!r}, "
+            "not {pid, start, host} of the submitting process"
+        )
+    if host != socket.gethostname():
+        return "elsewhere"
+    info = process_info(pid)
+    if start is None:  # no /proc where it ran: the pid alone, which a later process may reuse
+        return "running" if info is not None and not info.zombie else "gone"
+    return "running" if info is not None and not info.zombie and info.start == start else "gone"
+
+
+def _no_such_job(error: LauncherError) -> bool:
+    return isinstance(error, NoSuchJob) or (
+        isinstance(error, EngineError) and getattr(error, "code", None) in _NOT_FOUND_CODES
+    )
+
+
+def list_jobs(
+    *,
+    backend: str | None = None,
+    region: str | None = None,
+    limit: int = 50,
+    on_damaged: Callable[[str], None] | None = None,
+) -> list[JobStatus]:
+    """Jobs on one backend (as that engine lists them), or every job submitted from here. A record
+    that cannot be read is not listed: `on_damaged` hears one line naming it (default: a warning)."""
+    warn = on_damaged or (lambda line: warnings.warn(line, stacklevel=3))
     if backend is not None:
-        return get_backend(backend).list(region=region, limit=limit)
-    statuses = []
-    for ref in records()[:limit]:
-        try:
-            statuses.append(get_backend(ref.backend).status(ref))
-        except LauncherError as error:
-            statuses.append(
-                JobStatus(
-                    name=ref.name,
-                    backend=ref.backend,
-                    state="Unknown",
-                    created=ref.created,
-                    details={"error": str(error)},
-                )
-            )
-    return statuses
+        statuses = get_backend(backend).list(region=region, limit=limit)
+    else:
+        found = scan()
+        for damaged in found.damaged:
+            warn(str(damaged))
+        statuses = [_listed(ref) for ref in found.refs[:limit]]
+    for status in statuses:
+        if "damaged" in status.details:
+            warn(status.details["damaged"])
+    return [status for status in statuses if "damaged" not in status.details]
+
+
+def _listed(ref: JobRef) -> JobStatus:
+    try:
+        return record_status(ref)
+    except DamagedRecord as error:
+        return JobStatus(name=ref.name, backend=ref.backend, state="Unknown", details={"damaged": str(error)})
+    except LauncherError as error:
+        return JobStatus(
+            name=ref.name, backend=ref.backend, state="Unknown", created=ref.created, details={"error": str(error)}
+        )
+
+
+def clean_records() -> list[str]:
+    """Remove the records (and job directories) of submits that died before the backend took the
+    job; one line per record removed. A submit still under way, or one the engine cannot be asked
+    about, is left alone."""
+    removed = []
+    for ref in scan().refs:
+        status = _listed(ref)
+        if status.state == NEVER_SUBMITTED:
+            discard(ref.name)
+            removed.append(f"removed {ref.name}: {status.secondary.split('; ')[0]}")
+    return removed
 
 
 # --- how jobs print ----------------------------------------------------------------------------

@@ -28,11 +28,20 @@ class MetricsHistory:
 
     @classmethod
     def from_rows(cls, job: str, rows: Iterable[Mapping[str, Any]]) -> MetricsHistory:
-        """Rows by step; a step logged twice (a run that restarted from a checkpoint) keeps its latest values."""
+        """Rows by step; a step logged twice (a run that restarted from a checkpoint) keeps its latest values.
+
+        The rows come from files a job wrote and may be damaged: a row that is not an object with
+        a finite step is skipped, and so is any value in it that is not a number."""
         by_step: dict[int, dict[str, float]] = {}
         for row in rows:
-            if isinstance(row.get("step"), int | float):
-                by_step[int(row["step"])] = {**row, "step": int(row["step"])}
+            step = row.get("step") if isinstance(row, Mapping) else None
+            if _number(step) and math.isfinite(step):
+                values = {
+                    key: value
+                    for key, value in row.items()
+                    if isinstance(key, str) and (value is None or _number(value))
+                }
+                by_step[int(step)] = {**values, "step": int(step)}
         return cls(job, tuple(by_step[step] for step in sorted(by_step)))
 
     @classmethod
@@ -80,6 +89,10 @@ class MetricsHistory:
             shown = shown[: SHOWN_ROWS // 2] + shown[-SHOWN_ROWS // 2 :]
         title = f"{self.job}: {len(self.rows)} steps logged, last step {self.rows[-1]['step']}"
         return html.grid(keys, [[metric_cell(row.get(k)) for k in keys] for row in shown], title=title)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def metric_cell(value: Any) -> str:

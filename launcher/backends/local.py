@@ -27,7 +27,7 @@ from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.bundle import Bundle
 from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
-from launcher.registry import job_dir, job_dir_placement, launcher_home, write_json
+from launcher.registry import NoSuchJob, job_dir, job_dir_placement, launcher_home, write_json
 from launcher.spec import JobSpec, Placement
 
 CODE_DIR = "code"
@@ -101,24 +101,21 @@ class LocalBackend(Backend):
 
     def _directory(self, ref: JobRef) -> Path:
         directory = job_dir(ref.name)
-        if not (directory / runner.STATUS).is_file():
-            raise UsageError(f"no local job named {ref.name} in {directory.parent}")
+        if not os.path.lexists(directory / runner.STATUS):
+            raise NoSuchJob(f"no local job named {ref.name} in {directory.parent}")
         return directory
 
     def _status(self, ref: JobRef) -> JobStatus:
         directory = self._directory(ref)
         status = runner.read_status(directory)
-        if status["state"] == "InProgress":
-            if not _runner_alive(status.get("runner_pid")) and _started_long_ago(status):
-                # The job's state comes from its processes: training goes on without the runner.
-                if _training_alive(directory, status):
-                    status.update(secondary="Training (the runner died; state read from the processes)")
-                elif (directory / runner.STOP_REQUESTED).exists():
-                    runner.finish(directory, status, None, stopped=True)  # nobody else will record it
-                else:
-                    status.update(state="Failed", failure_reason="the launcher's runner process died; see runner.log")
-            if status["state"] == "InProgress" and (directory / runner.STOP_REQUESTED).exists():
-                status.update(state="Stopping", secondary="Stopping")
+        if (
+            status["state"] == "InProgress"
+            and not _runner_alive(status.get("runner_pid"))
+            and _started_long_ago(status)
+        ):
+            status = _without_runner(directory, status)
+        if status["state"] == "InProgress" and (directory / runner.STOP_REQUESTED).exists():
+            status.update(state="Stopping", secondary="Stopping")
         metrics = last_metrics(directory / METRICS_FILE)
         summary = log_summary(directory / runner.LOG)
         return JobStatus(
@@ -172,10 +169,50 @@ class LocalBackend(Backend):
         return status
 
     def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:
+        """Every job directory with a status; one that cannot be read is a row whose details say
+        why (`damaged`), so one bad file never hides the other jobs."""
         root = launcher_home() / "jobs"
         names = sorted((p.parent.name for p in root.glob(f"*/{runner.STATUS}")), reverse=True)
-        statuses = [self._status(JobRef(name=n, backend=self.name)) for n in names]
+        statuses = []
+        for name in names:
+            try:
+                statuses.append(self._status(JobRef(name=name, backend=self.name)))
+            except UsageError as error:  # a damaged status.json, or a directory whose name is no job's
+                statuses.append(
+                    JobStatus(name=name, backend=self.name, state="Unknown", details={"damaged": str(error)})
+                )
         return sorted(statuses, key=lambda s: s.created or "", reverse=True)[:limit]
+
+
+def _without_runner(directory: Path, status: dict) -> dict:
+    """An InProgress status once its runner is gone, as the job's own files show it: processes
+    still running, torchrun's exit code in exit.json, the trainer's summary line in the log (it
+    prints one only when training finished), a stop that was asked for; else the runner's failure."""
+    stopped = (directory / runner.STOP_REQUESTED).exists()
+    if _training_alive(directory, status):
+        return {**status, "secondary": "Training (the runner died; state read from the processes)"}
+    exit_code = runner.read_exit(directory)
+    if exit_code is not None:
+        return runner.outcome(directory, status, exit_code, stopped=stopped, message=RUNNER_GONE)
+    if log_summary(directory / runner.LOG):
+        return runner.outcome(directory, status, 0, stopped=stopped, message=f"{RUNNER_GONE}: the log's summary line")
+    if stopped:
+        return runner.outcome(directory, status, None, stopped=True)
+    failure = runner.runner_failure(directory)
+    reason = f"the launcher's runner failed: {failure}" if failure else "the launcher's runner process died"
+    if not failure and _disk_full(directory):
+        reason += f" and the disk holding {directory} is full (ENOSPC)"
+    return {**status, "state": "Failed", "failure_reason": f"{reason}; see {runner.RUNNER_LOG}"}
+
+
+RUNNER_GONE = "the runner died; outcome read from the job's files"
+
+
+def _disk_full(directory: Path) -> bool:
+    try:
+        return os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return False
 
 
 # --- processes ---------------------------------------------------------------------------------

@@ -47,9 +47,11 @@ def metrics_file_rows(path: Path) -> list[dict[str, float]]:
     rows = []
     for line in path.read_text(errors="replace").splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             continue  # a blank line, or the line being written right now
+        if isinstance(row, dict):  # a damaged line may hold any JSON at all
+            rows.append(row)
     return rows
 
 

@@ -2,7 +2,9 @@
 
 Reads --config, prints `metrics ...` lines and a `summary ...` line, writes metrics.jsonl to
 runtime.output_dir. FAKE_TRAIN picks the behaviour: ok (default), fail, or hang (until SIGTERM;
-with FAKE_TRAIN_IGNORE_TERM=1 it ignores SIGTERM too, so only SIGKILL ends it).
+with FAKE_TRAIN_IGNORE_TERM=1 it ignores SIGTERM too, so only SIGKILL ends it). With
+FAKE_TRAIN_HOLD=1 it prints "holding" after its steps and goes on only once `release` appears in
+the output directory (so a test can act at that point, e.g. kill the runner or fill the disk).
 """
 
 import argparse
@@ -38,6 +40,11 @@ for step in range(1, 4):
     print(f"metrics {line}", flush=True)
     with (output / "metrics.jsonl").open("a") as f:
         f.write(json.dumps(record) + "\n")
+
+if os.environ.get("FAKE_TRAIN_HOLD"):
+    print("holding", flush=True)
+    while not (output / "release").exists():
+        time.sleep(0.02)
 
 if mode == "fail":
     print("Traceback (most recent call last):", file=sys.stderr)
