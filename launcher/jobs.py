@@ -17,6 +17,7 @@ from launcher.backends.base import Backend, JobStatus
 from launcher.backends.cloudwatch import console_links
 from launcher.backends.history import MetricsHistory, metric_cell
 from launcher.backends.processes import process_info
+from launcher.contract.text import terminal_safe
 from launcher.display import html
 from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, EngineError, LauncherError, UsageError
 from launcher.registry import DamagedRecord, JobRef, NoSuchJob, discard, job_dir, launcher_home, load, scan
@@ -246,24 +247,32 @@ def outcome_exit_code(status: JobStatus) -> int:
     return EXIT_OK if status.state == "Completed" else EXIT_JOB_FAILED
 
 
+def _shown(value) -> str:
+    """A value that came from an engine, a file or a process, made inert for a terminal, on one line."""
+    return terminal_safe(str(value), one_line=True)
+
+
 def status_text(status: JobStatus) -> str:
-    state = status.state + (f" ({status.secondary})" if status.secondary and status.secondary != status.state else "")
-    lines = [f"{status.name}  [{status.backend}]  {state}"]
+    secondary = status.secondary if status.secondary and status.secondary != status.state else None
+    state = _shown(status.state) + (f" ({_shown(secondary)})" if secondary else "")
+    lines = [f"{_shown(status.name)}  [{status.backend}]  {state}"]
     if status.created:
-        lines.append(f"  created  {status.created}" + (f"   ended  {status.ended}" if status.ended else ""))
+        lines.append(
+            f"  created  {_shown(status.created)}" + (f"   ended  {_shown(status.ended)}" if status.ended else "")
+        )
     if status.failure_reason:
-        lines.append(f"  failure  {status.failure_reason}")
+        lines.append(f"  failure  {_shown(status.failure_reason)}")
     if status.exit_code is not None:
-        lines.append(f"  exit     {status.exit_code}")
+        lines.append(f"  exit     {_shown(status.exit_code)}")
     for t in status.transitions:
-        message = f"  {t.message}" if t.message else ""
-        lines.append(f"  - {t.status:<24} {t.start or ''}{message}")
+        message = f"  {_shown(t.message)}" if t.message else ""
+        lines.append(f"  - {_shown(t.status):<24} {_shown(t.start or '')}{message}")
     result = result_text(status)
     if result:
         lines.append(f"  result   {result}")
     for key, value in status.details.items():
         if value not in (None, {}, "") and key != "summary":
-            lines.append(f"  {key:<8} {value}")
+            lines.append(f"  {key:<8} {_shown(value)}")
     return "\n".join(lines)
 
 
@@ -285,7 +294,9 @@ def list_text(statuses: list[JobStatus]) -> str:
     if not statuses:
         return "no jobs"
     rows = [("NAME", "BACKEND", "STATE", "DETAIL", "CREATED")]
-    rows += [(s.name, s.backend, s.state, s.secondary or "", s.created or "") for s in statuses]
+    rows += [
+        tuple(_shown(v) for v in (s.name, s.backend, s.state, s.secondary or "", s.created or "")) for s in statuses
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
