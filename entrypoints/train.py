@@ -163,9 +163,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
 
             if step % t.log_every == 0 or step == t.steps or diverged:
                 metrics.log(step=step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time)
-            if diverged:
-                checkpoints.close()  # the pending save holds an earlier, finite step: keep it
-                raise TrainingDiverged(diverged)
+            _stop_if(diverged, checkpoints)
             if written == env.world_size:
                 checkpoints.finish_pending()
             if stop:
@@ -199,6 +197,12 @@ def divergence(step: int, loss: float, grad_norm: float, *, resumed_from: int) -
     else:
         cause = "lower training.optimizer.lr or training.grad_clip"
     return f"training: {' and '.join(broken)} at step {step}; {cause}; step {step} was not saved"
+
+
+def _stop_if(diverged: str | None, checkpoints: Checkpointer) -> None:
+    if diverged:
+        checkpoints.close()  # the pending save holds an earlier, finite step: keep it
+        raise TrainingDiverged(diverged)
 
 
 def _steps_left_after(start: int, steps: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -113,20 +114,20 @@ def nan_inside_a_weight(step_dir: Path) -> Path:
 def rerecord(step_dir: Path, shard: Path, *, digests: bool) -> None:
     """Rewrite the marker for the shard as it is now (digests=True), or as a launcher from before
     digests wrote it (sizes only)."""
-    from entrypoints.checkpoint_files import file_digest
-
     marker = step_dir / "COMPLETE.node-0-of-1"
     record = json.loads(marker.read_text())
     if digests:
         record["sha256"][shard.name] = file_digest(shard)
     else:
-        del record["sha256"]
+        record.pop("sha256", None)
     marker.write_text(json.dumps(record))
 
 
-def test_a_damaged_newest_checkpoint_gives_way_to_the_previous_one_and_past_the_end_nothing_runs(tmp_path):
-    from entrypoints.checkpoint_files import file_digest
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
+
+def test_a_damaged_newest_checkpoint_gives_way_to_the_previous_one_and_past_the_end_nothing_runs(tmp_path):
     first = run_train(tmp_path, 4)
     assert first.returncode == 0, first.stderr[-3000:]
     checkpoints = tmp_path / "checkpoints"
