@@ -12,8 +12,9 @@ A checkpoint is a directory `step-00000120/` holding
 - train_state.json (rank 0): step, data position (samples seen), learning-rate schedule step;
 - rng/rank-<r>.pt: each rank's torch RNG states, restored when the world size is unchanged;
 - COMPLETE.node-<k>-of-<n>, one per host, written by the host's first rank once every rank's
-  files are written and fsync'd. Only directories with all n markers count; a job killed
-  mid-save leaves a directory that is ignored and later removed. checkpoint_files.py says which
+  files are written and fsync'd, with the size and SHA-256 of each of the host's files (taken
+  as DCP wrote them: checkpoint_digests.py). Only directories with all n markers count; a job
+  killed mid-save leaves a directory that is ignored and later removed. checkpoint_files.py says which
   host owns which file and why only the owner writes or deletes it (SageMaker's per-host sync).
 After each checkpoint is complete every host deletes its own files of all but the newest `keep`
 complete checkpoints (and of incomplete ones), then empty directories are removed.
@@ -28,7 +29,9 @@ SIGTERM are synchronous, because the process exits right after them.
 
 Resume: "auto" takes the newest complete checkpoint in the directory (none: a fresh start),
 "never" ignores them, any other value is the path of the checkpoint directory to load.
-Rank 0 decides and every rank follows its decision.
+Rank 0 decides and every rank follows its decision. Loading verifies every file it reads
+against its host's recorded SHA-256 first; one that differs (on any host) makes every rank skip
+the checkpoint and take the previous one, as a torn one is skipped.
 """
 
 from __future__ import annotations
@@ -46,16 +49,20 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+from entrypoints.checkpoint_digests import DigestingWriter, VerifyingReader
 from entrypoints.checkpoint_files import (
     LEASE_RENEW_S,
+    CheckpointDamaged,
     Placement,
     acquire_lease,
     checkpoint_fault,
     complete_checkpoints,
+    digest_fault,
     is_complete,
     marker_content,
     missing_markers,
     own_file_sizes,
+    recorded_digests,
     release_lease,
     remove_empty_dirs,
     remove_own_files,
@@ -79,7 +86,7 @@ class Checkpointer:
         self.complete_steps: list[int] = []  # complete on every host, as every rank knows it
         self.last_save_s: float | None = None  # how long the last save took to become durable
         self._last_save_started = time.monotonic()
-        self._pending: tuple[int, float, object] | None = None  # (step, started, future)
+        self._pending: tuple | None = None  # (step, started, future, small files' digests, writer)
         self._group = None
         # The lease keeps two jobs from writing one directory. The engine names the job; SageMaker
         # gives every job hosts of its own, so it turns the lease off (LAUNCHER_CHECKPOINT_LEASE=0).
@@ -133,21 +140,26 @@ class Checkpointer:
             # A killed attempt's files at this step: this host's marker goes first, then its files.
             remove_own_files(path, self.placement)
         dist.barrier()  # nobody writes before every host has withdrawn its old part
-        self._write_small_files(path, step)
+        digests = self._write_small_files(path, step)
+        writer = DigestingWriter(path)  # DCP's own writer, hashing each file as it writes it
         if blocking:
-            dcp.save(self._state(), checkpoint_id=str(path))
-            self._complete(step, started)
+            dcp.save(self._state(), checkpoint_id=str(path), storage_writer=writer)
+            self._complete(step, started, {**digests, **writer.digests})
         else:
-            future = dcp.async_save(self._state(), checkpoint_id=str(path), process_group=self._save_group())
-            self._pending = (step, started, future)
+            future = dcp.async_save(
+                self._state(), checkpoint_id=str(path), storage_writer=writer, process_group=self._save_group()
+            )
+            self._pending = (step, started, future, digests, writer)
         self.last_saved_step = step
         return path
 
-    def _write_small_files(self, path: Path, step: int) -> None:
+    def _write_small_files(self, path: Path, step: int) -> dict[str, str]:
+        """Write this rank's RNG state (and rank 0's train_state.json); returns their digests."""
         (path / "rng").mkdir(exist_ok=True)
         buffer = io.BytesIO()
         torch.save(_rng_state(), buffer)
-        write_durable(path / "rng" / f"rank-{self.rank:05d}.pt", buffer.getvalue())
+        rng = f"rng/rank-{self.rank:05d}.pt"
+        digests = {rng: write_durable(path / rng, buffer.getvalue())}
         if self.rank == 0:
             train_state = {
                 "step": step,
@@ -155,7 +167,9 @@ class Checkpointer:
                 "lr_schedule": {"step": self.optimizers.step_count},
                 "world_size": self.world_size,
             }
-            write_durable(path / "train_state.json", (json.dumps(train_state, indent=2) + "\n").encode())
+            text = json.dumps(train_state, indent=2) + "\n"
+            digests["train_state.json"] = write_durable(path / "train_state.json", text.encode())
+        return digests
 
     def _save_group(self):
         if self._group is None:
@@ -170,18 +184,23 @@ class Checkpointer:
         """Collective: wait for the pending save, then mark it complete and prune. No-op if none."""
         if self._pending is None:
             return
-        step, started, future = self._pending
+        step, started, future, digests, writer = self._pending
         self._pending = None
         future.result()  # raises here if this rank's write failed
-        self._complete(step, started)
+        self._complete(step, started, {**digests, **writer.digests})
 
-    def _complete(self, step: int, started: float) -> None:
+    def _complete(self, step: int, started: float, digests: dict[str, str]) -> None:
+        """Collective: each host's marker records its files' sizes and `digests` (this rank's files')."""
         # DCP's save ends with a collective after every rank's write (fsync'd): all data is durable.
-        dist.barrier()
+        # Gathering the digests is also the barrier after it: each host's first rank needs its ranks'.
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, digests, group=self._save_group())
         path = self.directory / step_dir_name(step)
         if self.placement.is_node_leader:
-            # The marker records the size of each file this host wrote: resume checks them.
-            write_durable(path / self.placement.marker, marker_content(step, own_file_sizes(path, self.placement)))
+            sizes = own_file_sizes(path, self.placement)
+            written = {relative: digest for part in everyone for relative, digest in part.items()}
+            mine = {relative: written[relative] for relative in sizes if relative in written}
+            write_durable(path / self.placement.marker, marker_content(step, sizes, mine))
         dist.barrier()  # every host's marker is on disk: the checkpoint is complete everywhere
         self.last_save_s = time.monotonic() - started
         if self.rank == 0:
@@ -269,8 +288,10 @@ class Checkpointer:
         """Load the newest sound checkpoint, if any; returns the step it was taken at (0: none).
 
         Rank 0 checks the candidates (every host's marker, every recorded file at its recorded
-        size) and every rank follows its decision. A checkpoint that still fails to load (DCP
-        raises on every rank alike) gives way to the previous one, with a warning naming why."""
+        size) and every rank follows its decision. Loading verifies the digests of the files it
+        reads; a file that differs, or a checkpoint that fails to load, fails on every rank alike
+        (DCP's collectives, or `_agree`), and the checkpoint gives way to the previous one with a
+        warning naming why."""
         decision = self._resume_plan() if self.rank == 0 else None
         if self.world_size > 1:
             box = [decision]
@@ -283,22 +304,27 @@ class Checkpointer:
             try:
                 return self._load(Path(chosen))
             except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-                reason = _read_failure(error)
+                damage = _damage(error)
                 if index + 1 == len(candidates):
+                    what = f"is damaged ({damage})" if damage else f"cannot be read ({_read_failure(error)})"
                     raise ConfigError(
-                        f"checkpoint: {chosen} cannot be read ({reason}); no older checkpoint is left"
+                        f"checkpoint: {chosen} {what}; no older checkpoint is left; remove it, or set "
+                        "checkpoint.resume: never to start over"
                     ) from None
-                if self.rank == 0:
+                if self.rank == 0 and damage:
+                    print(f"warning: checkpoint {Path(chosen).name} is damaged ({damage}); skipped", flush=True)
+                elif self.rank == 0:
                     print(
-                        f"warning: checkpoint {Path(chosen).name} cannot be read ({reason}); "
+                        f"warning: checkpoint {Path(chosen).name} cannot be read ({_read_failure(error)}); "
                         f"resuming from {Path(candidates[index + 1]).name} instead",
                         flush=True,
                     )
         return 0
 
     def _load(self, path: Path) -> int:
+        recorded = self._verify_small_files(path)
         state = self._state()
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, checkpoint_id=str(path), storage_reader=VerifyingReader(path, self.placement, recorded))
         self._load_state(state)
         train_state = json.loads((path / "train_state.json").read_text())
         self.data.load_state_dict(train_state["data"])
@@ -309,6 +335,38 @@ class Checkpointer:
             _set_rng_state(torch.load(rng, weights_only=False))
         self.last_saved_step = train_state["step"]
         return train_state["step"]
+
+    def _verify_small_files(self, path: Path) -> dict[str, tuple[str, str]]:
+        """Collective: check the markers and the files every rank reads whole (.metadata,
+        train_state.json, its RNG state) before any is parsed; returns the recorded digests.
+        Raises CheckpointDamaged on every rank when one rank's host sees a fault."""
+        recorded, fault = recorded_digests(path)
+        rng = f"rng/rank-{self.rank:05d}.pt"
+        for relative in [".metadata", "train_state.json", *([rng] if (path / rng).is_file() else [])]:
+            fault = fault or digest_fault(path, relative, recorded, self.placement.node)
+        fault = self._agree(fault)
+        if fault:
+            raise CheckpointDamaged(fault)
+        return recorded
+
+    def _agree(self, fault: str | None) -> str | None:
+        """The first rank's fault, on every rank (None when no rank has one)."""
+        if self.world_size == 1:
+            return fault
+        faults = [None] * self.world_size
+        dist.all_gather_object(faults, fault)
+        return next((found for found in faults if found), None)
+
+
+def _damage(error: BaseException) -> str | None:
+    """The reason, when a load failed because a file differs from its marker (on any rank)."""
+    if isinstance(error, CheckpointDamaged):
+        return str(error)
+    for _, wrapped in sorted((getattr(error, "failures", None) or {}).items()):
+        cause = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        if isinstance(cause, CheckpointDamaged):
+            return str(cause)
+    return None
 
 
 def _read_failure(error: BaseException) -> str:

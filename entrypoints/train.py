@@ -10,8 +10,9 @@ Reads only the resolved config (and SM_CHANNEL_TRAIN for s3 data). Outputs:
   else ./checkpoints (checkpoint.py);
 - a Hugging Face checkpoint after the last step with checkpoint.export_hf (export_hf.py).
 A fresh run with model.init_from starts from that Hugging Face checkpoint (hf_weights.py).
-Exit status: 0 when every step ran, 2 for a config it cannot run (one line on stderr), 143
-after SIGTERM (a final checkpoint is written first when it fits in STOP_BUDGET_S; spot
+Exit status: 0 when every step ran, 2 for a config it cannot run (one line on stderr), 3 when
+the loss or the gradient norm stopped being finite (one line on stderr; nothing is saved after
+the last finite step), 143 after SIGTERM (a final checkpoint is written first when it fits in STOP_BUDGET_S; spot
 interruptions end this way). A failure's message goes to torchrun's TORCHELASTIC_ERROR_FILE
 (failure.py), with the time it was raised, so the launcher can name the first failing rank.
 
@@ -26,6 +27,7 @@ tests can run several jobs in one torchrun launch.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -40,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from entrypoints import failure
-from entrypoints.checkpoint import Checkpointer, Placement
+from entrypoints.checkpoint import Checkpointer, Placement, step_dir_name
 from entrypoints.data import DataLoader
 from entrypoints.export_hf import export_directory, export_hf
 from entrypoints.fp8 import after_optimizer_step, fp8_settings
@@ -56,6 +58,7 @@ from entrypoints.parallel.process_group import DistEnv, process_group
 from launcher.contract.config import ConfigError, JobConfig, load_config
 
 EXIT_CONFIG = 2
+EXIT_DIVERGED = 3
 EXIT_SIGTERM = 128 + signal.SIGTERM
 # After SIGTERM SageMaker sends SIGKILL about 120 s later; the final save is skipped when the
 # pending save plus the last measured save time would not fit in this budget.
@@ -87,6 +90,10 @@ def sigterm_flag():
         yield flag
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class TrainingDiverged(Exception):
+    """The loss or the gradient norm is not finite: the job fails rather than completes."""
 
 
 def train(cfg: JobConfig, env: DistEnv) -> dict:
@@ -150,11 +157,13 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             optimizers.zero_grad()
 
             share = loss * loss_share if holds_loss else None
-            global_loss, stop, time_due, written = _share_step(env, share, sigterm[0], checkpoints)
+            global_loss, stop, time_due, written, norms = _share_step(env, share, grad_norm, sigterm[0], checkpoints)
             step_time = time.perf_counter() - step_start
+            diverged = divergence(step, global_loss, norms, resumed_from=start)
 
-            if step % t.log_every == 0 or step == t.steps:
+            if step % t.log_every == 0 or step == t.steps or diverged:
                 metrics.log(step=step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time)
+            _stop_if(diverged, checkpoints)
             if written == env.world_size:
                 checkpoints.finish_pending()
             if stop:
@@ -169,6 +178,31 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     summary = metrics.summary(time.perf_counter() - began)
     summary["interrupted"] = interrupted
     return summary
+
+
+def divergence(step: int, loss: float, grad_norm: float, *, resumed_from: int) -> str | None:
+    """Why training cannot go on after `step` (a loss or gradient norm that is not finite), or None.
+
+    Checked at every step, not only after a resume: parameters that saw a NaN are lost, and a
+    job whose loss is NaN has not completed. After a resume the likely cause is the checkpoint."""
+    values = {"loss": loss, "gradient norm": grad_norm}
+    broken = [f"the {name} is {value}" for name, value in values.items() if not math.isfinite(value)]
+    if not broken:
+        return None
+    if resumed_from:
+        cause = (
+            f"{step - resumed_from} step(s) after resuming from checkpoint {step_dir_name(resumed_from)}, which may "
+            "hold damaged values; resume from an older one (checkpoint.resume: <checkpoint.dir>/step-N)"
+        )
+    else:
+        cause = "lower training.optimizer.lr or training.grad_clip"
+    return f"training: {' and '.join(broken)} at step {step}; {cause}; step {step} was not saved"
+
+
+def _stop_if(diverged: str | None, checkpoints: Checkpointer) -> None:
+    if diverged:
+        checkpoints.close()  # the pending save holds an earlier, finite step: keep it
+        raise TrainingDiverged(diverged)
 
 
 def _steps_left_after(start: int, steps: int) -> int:
@@ -194,16 +228,18 @@ def _announce(cfg: JobConfig, env: DistEnv, parts, fp8, start: int) -> None:
         print("note: fp8 without training.compile casts to float8 in separate kernels; set compile: true", flush=True)
 
 
-def _share_step(env: DistEnv, loss_share, sigterm: bool, checkpoints: Checkpointer) -> list[float]:
+def _share_step(env: DistEnv, loss_share, grad_norm, sigterm: bool, checkpoints: Checkpointer) -> list[float]:
     """One all-reduce per step carries the global loss (from the ranks that hold a share of it),
-    whether any rank got SIGTERM, rank 0's vote that a timed checkpoint is due, and how many ranks
-    have written the pending save."""
-    report = torch.zeros(4, device=env.device)
+    whether any rank got SIGTERM, rank 0's vote that a timed checkpoint is due, how many ranks
+    have written the pending save, and the sum of the ranks' gradient norms (finite exactly when
+    every rank's is: what `divergence` checks, with no sync of its own)."""
+    report = torch.zeros(5, device=env.device)
     if loss_share is not None:
         report[0] = loss_share
     report[1] = float(sigterm)
     report[2] = checkpoints.time_due_vote()
     report[3] = float(checkpoints.pending_written())
+    report[4] = grad_norm.detach()
     checkpoints.keep_lease()
     dist.all_reduce(report)
     return report.tolist()
@@ -241,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config)
         with process_group(cfg.runtime.device) as env, failure.timed():
             summary = train(cfg, env)
-    except ConfigError as err:
+    except (ConfigError, TrainingDiverged) as err:
         print(f"error: {err}", file=sys.stderr)
         failure.HANDLER.record_exception(err)  # so torchrun's failure report names it too
-        return EXIT_CONFIG
+        return EXIT_CONFIG if isinstance(err, ConfigError) else EXIT_DIVERGED
     return EXIT_SIGTERM if summary["interrupted"] else 0
 
 

@@ -20,6 +20,7 @@ from entrypoints.checkpoint_files import (
 # Two hosts of two ranks: ranks 0, 1 on host 0; ranks 2, 3 on host 1.
 HOST0 = Placement(rank=0, world_size=4, procs_per_node=2)
 HOST1 = Placement(rank=2, world_size=4, procs_per_node=2)
+HOST0_ALONE = Placement(rank=0, world_size=1, procs_per_node=1)
 
 
 def make_checkpoint(directory, step: int, nodes: list[int], nnodes: int = 2, ranks: int = 4):
@@ -175,3 +176,96 @@ def test_the_lease_keeps_a_second_job_out_until_it_lapses(tmp_path):
     assert read_lease(tmp_path)["owner"] == "job-b"
     release_lease(tmp_path, "job-b")
     assert read_lease(tmp_path) is None
+
+
+def test_a_same_size_change_is_found_by_its_digest_and_an_unreadable_marker_is_a_fault(tmp_path):
+    from entrypoints.checkpoint_files import (
+        checkpoint_fault,
+        digest_fault,
+        file_digest,
+        marker_content,
+        own_file_sizes,
+        recorded_digests,
+    )
+
+    path = make_checkpoint(tmp_path, 10, [0, 1])
+    for host in (HOST0, HOST1):
+        sizes = own_file_sizes(path, host)
+        (path / host.marker).write_bytes(marker_content(10, sizes, {name: file_digest(path / name) for name in sizes}))
+    recorded, fault = recorded_digests(path)
+    assert fault is None and recorded["__3_0.distcp"][0] == "COMPLETE.node-1-of-2"
+    assert digest_fault(path, "__3_0.distcp", recorded, node=1) is None
+    (path / "__3_0.distcp").write_bytes(b"shart")  # same size: the size check passes
+    assert checkpoint_fault(path) is None
+    assert digest_fault(path, "__3_0.distcp", recorded, node=1) == (
+        "__3_0.distcp on host 1 differs from the sha256 that COMPLETE.node-1-of-2 recorded"
+    )
+    assert digest_fault(path, "__7_0.distcp", recorded, node=0) == (
+        "__7_0.distcp has no sha256 in any COMPLETE marker (on host 0)"
+    )
+    # A marker of a launcher from before digests (the step only) verifies nothing; a garbled one is a fault.
+    (path / HOST1.marker).write_text("10\n")
+    (path / HOST0.marker).write_text("10\n")
+    assert recorded_digests(path) == ({}, None) and digest_fault(path, "__3_0.distcp", {}, node=1) is None
+    (path / HOST1.marker).write_bytes(b"\xff{\x00")
+    assert checkpoint_fault(path) == "COMPLETE.node-1-of-2 is unreadable"
+    (path / HOST1.marker).write_text('["files"]')
+    assert checkpoint_fault(path) == "COMPLETE.node-1-of-2 is not a marker record"
+
+
+def test_dcps_writer_records_each_files_digest_and_the_reader_refuses_a_changed_file(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from entrypoints.checkpoint import _damage
+    from entrypoints.checkpoint_digests import DigestingWriter, VerifyingReader
+    from entrypoints.checkpoint_files import file_digest
+
+    state = {"w": torch.arange(4096, dtype=torch.float32), "b": torch.ones(3)}
+    writer = DigestingWriter(tmp_path)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [".metadata", "__0_0.distcp"] and sorted(writer.digests) == files
+    assert all(writer.digests[name] == file_digest(tmp_path / name) for name in files)
+
+    recorded = {name: ("COMPLETE.node-0-of-1", digest) for name, digest in writer.digests.items()}
+    loaded = {"w": torch.zeros(4096), "b": torch.zeros(3)}
+    dcp.load(loaded, storage_reader=VerifyingReader(tmp_path, HOST0_ALONE, recorded), no_dist=True)
+    assert torch.equal(loaded["w"], state["w"])
+
+    shard = tmp_path / "__0_0.distcp"
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2 : len(blob) // 2 + 1024] = b"\xff" * 1024
+    shard.write_bytes(bytes(blob))
+    with pytest.raises(BaseException) as caught:  # DCP's CheckpointException is a BaseException
+        dcp.load(loaded, storage_reader=VerifyingReader(tmp_path, HOST0_ALONE, recorded), no_dist=True)
+    assert _damage(caught.value) == "__0_0.distcp on host 0 differs from the sha256 that COMPLETE.node-0-of-1 recorded"
+
+
+@pytest.mark.parametrize(
+    "loss, grad_norm, resumed_from, reason",
+    [
+        (2.5, 1.0, 4, None),
+        (
+            float("nan"),
+            float("nan"),
+            4,
+            "training: the loss is nan and the gradient norm is nan at step 5; 1 step(s) after resuming from "
+            "checkpoint step-00000004, which may hold damaged values; resume from an older one "
+            "(checkpoint.resume: <checkpoint.dir>/step-N); step 5 was not saved",
+        ),
+        (
+            2.5,
+            float("inf"),
+            0,
+            "training: the gradient norm is inf at step 5; lower training.optimizer.lr or training.grad_clip; "
+            "step 5 was not saved",
+        ),
+    ],
+)
+def test_a_loss_or_gradient_norm_that_is_not_finite_stops_training_with_its_reason(
+    loss, grad_norm, resumed_from, reason
+):
+    from entrypoints.train import divergence
+
+    assert divergence(5, loss, grad_norm, resumed_from=resumed_from) == reason

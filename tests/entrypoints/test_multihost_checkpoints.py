@@ -6,15 +6,18 @@ local to each host and synced to one S3 prefix). It runs an uninterrupted refere
 stops after step 4 saving every step (keep 2), and a job saved by time only (every_minutes).
 The test then merges the two host directories the way SageMaker's download at job start does.
 Launch 2 runs both hosts on the merged directory (a shared directory, as on Slurm): a job
-resumes from it, and another resumes from a copy whose newest checkpoint lacks host 1's marker.
+resumes from it, another resumes from a copy whose newest checkpoint lacks host 1's marker, and
+a third from a copy whose newest checkpoint has 1 KiB of host 1's shard changed at the same size.
 
 The learning rate is constant, so a 4-step job and the first 4 steps of a 6-step job match.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -115,6 +118,13 @@ def merge(sources: list[Path], target: Path) -> None:
         shutil.copytree(source, target, dirs_exist_ok=True)
 
 
+def overwrite_1kib_inside(file: Path) -> None:
+    """Same size, different bytes: only the host 1 shard's digest can tell."""
+    blob = bytearray(file.read_bytes())
+    blob[len(blob) // 2 : len(blob) // 2 + 1024] = bytes(255 - b for b in blob[len(blob) // 2 : len(blob) // 2 + 1024])
+    file.write_bytes(bytes(blob))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("multihost")
@@ -136,14 +146,17 @@ def runs(tmp_path_factory) -> Path:
     ]
     (root / "stdout-hosts.txt").write_text(launch_hosts(root, per_host, "own-dirs"))
 
-    merged, torn = root / "merged", root / "torn"
+    merged, torn, damaged = root / "merged", root / "torn", root / "damaged"
     merge([root / f"split-host{h}" for h in range(HOSTS)], merged)
     shutil.copytree(merged, torn)
     (torn / "step-00000004" / "COMPLETE.node-1-of-2").unlink()
+    shutil.copytree(merged, damaged)
+    overwrite_1kib_inside(damaged / "step-00000004" / "__1_0.distcp")
     shared = [
         [
             write_config(root, "resumed", h, merged, **{"training.steps": 6}),
             write_config(root, "torn-resumed", h, torn, **{"training.steps": 6}),
+            write_config(root, "damaged-resumed", h, damaged, **{"training.steps": 6}),
         ]
         for h in range(HOSTS)
     ]
@@ -189,6 +202,37 @@ def test_a_checkpoint_missing_one_hosts_marker_is_ignored_and_then_removed(runs)
     # Keep 2: steps 3 and 6 remain; both hosts removed their files of the torn step 4.
     assert sorted(p.name for p in (runs / "torn").iterdir()) == ["step-00000003", "step-00000006"]
     assert all(is_complete(p) for p in (runs / "torn").iterdir())
+
+
+def test_each_hosts_marker_records_the_sha256_of_the_files_that_host_wrote(runs):
+    for host in range(HOSTS):
+        for step_dir in (runs / f"split-host{host}").iterdir():
+            recorded = json.loads((step_dir / f"COMPLETE.node-{host}-of-2").read_text())
+            assert (
+                sorted(recorded["sha256"])
+                == sorted(recorded["files"])
+                == [
+                    p.relative_to(step_dir).as_posix()
+                    for p in sorted(step_dir.rglob("*"))
+                    if p.is_file() and not p.name.startswith("COMPLETE.")
+                ]
+            )
+            for relative, digest in recorded["sha256"].items():
+                assert hashlib.sha256((step_dir / relative).read_bytes()).hexdigest() == digest, relative
+
+
+def test_a_shard_changed_on_one_host_makes_both_hosts_resume_from_the_previous_checkpoint(runs):
+    reference = dict(losses(runs, "reference"))
+    resumed = losses(runs, "damaged-resumed")
+    assert [step for step, _ in resumed] == [4, 5, 6]  # from step 3: both hosts skipped step 4
+    for step, loss in resumed:
+        assert loss == pytest.approx(reference[step], abs=1e-5), step
+    stdout = (runs / "stdout-shared.txt").read_text()
+    assert re.search(
+        r"warning: checkpoint step-00000004 is damaged \(__1_0\.distcp on host [01] differs from the sha256 that "
+        r"COMPLETE\.node-1-of-2 recorded\); skipped",
+        stdout,
+    ), stdout[-3000:]
 
 
 def test_every_minutes_saves_without_every_steps(runs):

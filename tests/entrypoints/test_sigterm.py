@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -88,11 +89,55 @@ def run_train(tmp_path: Path, steps: int, **env: str) -> subprocess.CompletedPro
     return subprocess.run(argv, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
 
 
+def nan_inside_a_weight(step_dir: Path) -> Path:
+    """Overwrite 1 KiB in the middle of a model weight's bytes with 0xFF (fp32 NaN), in place:
+    the shard keeps its size and stays readable; returns the shard."""
+    import io
+    import pickle
+
+    import torch
+
+    metadata = pickle.loads((step_dir / ".metadata").read_bytes())  # the test's own checkpoint
+    weights = [(i, s) for i, s in metadata.storage_data.items() if i.fqn.startswith("model.layers.")]
+    _, where = max(weights, key=lambda item: item[1].length)
+    shard = step_dir / where.relative_path
+    blob = bytearray(shard.read_bytes())
+    saved = torch.load(io.BytesIO(bytes(blob[where.offset : where.offset + where.length])), weights_only=True)
+    data = blob.find(saved.numpy().tobytes(), where.offset)
+    assert data > 0 and saved.numel() * 4 > 4096
+    middle = data + saved.numel() * 2
+    blob[middle : middle + 1024] = b"\xff" * 1024
+    shard.write_bytes(bytes(blob))
+    return shard
+
+
+def rerecord(step_dir: Path, shard: Path, *, digests: bool) -> None:
+    """Rewrite the marker for the shard as it is now (digests=True), or as a launcher from before
+    digests wrote it (sizes only)."""
+    marker = step_dir / "COMPLETE.node-0-of-1"
+    record = json.loads(marker.read_text())
+    if digests:
+        record["sha256"][shard.name] = file_digest(shard)
+    else:
+        record.pop("sha256", None)
+    marker.write_text(json.dumps(record))
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_a_damaged_newest_checkpoint_gives_way_to_the_previous_one_and_past_the_end_nothing_runs(tmp_path):
     first = run_train(tmp_path, 4)
     assert first.returncode == 0, first.stderr[-3000:]
     checkpoints = tmp_path / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00000002", "step-00000004"]
+    # Each marker holds the SHA-256 of every file, taken as it was written: step 2 by the
+    # asynchronous save, step 4 (the last) by the blocking one.
+    for step_dir in checkpoints.glob("step-*"):
+        recorded = json.loads((step_dir / "COMPLETE.node-0-of-1").read_text())["sha256"]
+        assert sorted(recorded) == [".metadata", "__0_0.distcp", "rng/rank-00000.pt", "train_state.json"]
+        assert all(file_digest(step_dir / name) == digest for name, digest in recorded.items())
 
     # A torn write: the newest checkpoint's shard lost its tail (its marker recorded the full size).
     shard = next((checkpoints / "step-00000004").glob("__0_*.distcp"))
@@ -102,13 +147,35 @@ def test_a_damaged_newest_checkpoint_gives_way_to_the_previous_one_and_past_the_
     assert f"warning: checkpoint step-00000004 is damaged ({shard.name} is " in resumed.stdout
     assert "resumed_from_step=2" in resumed.stdout
 
-    # Bytes flipped at the same size: only reading finds it, and the loader falls back the same way.
-    newest = next((checkpoints / "step-00000006").glob("__0_*.distcp"))
-    newest.write_bytes(b"\0" * newest.stat().st_size)
+    # 1 KiB of the newest checkpoint overwritten at the same size: loaded, it would give NaN. Its
+    # digest differs, so it is skipped before a step runs. The one before was written without
+    # digests (an older launcher) and zeroed: only reading finds that, and the loader falls back.
+    shard = nan_inside_a_weight(checkpoints / "step-00000006")
+    older = next((checkpoints / "step-00000004").glob("__0_*.distcp"))
+    rerecord(checkpoints / "step-00000004", older, digests=False)
+    older.write_bytes(b"\0" * older.stat().st_size)
     again = run_train(tmp_path, 8)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "warning: checkpoint step-00000006 cannot be read (" in again.stdout
-    assert "resuming from step-00000004 instead" in again.stdout and "resumed_from_step=4" in again.stdout
+    assert (
+        f"warning: checkpoint step-00000006 is damaged ({shard.name} on host 0 differs from the sha256 that "
+        "COMPLETE.node-0-of-1 recorded); skipped"
+    ) in again.stdout
+    assert "warning: checkpoint step-00000004 cannot be read (" in again.stdout
+    assert "resuming from step-00000002 instead" in again.stdout and "resumed_from_step=2" in again.stdout
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "output" / "metrics.jsonl").read_text().splitlines()]
+    assert all(isinstance(loss, float) for loss in losses), losses  # never NaN (written as null)
+
+    # NaN weights whose digests match (the state was already NaN when it was saved): the first
+    # step's loss is NaN, and the job fails with the reason instead of completing.
+    shard = nan_inside_a_weight(checkpoints / "step-00000008")
+    rerecord(checkpoints / "step-00000008", shard, digests=True)
+    diverged = run_train(tmp_path, 10)
+    assert diverged.returncode == 3, diverged.stderr[-3000:]
+    assert (
+        "error: training: the loss is nan and the gradient norm is nan at step 9; 1 step(s) after resuming from "
+        "checkpoint step-00000008, which may hold damaged values"
+    ) in diverged.stderr
+    assert sorted(p.name for p in checkpoints.glob("step-*"))[-1] == "step-00000008"  # nothing of step 9 saved
 
     # Run once more with no steps left: it says so and fails rather than report a 0-step success.
     past = run_train(tmp_path, 8)
