@@ -191,3 +191,21 @@ def test_a_recipe_value_with_escape_sequences_is_echoed_inert(tmp_path, cli):
         assert any(
             "model: 'xState: Completed" in line and "is not in the model catalog" in line for line in result.err_lines
         )
+
+
+def test_status_and_list_print_what_a_job_wrote_inert(no_torchrun, cli):
+    """A local job's status.json holds text from torchrun's error file and the log: it cannot
+    recolour the terminal or forge a line in `status` or `list`."""
+    from .helpers import submit
+
+    name = submit(wait=True, poll_s=0.05).spec.name
+    status_file = no_torchrun / "jobs" / name / "status.json"
+    status = json.loads(status_file.read_text())
+    forged = "boom\x1b[2J\x1b]0;owned\x07\r\nFAKE  local  Completed\x9b31m"
+    status.update(state="Failed", secondary=forged, failure_reason=forged)
+    status_file.write_text(json.dumps(status))
+    for verb in (("status", name), ("list",)):
+        out = cli(*verb).out
+        assert not any(c in out for c in "\x1b\x07\r\x9b"), verb
+        assert "\nFAKE" not in out, verb  # the forged row stays inside its own line
+    assert "  failure  boom FAKE local Completed31m" in cli("status", name).out
