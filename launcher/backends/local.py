@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,12 +81,20 @@ class LocalBackend(Backend):
         if (directory / runner.STATUS).exists() or (directory / CODE_DIR).exists():
             raise LauncherError(f"a job named {spec.name} already exists in {directory.parent}; submit again")
         directory.mkdir(parents=True, exist_ok=True)
-        code = rendering.payload["bundle"].extract(directory / CODE_DIR)
-        write_json(directory / runner.LAUNCH, {"argv": rendering.payload["argv"], "cwd": str(code), "env": spec.env})
         created = utc_now()
-        status = {"name": spec.name, "state": "InProgress", "created": created, "transitions": []}
-        runner.transition(status, "Starting")
-        runner.write_status(directory, status)
+        try:
+            code = rendering.payload["bundle"].extract(directory / CODE_DIR)
+            launch = {"argv": rendering.payload["argv"], "cwd": str(code), "env": spec.env}
+            write_json(directory / runner.LAUNCH, launch)
+            status = {"name": spec.name, "state": "InProgress", "created": created, "transitions": []}
+            runner.transition(status, "Starting")
+            runner.write_status(directory, status)
+        except BaseException:
+            # Nothing runs yet: take back what this submit wrote (a full disk leaves half a code/).
+            shutil.rmtree(directory / CODE_DIR, ignore_errors=True)
+            for name in (runner.LAUNCH, runner.STATUS):
+                (directory / name).unlink(missing_ok=True)
+            raise
         with (directory / "runner.log").open("ab") as runner_log:
             subprocess.Popen(
                 [sys.executable, "-m", "launcher.backends.local_runner", str(directory)],

@@ -229,6 +229,7 @@ def test_a_full_disk_at_submit_is_one_line_and_leaves_no_job(no_torchrun, cli, f
         assert line.endswith("(ENOSPC); nothing was submitted"), line
         assert records() == [] and cli("list").out.strip() == "no jobs"
         assert temporary_files(home) == []
+        assert not (home / "jobs" / spec.name).exists()  # no half-extracted code/ either
 
 
 @pytest.mark.parametrize(
