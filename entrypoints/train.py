@@ -126,14 +126,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     )
     start = _steps_left_after(checkpoints.resume(), t.steps)
     load_hf_weights(parts, cfg, fresh_start=start == 0)
-    metrics = MetricsLogger(
-        output_dir(cfg),
-        enabled=env.rank == 0,
-        tokens_per_step=t.global_batch_size * t.seq_len,
-        world_size=env.world_size,
-        flops_per_token=flops_per_token(cfg.model, t.seq_len),
-        peak_flops=cfg.runtime.peak_flops.bf16,
-    )
+    metrics = _metrics_logger(cfg, env)
     # Each step's loss is summed over the world from the ranks that hold a distinct share of it:
     # the last pipeline stage, tensor-parallel rank 0, every data/context-parallel rank.
     holds_loss = (pipeline is None or pipeline.has_last) and mesh["tp"].get_local_rank() == 0
@@ -178,6 +171,18 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     summary = metrics.summary(time.perf_counter() - began)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _metrics_logger(cfg: JobConfig, env: DistEnv) -> MetricsLogger:
+    t = cfg.training
+    return MetricsLogger(
+        output_dir(cfg),
+        enabled=env.rank == 0,
+        tokens_per_step=t.global_batch_size * t.seq_len,
+        world_size=env.world_size,
+        flops_per_token=flops_per_token(cfg.model, t.seq_len),
+        peak_flops=cfg.runtime.peak_flops.bf16,
+    )
 
 
 def divergence(step: int, loss: float, grad_norm: float, *, resumed_from: int) -> str | None:
