@@ -12,6 +12,9 @@ loss reads its weight directly), as do layers whose dimensions are not multiples
   Float8 Colwise/Rowwise styles; gloo cannot all-gather float8 tensors, so there both stay off
   (`launcher.contract.fp8.float8_all_gather`, which the memory and speed estimators read too).
 - rowwise: one scale per row; more accurate, no float8 all-gather (torchao's recipe).
+- Without float8 collectives (gloo, or rowwise), a tensor-parallel linear scales this rank's
+  shards by their own amax instead of the whole tensor's, which took one all-reduce per cast
+  (four per linear and micro-batch): parallel/float8_shards.py.
 
 A CUDA device needs FP8 tensor cores (compute capability 8.9: Ada, Hopper); anything older
 is refused with the reason. `runtime.device: cpu` runs torchao's CPU path, for tests.
@@ -69,6 +72,12 @@ def convert_to_float8(model: torch.nn.Module, settings: Fp8Settings) -> None:
     else:
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=settings.float8_all_gather)
     convert_to_float8_training(model, config=config, module_filter_fn=_convertible)
+    if not settings.float8_all_gather:
+        # Without float8 collectives, tensor-parallel linears scale their own shards: no
+        # amax all-reduce per cast (parallel/float8_shards.py). Without TP nothing changes.
+        from entrypoints.parallel.float8_shards import use_shard_scales
+
+        use_shard_scales(model)
 
 
 def after_optimizer_step(model_parts: list[torch.nn.Module], settings: Fp8Settings | None) -> None:

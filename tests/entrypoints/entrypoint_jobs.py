@@ -8,7 +8,8 @@ seconds of start-up on two cores) the jobs are batched by world size in `multiru
 - 4 processes: every 4-rank layout (also the source of the checkpoint that is resumed),
   FSDP's gradient accumulation modes, and context-parallel attention at cp 4;
 - 2 processes: resume of the 4-rank checkpoint on 2 ranks, FP8, tied embeddings under TP,
-  uneven pipeline stages, context-parallel attention at cp 2, and the vocab-parallel fused loss.
+  uneven pipeline stages, context-parallel attention at cp 2, the vocab-parallel fused loss, and
+  the collectives of one FP8 and one fp32 step under TP 2.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ class Runs:
     uneven: dict[str, Job]
     cp_attention: dict[int, dict]
     vocab_parallel_loss: dict
+    fp8_collectives: dict
     stdout: str
 
 
@@ -207,15 +209,19 @@ def run_all(root: Path) -> Runs:
         procs=2,
     )
     tied_tp = write_job(root, "tied-tp2", {**TIED, "parallel.tensor": 2}, procs=2)
+    collectives = {
+        name: str(write_job(root, f"collectives-{name}", {"parallel.tensor": 2, "precision.fp8": fp8}, procs=2).config)
+        for name, fp8 in (("fp32", False), ("fp8", True))
+    }
 
     launch([train(reference), train(tied_reference), train(five_layers)], root, 1, "1-rank")
     four_rank_jobs = [*layouts.values(), *accumulation.values()]
     four = launch([*(train(j) for j in four_rank_jobs), cp_attention("4")], root, 4, "4-rank")
     loss_check = {"kind": "vocab_parallel_loss", "result": str(root / "vocab-parallel-loss.json")}
+    fp8_check = {"kind": "fp8_collectives", "configs": collectives, "result": str(root / "fp8-collectives.json")}
     uneven_jobs = [train(job) for job in uneven.values()]
-    two = launch(
-        [train(resumed), train(fp8), train(tied_tp), *uneven_jobs, cp_attention("2"), loss_check], root, 2, "2-rank"
-    )
+    checks = [cp_attention("2"), loss_check, fp8_check]
+    two = launch([train(resumed), train(fp8), train(tied_tp), *uneven_jobs, *checks], root, 2, "2-rank")
     return Runs(
         reference=reference,
         tied_reference=tied_reference,
@@ -228,5 +234,6 @@ def run_all(root: Path) -> Runs:
         uneven=uneven,
         cp_attention={n: json.loads((root / f"cp-attention-{n}.json").read_text()) for n in (2, 4)},
         vocab_parallel_loss=json.loads((root / "vocab-parallel-loss.json").read_text()),
+        fp8_collectives=json.loads((root / "fp8-collectives.json").read_text()),
         stdout=four.stdout + two.stdout,
     )

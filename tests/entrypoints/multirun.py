@@ -5,7 +5,8 @@
 
 plan.json: {"jobs": [{"kind": "train", "config": PATH, "result": PATH},
                      {"kind": "cp_attention", "cases": [[heads, kv_heads], ...], "result": PATH},
-                     {"kind": "vocab_parallel_loss", "result": PATH}]}
+                     {"kind": "vocab_parallel_loss", "result": PATH},
+                     {"kind": "fp8_collectives", "configs": {"fp32": PATH, "fp8": PATH}, "result": PATH}]}
 Rank 0 writes each job's result as JSON; the tests assert on those files.
 """
 
@@ -112,7 +113,38 @@ def run_vocab_parallel_loss(job: dict, env) -> dict:
     return {"tp": size, "max_abs_error": dict(zip(["loss", "dh", "dweight"], errors.tolist(), strict=True))}
 
 
-KINDS = {"train": run_train, "cp_attention": run_cp_attention, "vocab_parallel_loss": run_vocab_parallel_loss}
+def run_fp8_collectives(job: dict, env) -> dict:
+    """Collectives and float8 matmuls in one forward and backward of each config (same layout)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from entrypoints.fp8 import fp8_settings
+    from entrypoints.model.init import materialize
+    from entrypoints.parallel.accumulate import accumulate
+    from entrypoints.parallel.mesh import build_mesh
+    from entrypoints.parallel.parallelize import build_model_parts
+
+    counted = ("gloo:all_reduce", "gloo:all_gather", "gloo:reduce_scatter", "aten::_scaled_mm")
+    found = {}
+    for name, path in job["configs"].items():
+        cfg = load_config(path)
+        mesh = build_mesh(cfg.parallel, "cpu")
+        parts, _ = build_model_parts(cfg, mesh, fp8=fp8_settings(cfg, device_type="cpu", backend=env.backend))
+        materialize(parts[0], env.device, seed=0)
+        generator = torch.Generator().manual_seed(0)
+        tokens, targets = torch.randint(0, cfg.model.vocab_size, (2, 2, cfg.training.seq_len), generator=generator)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            loss = accumulate(parts[0], [(tokens, targets, None)], "sync_each")
+        calls = {event.key: event.count for event in prof.key_averages() if event.key in counted}
+        found[name] = {"loss": loss.item(), **{key: calls.get(key, 0) for key in counted}}
+    return found
+
+
+KINDS = {
+    "train": run_train,
+    "cp_attention": run_cp_attention,
+    "vocab_parallel_loss": run_vocab_parallel_loss,
+    "fp8_collectives": run_fp8_collectives,
+}
 
 
 def main(plan_path: str) -> int:

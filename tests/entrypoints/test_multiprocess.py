@@ -134,6 +134,19 @@ def test_fp8_trains_on_cpu_with_decreasing_loss(runs):
     assert last < first - 0.1, losses
 
 
+def test_fp8_under_tensor_parallel_adds_no_collectives_and_still_multiplies_in_float8(runs):
+    # One forward and backward of the same TP 2 model in fp32 and in FP8 (torchao, tensorwise).
+    # Scaling each shard by its own amax needs no all-reduce per cast (parallel/float8_shards.py);
+    # scaling by the whole tensor's cost four per linear and micro-batch.
+    fp32, fp8 = runs.fp8_collectives["fp32"], runs.fp8_collectives["fp8"]
+    assert fp8["gloo:all_reduce"] == fp32["gloo:all_reduce"] > 0, runs.fp8_collectives
+    assert fp8["gloo:all_gather"] == fp32["gloo:all_gather"], runs.fp8_collectives
+    # Three float8 matmuls (output, grad_input, grad_weight) for each of a block's 7 linears.
+    layers = json.loads(runs.fp8.config.read_text())["model"]["num_layers"]
+    assert fp8["aten::_scaled_mm"] == 3 * 7 * layers and fp32["aten::_scaled_mm"] == 0, runs.fp8_collectives
+    assert abs(fp8["loss"] - fp32["loss"]) < 1e-3 * fp32["loss"], runs.fp8_collectives
+
+
 def test_final_parameters_are_finite(runs):
     for job in [runs.reference, *runs.layouts.values()]:
         for name, tensor in job.final_model(3).items():
