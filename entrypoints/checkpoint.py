@@ -36,11 +36,13 @@ the checkpoint and take the previous one, as a torn one is skipped.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -73,7 +75,19 @@ from entrypoints.checkpoint_files import (
 )
 from launcher.contract.config import CheckpointConfig, ConfigError
 
-__all__ = ["Checkpointer", "Placement", "complete_checkpoints", "is_complete", "step_dir_name"]
+__all__ = [
+    "CheckpointWriteFailed",
+    "Checkpointer",
+    "Placement",
+    "complete_checkpoints",
+    "is_complete",
+    "step_dir_name",
+]
+
+
+class CheckpointWriteFailed(Exception):
+    """A checkpoint could not be written (a full disk, say): the job fails; the one line says
+    which file, the OS error, and that the newest complete checkpoint is kept."""
 
 
 class Checkpointer:
@@ -140,10 +154,12 @@ class Checkpointer:
             # A killed attempt's files at this step: this host's marker goes first, then its files.
             remove_own_files(path, self.placement)
         dist.barrier()  # nobody writes before every host has withdrawn its old part
-        digests = self._write_small_files(path, step)
         writer = DigestingWriter(path)  # DCP's own writer, hashing each file as it writes it
+        with self._writing(step, writer):
+            digests = self._write_small_files(path, step)
+            if blocking:
+                dcp.save(self._state(), checkpoint_id=str(path), storage_writer=writer)
         if blocking:
-            dcp.save(self._state(), checkpoint_id=str(path), storage_writer=writer)
             self._complete(step, started, {**digests, **writer.digests})
         else:
             future = dcp.async_save(
@@ -186,8 +202,37 @@ class Checkpointer:
             return
         step, started, future, digests, writer = self._pending
         self._pending = None
-        future.result()  # raises here if this rank's write failed
+        with self._writing(step, writer):
+            future.result()  # the background save's failure surfaces here, on the training thread
         self._complete(step, started, {**digests, **writer.digests})
+
+    @contextmanager
+    def _writing(self, step: int, writer: DigestingWriter | None = None):
+        """Turn a failed write of checkpoint `step` into CheckpointWriteFailed, in one line."""
+        try:
+            yield
+        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+            raise CheckpointWriteFailed(self._write_failure(step, error, writer)) from None
+
+    def _write_failure(self, step: int, error: BaseException, writer: DigestingWriter | None) -> str:
+        path = self.directory / step_dir_name(step)
+        cause = _os_error(error, writer)
+        if cause is None:
+            what = _read_failure(error)
+        else:
+            name = errno.errorcode.get(cause.errno, "OSError")
+            what = f"{name} ({cause.strerror or cause}) writing {cause.filename or path}"
+        complete = [earlier for earlier in self.complete_steps if earlier < step]
+        kept = (
+            f"the newest complete checkpoint, {self.directory / step_dir_name(complete[-1])}, is kept"
+            if complete
+            else "no complete checkpoint was written before it"
+        )
+        remedy = "free space in" if cause is not None and cause.errno in (errno.ENOSPC, errno.EDQUOT) else "fix"
+        return (
+            f"checkpoint: step {step} could not be written to {path}: {what}; it has no COMPLETE marker, so a "
+            f"resume skips it; {kept}; {remedy} {self.directory} and rerun to resume"
+        )
 
     def _complete(self, step: int, started: float, digests: dict[str, str]) -> None:
         """Collective: each host's marker records its files' sizes and `digests` (this rank's files')."""
@@ -200,7 +245,8 @@ class Checkpointer:
             sizes = own_file_sizes(path, self.placement)
             written = {relative: digest for part in everyone for relative, digest in part.items()}
             mine = {relative: written[relative] for relative in sizes if relative in written}
-            write_durable(path / self.placement.marker, marker_content(step, sizes, mine))
+            with self._writing(step):
+                write_durable(path / self.placement.marker, marker_content(step, sizes, mine))
         dist.barrier()  # every host's marker is on disk: the checkpoint is complete everywhere
         self.last_save_s = time.monotonic() - started
         if self.rank == 0:
@@ -367,6 +413,15 @@ def _damage(error: BaseException) -> str | None:
         if isinstance(cause, CheckpointDamaged):
             return str(cause)
     return None
+
+
+def _os_error(error: BaseException, writer: DigestingWriter | None) -> OSError | None:
+    """The OSError behind a failed save: this rank's writer saw it (torch.save hides it behind
+    "unexpected pos"), it was raised directly, or DCP carries it from a failing rank."""
+    if writer is not None and writer.write_error is not None:
+        return writer.write_error
+    causes = [error, *(w[0] if isinstance(w, tuple) else w for _, w in sorted(getattr(error, "failures", {}).items()))]
+    return next((cause for cause in causes if isinstance(cause, OSError)), None)
 
 
 def _read_failure(error: BaseException) -> str:

@@ -33,14 +33,19 @@ from entrypoints.checkpoint_files import DIGEST, CheckpointDamaged, Placement, d
 
 
 class _HashingStream:
-    """A file opened for writing that hashes every byte written to it."""
+    """A file opened for writing that hashes every byte written to it, and keeps the first OSError
+    a write raised: torch.save turns it into "unexpected pos" (its zip writer ignores the error)."""
 
-    def __init__(self, raw):
-        self._raw, self.hash = raw, hashlib.new(DIGEST)
+    def __init__(self, raw, failed):
+        self._raw, self.hash, self._failed = raw, hashlib.new(DIGEST), failed
 
     def write(self, data) -> int:
         self.hash.update(data)
-        return self._raw.write(data)
+        try:
+            return self._raw.write(data)
+        except OSError as error:
+            self._failed(error)
+            raise
 
     def __getattr__(self, name):  # tell, fileno, flush, close: the file's own
         return getattr(self._raw, name)
@@ -50,16 +55,28 @@ class _DigestingFileSystem(FileSystem):
     def __init__(self):
         super().__init__()
         self.digests: dict[str, str] = {}
+        self.write_error: OSError | None = None  # the first, e.g. ENOSPC on a full disk
         self._lock = threading.Lock()  # DCP writes with thread_count threads
+
+    def _failed(self, path, error: OSError) -> None:
+        if error.filename is None:  # a failed write names no file: name the one written
+            error.filename = str(path)
+        with self._lock:
+            self.write_error = self.write_error or error
 
     @contextmanager
     def create_stream(self, path, mode: str):
-        with super().create_stream(path, mode) as raw:
-            if "w" not in mode:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as raw:
                 yield raw
-                return
-            stream = _HashingStream(raw)
-            yield stream
+            return
+        try:  # the open, DCP's fsync inside the block, and the final flush at close can fail too
+            with super().create_stream(path, mode) as raw:
+                stream = _HashingStream(raw, lambda error: self._failed(path, error))
+                yield stream
+        except OSError as error:
+            self._failed(path, error)
+            raise
         with self._lock:
             self.digests[Path(path).name] = stream.hash.hexdigest()
 
@@ -81,6 +98,11 @@ class DigestingWriter(FileSystemWriter):
     def digests(self) -> dict[str, str]:
         """{file name in the checkpoint directory: digest} of the files this rank wrote."""
         return dict(self.fs.digests)
+
+    @property
+    def write_error(self) -> OSError | None:
+        """The first OSError this rank's writes raised (None when none did)."""
+        return self.fs.write_error
 
 
 class VerifyingReader(FileSystemReader):

@@ -165,11 +165,16 @@ def _try_rmdir(path: Path) -> None:
 
 def write_durable(path: Path, data: bytes) -> str:
     """Write `data` and fsync the file and its directory: on disk before anyone is told.
-    Returns the data's digest, for the host's marker."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    Returns the data's digest, for the host's marker. A write that fails (a full disk) leaves
+    no file: a torn marker must not make its checkpoint count as complete."""
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
     return hashlib.new(DIGEST, data).hexdigest()
 

@@ -12,7 +12,8 @@ Reads only the resolved config (and SM_CHANNEL_TRAIN for s3 data). Outputs:
 A fresh run with model.init_from starts from that Hugging Face checkpoint (hf_weights.py).
 Exit status: 0 when every step ran, 2 for a config it cannot run (one line on stderr), 3 when
 the loss or the gradient norm stopped being finite (one line on stderr; nothing is saved after
-the last finite step), 143 after SIGTERM (a final checkpoint is written first when it fits in STOP_BUDGET_S; spot
+the last finite step), 4 when a checkpoint could not be written (one line on stderr naming the
+file and the OS error, e.g. ENOSPC; the newest complete checkpoint is kept), 143 after SIGTERM (a final checkpoint is written first when it fits in STOP_BUDGET_S; spot
 interruptions end this way). A failure's message goes to torchrun's TORCHELASTIC_ERROR_FILE
 (failure.py), with the time it was raised, so the launcher can name the first failing rank.
 
@@ -42,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from entrypoints import failure
-from entrypoints.checkpoint import Checkpointer, Placement, step_dir_name
+from entrypoints.checkpoint import Checkpointer, CheckpointWriteFailed, Placement, step_dir_name
 from entrypoints.data import DataLoader
 from entrypoints.export_hf import export_directory, export_hf
 from entrypoints.fp8 import after_optimizer_step, fp8_settings
@@ -59,6 +60,7 @@ from launcher.contract.config import ConfigError, JobConfig, load_config
 
 EXIT_CONFIG = 2
 EXIT_DIVERGED = 3
+EXIT_CHECKPOINT_WRITE = 4
 EXIT_SIGTERM = 128 + signal.SIGTERM
 # After SIGTERM SageMaker sends SIGKILL about 120 s later; the final save is skipped when the
 # pending save plus the last measured save time would not fit in this budget.
@@ -282,10 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config)
         with process_group(cfg.runtime.device) as env, failure.timed():
             summary = train(cfg, env)
-    except (ConfigError, TrainingDiverged) as err:
+    except (ConfigError, TrainingDiverged, CheckpointWriteFailed) as err:
         print(f"error: {err}", file=sys.stderr)
         failure.HANDLER.record_exception(err)  # so torchrun's failure report names it too
-        return EXIT_CONFIG if isinstance(err, ConfigError) else EXIT_DIVERGED
+        if isinstance(err, ConfigError):
+            return EXIT_CONFIG
+        return EXIT_DIVERGED if isinstance(err, TrainingDiverged) else EXIT_CHECKPOINT_WRITE
     return EXIT_SIGTERM if summary["interrupted"] else 0
 
 

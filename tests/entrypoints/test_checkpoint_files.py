@@ -269,3 +269,17 @@ def test_a_loss_or_gradient_norm_that_is_not_finite_stops_training_with_its_reas
     from entrypoints.train import divergence
 
     assert divergence(5, loss, grad_norm, resumed_from=resumed_from) == reason
+
+
+def test_a_marker_whose_write_fails_on_a_full_disk_leaves_no_file_that_would_count(tmp_path):
+    from entrypoints.checkpoint_files import marker_content, write_durable
+    from tests.backends.test_records import fill_disk, small_disk
+
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        step_dir = disk / "step-00000004"
+        step_dir.mkdir()
+        fill_disk(disk)
+        marker = step_dir / marker_name(0, 1)
+        with pytest.raises(OSError, match="No space left on device"):
+            write_durable(marker, marker_content(4, {"__0_0.distcp": 1}))
+        assert not marker.exists() and not is_complete(step_dir)

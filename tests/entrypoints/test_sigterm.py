@@ -21,7 +21,7 @@ TRAIN = REPO / "entrypoints" / "train.py"
 pytestmark = pytest.mark.torchrun
 
 
-def write_config(tmp_path: Path, steps: int, every_steps: int = 0) -> Path:
+def write_config(tmp_path: Path, steps: int, every_steps: int = 0, keep: int = 3) -> Path:
     recipe = Recipe.load(
         REPO / "recipes" / "tiny-cpu.yaml",
         {
@@ -32,6 +32,7 @@ def write_config(tmp_path: Path, steps: int, every_steps: int = 0) -> Path:
             "training.micro_batch_size": 2,
             "training.steps": steps,
             "checkpoint.every_steps": every_steps,
+            "checkpoint.keep": keep,
         },
     )
     resolved = recipe.resolved(checkpoint_dir=str(tmp_path / "checkpoints"), output_dir=str(tmp_path / "output"))
@@ -82,9 +83,9 @@ def test_sigterm_saves_a_final_checkpoint_exits_143_and_the_job_resumes_after_it
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()][-1] == last + 1
 
 
-def run_train(tmp_path: Path, steps: int, **env: str) -> subprocess.CompletedProcess:
+def run_train(tmp_path: Path, steps: int, keep: int = 3, **env: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **env}
-    config = write_config(tmp_path, steps, every_steps=2)
+    config = write_config(tmp_path, steps, every_steps=2, keep=keep)
     argv = [sys.executable, str(TRAIN), "--config", str(config)]
     return subprocess.run(argv, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
 
@@ -199,3 +200,52 @@ def test_a_second_job_on_a_checkpoint_dir_in_use_is_refused_in_one_line(tmp_path
     write_lease(tmp_path / "checkpoints", "this-job-5678", time.time())
     assert run_train(tmp_path, 2, LAUNCHER_JOB_NAME="this-job-5678").returncode == 0
     assert not (tmp_path / "checkpoints" / "LEASE.json").exists()
+
+
+def test_a_full_checkpoint_disk_fails_the_job_in_one_line_keeps_the_last_checkpoint_and_a_rerun_resumes(tmp_path):
+    from entrypoints.checkpoint_files import (
+        checkpoint_fault,
+        complete_checkpoints,
+        digest_fault,
+        is_complete,
+        recorded_digests,
+    )
+    from tests.backends.test_records import small_disk
+
+    checkpoints = tmp_path / "checkpoints"
+    # A checkpoint of this model is 11.2 MB (measured): 16 MiB holds one; the second (step 4,
+    # an asynchronous save) runs out of space in its shard. keep=1: pruning step 2 before step 4
+    # is complete would leave nothing.
+    with small_disk(checkpoints, "16m"):
+        full = run_train(tmp_path, 6, keep=1)
+        assert full.returncode == 4, full.stderr[-3000:]
+        assert "Traceback" not in full.stderr
+        torn = checkpoints / "step-00000004"
+        assert full.stderr.strip().splitlines() == [
+            f"error: checkpoint: step 4 could not be written to {torn}: ENOSPC (No space left on device) writing "
+            f"{torn}/__0_0.distcp; it has no COMPLETE marker, so a resume skips it; the newest complete "
+            f"checkpoint, {checkpoints / 'step-00000002'}, is kept; free space in {checkpoints} and rerun to resume"
+        ]
+        kept = checkpoints / "step-00000002"
+        recorded, fault = recorded_digests(kept)
+        assert is_complete(kept) and fault is None and checkpoint_fault(kept) is None
+        assert sorted(recorded) == [".metadata", "__0_0.distcp", "rng/rank-00000.pt", "train_state.json"]
+        assert all(digest_fault(kept, relative, recorded, 0) is None for relative in recorded)
+        assert not is_complete(torn) and not list(torn.glob("COMPLETE*"))
+        metrics = tmp_path / "output" / "metrics.jsonl"
+        # Every step logged before the failure surfaced (step 5 or 6: when the background save ends) is kept.
+        logged = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+        assert logged == list(range(1, len(logged) + 1)) and logged[-1] >= 5, logged
+
+        # Space freed: the rerun skips the torn step 4, resumes from step 2 and completes.
+        subprocess.run(["mount", "-o", "remount,size=64m", str(checkpoints)], check=True)
+        rerun = run_train(tmp_path, 6, keep=1)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert "warning: checkpoint step-00000004 is incomplete (no host wrote its COMPLETE marker); skipped" in (
+            rerun.stdout
+        )
+        assert "resumed_from_step=2" in rerun.stdout
+        assert [step for step, _ in complete_checkpoints(checkpoints)] == [6]  # the torn one pruned too
+        assert [path.name for path in checkpoints.glob("step-*")] == ["step-00000006"]
+        # The failed run's metrics are kept; the rerun appends steps 3 to 6 after them.
+        assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [*logged, 3, 4, 5, 6]
