@@ -46,6 +46,20 @@ def _wait(condition, timeout: float = 10.0) -> bool:
 
 
 @pytest.fixture
+def hanging(no_torchrun, monkeypatch):
+    """A local job whose trainer hangs: (job, its status.json, the record as the runner wrote it).
+    Whatever a test leaves in the record, the job is stopped afterwards through the genuine one."""
+    monkeypatch.setenv("FAKE_TRAIN", "hang")
+    job = submit().job
+    wait_for_line(job, "hanging")
+    status_file = no_torchrun / "jobs" / job.name / "status.json"
+    real = json.loads(status_file.read_text())
+    yield job, status_file, real
+    status_file.write_text(json.dumps(real))
+    job.stop(grace_s=5)
+
+
+@pytest.fixture
 def killpg_calls(monkeypatch):
     calls = []
     monkeypatch.setattr(processes.os, "killpg", lambda pgid, sig: calls.append((pgid, sig)))
@@ -75,13 +89,9 @@ def forgeries(victim: int, real: dict) -> list[tuple[str, dict, str]]:
     ]
 
 
-def test_stop_of_a_forged_record_signals_nothing_and_says_why_in_one_line(no_torchrun, monkeypatch, victim, cli):
-    monkeypatch.setenv("FAKE_TRAIN", "hang")
-    job = submit().job
-    wait_for_line(job, "hanging")
-    status_file = no_torchrun / "jobs" / job.name / "status.json"
-    real = json.loads(status_file.read_text())
-    trainer = int((no_torchrun / "jobs" / job.name / "fake.pid").read_text())
+def test_stop_of_a_forged_record_signals_nothing_and_says_why_in_one_line(hanging, monkeypatch, victim, cli):
+    job, status_file, real = hanging
+    trainer = int((status_file.parent / "fake.pid").read_text())
 
     calls = []
     with monkeypatch.context() as patched:
@@ -102,13 +112,10 @@ def test_stop_of_a_forged_record_signals_nothing_and_says_why_in_one_line(no_tor
     assert not alive(trainer) and alive(victim)
 
 
-def test_status_does_not_take_a_foreign_group_for_the_jobs_processes(no_torchrun, monkeypatch, victim):
+def test_status_does_not_take_a_foreign_group_for_the_jobs_processes(hanging, victim):
     """With its runner dead, a job is 'still training' only if its recorded group is provably its own."""
-    monkeypatch.setenv("FAKE_TRAIN", "hang")
-    job = submit().job
-    wait_for_line(job, "hanging")
-    directory = no_torchrun / "jobs" / job.name
-    real = json.loads((directory / "status.json").read_text())
+    job, status_file, real = hanging
+    directory = status_file.parent
     os.kill(real["runner_pid"], signal.SIGKILL)
     assert _wait(lambda: not alive(real["runner_pid"]))
     assert "the runner died" in job.status().secondary  # the genuine group is recognised
