@@ -155,8 +155,9 @@ class LocalBackend(Backend):
         status = self._status(ref)
         if status.terminal:
             return status
-        if runner.read_status(directory).get("pgid") is not None:
-            _verified_group(directory, runner.read_status(directory))  # refuse a forged record first
+        recorded = runner.read_status(directory)
+        if recorded.get("pgid") is not None:
+            _verified_group(directory, recorded)  # refuse a forged record before anything is written
         (directory / runner.STOP_REQUESTED).touch()
         deadline = time.monotonic() + grace_s
         recorded = _wait_for_pgid(directory, deadline)
