@@ -14,9 +14,9 @@ from pathlib import Path
 
 from launcher.backends import NAMES, get_backend
 from launcher.backends.base import Backend, JobStatus
-from launcher.backends.cloudwatch import console_links
 from launcher.backends.history import MetricsHistory, metric_cell
 from launcher.backends.processes import process_info
+from launcher.backends.sagemaker.cloudwatch import console_links
 from launcher.contract.text import terminal_safe
 from launcher.display import html
 from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, EngineError, LauncherError, UsageError

@@ -14,7 +14,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
 from launcher import api
-from launcher.backends import aws as aws_clients
+from launcher.backends.sagemaker import aws as aws_clients
 
 from .helpers import REGION, recipe_path
 

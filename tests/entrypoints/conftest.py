@@ -15,6 +15,6 @@ def runs(tmp_path_factory) -> Runs:
 @pytest.fixture(scope="session")
 def metric_definitions() -> list[dict]:
     """The SageMaker backend's MetricDefinitions: the regexes CloudWatch applies to these lines."""
-    from launcher.backends.sagemaker import METRIC_DEFINITIONS
+    from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 
     return METRIC_DEFINITIONS
