@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher.backends import staging
-from launcher.backends.history import MetricsHistory, metric_cell
+from launcher.backends.history import MetricsHistory
 from launcher.backends.sagemaker.cloudwatch import console_links
 from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
 from launcher.display import html
+from launcher.display.text import metric_cell
 from launcher.errors import EngineError, UsageError
 from launcher.registry import JobRef
 from launcher.spec import MAX_JOB_NAME, JobSpec, Placement, job_name

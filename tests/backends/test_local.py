@@ -10,7 +10,8 @@ import json
 import os
 import time
 
-from launcher.jobs import Job, result_text
+from launcher.display.text import result_text
+from launcher.jobs import Job
 
 from .helpers import alive, recipe_path, submit, wait_for_line
 
