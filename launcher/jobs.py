@@ -16,7 +16,6 @@ from launcher.backends import NAMES, get_backend
 from launcher.backends.base import Backend, JobStatus
 from launcher.backends.history import MetricsHistory
 from launcher.backends.processes import process_info
-from launcher.backends.sagemaker.cloudwatch import console_links
 from launcher.display import html
 from launcher.display.text import result_text
 from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, EngineError, LauncherError, UsageError
@@ -108,8 +107,8 @@ class Job:
 
     @property
     def links(self) -> list[tuple[str, str]]:
-        """(title, url) of the console pages of a SageMaker job; [] for other backends."""
-        return console_links(self.name, self.ref.region) if self.ref.backend == "sagemaker" and self.ref.region else []
+        """(title, url) of the pages that show this job (a SageMaker job's console); [] where the engine has none."""
+        return self.backend.links(self.ref)
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, backend={self.ref.backend!r})"

@@ -2,9 +2,9 @@
 
 Everything a backend needs is here, already decided: the unique name, the image, the torchrun
 argv, the environment, resources, where data, outputs and checkpoints live, the time limit,
-retries, spot capacity and tags. What only one engine reads travels in that engine's typed part
-(`JobSpec.sagemaker`: region, role, S3 locations, KMS, spot wait, VPC), set only for that
-backend. The resolved recipe travels with it as JSON text and lands in the code bundle as
+retries, spot capacity and tags. What only one engine reads travels in one `engine` part that the
+backend built (`Backend.settings`): this module knows it only as `EngineSettings`, the base every
+engine's settings extend, and the backend layer rebuilds it from a saved spec. The resolved recipe travels with it as JSON text and lands in the code bundle as
 `resolved.json`; it is never flattened into hyperparameters (SageMaker caps those at 100
 entries of 2,500 characters).
 """
@@ -17,11 +17,11 @@ import json
 import re
 import secrets
 import string
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from launcher.display import html
-from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
 
 if TYPE_CHECKING:
     from launcher.recipe import Recipe
@@ -35,6 +35,10 @@ RDZV_PORT = 29500
 CONFIG_FILE = "resolved.json"
 ENTRYPOINT = "entrypoints/train.py"
 BOOTSTRAP = "entrypoints/bootstrap.py"
+SPEC_FORMAT = 2
+"""The layout of a saved spec (`spec.json`). 2: the engine's settings in one `engine` part.
+1 (no `format` key): a part per engine under its name, with retries, spot, tags and the
+volume size beside it; `upgraded` still reads it."""
 
 
 def job_name(recipe_name: str, *, now: datetime.datetime | None = None, max_len: int = MAX_JOB_NAME) -> str:
@@ -100,7 +104,6 @@ class Resources:
     device: str
     accelerator: str
     efa_interfaces: int
-    volume_size_gb: int
 
     @property
     def world_size(self) -> int:
@@ -123,93 +126,42 @@ class DataInput:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Networking:
-    subnets: tuple[str, ...] = ()
-    security_group_ids: tuple[str, ...] = ()
-    isolation: bool = False
-    encrypt_inter_node: bool = False
+class EngineSettings:
+    """What only the job's engine reads, built by its backend from the recipe (`Backend.settings`).
 
+    Each engine with settings of its own extends this class in its backend's module; engines
+    without any get this base as it is: no retries, on-demand capacity, no tags."""
 
-@dataclass(frozen=True, kw_only=True)
-class SageMakerSettings:
-    """What only a SageMaker training job reads: where it runs, as whom, where its files go."""
-
-    region: str
-    role_arn: str | None
-    output_uri: str | None
-    checkpoint_uri: str | None
-    kms_key_id: str | None
-    max_wait_s: int | None
-    """With spot: how long to wait for capacity, run time included (MaxWaitTimeInSeconds)."""
-    networking: Networking
-    training_plan_arn: str | None = None
-    """A SageMaker training plan's ARN: the job runs on that plan's reserved capacity."""
+    retries: int = 0
+    """How many times the engine reruns the job after a failure."""
+    spot: bool = False
+    """Run on interruptible (spot) capacity."""
+    max_wait_s: int | None = None
+    """With spot: how long to wait for capacity, run time included (SageMaker's MaxWaitTimeInSeconds)."""
+    tags: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def of(cls, recipe: Recipe) -> SageMakerSettings:
-        sm = recipe.sagemaker
-        max_wait = None
-        if sm.spot:
-            max_run = recipe.cluster.max_run
-            max_wait = sm.max_wait or max(max_run, min(2 * max_run, SAGEMAKER_MAX_RUN_S))
-        return cls(
-            region=sm.region,
-            role_arn=sm.role_arn,
-            output_uri=sm.output_uri,
-            checkpoint_uri=sm.checkpoint_uri,
-            kms_key_id=sm.kms_key_id,
-            max_wait_s=max_wait,
-            training_plan_arn=sm.training_plan_arn,
-            networking=Networking(
-                subnets=tuple(sm.subnets),
-                security_group_ids=tuple(sm.security_group_ids),
-                isolation=sm.network_isolation,
-                encrypt_inter_node=sm.encrypt_inter_container_traffic,
-            ),
-        )
+    def of(cls, recipe: Recipe) -> Self:
+        """The settings from the recipe's section for this engine."""
+        return cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tags"] = dict(self.tags)
+        return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SageMakerSettings:
-        networking = Networking(**{k: _tuple(v) for k, v in data["networking"].items()})
-        return cls(**{**data, "networking": networking})
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmSettings:
-    """What only the Slurm backend reads (the recipe's slurm: section)."""
-
-    partition: str | None
-    account: str | None
-    shared_dir: str | None
-    container_image: str | None
-    venv: str | None
-    signal_before_end_s: int
-    requeue: bool
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> SlurmSettings:
-        settings = recipe.slurm.model_dump()
-        settings["signal_before_end_s"] = settings.pop("signal_before_end")
-        return cls(**settings)
-
-
-@dataclass(frozen=True, kw_only=True)
-class KubernetesSettings:
-    """What only the Kubernetes backend reads (the recipe's k8s: section)."""
-
-    namespace: str | None
-    checkpoint_claim: str | None
-    storage_class: str | None
-    storage_size: str
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> KubernetesSettings:
-        return cls(**recipe.k8s.model_dump())
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """The settings `to_dict` wrote. A key of another engine's settings is left out, so a
+        format-1 spec's shared keys (the volume size) reach only the engine that reads them."""
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["tags"] = tuple(sorted(values.get("tags", {}).items()))
+        return cls(**values)
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """What to run and where, for any backend. Frozen; `to_json`/`from_json` round-trip."""
+    """What to run and where, for any backend. Frozen; `to_json` and `Backend.load_spec` round-trip."""
 
     name: str
     recipe_name: str
@@ -225,17 +177,8 @@ class JobSpec:
     mounts: tuple[Mount, ...]
     max_run_s: int
     """The time limit: the job is stopped after this many seconds of running."""
-    retries: int
-    """How many times the engine reruns the job after a failure."""
-    spot: bool
-    """Run on interruptible (spot) capacity; backends without it refuse the spec."""
-    tags: tuple[tuple[str, str], ...]
-    sagemaker: SageMakerSettings | None
-    """The SageMaker-only settings; None for every other backend."""
-    slurm: SlurmSettings | None = None
-    """The Slurm-only settings; None for every other backend."""
-    k8s: KubernetesSettings | None = None
-    """The Kubernetes-only settings; None for every other backend."""
+    engine: EngineSettings
+    """What only this backend's engine reads, built by the backend (`Backend.settings`)."""
     bundle_allow_secrets: tuple[str, ...] = ()
     """The recipe's bundle.allow_secrets_in: bundle files packed although they look like secrets."""
     lineage: str = ""
@@ -246,10 +189,16 @@ class JobSpec:
 
     @classmethod
     def create(
-        cls, recipe: Recipe, *, backend: str, placement: Placement, name: str | None = None, lineage: str | None = None
+        cls,
+        recipe: Recipe,
+        *,
+        backend: str,
+        placement: Placement,
+        engine: EngineSettings,
+        name: str | None = None,
+        lineage: str | None = None,
     ) -> JobSpec:
-        hardware, sm = recipe.hardware, recipe.sagemaker
-        on_sagemaker = backend == "sagemaker"
+        hardware = recipe.hardware
         resources = Resources(
             instance_type=hardware.instance_key,
             instance_count=recipe.cluster.instance_count,
@@ -257,7 +206,6 @@ class JobSpec:
             device=recipe.cluster.device,
             accelerator=hardware.accelerator_key,
             efa_interfaces=hardware.instance.efa_interfaces,
-            volume_size_gb=sm.volume_size_gb,
         )
         name = name or job_name(recipe.name)
         inputs = ()
@@ -293,14 +241,9 @@ class JobSpec:
             output_dir=placement.output_dir,
             mounts=placement.mounts,
             max_run_s=recipe.cluster.max_run,
-            # Only a SageMaker job reads the sagemaker: section; elsewhere it is inert, so one
-            # recipe renders on every backend.
-            retries=sm.retries if on_sagemaker else 0,
-            spot=sm.spot and on_sagemaker,
-            tags=tuple(sorted(sm.tags.items())) if on_sagemaker else (),
-            sagemaker=SageMakerSettings.of(recipe) if on_sagemaker else None,
-            slurm=SlurmSettings.of(recipe) if backend == "slurm" else None,
-            k8s=KubernetesSettings.of(recipe) if backend == "k8s" else None,
+            # Only the backend's own section of the recipe reaches the engine part; the others
+            # are inert, so one recipe renders on every backend.
+            engine=engine,
             bundle_allow_secrets=recipe.bundle.allow_secrets_in,
             resolved_json=canonical_json(resolved),
         )
@@ -312,6 +255,20 @@ class JobSpec:
         return dict(self.environment)
 
     @property
+    def retries(self) -> int:
+        """How many times the engine reruns the job after a failure."""
+        return self.engine.retries
+
+    @property
+    def spot(self) -> bool:
+        """Run on interruptible (spot) capacity; backends without it refuse the spec."""
+        return self.engine.spot
+
+    @property
+    def tags(self) -> tuple[tuple[str, str], ...]:
+        return self.engine.tags
+
+    @property
     def resolved(self) -> dict[str, Any]:
         return json.loads(self.resolved_json)
 
@@ -321,10 +278,10 @@ class JobSpec:
     # --- serialization -----------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {"format": SPEC_FORMAT, **asdict(self)}
         data["command"] = list(self.command)
         data["environment"] = dict(self.environment)
-        data["tags"] = dict(self.tags)
+        data["engine"] = self.engine.to_dict()
         data["resolved"] = json.loads(data.pop("resolved_json"))
         return data
 
@@ -332,27 +289,25 @@ class JobSpec:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> JobSpec:
-        data = dict(data)
+    def from_dict(cls, data: dict[str, Any], *, engine: Callable[[dict[str, Any]], EngineSettings]) -> JobSpec:
+        """The spec `to_dict` wrote (or a format-1 one). `engine` rebuilds the engine part: only the
+        backend layer knows its type (`Backend.load_spec`)."""
+        data = upgraded(data)
+        del data["format"]
         data["resources"] = Resources(**{f.name: data["resources"][f.name] for f in fields(Resources)})
-        if data["sagemaker"] is not None:
-            data["sagemaker"] = SageMakerSettings.from_dict(data["sagemaker"])
-        for key, settings in (("slurm", SlurmSettings), ("k8s", KubernetesSettings)):
-            if data.get(key) is not None:
-                data[key] = settings(**data[key])
+        data["engine"] = engine(data["engine"])
         data["inputs"] = tuple(DataInput(**item) for item in data["inputs"])
         data["mounts"] = tuple(Mount(**item) for item in data["mounts"])
         data["command"] = tuple(data["command"])
         data["environment"] = tuple(sorted(data["environment"].items()))
-        data["tags"] = tuple(sorted(data["tags"].items()))
         data["bundle_allow_secrets"] = tuple(data.get("bundle_allow_secrets", ()))
         data.setdefault("lineage", data["name"])  # specs saved before lineages existed
         data["resolved_json"] = canonical_json(data.pop("resolved"))
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text: str) -> JobSpec:
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, *, engine: Callable[[dict[str, Any]], EngineSettings]) -> JobSpec:
+        return cls.from_dict(json.loads(text), engine=engine)
 
     # --- notebooks ---------------------------------------------------------------------------------
 
@@ -375,7 +330,7 @@ class JobSpec:
         return rows
 
     def _spot_wait(self) -> str:
-        wait = self.sagemaker.max_wait_s if self.sagemaker else None
+        wait = self.engine.max_wait_s
         return f" (wait up to {wait} s)" if self.spot and wait else ""
 
     def __repr__(self) -> str:
@@ -390,8 +345,25 @@ class JobSpec:
         return html.table(self.summary_rows(), title=f"JobSpec {self.name}")
 
 
-def _tuple(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+def upgraded(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a saved spec in today's format. Format 1 kept each engine's part under its own
+    name (`sagemaker`, `slurm`, `k8s`; None or absent for the others) and retries, spot, tags and
+    the volume size outside it: all of them join the `engine` part the backend rebuilds."""
+    data = dict(data)
+    version = data.get("format", 1)
+    if version == SPEC_FORMAT:
+        return data
+    if version != 1:
+        raise ValueError(
+            f"job spec format {version!r} is not one this launcher reads (1 or {SPEC_FORMAT}); "
+            "use the launcher version that submitted the job"
+        )
+    parts = {key: data.pop(key) for key in ("sagemaker", "slurm", "k8s") if key in data}
+    engine = dict(parts.get(data["backend"]) or {})
+    resources = dict(data["resources"])
+    engine.update(retries=data.pop("retries"), spot=data.pop("spot"), tags=data.pop("tags"))
+    engine["volume_size_gb"] = resources.pop("volume_size_gb")
+    return {**data, "format": SPEC_FORMAT, "resources": resources, "engine": engine}
 
 
 def canonical_json(data: Any) -> str:

@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher.backends import staging
 from launcher.backends.history import MetricsHistory
-from launcher.backends.sagemaker.cloudwatch import console_links
 from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
 from launcher.display import html
 from launcher.display.text import metric_cell
 from launcher.errors import EngineError, UsageError
-from launcher.registry import JobRef
-from launcher.spec import MAX_JOB_NAME, JobSpec, Placement, job_name
+from launcher.registry import SPEC, DamagedRecord, JobRef, job_dir, read_json
+from launcher.spec import MAX_JOB_NAME, EngineSettings, JobSpec, Placement, job_name
 
 if TYPE_CHECKING:
     from launcher.recipe import Recipe
@@ -83,9 +82,9 @@ class JobStatus:
 
     @property
     def links(self) -> list[tuple[str, str]]:
-        """(title, url) of the pages that show this job: the SageMaker console and its CloudWatch logs."""
-        region = self.details.get("region")
-        return console_links(self.name, region) if self.backend == "sagemaker" and region else []
+        """(title, url) of the pages that show this job (`Backend.links`)."""
+        ref = JobRef(name=self.name, backend=self.backend, region=self.details.get("region"))
+        return backend_class(self.backend)().links(ref) if self.backend in _BACKENDS else []
 
     def _repr_html_(self) -> str:
         state = self.state + (f" ({self.secondary})" if self.secondary and self.secondary != self.state else "")
@@ -117,6 +116,8 @@ class Backend(ABC):
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
     max_name_length: ClassVar[int] = MAX_JOB_NAME
+    settings_type: ClassVar[type[EngineSettings]] = EngineSettings
+    """The class of this engine's part of a JobSpec (`JobSpec.engine`)."""
 
     # --- what the job sees -------------------------------------------------------------------
 
@@ -125,11 +126,34 @@ class Backend(ABC):
         """Where checkpoints, outputs and the rendezvous are for a job of this name; checkpoints are
         kept per `lineage` (default: the job's own name)."""
 
+    def settings(self, recipe: Recipe) -> EngineSettings:
+        """What only this engine reads, from the recipe's section for it (retries, spot, tags...)."""
+        return self.settings_type.of(recipe)
+
     def spec(self, recipe: Recipe, *, lineage: str | None = None) -> JobSpec:
         """A new job of `recipe`; `lineage` names the earlier job whose checkpoints it continues."""
         name = job_name(recipe.name, max_len=self.max_name_length)
         placement = self.placement(recipe, name, lineage or name)
-        return JobSpec.create(recipe, backend=self.name, placement=placement, name=name, lineage=lineage)
+        return JobSpec.create(
+            recipe, backend=self.name, placement=placement, engine=self.settings(recipe), name=name, lineage=lineage
+        )
+
+    def load_spec(self, data: dict[str, Any]) -> JobSpec:
+        """A saved spec (`JobSpec.to_dict`, today's format or an older one) with this engine's part."""
+        return JobSpec.from_dict(data, engine=self.settings_type.from_dict)
+
+    def saved_spec(self, name: str) -> JobSpec | None:
+        """The spec that submit saved for job `name`; None if it was not submitted from here."""
+        path = job_dir(name) / SPEC
+        data = read_json(path, "job spec")
+        if data is None:
+            return None
+        try:
+            return self.load_spec(data)
+        except ValueError as error:  # a format this launcher does not read: what to do instead
+            raise DamagedRecord(f"{path}: {error}") from None
+        except (KeyError, TypeError, AttributeError) as error:
+            raise DamagedRecord(f"{path}: damaged job spec: {type(error).__name__} {error}; move it away") from None
 
     # --- checks ------------------------------------------------------------------------------
 
@@ -209,6 +233,10 @@ class Backend(ABC):
     def metrics(self, ref: JobRef) -> MetricsHistory:
         """Every step the job has logged so far."""
         return self._metrics(ref)
+
+    def links(self, ref: JobRef) -> list[tuple[str, str]]:
+        """(title, url) of the pages that show this job, for engines that have them (a console)."""
+        return []
 
     @abstractmethod
     def _render(self, spec: JobSpec) -> Rendering: ...

@@ -26,7 +26,9 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.backends.base import (
     TERMINAL_STATES,
@@ -45,7 +47,10 @@ from launcher.bundle import Bundle
 from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
 from launcher.registry import checkpoint_home, job_dir, launcher_home, records
-from launcher.spec import CONFIG_FILE, RDZV_PORT, JobSpec, Placement, SlurmSettings
+from launcher.spec import CONFIG_FILE, RDZV_PORT, EngineSettings, JobSpec, Placement
+
+if TYPE_CHECKING:
+    from launcher.recipe import Recipe
 
 SCRIPT = "job.sbatch"
 CODE_DIR = "code"
@@ -62,6 +67,33 @@ ACTIVE = {
     "RESIZING", "SUSPENDED", "STOPPED", "STAGE_OUT", "SIGNALING", "SPECIAL_EXIT", "RESV_DEL_HOLD",
 }  # fmt: skip
 UNKNOWN_JOB = "Invalid job id specified"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmSettings(EngineSettings):
+    """What only the Slurm backend reads (the recipe's slurm: section). The defaults are the
+    section's own, so a spec saved before it had this part reads as the recipe's defaults."""
+
+    partition: str | None = None
+    account: str | None = None
+    shared_dir: str | None = None
+    container_image: str | None = None
+    venv: str | None = None
+    signal_before_end_s: int = 600
+    requeue: bool = True
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> SlurmSettings:
+        settings = recipe.slurm.model_dump()
+        settings["signal_before_end_s"] = settings.pop("signal_before_end")
+        return cls(**settings)
+
+
+def slurm_settings(spec: JobSpec) -> SlurmSettings:
+    """The spec's Slurm part; a spec built for another backend has none."""
+    if not isinstance(spec.engine, SlurmSettings):
+        raise UsageError(f"{spec.name} is a {spec.backend} spec with no Slurm settings; build it with backend='slurm'")
+    return spec.engine
 
 
 def shared_root(settings: SlurmSettings | None) -> Path:
@@ -84,7 +116,7 @@ def time_limit(seconds: int) -> str:
 
 
 def directives(spec: JobSpec) -> list[str]:
-    r, settings = spec.resources, spec.slurm
+    r, settings = spec.resources, slurm_settings(spec)
     lines = [
         f"--job-name={spec.name}",
         f"--nodes={r.instance_count}",
@@ -159,7 +191,7 @@ def rendezvous_lines(instance_count: int) -> list[str]:
 def training_srun(spec: JobSpec, code_dir: Path, shared: Path) -> str:
     """The srun line that starts torchrun on every node, in the background."""
     argv = ["--kill-on-bad-exit=1", "--ntasks-per-node=1"]
-    image = spec.slurm.container_image
+    image = slurm_settings(spec).container_image
     if image:
         # pyxis/enroot: the shared directory is mounted at the same path inside the container.
         argv += [
@@ -220,7 +252,7 @@ def wait_and_requeue(requeue: bool) -> list[str]:
 
 
 def sbatch_script(spec: JobSpec) -> str:
-    settings = spec.slurm
+    settings = slurm_settings(spec)
     shared = shared_root(settings)
     directory = slurm_job_dir(settings, spec.name)
     code_dir = directory / CODE_DIR
@@ -314,6 +346,7 @@ class SlurmBackend(Backend):
     # Not time_limit: with slurm.requeue (the default) a run longer than cluster.max_run goes on
     # across requeues, so the launcher does not refuse it.
     capabilities = Capabilities(multi_node=True, efa=True, s3_data=True)
+    settings_type = SlurmSettings
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         settings = SlurmSettings.of(recipe)
@@ -329,7 +362,7 @@ class SlurmBackend(Backend):
 
     def problems(self, spec: JobSpec) -> list[str]:
         problems = super().problems(spec)
-        settings = spec.slurm
+        settings = slurm_settings(spec)
         if settings.signal_before_end_s > MAX_SIGNAL_S:
             problems.append(
                 f"slurm.signal_before_end: Slurm can signal at most {MAX_SIGNAL_S} s before the time limit, "
@@ -339,14 +372,15 @@ class SlurmBackend(Backend):
 
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.of(spec)
-        directory = slurm_job_dir(spec.slurm, spec.name)
+        settings = slurm_settings(spec)
+        directory = slurm_job_dir(settings, spec.name)
         script = sbatch_script(spec)
         argv = sbatch_argv(directory)
         data = {"script": script, "command": argv, "job_dir": str(directory), "bundle": bundle.describe()}
         warnings = []
-        if spec.slurm.signal_before_end_s >= spec.max_run_s:
+        if settings.signal_before_end_s >= spec.max_run_s:
             warnings.append(
-                f"slurm.signal_before_end ({spec.slurm.signal_before_end_s} s) is not shorter than "
+                f"slurm.signal_before_end ({settings.signal_before_end_s} s) is not shorter than "
                 f"cluster.max_run ({spec.max_run_s} s): Slurm sends USR1 as soon as the job starts"
             )
         if warnings:
@@ -355,7 +389,7 @@ class SlurmBackend(Backend):
 
     def _submit(self, rendering: Rendering) -> JobRef:
         spec = rendering.spec
-        directory = slurm_job_dir(spec.slurm, spec.name)
+        directory = slurm_job_dir(slurm_settings(spec), spec.name)
         rendering.payload["bundle"].extract(directory / CODE_DIR)
         (directory / SCRIPT).write_text(rendering.data["script"])
         out = run_tool(rendering.payload["argv"], action=f"submitting {spec.name} with sbatch")
@@ -392,10 +426,8 @@ class SlurmBackend(Backend):
 
     def _directory(self, ref: JobRef) -> Path | None:
         """The job's directory on the shared file system (its spec's output_dir), if submitted from here."""
-        spec_file = job_dir(ref.name) / "spec.json"
-        if not spec_file.is_file():
-            return None
-        return Path(JobSpec.from_json(spec_file.read_text()).output_dir)
+        spec = self.saved_spec(ref.name)
+        return None if spec is None else Path(spec.output_dir)
 
     def _scontrol(self, job_id: str) -> dict[str, str] | None:
         """`scontrol show job`'s fields; None once Slurm has forgotten the job (after MinJobAge)."""

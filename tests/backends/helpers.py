@@ -37,7 +37,8 @@ def spec_for(name: str, backend: str, **overrides):
     job = f"{recipe.name.lower()}-job"
     from launcher.spec import JobSpec
 
-    return JobSpec.create(recipe, backend=backend, placement=target.placement(recipe, job), name=job)
+    placement = target.placement(recipe, job)
+    return JobSpec.create(recipe, backend=backend, placement=placement, engine=target.settings(recipe), name=job)
 
 
 def submit(**kwargs):

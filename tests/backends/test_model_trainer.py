@@ -30,10 +30,10 @@ def test_model_trainer_submits_the_same_resources_image_and_command(aws, home, f
     assert job["ResourceConfig"]["InstanceType"] == "ml.p5e.48xlarge"
     assert job["ResourceConfig"]["InstanceCount"] == 4
     assert job["AlgorithmSpecification"]["TrainingImage"] == spec.image
-    lineage_uri = f"{spec.sagemaker.checkpoint_uri}/{spec.lineage}"
+    lineage_uri = f"{spec.engine.checkpoint_uri}/{spec.lineage}"
     assert job["CheckpointConfig"] == {"S3Uri": lineage_uri, "LocalPath": "/opt/ml/checkpoints"}
     assert job["StoppingCondition"]["MaxRuntimeInSeconds"] == spec.max_run_s
-    assert job["RoleArn"] == spec.sagemaker.role_arn
+    assert job["RoleArn"] == spec.engine.role_arn
     assert "train" in {c["ChannelName"] for c in job["InputDataConfig"]}
 
 

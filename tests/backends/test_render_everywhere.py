@@ -6,6 +6,7 @@ import pytest
 
 from launcher import api
 from launcher.backends import NAMES, backend_class
+from launcher.backends.sagemaker.settings import SageMakerSettings
 from launcher.errors import LauncherError
 from launcher.recipe import Recipe
 
@@ -39,7 +40,9 @@ def test_every_recipe_renders_on_every_backend_that_can_hold_it(home, recipe, ba
     spec = submission.spec
     assert submission.rendering.text.strip()
     if backend != "sagemaker":  # the sagemaker: section is inert elsewhere
-        assert spec.sagemaker is None and not spec.spot and spec.tags == () and spec.retries == 0
+        assert (
+            not isinstance(spec.engine, SageMakerSettings) and not spec.spot and spec.tags == () and spec.retries == 0
+        )
     for data in spec.inputs:
         if data.source.startswith("s3://"):
             # The job reads the data through SM_CHANNEL_TRAIN wherever the backend puts it.

@@ -42,7 +42,7 @@ def test_submit_uploads_the_bundle_and_creates_the_job(aws, home, fake_bundle):
     assert job["ResourceConfig"]["InstanceType"] == "ml.p5e.48xlarge"
     assert job["ResourceConfig"]["InstanceCount"] == 4
     assert job["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
-    assert job["RoleArn"] == result.spec.sagemaker.role_arn
+    assert job["RoleArn"] == result.spec.engine.role_arn
     record = json.loads((home / "jobs" / name / "job.json").read_text())
     assert record["backend"] == "sagemaker" and record["region"] == REGION
     assert json.loads((home / "jobs" / name / "resolved.json").read_text()) == result.spec.resolved

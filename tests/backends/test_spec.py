@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 
 import pytest
 
-from launcher.spec import JOB_NAME_RE, JobSpec, job_name
+from launcher.backends import get_backend
+from launcher.spec import JOB_NAME_RE, EngineSettings, job_name
 
 from .helpers import spec_for
 
@@ -127,25 +129,25 @@ def test_the_resolved_recipe_travels_whole_with_the_backends_paths():
 
 def test_spot_without_max_wait_waits_twice_the_run_time():
     spec = spec_for("llama3-8b-8k", "sagemaker", **{"sagemaker.spot": True})
-    assert spec.spot and spec.sagemaker.max_wait_s == 2 * spec.max_run_s
+    assert spec.spot and spec.engine.max_wait_s == 2 * spec.max_run_s
 
 
 def test_json_round_trip_gives_an_equal_spec():
     spec = spec_for("llama70b-128k", "sagemaker", **{"sagemaker.tags": {"team": "x", "cost": "y"}})
-    again = JobSpec.from_json(spec.to_json())
+    again = get_backend("sagemaker").load_spec(json.loads(spec.to_json()))
     assert again == spec
     assert again.to_json() == spec.to_json()
 
 
 def test_only_a_sagemaker_spec_carries_sagemaker_settings_and_both_round_trip():
     local = spec_for("tiny-cpu", "local")
-    assert local.sagemaker is None and local.max_run_s == 86400
-    assert JobSpec.from_json(local.to_json()) == local
+    assert type(local.engine) is EngineSettings and local.max_run_s == 86400
+    assert get_backend("local").load_spec(json.loads(local.to_json())) == local
     vpc = {"sagemaker.subnets": ["subnet-0a1b"], "sagemaker.security_group_ids": ["sg-0c2d"]}
     sagemaker = spec_for("llama70b-128k", "sagemaker", **vpc)
-    assert sagemaker.sagemaker.region == "us-west-2"
-    assert sagemaker.sagemaker.networking.subnets == ("subnet-0a1b",)
-    assert JobSpec.from_json(sagemaker.to_json()) == sagemaker
+    assert sagemaker.engine.region == "us-west-2"
+    assert sagemaker.engine.networking.subnets == ("subnet-0a1b",)
+    assert get_backend("sagemaker").load_spec(json.loads(sagemaker.to_json())) == sagemaker
 
 
 def test_a_spec_is_frozen():

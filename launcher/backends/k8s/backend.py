@@ -35,6 +35,7 @@ from launcher.backends.k8s.manifest import (
     claim_name,
     name_problem,
 )
+from launcher.backends.k8s.settings import KubernetesSettings
 from launcher.backends.tools import stream_tool
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
@@ -54,10 +55,8 @@ def dump(documents: list[dict]) -> str:
 
 def settings_of(spec: JobSpec) -> ClaimSettings:
     """The recipe's k8s: section as the manifest reads it (the claim named after the recipe by default)."""
-    k8s = spec.k8s
-    if k8s is None:  # a spec saved before JobSpec.k8s existed
-        return ClaimSettings(namespace=None, checkpoint_claim=claim_name(spec.recipe_name), storage_class=None,
-                             storage_size="1Ti")  # fmt: skip
+    # A spec of another engine has no k8s part: the section's defaults, as for a recipe without one.
+    k8s = spec.engine if isinstance(spec.engine, KubernetesSettings) else KubernetesSettings()
     return ClaimSettings(
         namespace=k8s.namespace,
         checkpoint_claim=k8s.checkpoint_claim or claim_name(spec.recipe_name),
@@ -143,6 +142,7 @@ class KubernetesBackend(Backend):
     name = "k8s"
     capabilities = Capabilities(multi_node=True, efa=True, time_limit=True, s3_data=True)
     max_name_length = MAX_NAME
+    settings_type = KubernetesSettings
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         return Placement(

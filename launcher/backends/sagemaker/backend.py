@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.images import training_image
 from launcher.backends.sagemaker import aws, aws_model
-from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, log_lines
+from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, console_links, log_lines
+from launcher.backends.sagemaker.settings import SageMakerSettings
 from launcher.backends.sagemaker.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
@@ -29,7 +30,7 @@ from launcher.contract.metrics import METRIC_REGEXES
 from launcher.contract.text import terminal_safe
 from launcher.errors import LauncherError, UsageError
 from launcher.recipe.region import default_region
-from launcher.spec import JobSpec, Placement, SageMakerSettings
+from launcher.spec import JobSpec, Placement
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 OUTPUT_DIR = "/opt/ml/output/data"
@@ -52,11 +53,11 @@ METRIC_DEFINITIONS = [{"Name": f"train:{key}", "Regex": regex} for key, regex in
 
 def settings(spec: JobSpec) -> SageMakerSettings:
     """The spec's SageMaker part; a spec built for another backend has none."""
-    if spec.sagemaker is None:
+    if not isinstance(spec.engine, SageMakerSettings):
         raise UsageError(
             f"{spec.name} is a {spec.backend} spec with no SageMaker settings; build it with backend='sagemaker'"
         )
-    return spec.sagemaker
+    return spec.engine
 
 
 def role_account(role_arn: str) -> str:
@@ -164,7 +165,7 @@ def create_training_job_request(
         "ResourceConfig": {
             "InstanceType": resources.instance_type,
             "InstanceCount": resources.instance_count,
-            "VolumeSizeInGB": resources.volume_size_gb,
+            "VolumeSizeInGB": cloud.volume_size_gb,
         },
         "CheckpointConfig": {"S3Uri": locations.checkpoints, "LocalPath": spec.checkpoint_dir},
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run_s},
@@ -204,6 +205,10 @@ def submission_token(request: dict) -> str:
 class SageMakerBackend(Backend):
     name = "sagemaker"
     capabilities = Capabilities(multi_node=True, efa=True, s3_data=True, cpu=True, time_limit=True)
+    settings_type = SageMakerSettings
+
+    def links(self, ref: JobRef) -> list[tuple[str, str]]:
+        return console_links(ref.name, ref.region) if ref.region else []
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launcher.backends.sagemaker import aws
 from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS, Locations, settings
+from launcher.backends.sagemaker.settings import SageMakerSettings
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
 from launcher.registry import job_dir
@@ -23,7 +24,7 @@ from launcher.spec import JobSpec
 
 def to_model_trainer(spec: JobSpec, *, sagemaker_session=None, source_dir: str | Path | None = None):
     """The equivalent `sagemaker.train.ModelTrainer` (needs the `sagemaker` extra)."""
-    if spec.backend != "sagemaker":
+    if not isinstance(spec.engine, SageMakerSettings):
         raise UsageError(
             f"to_model_trainer() needs a sagemaker spec, not {spec.backend}; build it with backend='sagemaker'"
         )
@@ -79,7 +80,7 @@ def _trainer(spec: JobSpec, locations: Locations, cloud, sagemaker_session, sour
         compute=Compute(
             instance_type=r.instance_type,
             instance_count=r.instance_count,
-            volume_size_in_gb=r.volume_size_gb,
+            volume_size_in_gb=cloud.volume_size_gb,
             volume_kms_key_id=cloud.kms_key_id,
             enable_managed_spot_training=spec.spot,
         ),
