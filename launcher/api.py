@@ -24,6 +24,7 @@ from launcher.backends import JobStatus, Rendering, get_backend
 from launcher.backends.base import EngineUnavailable
 from launcher.backends.history import MetricsHistory
 from launcher.backends.processes import process_start_time
+from launcher.catalog.engines import engines
 from launcher.contract.dataset import MANIFEST
 from launcher.data.prepare import DEFAULT_SHARD_TOKENS, Prepared, PrepareSettings, open_inputs, prepare, prepare_opened
 from launcher.display import html
@@ -468,7 +469,8 @@ def export(name: str, *, out: str | Path, step: int | None = None) -> Path:
     if ref is None:
         raise UsageError(f"no job named {name} was submitted from here; `launcher list` shows the jobs")
     code = job_dir(name) / "code"
-    if ref.backend != "local" or not (code / EXPORT_SCRIPT).is_file():
+    engine = engines().get(ref.backend)
+    if engine is None or not engine.exports_checkpoints or not (code / EXPORT_SCRIPT).is_file():
         raise UsageError(
             f"launcher export reads the checkpoints of local jobs; for a {ref.backend} job copy its checkpoint "
             f"directory here and run python {EXPORT_SCRIPT} --config resolved.json --checkpoint-dir DIR --out DIR"

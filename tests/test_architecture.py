@@ -213,3 +213,75 @@ def test_no_function_is_over_80_lines():
                     if lines > 80:
                         long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "\n".join(long)
+
+
+# --- capabilities, not names -----------------------------------------------------------------
+
+
+def engine_names() -> set[str]:
+    from launcher.backends import NAMES
+
+    return set(NAMES)
+
+
+def _names_an_engine(node: ast.expr, names: set[str]) -> bool:
+    """A string literal that is a backend's name, or a tuple/list/set literal holding one."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value in names
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_an_engine(item, names) for item in node.elts)
+    return False
+
+
+def _mentions_backend(node: ast.expr) -> bool:
+    """`backend`, `x.backend`, `spec.cluster.backend`, `data["backend"]`: a value that holds a backend name."""
+    if isinstance(node, ast.Name):
+        return "backend" in node.id.lower()
+    if isinstance(node, ast.Attribute):
+        return "backend" in node.attr.lower()
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        return isinstance(key, ast.Constant) and isinstance(key.value, str) and "backend" in key.value.lower()
+    return False
+
+
+def engine_name_comparisons(source: str, names: set[str]) -> list[int]:
+    """Lines of every comparison of a backend-valued expression with a backend's name literal."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for left, right in zip(operands, operands[1:], strict=False):
+                if (_names_an_engine(left, names) and _mentions_backend(right)) or (
+                    _names_an_engine(right, names) and _mentions_backend(left)
+                ):
+                    lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ('if spec.cluster.backend == "sagemaker": pass', True),
+        ('ok = "local" != ref.backend', True),
+        ('ok = ref.backend in ("local", "docker")', True),
+        ('ok = data["backend"] == "k8s"', True),
+        ('ok = 0 < 1 and backend_name not in ["slurm"]', True),
+        # The torch distributed backend and the `local` instance type are not engines.
+        ('ok = fp8 and backend == "nccl"', False),
+        ('ok = hardware.instance_key == "local"', False),
+        ("ok = ref.backend == self.name", False),
+    ],
+)
+def test_the_engine_name_check_finds_comparisons_with_a_backend_name(source, found):
+    assert bool(engine_name_comparisons(source, engine_names())) is found
+
+
+def test_no_code_outside_the_backends_compares_a_backend_name():
+    # Ask a capability (launcher/catalog/engines.yaml) or a backend hook (Backend.links) instead.
+    names, found = engine_names(), []
+    for path in python_files(LAUNCHER):
+        if path.relative_to(LAUNCHER).parts[0] == "backends":
+            continue
+        found += [f"{path.relative_to(REPO)}:{line}" for line in engine_name_comparisons(path.read_text(), names)]
+    assert not found, "\n".join(found)

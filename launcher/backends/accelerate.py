@@ -14,7 +14,7 @@ import shlex
 
 import yaml
 
-from launcher.backends.base import Backend, Capabilities, Rendering
+from launcher.backends.base import Backend, Rendering
 from launcher.bundle import Bundle
 from launcher.spec import CONFIG_FILE, ENTRYPOINT, RDZV_PORT, JobSpec, Placement
 
@@ -91,7 +91,6 @@ def launch_script(spec: JobSpec) -> str:
 
 class AccelerateBackend(Backend):
     name = "accelerate"
-    capabilities = Capabilities(multi_node=True, efa=True, s3_data=True, pipeline_parallel=False, submits=False)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         return Placement(

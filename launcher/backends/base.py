@@ -20,6 +20,7 @@ from launcher.backends import staging
 from launcher.backends.history import MetricsHistory
 from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
+from launcher.catalog.engines import Capabilities, capabilities
 from launcher.display import html
 from launcher.display.text import metric_cell
 from launcher.errors import EngineError, UsageError
@@ -31,20 +32,6 @@ if TYPE_CHECKING:
 
 TERMINAL_STATES = ("Completed", "Failed", "Stopped")
 STATES = ("InProgress", "Stopping", *TERMINAL_STATES)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Capabilities:
-    multi_node: bool = False
-    efa: bool = False
-    """Can attach EFA devices, so a multi-node job on an EFA instance gets its bandwidth."""
-    s3_data: bool = False
-    cpu: bool = True
-    pipeline_parallel: bool = True
-    submits: bool = True
-    """False for render-only targets (the accelerate config)."""
-    time_limit: bool = False
-    """The engine stops a job at spec.max_run_s (SageMaker's MaxRuntimeInSeconds)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +105,10 @@ class Backend(ABC):
     max_name_length: ClassVar[int] = MAX_JOB_NAME
     settings_type: ClassVar[type[EngineSettings]] = EngineSettings
     """The class of this engine's part of a JobSpec (`JobSpec.engine`)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.capabilities = capabilities(cls.name)  # launcher/catalog/engines.yaml, read by the recipe rules too
 
     # --- what the job sees -------------------------------------------------------------------
 

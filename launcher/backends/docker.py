@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.backends.base import Backend, Capabilities, EngineUnavailable, JobRef, JobStatus, Rendering, utc_now
+from launcher.backends.base import Backend, EngineUnavailable, JobRef, JobStatus, Rendering, utc_now
 from launcher.backends.history import MetricsHistory
 from launcher.backends.images import EcrRegistry, ecr_registry, training_image
 from launcher.backends.staging import staging_dir
@@ -94,9 +94,6 @@ def docker_run_argv(spec: JobSpec) -> list[str]:
 
 class DockerBackend(Backend):
     name = "docker"
-    # s3:// data is downloaded at submit into a cache on this machine (launcher.backends.staging),
-    # then bound read-only into the container: the engine never sees an s3:// URI.
-    capabilities = Capabilities(s3_data=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         directory = job_dir(name)

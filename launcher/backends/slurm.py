@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 from launcher.backends.base import (
     TERMINAL_STATES,
     Backend,
-    Capabilities,
     JobRef,
     JobStatus,
     Rendering,
@@ -343,9 +342,6 @@ def failure_reason(job_id: str, slurm_state: str, fields: dict[str, str], log: P
 
 class SlurmBackend(Backend):
     name = "slurm"
-    # Not time_limit: with slurm.requeue (the default) a run longer than cluster.max_run goes on
-    # across requeues, so the launcher does not refuse it.
-    capabilities = Capabilities(multi_node=True, efa=True, s3_data=True)
     settings_type = SlurmSettings
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:

@@ -29,10 +29,11 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from launcher.catalog.engines import capabilities
+
 BYTES_PER_PARAM = 12  # fp32 master weights + fp32 exp_avg + fp32 exp_avg_sq
-# SageMaker sends SIGKILL about 120 s after SIGTERM (stop, spot interruption): the final save
-# must be durable within it.
-SAGEMAKER_STOP_GRACE_S = 120.0
+# SageMaker's SIGTERM-to-SIGKILL time (launcher/catalog/engines.yaml): the final save must be durable within it.
+SAGEMAKER_STOP_GRACE_S = capabilities("sagemaker").stop_grace_s
 # Without every_minutes, warn when an interruption can lose more than this much work.
 LOSS_WARNING_S = 3600.0
 
@@ -114,7 +115,7 @@ def estimate_checkpoint(
 
 def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointEstimate:
     """`estimate_checkpoint` for a recipe's model, cluster and checkpoint settings."""
-    sagemaker = recipe.cluster.backend == "sagemaker"
+    engine = capabilities(recipe.cluster.backend)
     return estimate_checkpoint(
         params=recipe.arch.num_params(),
         nnodes=recipe.cluster.instance_count,
@@ -122,8 +123,8 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
         every_steps=recipe.checkpoint.every_steps,
         every_minutes=recipe.checkpoint.every_minutes,
         step_time_s=step_time_s,
-        uploads_to_s3=sagemaker,
-        stop_grace_s=SAGEMAKER_STOP_GRACE_S if sagemaker else None,
+        uploads_to_s3=engine.uploads_checkpoints,
+        stop_grace_s=engine.stop_grace_s,
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from launcher import catalog
 from launcher.catalog import Accelerator, InstanceType, choices, suggest
+from launcher.catalog.engines import capabilities
 from launcher.errors import Problem
 from launcher.recipe.schema import Cluster, RecipeSpec
 
@@ -104,12 +105,12 @@ def resolve_hardware(spec: RecipeSpec) -> tuple[Hardware | None, list[Problem]]:
 def _local_accelerator(cluster: Cluster) -> tuple[str | None, list[Problem]]:
     """This machine's accelerator: the CPU, or the GPU `cluster.accelerator` names (None if unusable)."""
     accelerators = catalog.accelerators()
-    if cluster.backend == "sagemaker":
+    if capabilities(cluster.backend).provisions_instances:
         instances = catalog.instance_types()
         problems = [
             Problem(
                 "cluster.instance_type",
-                f"the sagemaker backend needs an ml.* instance type; use {choices(k for k in instances if k != 'local')}",
+                f"the {cluster.backend} backend needs an ml.* instance type; use {choices(k for k in instances if k != 'local')}",
             )
         ]
     else:
@@ -173,18 +174,19 @@ def _instance_problems(cluster: Cluster, instance: InstanceType) -> list[Problem
 
 def _backend_problems(cluster: Cluster) -> list[Problem]:
     problems = []
-    if cluster.backend == "local" and cluster.instance_count != 1:
+    runs_here = capabilities(cluster.backend).runs_here
+    if runs_here and cluster.instance_count != 1:
         problems.append(
             Problem(
                 "cluster.instance_count",
-                f"the local backend runs on this one machine; use 1, not {cluster.instance_count}",
+                f"the {cluster.backend} backend runs on this one machine; use 1, not {cluster.instance_count}",
             )
         )
-    if cluster.backend == "local" and cluster.instance_type != "local":
+    if runs_here and cluster.instance_type != "local":
         problems.append(
             Problem(
                 "cluster.instance_type",
-                f"the local backend runs on this machine; use instance_type: local, not {cluster.instance_type}",
+                f"the {cluster.backend} backend runs on this machine; use instance_type: local, not {cluster.instance_type}",
             )
         )
     return problems

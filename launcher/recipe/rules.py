@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from launcher.catalog import ModelArch
+from launcher.catalog.engines import capabilities
 from launcher.contract import layout as contract_layout
 from launcher.contract.dataset import manifest_problem
 from launcher.contract.layout import Layout, fill_data_shard
@@ -135,11 +136,12 @@ def hardware_problems(spec: RecipeSpec, arch: ModelArch, hardware: Hardware) -> 
         problems.append(
             Problem("data.dtype", f"uint16 cannot hold token ids of a {arch.vocab_size}-token vocabulary; use uint32")
         )
-    source = spec.data.source
-    if spec.cluster.backend == "sagemaker" and source != "synthetic" and not source.startswith("s3://"):
+    source, engine = spec.data.source, capabilities(spec.cluster.backend)
+    if not engine.reads_local_paths and source != "synthetic" and not source.startswith("s3://"):
         problems.append(
             Problem(
-                "data.source", f"a local path ({source}) cannot reach a SageMaker job; upload it and use an s3:// URI"
+                "data.source",
+                f"a local path ({source}) cannot reach a {engine.title} job; upload it and use an s3:// URI",
             )
         )
     return problems + data_problems(spec, arch)
@@ -162,11 +164,12 @@ def data_problems(spec: RecipeSpec, arch: ModelArch) -> list[Problem]:
                 "tokenizes raw text, but data.source is synthetic; set data.source to text files, e.g. corpus/*.jsonl",
             )
         ]
-    if spec.cluster.backend == "sagemaker":
+    engine = capabilities(spec.cluster.backend)
+    if not engine.reads_local_paths:
         return [
             Problem(
                 "data.tokenizer",
-                "submit prepares raw text on this machine, which a SageMaker job cannot read; run "
+                f"submit prepares raw text on this machine, which a {engine.title} job cannot read; run "
                 "`launcher data prepare SOURCE --tokenizer T --out s3://...` and set data.source to that prefix",
             )
         ]
@@ -215,10 +218,14 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
         problems.append(
             Problem("sagemaker.security_group_ids", f"{len(sm.security_group_ids)} groups; SageMaker takes at most 5")
         )
-    max_run = spec.cluster.max_run
-    if spec.cluster.backend == "sagemaker" and max_run > SAGEMAKER_MAX_RUN_S:
+    max_run, engine = spec.cluster.max_run, capabilities(spec.cluster.backend)
+    if engine.max_run_s is not None and max_run > engine.max_run_s:
+        limit = engine.max_run_s
         problems.append(
-            Problem("cluster.max_run", f"{_days(max_run)} exceeds SageMaker's limit of 28 days; use 28d or less")
+            Problem(
+                "cluster.max_run",
+                f"{_days(max_run)} exceeds {engine.title}'s limit of {limit // 86400} days; use {_days(limit)} or less",
+            )
         )
     if sm.max_wait is not None:
         if not sm.spot:

@@ -22,10 +22,11 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from launcher.catalog.engines import capabilities
 from launcher.recipe.region import default_region
 
 MAX_SEQ_LEN = 131072
-SAGEMAKER_MAX_RUN_S = 28 * 24 * 3600
+SAGEMAKER_MAX_RUN_S = capabilities("sagemaker").max_run_s  # 28 days (launcher/catalog/engines.yaml)
 
 # Upper bounds of the numeric fields. Each is far above any real job, and each keeps the
 # arithmetic the planner and estimator do on the values (divisors, products, forecasts) instant.

@@ -350,3 +350,23 @@ def test_a_job_name_not_submitted_from_here_asks_for_the_job_id(home, cli):
 def test_states_while_a_stop_is_pending_read_stopping():
     assert state_of("RUNNING", stop_requested=True) == "Stopping"
     assert state_of("FAILED", stop_requested=True) == "Stopped"
+
+
+def test_a_damaged_spec_of_a_slurm_job_is_one_line_naming_it(home, fake_bundle, tools, cli):
+    """status reads the job's directory from its saved spec: a cut-off or foreign spec.json is a
+    line naming the file, not a traceback."""
+    tools("sbatch", "4242\n")
+    tools("scontrol", captured("scontrol-show-job-completed.txt"))
+    name = json.loads(cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json").out)["name"]
+    path = home / "jobs" / name / "spec.json"
+    whole = path.read_text()
+    path.write_text(whole[: len(whole) // 2])
+    result = cli("status", name)
+    assert result.code == 2 and result.err_lines[0].startswith(f"{path}: damaged job spec: "), result.err
+    assert len(result.err_lines) == 1 and "Traceback" not in result.err
+    path.write_text(json.dumps({**json.loads(whole), "format": 3}))
+    result = cli("status", name)
+    assert result.code == 2 and result.err_lines == [
+        f"{path}: job spec format 3 is not one this launcher reads (1 or 2); "
+        "use the launcher version that submitted the job"
+    ], result.err

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import yaml
 
-from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.base import Backend, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.images import training_image
 from launcher.backends.k8s.kubectl import KubectlFailed, current_namespace, kubectl, missing
 from launcher.backends.k8s.manifest import (
@@ -140,7 +140,6 @@ def create_job(spec: JobSpec, bundle: Bundle, settings: ClaimSettings, namespace
 
 class KubernetesBackend(Backend):
     name = "k8s"
-    capabilities = Capabilities(multi_node=True, efa=True, time_limit=True, s3_data=True)
     max_name_length = MAX_NAME
     settings_type = KubernetesSettings
 

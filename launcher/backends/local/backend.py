@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.base import Backend, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.history import MetricsHistory
 from launcher.backends.local import runner
 from launcher.backends.processes import ForeignProcessGroup, JobGroup
@@ -43,7 +43,6 @@ def torchrun_argv(command: tuple[str, ...]) -> list[str]:
 
 class LocalBackend(Backend):
     name = "local"
-    capabilities = Capabilities(s3_data=True)
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # Nothing reruns a failed local job, so torchrun restarts its workers once by default.

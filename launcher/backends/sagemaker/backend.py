@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.base import Backend, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.images import training_image
 from launcher.backends.sagemaker import aws, aws_model
 from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, console_links, log_lines
@@ -204,7 +204,6 @@ def submission_token(request: dict) -> str:
 
 class SageMakerBackend(Backend):
     name = "sagemaker"
-    capabilities = Capabilities(multi_node=True, efa=True, s3_data=True, cpu=True, time_limit=True)
     settings_type = SageMakerSettings
 
     def links(self, ref: JobRef) -> list[tuple[str, str]]:

@@ -1,0 +1,58 @@
+"""What each engine can do and the limits it sets, as data (engines.yaml, each with its source).
+
+The recipe rules and the estimator sit below the backends and may not import them; they ask
+`capabilities(cluster.backend)` instead of comparing names, and `launcher.backends.base` gives
+each backend class the same entry, so one fact about an engine lives in one place.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+import yaml
+from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
+
+
+class Capabilities(BaseModel):
+    """One engine's entry. The defaults describe an engine that can do little: each entry says
+    what its engine adds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    title: str
+    """How messages name the engine ("SageMaker")."""
+    multi_node: bool = False
+    efa: bool = False
+    """Can attach EFA devices, so a multi-node job on an EFA instance gets its bandwidth."""
+    s3_data: bool = False
+    cpu: bool = True
+    pipeline_parallel: bool = True
+    submits: bool = True
+    """False for render-only targets (the accelerate config)."""
+    time_limit: bool = False
+    """The engine stops a job at spec.max_run_s (SageMaker's MaxRuntimeInSeconds)."""
+    max_run_s: PositiveInt | None = None
+    """The longest cluster.max_run the engine accepts; None: no limit of its own."""
+    reads_local_paths: bool = True
+    """The job can read a path of the machine that submits it (data.source, prepared raw text)."""
+    provisions_instances: bool = False
+    """The engine starts machines of a catalog instance type, so `instance_type: local` names none."""
+    runs_here: bool = False
+    """The job runs on this one machine as it is: one node, `instance_type: local`."""
+    uploads_checkpoints: bool = False
+    """The engine copies the checkpoint directory to S3 as the job writes it."""
+    stop_grace_s: PositiveFloat | None = None
+    """Seconds between the engine's SIGTERM and its SIGKILL, when it sets them; None: not known."""
+    exports_checkpoints: bool = False
+    """The job's checkpoints and code bundle stay in its directory here, for `launcher export`."""
+
+
+@cache
+def engines() -> dict[str, Capabilities]:
+    data = yaml.safe_load(files(__package__).joinpath("engines.yaml").read_text())
+    return {name: Capabilities(**entry) for name, entry in data.items()}
+
+
+def capabilities(backend: str) -> Capabilities:
+    """The entry of `backend`, a name the recipe schema has already checked."""
+    return engines()[backend]
