@@ -35,9 +35,11 @@ def spec_for(name: str, backend: str, **overrides):
     )
     target = get_backend(backend)
     job = f"{recipe.name.lower()}-job"
+    from launcher.resolve import resolve
     from launcher.spec import JobSpec
 
-    return JobSpec.create(recipe, backend=backend, placement=target.placement(recipe, job), name=job)
+    concrete = resolve(recipe).concrete
+    return JobSpec.create(concrete, backend=backend, placement=target.placement(concrete, job), name=job)
 
 
 def submit(**kwargs):
