@@ -1,7 +1,9 @@
 """The Python API of the launcher, which every CLI verb goes through: load a recipe, estimate its
 memory, plan its layout, submit it, then status, logs, stop and list its jobs.
 
-`submit` is one pipeline of named stages: load -> plan -> estimate -> spec -> render -> submit.
+`submit` is one pipeline of named stages: load -> data -> resolve -> estimate -> spec -> render
+-> submit. RESOLVE (launcher/resolve.py) settles every `auto` of the recipe once, with the planner
+first where `auto_plan` asks for its layout; what comes after it reads the concrete recipe.
 `dry_run` stops after render; it has no code path of its own, so what it prints is exactly
 what submit would have sent. The memory estimate runs before anything is uploaded or created.
 """
@@ -31,9 +33,9 @@ from launcher.display import html
 from launcher.errors import Detached, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
+from launcher.estimate.memory import check_options
 from launcher.jobs import Job, list_jobs, outcome_exit_code
 from launcher.plan import LayoutPlans, Search, search
-from launcher.plan.apply import auto_plan as best_layout
 from launcher.plan.forecast import RunForecast, forecast
 from launcher.plan.suggest import suggestion
 from launcher.plan.throughput import CONSTANTS, Constants, predicted_summary
@@ -41,6 +43,7 @@ from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
 from launcher.registry import DiskError, JobRef, forget, job_dir, launcher_home, lineage_of, os_error_line, save
 from launcher.registry import load as load_record
+from launcher.resolve import Resolved, resolve
 from launcher.spec import CONFIG_FILE, JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
@@ -66,9 +69,13 @@ __all__ = [
 
 
 class Stage(enum.Enum):
+    """The stages of `submit`, in order. RESOLVE tells nothing of its own: its auto-plan step
+    tells PLAN, and what it settles is what `launcher show` prints and ESTIMATE measures."""
+
     LOAD = "load"
     DATA = "data"
     PLAN = "plan"
+    RESOLVE = "resolve"
     ESTIMATE = "estimate"
     SPEC = "spec"
     RENDER = "render"
@@ -159,11 +166,21 @@ def estimate(
     `mode` is "fsdp" (what the entrypoints allocate) or "megatron" (Fujii et al. 2024's published
     accounting). The suggestion is the planner's search for the smallest change that fits.
     """
-    recipe = load(recipe)
-    result = estimate_memory(Workload.from_recipe(recipe), recipe.hardware, mode=mode, threshold=threshold)
+    loaded = load(recipe)
+    check_options(mode, threshold)
+    return estimate_resolved(resolve(loaded, threshold=threshold), mode=mode, threshold=threshold)
+
+
+def estimate_resolved(
+    resolved: Resolved, *, mode: Mode = "fsdp", threshold: float = DEFAULT_THRESHOLD
+) -> MemoryEstimate:
+    """`estimate` after RESOLVE: the concrete recipe's memory; where it does not fit, the planner's
+    smallest change to the recipe as given (the planner weighs its autos per layout itself)."""
+    concrete = resolved.concrete
+    result = estimate_memory(Workload.from_recipe(concrete), concrete.hardware, mode=mode, threshold=threshold)
     if result.fits:
         return result
-    return result.with_suggestion(suggestion(recipe, mode=mode, threshold=threshold))
+    return result.with_suggestion(suggestion(resolved.recipe, mode=mode, threshold=threshold))
 
 
 def plan_search(
@@ -217,9 +234,10 @@ def plan(
     return found.ranked
 
 
-def check_memory(recipe: Recipe, *, force: bool, threshold: float = DEFAULT_THRESHOLD) -> MemoryEstimate:
+def check_memory(resolved: Resolved, *, force: bool, threshold: float = DEFAULT_THRESHOLD) -> MemoryEstimate:
     """The memory estimate; refuses `oom` always and `risky` unless forced."""
-    found = estimate(recipe, threshold=threshold)
+    recipe = resolved.recipe
+    found = estimate_resolved(resolved, threshold=threshold)
     need = f"{format_bytes(found.per_gpu_peak_bytes)} of the {format_bytes(found.gpu_memory_bytes)}"
     where = f"per {recipe.hardware.accelerator_key} ({found.utilization:.0%})"
     hint = f"; try: {found.suggestion}" if found.suggestion else ""
@@ -296,16 +314,15 @@ def submit(
     target = get_backend(backend or loaded.cluster.backend)
     loaded = prepare_recipe_data(loaded, dry_run=dry_run, tell=tell)
 
-    if auto_plan:
-        planned = best_layout(loaded, threshold=threshold)
-        for line in planned.lines():
-            tell(Stage.PLAN, line)
-        loaded = planned.recipe
+    resolved = resolve(loaded, threshold=threshold, auto_plan=auto_plan)
+    for line in resolved.plan.lines() if resolved.plan else ():
+        tell(Stage.PLAN, line)
+    loaded = resolved.recipe
 
     memory, run = _check_fit(
-        loaded, time_limited=target.capabilities.time_limit, force=force, threshold=threshold, tell=tell
+        resolved, time_limited=target.capabilities.time_limit, force=force, threshold=threshold, tell=tell
     )
-    spec = target.spec(loaded, lineage=lineage_of(resume, loaded.name) if resume else None)
+    spec = target.spec(resolved.concrete, lineage=lineage_of(resume, loaded.name) if resume else None)
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
 
     rendering = target.render(spec)
@@ -330,11 +347,13 @@ def submit(
 
 
 def _check_fit(
-    recipe: Recipe, *, time_limited: bool, force: bool, threshold: float, tell: Callable[[Stage, str], None]
+    resolved: Resolved, *, time_limited: bool, force: bool, threshold: float, tell: Callable[[Stage, str], None]
 ) -> tuple[MemoryEstimate, RunForecast | None]:
     """Submit's checks before anything is built: memory, run time against the limit, checkpoint
-    cost; each says what it found through `tell`."""
-    memory = check_memory(recipe, force=force, threshold=threshold)
+    cost; each says what it found through `tell`. The forecast prices the recipe as given, as
+    the planner does."""
+    recipe = resolved.recipe
+    memory = check_memory(resolved, force=force, threshold=threshold)
     tell(
         Stage.ESTIMATE,
         f"memory: {memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per {recipe.hardware.accelerator_key} ({memory.utilization:.0%})",

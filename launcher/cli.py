@@ -137,9 +137,10 @@ def validate(
 def show(recipe: RecipeArg, set_: SetOpt = None, json_: JsonOpt = False) -> None:
     """Print the fully resolved recipe, with derived values such as data_shard and world size."""
     loaded = _load(recipe, set_)
-    from launcher.estimate import resolved_config
+    from launcher.resolve import resolve
 
-    resolved = {**resolved_config(loaded), **loaded.run_sections(), "derived": loaded.summary()}
+    config = resolve(loaded).concrete.resolved().to_dict()
+    resolved = {**config, **loaded.run_sections(), "derived": loaded.summary()}
     if json_:
         _print_json(resolved)
     else:

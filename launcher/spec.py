@@ -218,9 +218,8 @@ class JobSpec:
                 DataInput(name="train", source=recipe.data.source, container_path=container, staged_at=staged_at),
             )
         inputs += _model_input(recipe, placement)
-        from launcher.estimate import resolved_config  # grad_accumulation: auto is the estimator's call
-
-        resolved = resolved_config(recipe, checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir)
+        # The recipe is concrete (launcher/resolve.py settled its autos): no estimator here.
+        resolved = recipe.resolved(checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir).to_dict()
         return cls(
             name=name,
             lineage=lineage or name,

@@ -79,16 +79,17 @@ def merged(base: dict, changes: dict) -> dict:
 
 def prepare(directory: Path) -> None:
     from launcher import api
-    from launcher.estimate import resolved_config
     from launcher.recipe import Recipe
+    from launcher.resolve import resolve
 
     directory.mkdir(parents=True, exist_ok=True)
     prepared = []
     for name, changes in CONFIGS:
         recipe = Recipe.from_dict(merged(BASE, changes))
         estimate = api.estimate(recipe)
-        # resolved_config: the accumulation mode the estimate describes is the one that runs.
-        prepared.append({"name": name, "resolved": resolved_config(recipe), "estimate": estimate.to_json()})
+        # The concrete recipe's config: the accumulation mode the estimate describes is the one that runs.
+        config = resolve(recipe).concrete.resolved().to_dict()
+        prepared.append({"name": name, "resolved": config, "estimate": estimate.to_json()})
     (directory / "configs.json").write_text(json.dumps(prepared, indent=1))
     print(f"estimator_gpu: {len(prepared)} configs written to {directory / 'configs.json'}")
 

@@ -35,7 +35,7 @@ def traced_table() -> str:
     from traced_configs import CONFIGS
 
     from launcher import api
-    from launcher.estimate import resolved_config
+    from launcher.resolve import resolve
 
     rows = [
         "| config | layout | traced GiB | estimated GiB | difference MiB | error | traced peak at | estimated peak at |",
@@ -44,7 +44,7 @@ def traced_table() -> str:
     worst = 0.0
     for config in CONFIGS:
         recipe = config.recipe()
-        traced = trace_in_subprocess(resolved_config(recipe), stage=config.stage)
+        traced = trace_in_subprocess(resolve(recipe).concrete.resolved().to_dict(), stage=config.stage)
         stage = api.estimate(recipe).stages[config.stage]
         error = stage.allocated_bytes / traced.peak_bytes - 1
         worst = max(worst, abs(error))

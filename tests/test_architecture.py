@@ -29,6 +29,7 @@ RANKS = {
     "recipe": 3,
     "estimate": 5,
     "plan": 6,
+    "resolve": 6.5,  # settles every auto of a recipe with the estimator and the planner
     "spec": 7,
     "bundle": 8,
     "registry": 9,
@@ -285,3 +286,77 @@ def test_no_code_outside_the_backends_compares_a_backend_name():
             continue
         found += [f"{path.relative_to(REPO)}:{line}" for line in engine_name_comparisons(path.read_text(), names)]
     assert not found, "\n".join(found)
+
+
+# Built from the concrete recipe that RESOLVE hands on: none of them may estimate or plan again.
+AFTER_RESOLVE = ("spec", "bundle", "registry", "backends", "jobs")
+
+
+def test_nothing_built_after_resolve_imports_the_estimator_the_planner_or_the_resolve_stage():
+    wrong = [
+        f"{module} (line {line}) imports {target}"
+        for module, targets in launcher_imports().items()
+        if room(module) in AFTER_RESOLVE
+        for line, target in targets
+        if room(target) in ("estimate", "plan", "resolve")
+    ]
+    assert not wrong, "after RESOLVE nothing estimates or plans:\n" + "\n".join(wrong)
+
+
+# The schema's other autos are choices made while the job runs, not by the launcher.
+AUTO_AT_RUN_TIME = {
+    "data.format": "`launcher data prepare` reads each raw file by its name",
+    "checkpoint.resume": "the entrypoints resume from the newest complete checkpoint when the job starts",
+}
+
+
+def schema_autos() -> set[str]:
+    """Every recipe key whose value may be "auto" (a Literal with it, or its default)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from launcher.recipe.schema import RecipeSpec
+
+    def literals(hint) -> set:
+        if typing.get_origin(hint) is typing.Literal:
+            return set(typing.get_args(hint))
+        return set().union(*(literals(arg) for arg in typing.get_args(hint)))
+
+    def walk(model: type[BaseModel], prefix: str) -> set[str]:
+        found = set()
+        for name, info in model.model_fields.items():
+            hint, key = info.annotation, f"{prefix}{name}"
+            nested = [a for a in (hint, *typing.get_args(hint)) if isinstance(a, type) and issubclass(a, BaseModel)]
+            for section in nested:
+                found |= walk(section, f"{key}.")
+            if info.default == "auto" or "auto" in literals(hint):
+                found.add(key)
+        return found
+
+    return walk(RecipeSpec, "")
+
+
+def test_every_auto_of_the_schema_is_settled_by_resolve_or_chosen_at_run_time():
+    from launcher.recipe.recipe import SETTLED_AT_RESOLVE
+
+    assert schema_autos() == set(SETTLED_AT_RESOLVE) | set(AUTO_AT_RUN_TIME)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+def test_only_the_resolve_stage_settles_auto(path):
+    from launcher.errors import UsageError
+    from launcher.recipe import Recipe
+    from launcher.recipe.recipe import SETTLED_AT_RESOLVE
+    from launcher.resolve import resolve
+
+    recipe = Recipe.load(path)
+    resolved = resolve(recipe)
+    concrete = resolved.concrete
+    assert concrete.unsettled == () and resolve(concrete).concrete is concrete
+    assert set(resolved.settled) == set(recipe.unsettled)
+    assert "auto" not in {getattr(concrete.parallel, key.split(".")[1]) for key in SETTLED_AT_RESOLVE}
+    # A recipe with any one of them left at auto has no job config: only RESOLVE settles it.
+    for key in SETTLED_AT_RESOLVE:
+        with pytest.raises(UsageError, match=f"{key} still say auto"):
+            concrete.with_changes({key: "auto"}).resolved()

@@ -1,13 +1,14 @@
 """The resolved job config: the one file the entrypoints read.
 
-`launcher` writes it (``Recipe.resolved()``, ``"format": 1``); the entrypoints parse it into
-frozen stdlib dataclasses here (part of the contract both sides import, standard library only).
+`launcher` builds it (``Recipe.resolved()`` of a concrete recipe, see launcher/resolve.py) and
+writes its ``to_dict()`` (``"format": 1``); the entrypoints parse it into the same frozen stdlib
+dataclasses here (part of the contract both sides import, standard library only).
 Every field the training code uses is listed below with its meaning; a missing field or a wrong
 type is a `ConfigError` naming its key path, a layout the rules of `layout.py` refuse is one
 naming the recipe key to change, and a file of another format is refused with the format it
 expects.
 
-    cfg = load_config("resolved.json")        # or JobConfig.from_dict(recipe.resolved())
+    cfg = load_config("resolved.json")        # or JobConfig.from_dict(cfg.to_dict())
     cfg.model.head_dim, cfg.parallel.fsdp_shard, cfg.training.seq_len
 """
 
@@ -251,6 +252,11 @@ class JobConfig:
         body = {k: v for k, v in data.items() if k not in ("format", "derived")}
         return _build(JobConfig, body, "")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The config as the JSON object `from_dict` reads, `format` first and every key in field
+        order: `JobConfig.from_dict(cfg.to_dict()) == cfg`."""
+        return {"format": FORMAT, **_as_data(self)}
+
 
 def load_config(path: str | Path) -> JobConfig:
     path = Path(path)
@@ -263,6 +269,22 @@ def load_config(path: str | Path) -> JobConfig:
     except json.JSONDecodeError as err:
         raise ConfigError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
     return JobConfig.from_dict(data)
+
+
+def _as_data(value: Any) -> Any:
+    """A config dataclass as JSON data: objects in field order, tuples as lists. The layout's
+    degrees are written as `Layout.as_dict` writes them (pipeline_layers only when set)."""
+    if isinstance(value, Layout):
+        rest = [f for f in dataclasses.fields(value) if f.name not in _LAYOUT_FIELDS]
+        return {**value.as_dict(), **{f.name: _as_data(getattr(value, f.name)) for f in rest}}
+    if dataclasses.is_dataclass(value):
+        return {f.name: _as_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_as_data(item) for item in value]
+    return value
+
+
+_LAYOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(Layout))
 
 
 def _build(cls: type, data: Any, where: str) -> Any:

@@ -16,7 +16,6 @@ from launcher.estimate.memory import (
     choose_grad_accumulation,
     estimate_memory,
     format_bytes,
-    resolved_config,
     verdict,
 )
 from launcher.estimate.workload import Workload
@@ -32,6 +31,5 @@ __all__ = [
     "choose_grad_accumulation",
     "estimate_memory",
     "format_bytes",
-    "resolved_config",
     "verdict",
 ]

@@ -23,7 +23,6 @@ from launcher.errors import UsageError
 from launcher.estimate import fsdp, megatron
 from launcher.estimate.breakdown import StageMemory
 from launcher.estimate.workload import Workload
-from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
 
 Mode = Literal["fsdp", "megatron"]
@@ -153,7 +152,10 @@ def verdict(peak_bytes: int, gpu_memory_bytes: int, threshold: float = DEFAULT_T
 def estimate_memory(
     workload: Workload, hardware: Hardware, *, mode: Mode = "fsdp", threshold: float = DEFAULT_THRESHOLD
 ) -> MemoryEstimate:
-    """Per-GPU peak memory of `workload` on `hardware`; no suggestion (see `launcher.api.estimate`)."""
+    """Per-GPU peak memory of `workload` on `hardware`; no suggestion (see `launcher.api.estimate`).
+
+    A recipe's workload comes settled (launcher/resolve.py); the planner's candidate layouts may
+    still say grad_accumulation auto, which each is estimated with (`choose_grad_accumulation`)."""
     check_options(mode, threshold)
     if workload.grad_accumulation == "auto":
         workload = replace(workload, grad_accumulation=choose_grad_accumulation(workload, hardware, threshold))
@@ -183,22 +185,13 @@ ACCUMULATION_SPEED_ORDER = ("sync_last_gathered", "sync_last", "sync_each")
 
 
 def choose_grad_accumulation(workload: Workload, hardware: Hardware, threshold: float = DEFAULT_THRESHOLD) -> str:
-    """What `parallel.grad_accumulation: auto` runs: the fastest mode whose `fsdp` estimate fits
-    under `threshold`, else sync_each (which needs the least memory)."""
+    """What `parallel.grad_accumulation: auto` runs (launcher/resolve.py settles it with this): the
+    fastest mode whose `fsdp` estimate fits under `threshold`, else sync_each (the least memory)."""
     for choice in ACCUMULATION_SPEED_ORDER[:-1]:
         candidate = replace(workload, grad_accumulation=choice)
         if estimate_memory(candidate, hardware, threshold=threshold).fits:
             return choice
     return "sync_each"
-
-
-def resolved_config(recipe: Recipe, **placement: str | None) -> dict[str, Any]:
-    """`recipe.resolved(**placement)` with `grad_accumulation: auto` replaced by the estimator's choice."""
-    workload = Workload.from_recipe(recipe)
-    choice = workload.grad_accumulation
-    if choice == "auto":
-        choice = choose_grad_accumulation(workload, recipe.hardware)
-    return recipe.resolved(grad_accumulation=choice, **placement)
 
 
 def check_options(mode: str, threshold: float) -> None:

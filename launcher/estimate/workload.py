@@ -29,7 +29,7 @@ class Workload:
     activation_checkpointing: str = "none"
     pipeline_schedule: str = "1f1b"
     compile: bool = False  # torch.compile of each block: speed, and FP8's cast temporaries
-    grad_accumulation: str = "sync_each"  # or sync_last, sync_last_gathered; "auto" until estimated
+    grad_accumulation: str = "sync_each"  # or sync_last, sync_last_gathered; "auto" until launcher.resolve settles it
     reduce_dtype: str = "fp32"  # FSDP's gradient reduce-scatter dtype
     steps: int | None = None  # optimizer steps of the run, for its time and cost
     cp_attention: str = "auto"  # parallel.cp_attention as written; `cp_attention_path` resolves it per layout

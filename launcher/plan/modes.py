@@ -2,8 +2,9 @@
 
 `parallel.grad_accumulation`, `parallel.reduce_dtype` and `parallel.cp_attention` are Workload
 fields; `mode()` names what the entrypoints really run for each:
-- grad_accumulation: the mode as given; "auto" (the estimator's choice at submit, by memory) is
-  priced as sync_each, the most traffic. `launcher plan` searches the concrete modes instead;
+- grad_accumulation: the mode as given; "auto" (the estimator's choice by memory, which
+  launcher/resolve.py settles before a job is built) is priced as sync_each, the most traffic.
+  `launcher plan` searches the concrete modes instead;
 - reduce_dtype: fp32 or bf16;
 - cp_attention: the layout's path (`Workload.cp_attention_path`: allgather or ulysses), and
   "zigzag_sdpa" where document masking sends the all-gather path to its masked kernel (the

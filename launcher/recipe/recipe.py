@@ -11,16 +11,21 @@ from pydantic import PrivateAttr, ValidationError, model_validator
 
 from launcher.catalog import ModelArch
 from launcher.contract.config import FORMAT as RESOLVED_FORMAT
-from launcher.contract.config import SYNTHETIC_DOCUMENT_SEPARATOR
-from launcher.contract.layout import Layout, cp_attention_for
+from launcher.contract.config import SYNTHETIC_DOCUMENT_SEPARATOR, ConfigError, JobConfig
+from launcher.contract.layout import Layout
 from launcher.display import html
-from launcher.errors import Problem, RecipeError
+from launcher.errors import Problem, RecipeError, UsageError
 from launcher.recipe import rules
 from launcher.recipe.hardware import Hardware, resolve_hardware
 from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw
 from launcher.recipe.messages import problems_from_validation
 from launcher.recipe.references import fill_from_manifest, init_from_problems, resolve_model
 from launcher.recipe.schema import DATA_PREPARE_KEYS, RecipeSpec
+
+SETTLED_AT_RESOLVE = ("parallel.data_shard", "parallel.cp_attention", "parallel.grad_accumulation")
+"""The recipe keys whose `auto` the launcher settles before a job exists (launcher/resolve.py).
+The other autos of the schema are run-time choices: data.format (how `launcher data prepare`
+reads each raw file) and checkpoint.resume (the newest checkpoint found when the job starts)."""
 
 
 class RuleViolations(ValueError):
@@ -39,6 +44,8 @@ class Recipe(RecipeSpec):
 
     `arch`, `hardware` and `layout` are the recipe resolved against the catalogs: the model's
     exact shapes, the GPUs it runs on, and the parallel layout with `data_shard` filled in.
+    What the recipe leaves to the launcher (`unsettled`) is settled by `launcher.resolve.resolve`,
+    whose concrete recipe alone has a `resolved()` job config.
     """
 
     _arch: ModelArch = PrivateAttr()
@@ -171,20 +178,24 @@ class Recipe(RecipeSpec):
         t = self.training
         return t.global_batch_size // (t.micro_batch_size * self._layout.data_parallel)
 
-    def grad_accumulation(self, auto_choice: str | None = None) -> str:
+    def grad_accumulation(self) -> str:
         """The accumulation mode the job runs (parallel.grad_accumulation made concrete).
 
         One micro-batch has nothing to accumulate: sync_each. Pipeline parallelism always keeps
         gradients unsharded and blocks gathered across micro-batches (pipeline.py), whatever
-        the recipe says: sync_last_gathered. "auto" takes `auto_choice`, the estimator's pick
-        (launcher.estimate.accumulation); without one, "auto" stays for the caller to resolve.
+        the recipe says: sync_last_gathered. Otherwise "auto" stays, for the estimator to pick
+        (launcher/resolve.py).
         """
         if self.grad_accum_steps == 1:
             return "sync_each"
         if self._layout.pipeline > 1:
             return "sync_last_gathered"
-        mode = self.parallel.grad_accumulation
-        return (auto_choice or mode) if mode == "auto" else mode
+        return self.parallel.grad_accumulation
+
+    @property
+    def unsettled(self) -> tuple[str, ...]:
+        """The keys of SETTLED_AT_RESOLVE that still say auto: () for a concrete recipe."""
+        return tuple(key for key in SETTLED_AT_RESOLVE if getattr(self.parallel, key.split(".")[1]) == "auto")
 
     @property
     def tokens_per_step(self) -> int:
@@ -212,21 +223,24 @@ class Recipe(RecipeSpec):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def resolved(
-        self,
-        *,
-        checkpoint_dir: str | None = None,
-        output_dir: str | None = None,
-        grad_accumulation: str | None = None,
-    ) -> dict[str, Any]:
-        """The resolved job config that the entrypoints read: every name replaced by numbers.
+    def resolved(self, *, checkpoint_dir: str | None = None, output_dir: str | None = None) -> JobConfig:
+        """The job config that the entrypoints read (`to_dict()` is resolved.json): every name
+        replaced by numbers. Backends pass where checkpoints and outputs live on their cluster.
 
-        Backends pass where checkpoints and outputs live on their cluster. A recipe never calls
-        the estimator, so `grad_accumulation: auto` needs the caller's choice
-        (`launcher.estimate.accumulation.resolved_config` passes the estimator's); without one
-        it runs sync_each, the mode that needs no memory beyond the others.
+        Only a concrete recipe has one: a recipe never calls the estimator, so what it leaves to
+        the launcher (`unsettled`) is settled first by `launcher.resolve.resolve(recipe)`.
         """
-        accumulation = self.grad_accumulation(grad_accumulation)
+        if self.unsettled:
+            raise UsageError(
+                f"{self.name}: {', '.join(self.unsettled)} still say auto; the job config is that of the "
+                "concrete recipe, launcher.resolve.resolve(recipe).concrete"
+            )
+        try:
+            return JobConfig.from_dict(self._job_config_data(checkpoint_dir, output_dir))
+        except ConfigError as error:  # the rules above mirror the contract's: one line, never a traceback
+            raise UsageError(f"{self.name}: the entrypoints would refuse this job config: {error}") from None
+
+    def _job_config_data(self, checkpoint_dir: str | None, output_dir: str | None) -> dict[str, Any]:
         accelerator = self.hardware.accelerator
         layout = self.layout
         return {
@@ -243,10 +257,10 @@ class Recipe(RecipeSpec):
                 **layout.as_dict(),
                 "pipeline_schedule": self.parallel.pipeline_schedule,
                 "activation_checkpointing": self.parallel.activation_checkpointing,
-                "cp_attention": cp_attention_for(self.parallel.cp_attention, self.arch, layout),
+                "cp_attention": self.parallel.cp_attention,
                 "world_size": layout.world_size,
                 "grad_accum_steps": self.grad_accum_steps,
-                "grad_accumulation": "sync_each" if accumulation == "auto" else accumulation,
+                "grad_accumulation": self.grad_accumulation(),
                 "reduce_dtype": self.parallel.reduce_dtype,
             },
             "data": {

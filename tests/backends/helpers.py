@@ -35,10 +35,12 @@ def spec_for(name: str, backend: str, **overrides):
     )
     target = get_backend(backend)
     job = f"{recipe.name.lower()}-job"
+    from launcher.resolve import resolve
     from launcher.spec import JobSpec
 
-    placement = target.placement(recipe, job)
-    return JobSpec.create(recipe, backend=backend, placement=placement, engine=target.settings(recipe), name=job)
+    concrete = resolve(recipe).concrete
+    placement = target.placement(concrete, job)
+    return JobSpec.create(concrete, backend=backend, placement=placement, engine=target.settings(concrete), name=job)
 
 
 def submit(**kwargs):

@@ -304,13 +304,14 @@ def test_a_wheelhouse_without_the_pin_stops_the_job_in_one_line(sagemaker_host, 
 
 def tiny_resolved(tmp_path: Path, **overrides) -> Path:
     from launcher.recipe import Recipe
+    from launcher.resolve import resolve
 
     changes = {"cluster.nproc_per_node": 2, "training.steps": 3, "training.global_batch_size": 2}
     changes |= {"checkpoint.every_steps": 0, **overrides}
-    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", changes)
+    recipe = resolve(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", changes)).concrete
     resolved = recipe.resolved(checkpoint_dir=str(tmp_path / "checkpoints"), output_dir=str(tmp_path / "output"))
     path = tmp_path / "resolved.json"
-    path.write_text(json.dumps(resolved))
+    path.write_text(json.dumps(resolved.to_dict()))
     return path
 
 

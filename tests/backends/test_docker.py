@@ -133,8 +133,9 @@ def test_resubmitting_with_resume_mounts_the_earlier_jobs_checkpoints(home):
     recipe = recipe_path("tiny-cpu")
     backend = get_backend("docker")
     from launcher.api import load
+    from launcher.resolve import resolve
 
-    loaded = load(recipe, backend="docker")
+    loaded = resolve(load(recipe, backend="docker")).concrete
     first, again = backend.spec(loaded), backend.spec(loaded, lineage="tiny-cpu-earlier")
     checkpoint_sources = [
         m.source for spec in (first, again) for m in spec.mounts if m.target == "/opt/launcher/checkpoints"

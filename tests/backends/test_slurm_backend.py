@@ -112,9 +112,10 @@ def test_sbatch_gets_the_paths_on_its_command_line_under_the_shared_dir(home, fa
 
 def test_a_resume_continues_the_earlier_jobs_checkpoints_on_the_shared_dir(home, fake_bundle, tmp_path):
     from launcher.api import load
+    from launcher.resolve import resolve
 
     recipe = load(recipe_path("tiny-cpu"), backend="slurm", set_options=[f"slurm.shared_dir={tmp_path}"])
-    spec = get_backend("slurm").spec(recipe, lineage="tiny-cpu-first")
+    spec = get_backend("slurm").spec(resolve(recipe).concrete, lineage="tiny-cpu-first")
     assert spec.checkpoint_dir == str(tmp_path / "checkpoints" / "tiny-cpu" / "tiny-cpu-first")
     assert spec.output_dir == str(tmp_path / "jobs" / spec.name)
 

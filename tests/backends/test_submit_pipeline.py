@@ -68,6 +68,21 @@ def test_submit_runs_every_stage_in_order(aws, home, fake_bundle):
     assert list(dict.fromkeys(stages)) == [api.Stage.ESTIMATE, api.Stage.SPEC, api.Stage.SUBMIT]
 
 
+def test_the_job_runs_the_accumulation_mode_whose_memory_submit_checked(home, fake_bundle):
+    # Full checkpointing on one p5: sync_last needs 68% of an H100, sync_each 34%. Under a 50%
+    # margin RESOLVE settles auto to sync_each, and that is both what the memory check measured
+    # and what resolved.json tells the job to run.
+    recipe = load("llama3-8b-8k", **{"parallel.activation_checkpointing": "full"})
+    strict = api.submit(recipe, backend="docker", dry_run=True, threshold=0.5)
+    assert strict.spec.resolved["parallel"]["grad_accumulation"] == "sync_each"
+    assert strict.estimate.per_gpu_peak_bytes == api.estimate(recipe, threshold=0.5).per_gpu_peak_bytes
+    assert f"{strict.estimate.utilization:.0%}" == "34%"
+    usual = api.submit(recipe, backend="docker", dry_run=True)
+    assert usual.spec.resolved["parallel"]["grad_accumulation"] == "sync_last"
+    assert f"{usual.estimate.utilization:.0%}" == "68%"
+    assert strict.recipe == usual.recipe and strict.recipe.parallel.grad_accumulation == "auto"  # as given
+
+
 def test_backend_overrides_the_recipes_cluster_backend(home, fake_bundle):
     result = api.submit(recipe_path("tiny-cpu"), backend="docker", dry_run=True)
     assert result.spec.backend == "docker" and result.recipe.cluster.backend == "docker"

@@ -14,6 +14,7 @@ from launcher.contract.config import ConfigError
 from launcher.data.prepare import PrepareSettings, prepare
 from launcher.errors import RecipeError
 from launcher.recipe import Recipe
+from launcher.resolve import resolve
 from tests.backends.helpers import REPO
 
 from .conftest import make_documents, read_dataset, write_jsonl
@@ -66,7 +67,7 @@ def test_the_recipe_reads_its_dtype_from_the_manifest_and_checks_the_vocabulary(
     (copy / "manifest.json").write_text(json.dumps({**manifest, "dtype": "uint32"}))
     assert tiny_recipe(**{"data.source": str(copy)}).data.dtype == "uint32"
     eos_id = json.loads((prepared / "manifest.json").read_text())["eos_id"]
-    assert tiny_recipe(**{"data.source": str(prepared)}).resolved()["data"] == {
+    assert resolve(tiny_recipe(**{"data.source": str(prepared)})).concrete.resolved().to_dict()["data"] == {
         "source": str(prepared),
         "dtype": "uint16",
         "document_masking": False,

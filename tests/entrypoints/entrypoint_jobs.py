@@ -36,6 +36,8 @@ BASE = {
     "training.steps": 3,
     "training.optimizer.warmup_steps": 1,
     "parallel.tensor": 1,
+    # The layouts run sync_each: the runs each accumulation mode below must match.
+    "parallel.grad_accumulation": "sync_each",
     "checkpoint.every_steps": 0,
 }
 
@@ -134,15 +136,16 @@ class Job:
 
 def write_job(root: Path, name: str, overrides: dict, *, procs: int, resume: str | None = None) -> Job:
     from launcher.recipe import Recipe
+    from launcher.resolve import resolve
 
     job = Job(name, root / name)
     job.root.mkdir(parents=True)
     changes = {**BASE, **overrides, "cluster.nproc_per_node": procs}
     if resume:
         changes["checkpoint.resume"] = resume
-    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", changes)
+    recipe = resolve(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", changes)).concrete
     resolved = recipe.resolved(checkpoint_dir=str(job.checkpoint_dir), output_dir=str(job.output_dir))
-    job.config.write_text(json.dumps(resolved, indent=2))
+    job.config.write_text(json.dumps(resolved.to_dict(), indent=2))
     return job
 
 

@@ -11,19 +11,24 @@ import pytest
 from entrypoints import train
 from launcher.contract.config import ConfigError, JobConfig, load_config
 from launcher.recipe import Recipe
+from launcher.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def resolved() -> dict:
-    return Recipe.load(REPO / "recipes" / "tiny-cpu.yaml").resolved()
+    return resolve(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml")).concrete.resolved().to_dict()
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_recipe_resolves_to_a_config_the_entrypoints_read(path):
     recipe = Recipe.load(path)
-    cfg = JobConfig.from_dict(recipe.resolved())
+    concrete = resolve(recipe).concrete
+    cfg = concrete.resolved()
+    # to_dict() is the resolved.json the launcher writes: every key, in order, and it reads back.
+    assert json.dumps(cfg.to_dict()) == json.dumps(concrete._job_config_data(None, None))
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.parallel.world_size == recipe.world_size
     assert cfg.model.head_dim == recipe.arch.head_dim
     assert cfg.parallel.grad_accum_steps == recipe.grad_accum_steps

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from launcher.contract.layout import (
 )
 from launcher.recipe import Recipe
 from launcher.recipe.rules import layout_problems
+from launcher.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,11 +75,12 @@ def test_the_resolved_config_carries_pipeline_layers_to_the_entrypoints():
         REPO / "recipes" / "tiny-cpu.yaml",
         {"parallel.pipeline": 2, "parallel.tensor": 1, "parallel.pipeline_layers": [1, 3]},
     )
-    resolved = recipe.resolved()
+    resolved = resolve(recipe).concrete.resolved().to_dict()
     assert resolved["parallel"]["pipeline_layers"] == [1, 3]
     cfg = JobConfig.from_dict(resolved)
     assert cfg.parallel.pipeline_layers == (1, 3) and layers_by_rank(4, cfg.parallel) == [1, 3]
-    assert "pipeline_layers" not in Recipe.load(REPO / "recipes" / "tiny-cpu.yaml").resolved()["parallel"]
+    tiny = resolve(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml")).concrete
+    assert "pipeline_layers" not in tiny.resolved().to_dict()["parallel"]
     resolved["parallel"]["pipeline_layers"] = [2, 3]
     with pytest.raises(
         ConfigError, match=r"^parallel.pipeline_layers: \[2, 3\] sums to 5, but the model has 4 layers$"
@@ -106,7 +107,7 @@ def test_float8_gathers_only_tensorwise_on_nccl():
 )
 def test_the_entrypoints_refuse_a_layout_with_the_recipe_rules_own_message(change):
     recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml")
-    broken = copy.deepcopy(recipe.resolved())
+    broken = resolve(recipe).concrete.resolved().to_dict()
     for section, values in change.items():
         broken[section].update(values)
     training, parallel = broken["training"], broken["parallel"]
@@ -128,7 +129,7 @@ def test_the_entrypoints_refuse_a_layout_with_the_recipe_rules_own_message(chang
 
 
 def test_parallel_config_is_a_layout_and_prints_like_one():
-    cfg = JobConfig.from_dict(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml").resolved())
+    cfg = resolve(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml")).concrete.resolved()
     assert isinstance(cfg.parallel, Layout) and str(cfg.parallel) == "dp_shard2xtp2"
 
 

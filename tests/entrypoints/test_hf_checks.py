@@ -12,6 +12,7 @@ import torch
 from launcher.contract.config import ConfigError, JobConfig
 from launcher.errors import RecipeError
 from launcher.recipe import Recipe
+from launcher.resolve import resolve
 
 from .hf_models import MODELS
 
@@ -69,7 +70,7 @@ def test_init_from_alone_takes_the_architecture_from_the_checkpoint_relative_to_
     arch = recipe.arch
     assert (arch.hidden_size, arch.num_kv_heads, arch.rope_theta) == (64, 2, 500000.0)
     assert arch.rope_scaling.original_max_context == 64  # read from transformers 5's rope_parameters
-    resolved = recipe.resolved()
+    resolved = resolve(recipe).concrete.resolved().to_dict()
     assert resolved["model"]["init_from"] == str(tmp_path / "ckpt")
     assert resolved["checkpoint"]["export_hf"] == "hf"
     assert JobConfig.from_dict(resolved).model.init_from == str(tmp_path / "ckpt")
@@ -94,7 +95,7 @@ def s3_job(tmp_path) -> JobConfig:
         REPO / "recipes/tiny-cpu.yaml",
         {**CPU_ONE, "model": {"base": "llama3.1-tiny", "init_from": "s3://bucket/llama"}},
     )
-    return JobConfig.from_dict(recipe.resolved())
+    return resolve(recipe).concrete.resolved()
 
 
 def test_the_job_checks_an_s3_checkpoint_from_the_model_channel_with_the_same_message(tmp_path, monkeypatch):
@@ -157,9 +158,9 @@ def test_the_exported_config_is_one_transformers_reads_back():
 
     model = {
         **dataclasses.asdict(
-            JobConfig.from_dict(
-                Recipe.load(REPO / "recipes/tiny-cpu.yaml", CPU_ONE | {"model": "llama3.1-tiny"}).resolved()
-            ).model
+            resolve(Recipe.load(REPO / "recipes/tiny-cpu.yaml", CPU_ONE | {"model": "llama3.1-tiny"}))
+            .concrete.resolved()
+            .model
         )
     }
     config = LlamaConfig(**hf_config_json(model, dtype="bf16"))
@@ -177,7 +178,7 @@ def test_export_files_stay_under_the_size_limit_and_never_span_two_pipeline_stag
     from entrypoints.model.llama import build_model
 
     overrides = {"model": "llama3.1-tiny", "parallel.pipeline": 2, "parallel.tensor": 1, "cluster.nproc_per_node": 2}
-    cfg = JobConfig.from_dict(Recipe.load(REPO / "recipes/tiny-cpu.yaml", overrides).resolved())
+    cfg = resolve(Recipe.load(REPO / "recipes/tiny-cpu.yaml", overrides)).concrete.resolved()
     limit = 200_000  # bytes: a few of the tiny model's fp32 weights per file
     plan = export_plan(cfg, max_file_bytes=limit)
     shapes = {name: tuple(p.shape) for name, p in build_model(cfg.model, seq_len=128).named_parameters()}

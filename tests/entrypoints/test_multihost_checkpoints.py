@@ -50,12 +50,13 @@ BASE = {
 
 def write_config(root: Path, name: str, host: int, checkpoint_dir: Path, **overrides) -> dict:
     from launcher.recipe import Recipe
+    from launcher.resolve import resolve
 
-    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {**BASE, **overrides})
+    recipe = resolve(Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {**BASE, **overrides})).concrete
     resolved = recipe.resolved(checkpoint_dir=str(checkpoint_dir), output_dir=str(root / name / "output"))
     path = root / name / f"resolved-host{host}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(resolved, indent=2))
+    path.write_text(json.dumps(resolved.to_dict(), indent=2))
     return {"kind": "train", "config": str(path), "result": str(root / name / "result.json")}
 
 

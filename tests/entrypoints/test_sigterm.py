@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.recipe import Recipe
+from launcher.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "entrypoints" / "train.py"
@@ -35,9 +36,11 @@ def write_config(tmp_path: Path, steps: int, every_steps: int = 0, keep: int = 3
             "checkpoint.keep": keep,
         },
     )
-    resolved = recipe.resolved(checkpoint_dir=str(tmp_path / "checkpoints"), output_dir=str(tmp_path / "output"))
+    resolved = resolve(recipe).concrete.resolved(
+        checkpoint_dir=str(tmp_path / "checkpoints"), output_dir=str(tmp_path / "output")
+    )
     path = tmp_path / f"resolved-{steps}.json"
-    path.write_text(json.dumps(resolved))
+    path.write_text(json.dumps(resolved.to_dict()))
     return path
 
 

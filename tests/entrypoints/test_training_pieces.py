@@ -81,8 +81,8 @@ def test_fp8_converts_the_block_linears_but_not_the_output_projection():
 
 
 def test_fp8_is_refused_on_a_gpu_without_fp8_tensor_cores(monkeypatch):
-    from launcher.contract.config import JobConfig
     from launcher.recipe import Recipe
+    from launcher.resolve import resolve
 
     recipe = Recipe.from_dict(
         {
@@ -93,7 +93,7 @@ def test_fp8_is_refused_on_a_gpu_without_fp8_tensor_cores(monkeypatch):
             "cluster": {"device": "cpu"},
         }
     )
-    cfg = JobConfig.from_dict(recipe.resolved())
+    cfg = resolve(recipe).concrete.resolved()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
     with pytest.raises(

@@ -10,10 +10,11 @@ import pytest
 
 from launcher.contract.config import ConfigError, JobConfig
 from launcher.contract.layout import Layout
-from launcher.errors import RecipeError
-from launcher.estimate import choose_grad_accumulation, estimate_memory, fsdp, resolved_config
+from launcher.errors import RecipeError, UsageError
+from launcher.estimate import choose_grad_accumulation, estimate_memory, fsdp
 from launcher.estimate.workload import Workload
 from launcher.recipe import Recipe
+from launcher.resolve import resolve
 
 from .test_fsdp import P5, P_BLOCK, P_RANK, P_ROOT, workload
 
@@ -99,29 +100,45 @@ def recipe(**overrides) -> Recipe:
     return Recipe.load(REPO / "recipes" / "llama3-8b-8k.yaml", overrides)
 
 
+def job_config(recipe: Recipe) -> dict:
+    return resolve(recipe).concrete.resolved().to_dict()
+
+
 def test_resolved_config_carries_the_estimators_choice_never_auto():
     two_nodes = {"parallel.activation_checkpointing": "full", "cluster.instance_count": 2}
-    resolved = resolved_config(recipe(**two_nodes))
+    resolved = job_config(recipe(**two_nodes))
     assert resolved["parallel"]["grad_accumulation"] == "sync_last_gathered"
     assert resolved["parallel"]["reduce_dtype"] == "fp32"
     assert JobConfig.from_dict(resolved).parallel.grad_accumulation == "sync_last_gathered"
 
 
-def test_a_recipe_alone_resolves_auto_to_sync_each_and_keeps_an_explicit_mode():
-    assert recipe().resolved()["parallel"]["grad_accumulation"] == "sync_each"
-    explicit = recipe(**{"parallel.grad_accumulation": "sync_last", "parallel.reduce_dtype": "bf16"}).resolved()
+def test_the_threshold_of_the_resolve_stage_is_the_one_the_choice_fits_under():
+    # Full checkpointing on one node: sync_last needs 68% of an H100, sync_each 34%.
+    full = recipe(**{"parallel.activation_checkpointing": "full"})
+    assert resolve(full).settled["parallel.grad_accumulation"] == "sync_last"
+    assert resolve(full, threshold=0.5).settled["parallel.grad_accumulation"] == "sync_each"
+
+
+def test_a_recipe_that_says_auto_has_no_job_config_of_its_own():
+    with pytest.raises(UsageError) as refused:
+        recipe().resolved()
+    assert str(refused.value) == (
+        "llama3-8b-8k: parallel.data_shard, parallel.cp_attention, parallel.grad_accumulation still say auto; "
+        "the job config is that of the concrete recipe, launcher.resolve.resolve(recipe).concrete"
+    )
+    explicit = job_config(recipe(**{"parallel.grad_accumulation": "sync_last", "parallel.reduce_dtype": "bf16"}))
     assert (explicit["parallel"]["grad_accumulation"], explicit["parallel"]["reduce_dtype"]) == ("sync_last", "bf16")
 
 
 def test_one_micro_batch_resolves_to_sync_each():
     single = recipe(**{"training.global_batch_size": 8, "parallel.grad_accumulation": "sync_last_gathered"})
     assert single.grad_accum_steps == 1
-    assert resolved_config(single)["parallel"]["grad_accumulation"] == "sync_each"
+    assert job_config(single)["parallel"]["grad_accumulation"] == "sync_each"
 
 
 def test_pipeline_parallelism_always_resolves_to_sync_last_gathered():
     piped = recipe(**{"parallel.pipeline": 2, "parallel.grad_accumulation": "sync_each"})
-    assert resolved_config(piped)["parallel"]["grad_accumulation"] == "sync_last_gathered"
+    assert job_config(piped)["parallel"]["grad_accumulation"] == "sync_last_gathered"
 
 
 def test_an_unknown_mode_names_the_key_and_the_valid_modes():
@@ -133,7 +150,7 @@ def test_an_unknown_mode_names_the_key_and_the_valid_modes():
 
 
 def test_the_entrypoints_refuse_auto_in_a_resolved_config():
-    resolved = recipe().resolved()
+    resolved = job_config(recipe())
     resolved["parallel"]["grad_accumulation"] = "auto"
     with pytest.raises(ConfigError, match=r"parallel\.grad_accumulation: 'auto' is not one of sync_each"):
         JobConfig.from_dict(resolved)

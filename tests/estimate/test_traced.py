@@ -16,7 +16,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from launcher import api
-from launcher.estimate import fsdp, resolved_config
+from launcher.estimate import fsdp
+from launcher.resolve import resolve
 
 from .memory_tracing import LiveStorages, pipeline_actions, trace_in_subprocess
 from .traced_configs import CONFIGS
@@ -28,7 +29,7 @@ GIB = 2**30
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_estimate_is_within_2_percent_of_the_traced_peak(config):
     recipe = config.recipe()
-    traced = trace_in_subprocess(resolved_config(recipe), stage=config.stage)
+    traced = trace_in_subprocess(resolve(recipe).concrete.resolved().to_dict(), stage=config.stage)
     estimated = api.estimate(recipe).stages[config.stage].allocated_bytes
     error = estimated / traced.peak_bytes - 1
     assert abs(error) <= TOLERANCE, (

@@ -7,6 +7,7 @@ import pytest
 
 from launcher.contract.config import ConfigError, JobConfig
 from launcher.recipe import Recipe
+from launcher.resolve import resolve
 
 from .test_bad_recipes import BASE
 
@@ -64,7 +65,7 @@ def resolved(**changes) -> dict:
         "training": {"seq_len": 8192, "global_batch_size": 16, "steps": 10},
         "cluster": {"backend": "sagemaker", "instance_type": "ml.p5.48xlarge", "instance_count": 2},
     }
-    return Recipe.from_dict(base, changes).resolved()
+    return resolve(Recipe.from_dict(base, changes)).concrete.resolved().to_dict()
 
 
 @pytest.mark.parametrize(

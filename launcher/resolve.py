@@ -1,0 +1,72 @@
+"""RESOLVE: every `auto` of a recipe settled once, before anything is built from it.
+
+A recipe may leave three choices to the launcher (`SETTLED_AT_RESOLVE`):
+- parallel.data_shard: the GPUs the other degrees leave (the recipe's layout, filled in when the
+  recipe was validated);
+- parallel.cp_attention: the context-parallel attention path the contract's rule picks for that
+  layout (`launcher.contract.layout.cp_attention_for`);
+- parallel.grad_accumulation: the mode the job runs; for auto, the estimator's pick, the fastest
+  mode whose memory estimate fits under the threshold (`choose_grad_accumulation`).
+With `auto_plan` the planner first switches the recipe to its best layout (`launcher.plan.apply`).
+
+The concrete recipe says auto nowhere: its `resolved()` is the contract's `JobConfig`, and what
+is built from it (the JobSpec, the bundle, the backends) never calls the estimator or the
+planner. The memory estimate describes the concrete recipe. The planner's search and the run-time
+forecast read the recipe as given, since they weigh its autos per candidate layout themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.contract.layout import cp_attention_for
+from launcher.estimate import DEFAULT_THRESHOLD, Workload, choose_grad_accumulation
+from launcher.plan.apply import AutoPlan
+from launcher.plan.apply import auto_plan as best_layout
+from launcher.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A recipe with every auto settled, beside the recipe as given."""
+
+    recipe: Recipe
+    """The recipe as given (with auto_plan: the planner's layout applied); it may still say auto."""
+    concrete: Recipe
+    """The same recipe with no auto left: what the memory estimate describes and the job runs."""
+    settled: dict[str, Any]
+    """What each key that said auto became, e.g. {"parallel.data_shard": 8}."""
+    plan: AutoPlan | None = None
+    """With auto_plan: the planner's best layout and what it changed."""
+
+
+def resolve(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD, auto_plan: bool = False) -> Resolved:
+    """Settle every auto of `recipe`; `threshold` is the share of GPU memory an estimate may fill
+    (for grad_accumulation: auto and the planner). A concrete recipe comes back unchanged."""
+    planned = None
+    if auto_plan:
+        planned = best_layout(recipe, threshold=threshold)
+        recipe = planned.recipe
+    settled = settle(recipe, threshold=threshold)
+    concrete = recipe.with_changes(settled) if settled else recipe
+    return Resolved(recipe=recipe, concrete=concrete, settled=settled, plan=planned)
+
+
+def settle(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+    """The value of each key of `recipe.unsettled`, as recipe overrides."""
+    choices: dict[str, Callable[[], Any]] = {
+        "parallel.data_shard": lambda: recipe.layout.data_shard,
+        "parallel.cp_attention": lambda: cp_attention_for(recipe.parallel.cp_attention, recipe.arch, recipe.layout),
+        "parallel.grad_accumulation": lambda: grad_accumulation(recipe, threshold=threshold),
+    }
+    return {key: choices[key]() for key in recipe.unsettled}
+
+
+def grad_accumulation(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """The mode the job runs: the recipe's (or the one its layout forces), else the estimator's pick."""
+    mode = recipe.grad_accumulation()
+    if mode != "auto":
+        return mode
+    return choose_grad_accumulation(Workload.from_recipe(recipe), recipe.hardware, threshold)
