@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass, fields, replace
 
 from launcher.errors import UsageError
-from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
+from launcher.estimate import MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
 from launcher.plan.candidates import Shape, shapes
 from launcher.plan.modes import GRAD_ACCUMULATION_MODES
 from launcher.plan.modes import mode as run_mode
+from launcher.plan.options import SearchOptions
 from launcher.plan.result import LayoutPlan, LayoutPlans, Search
 from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict, predict_many
 from launcher.recipe import Recipe
@@ -55,55 +56,19 @@ class Scored:
         )
 
 
-def plan(
-    recipe: Recipe,
-    *,
-    gpus: int | None = None,
-    instances: int | None = None,
-    instance_type: str | None = None,
-    top: int = 10,
-    vary_fp8: bool = False,
-    threshold: float = DEFAULT_THRESHOLD,
-    constants: Constants = CONSTANTS,
-    vary_accumulation: bool = True,
-) -> LayoutPlans:
-    """The `top` fastest layouts for `recipe` on a GPU budget that fit in `threshold` of memory."""
-    return search(
-        recipe,
-        gpus=gpus,
-        instances=instances,
-        instance_type=instance_type,
-        top=top,
-        vary_fp8=vary_fp8,
-        threshold=threshold,
-        constants=constants,
-        vary_accumulation=vary_accumulation,
-    ).ranked
-
-
-def search(
-    recipe: Recipe,
-    *,
-    gpus: int | None = None,
-    instances: int | None = None,
-    instance_type: str | None = None,
-    top: int = 10,
-    vary_fp8: bool = False,
-    threshold: float = DEFAULT_THRESHOLD,
-    constants: Constants = CONSTANTS,
-    vary_accumulation: bool = True,
-) -> Search:
-    """`plan`, with the numbers behind it (for the CLI's table and its explanation).
-
-    `constants` replaces the throughput model's constants, to ask what-if questions (what if
-    context-parallel attention ran as fast as plain attention?). `vary_accumulation` (on by default) searches the
-    `parallel.grad_accumulation` modes too.
-    """
+def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
+    """The `options.top` fastest layouts for `recipe` on a GPU budget that fit in `options.threshold`
+    of memory, with the numbers behind them (for the CLI's table and its explanation); default
+    options: the recipe's own GPUs, top 10."""
+    options = options or SearchOptions()
+    top, threshold, constants = options.top, options.threshold, options.constants
     if top < 1:
         raise UsageError(f"--top {top}: use 1 or more")
     started = time.perf_counter()
-    budget = resolve_budget(recipe, gpus=gpus, instances=instances, instance_type=instance_type)
-    scored = score_layouts(recipe, budget, vary_fp8=vary_fp8, constants=constants, vary_accumulation=vary_accumulation)
+    budget = resolve_budget(recipe, gpus=options.gpus, instances=options.instances, instance_type=options.instance_type)
+    scored = score_layouts(
+        recipe, budget, vary_fp8=options.vary_fp8, constants=constants, vary_accumulation=options.vary_accumulation
+    )
     if not scored:
         training = recipe.training
         raise UsageError(
