@@ -22,6 +22,7 @@ _EXPORTS = {
     "RecipeError": "launcher.errors",
     "JobSpec": "launcher.spec",
     "Job": "launcher.jobs",
+    "SearchOptions": "launcher.plan.options",
     "JobStatus": "launcher.backends.base",
     "list_jobs": "launcher.jobs",
     "submit": "launcher.api",

@@ -35,10 +35,10 @@ from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload,
 from launcher.estimate.checkpoint import estimate_recipe_checkpoint
 from launcher.estimate.memory import check_options
 from launcher.jobs import Job, list_jobs, outcome_exit_code
-from launcher.plan import LayoutPlans, Search, search
+from launcher.plan import LayoutPlans, Search, SearchOptions, search
 from launcher.plan.forecast import RunForecast, forecast
 from launcher.plan.suggest import suggestion
-from launcher.plan.throughput import CONSTANTS, Constants, predicted_summary
+from launcher.plan.throughput import predicted_summary
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
 from launcher.registry import DiskError, JobRef, forget, job_dir, launcher_home, lineage_of, os_error_line, save
@@ -50,6 +50,7 @@ RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those 
 
 __all__ = [
     "Job",
+    "SearchOptions",
     "Stage",
     "Submission",
     "WontFit",
@@ -183,55 +184,20 @@ def estimate_resolved(
     return result.with_suggestion(suggestion(resolved.recipe, mode=mode, threshold=threshold))
 
 
-def plan_search(
-    recipe: Recipe | str | Path,
-    *,
-    gpus: int | None = None,
-    instances: int | None = None,
-    instance_type: str | None = None,
-    top: int = 10,
-    vary_fp8: bool = False,
-    threshold: float = DEFAULT_THRESHOLD,
-    constants: Constants = CONSTANTS,
-) -> Search:
-    """The planner's search for this recipe or another GPU budget, with the numbers behind it."""
-    return search(
-        load(recipe),
-        gpus=gpus,
-        instances=instances,
-        instance_type=instance_type,
-        top=top,
-        vary_fp8=vary_fp8,
-        threshold=threshold,
-        constants=constants,
-    )
+def plan_search(recipe: Recipe | str | Path, options: SearchOptions | None = None) -> Search:
+    """The planner's search for this recipe or another GPU budget (`SearchOptions`), with the
+    numbers behind it: what `launcher plan` prints."""
+    return search(load(recipe), options)
 
 
-def plan(
-    recipe: Recipe | str | Path,
-    *,
-    gpus: int | None = None,
-    instances: int | None = None,
-    instance_type: str | None = None,
-    top: int = 10,
-    vary_fp8: bool = False,
-    threshold: float = DEFAULT_THRESHOLD,
-) -> LayoutPlans:
+def plan(recipe: Recipe | str | Path, options: SearchOptions | None = None, **changes: Any) -> LayoutPlans:
     """The `top` fastest parallel layouts that fit, for this recipe or another GPU budget, best first.
 
+    `options` is a `SearchOptions`; keywords set its fields (`plan(recipe, gpus=64, top=5)`).
     A list (`.best` is the first) that draws itself: `.plot(path)`, and a table in a notebook.
     Apply one with `recipe.with_changes(plan.overrides(recipe))`.
     """
-    found = plan_search(
-        recipe,
-        gpus=gpus,
-        instances=instances,
-        instance_type=instance_type,
-        top=top,
-        vary_fp8=vary_fp8,
-        threshold=threshold,
-    )
-    return found.ranked
+    return plan_search(recipe, dataclasses.replace(options or SearchOptions(), **changes)).ranked
 
 
 def check_memory(resolved: Resolved, *, force: bool, threshold: float = DEFAULT_THRESHOLD) -> MemoryEstimate:

@@ -27,6 +27,7 @@ from launcher.contract.text import terminal_safe
 from launcher.errors import EXIT_DETACHED, EXIT_USAGE, Detached, LauncherError, RecipeError
 
 if TYPE_CHECKING:  # the CLI imports the API inside each verb, so `launcher --help` stays fast
+    from launcher.plan import SearchOptions
     from launcher.recipe import Recipe
 
 app = typer.Typer(
@@ -199,18 +200,13 @@ def plan(
     from launcher import api
 
     loaded = _load(recipe, set_)
-    found = api.plan_search(
-        loaded,
-        gpus=gpus,
-        instances=instances,
-        instance_type=instance_type,
-        top=top,
-        vary_fp8=vary_fp8,
+    options = api.SearchOptions(
+        gpus=gpus, instances=instances, instance_type=instance_type, top=top, vary_fp8=vary_fp8,
         threshold=_threshold(threshold),
-    )
+    )  # fmt: skip
+    found = api.plan_search(loaded, options)
     if plot is not None:
-        _plot_plans(loaded, plot, gpus=gpus, instances=instances, instance_type=instance_type, vary_fp8=vary_fp8,
-                    threshold=_threshold(threshold))  # fmt: skip
+        _plot_plans(loaded, plot, options)
     if json_:
         _print_json([layout.to_json() for layout in found.ranked])
     else:
@@ -226,10 +222,10 @@ def plan(
 ALL_LAYOUTS = 100_000
 
 
-def _plot_plans(loaded: Recipe, path: Path, **budget) -> None:
+def _plot_plans(loaded: Recipe, path: Path, options: SearchOptions) -> None:
     from launcher import api
 
-    every = api.plan(loaded, top=ALL_LAYOUTS, **budget)
+    every = api.plan(loaded, options, top=ALL_LAYOUTS)
     err.print(f"plot: {every.plot(path, title=f'{loaded.name}: {len(every)} layouts that fit')}", markup=False)
 
 

@@ -4,8 +4,10 @@
     python scripts/bench_plan.py --write    # and records it in docs/planner.md
 
 Each case loads recipes/llama405b-128k.yaml, changes what the case says, and times `search()`
-(enumeration, throughput for every valid layout, memory estimates until the top 10 fit). The
-bound from issue 6 is under 1 s on this machine for the recipe as shipped.
+(enumeration, throughput for every valid layout, memory estimates until the top 10 fit) in CPU
+seconds of this process, which a shared, loaded machine inflates less than wall time. The bound
+from issue 21 is 0.5 CPU s for the recipe as shipped. Beside it: `launcher --help` against
+`import boto3`, each a fresh interpreter, in CPU seconds of the child (the CLI must stay lighter).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,12 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from launcher.plan import search  # noqa: E402
+from launcher.plan import SearchOptions, search  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
 
 DOC = ROOT / "docs" / "planner.md"
 START, END = "<!-- bench_plan:start -->", "<!-- bench_plan:end -->"
-BOUND_S = 1.0
+BOUND_CPU_S = 0.5
 
 CASES = [
     # (label, instance type, overrides)
@@ -34,6 +38,16 @@ CASES = [
     ("global batch 1024 sequences, p5en (H200)", "ml.p5en.48xlarge", {"training.global_batch_size": 1024}),
     ("global batch 1024 sequences, p5 (H100 80GB)", "ml.p5.48xlarge", {"training.global_batch_size": 1024}),
 ]
+STARTUPS = [
+    ("`launcher --help`", [sys.executable, "-m", "launcher", "--help"]),
+    ("`python -c 'import boto3'`", [sys.executable, "-c", "import boto3"]),
+]
+
+
+def cpu_seconds(run) -> tuple[float, object]:
+    started = time.process_time()
+    result = run()
+    return time.process_time() - started, result
 
 
 def bench(repeats: int) -> list[dict]:
@@ -41,17 +55,15 @@ def bench(repeats: int) -> list[dict]:
     rows = []
     for label, instance_type, overrides in CASES:
         recipe = base.with_changes(overrides) if overrides else base
-        found = search(recipe, gpus=1024, instance_type=instance_type, top=10)  # warm caches
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            found = search(recipe, gpus=1024, instance_type=instance_type, top=10)
-            times.append(time.perf_counter() - started)
+        options = SearchOptions(gpus=1024, instance_type=instance_type, top=10)
+        first, found = cpu_seconds(lambda: search(recipe, options))  # noqa: B023  (called at once)
+        times = [cpu_seconds(lambda: search(recipe, options))[0] for _ in range(repeats)]  # noqa: B023
         rows.append(
             {
                 "case": label,
                 "considered": found.considered,
                 "estimated": found.estimated,
+                "first_s": first,
                 "median_s": statistics.median(times),
                 "max_s": max(times),
                 "best": found.best.describe(),
@@ -61,31 +73,48 @@ def bench(repeats: int) -> list[dict]:
     return rows
 
 
-def table(rows: list[dict], repeats: int) -> str:
+def child_cpu_seconds(command: list[str]) -> float:
+    """CPU seconds (user + system) of one run of `command`, from this process's child usage."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, check=True, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def startups(repeats: int) -> list[tuple[str, float]]:
+    return [
+        (label, statistics.median(child_cpu_seconds(command) for _ in range(repeats))) for label, command in STARTUPS
+    ]
+
+
+def table(rows: list[dict], started: list[tuple[str, float]], repeats: int) -> str:
     lines = [
-        f"Llama 3.1 405B, 131072 tokens, 1024 GPUs, top 10; median and slowest of {repeats} runs after one warm-up, "
-        f"on this machine ({platform.machine()}, {os.cpu_count()} cores shared with other work: load average "
-        f"{os.getloadavg()[0]:.1f} at the end; Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}). "
-        f"Bound: {BOUND_S:.0f} s.",
+        f"Llama 3.1 405B, 131072 tokens, 1024 GPUs, top 10, in CPU time of the search: the first search in the "
+        f"process, then the median and slowest of {repeats} more, on this machine ({platform.machine()}, "
+        f"{os.cpu_count()} cores shared with other work: load average {os.getloadavg()[0]:.1f} at the end; Python "
+        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}). Bound: {BOUND_CPU_S} CPU s for the recipe as shipped.",
         "",
-        "| case | layouts scored | memory estimates | median | slowest | best layout | tokens/s/GPU |",
-        "|---|---:|---:|---:|---:|---|---:|",
+        "| case | layouts scored | memory estimates | first | median | slowest | best layout | tokens/s/GPU |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['case']} | {r['considered']:,} | {r['estimated']:,} | {r['median_s'] * 1000:.0f} ms | "
-            f"{r['max_s'] * 1000:.0f} ms | {r['best']} | {r['tokens_per_s_per_gpu']:.0f} |"
+            f"| {r['case']} | {r['considered']:,} | {r['estimated']:,} | {r['first_s'] * 1000:.0f} ms | "
+            f"{r['median_s'] * 1000:.0f} ms | {r['max_s'] * 1000:.0f} ms | {r['best']} | {r['tokens_per_s_per_gpu']:.0f} |"
         )
+    lines += ["", "Start-up, CPU time of a fresh interpreter (median of the same runs):", ""]
+    lines += [f"- {label}: {seconds * 1000:.0f} ms" for label, seconds in started]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--write", action="store_true", help=f"record the table in {DOC.relative_to(ROOT)}")
     args = parser.parse_args()
     rows = bench(args.repeats)
-    text = table(rows, args.repeats)
+    started = startups(args.repeats)
+    text = table(rows, started, args.repeats)
     print(text)
     if args.write:
         doc = DOC.read_text()
@@ -94,8 +123,11 @@ def main() -> None:
         head, rest = doc.split(START, 1)
         _, tail = rest.split(END, 1)
         DOC.write_text(f"{head}{START}\n{text}\n{END}{tail}")
-    if rows[0]["max_s"] >= BOUND_S:
-        sys.exit(f"the shipped recipe's search took {rows[0]['max_s']:.2f} s, over the {BOUND_S:.0f} s bound")
+    if rows[0]["max_s"] > BOUND_CPU_S:
+        sys.exit(f"the shipped recipe's search took {rows[0]['max_s']:.2f} CPU s, over the {BOUND_CPU_S} s bound")
+    (cli_s, boto3_s) = (seconds for _, seconds in started)
+    if cli_s > boto3_s:
+        sys.exit(f"`launcher --help` took {cli_s:.2f} CPU s, more than `import boto3` ({boto3_s:.2f} s)")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from launcher import catalog  # noqa: E402
 from launcher.contract.layout import Layout  # noqa: E402
 from launcher.estimate import Workload  # noqa: E402
-from launcher.plan import search, throughput  # noqa: E402
+from launcher.plan import SearchOptions, search, throughput  # noqa: E402
 from launcher.plan.explain import against_recipe  # noqa: E402
 from launcher.plan.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
@@ -568,7 +568,7 @@ def cp_speedup_section() -> str:
         )
         cells = [f"{seq:,}", str(gpus), f"{ratio:.2f}"]
         for constants in (CONSTANTS, fast_cp):
-            plans = search(recipe, top=100_000, constants=constants).ranked
+            plans = search(recipe, SearchOptions(top=100_000, constants=constants)).ranked
             without = next(p for p in plans if p.layout.context == 1)
             if len(cells) == 3:
                 cells.append(without.describe())
@@ -588,7 +588,7 @@ def recipes_section() -> str:
         if recipe.hardware.accelerator.peak_bf16_tflops is None:
             lines.append(f"| {path.name} | {recipe.layout} | CPU: not predicted | | | |")
             continue
-        found = search(recipe, top=100_000)
+        found = search(recipe, SearchOptions(top=100_000))
         current = found.current
         rank = next((i for i, p in enumerate(found.ranked, 1) if p.settings() == current.settings()), None)
         where = f"#{rank} of {len(found.ranked)} that fit" if rank else "does not fit"

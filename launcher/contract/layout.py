@@ -173,9 +173,16 @@ def _balanced_counts(num_layers: int, num_stages: int) -> tuple[int, ...]:
 def stage_layers(num_layers: int, layout: Layout, stage: int) -> range:
     """The layers pipeline stage `stage` (of layout.num_stages) holds: a contiguous run, sized by
     `stage_layer_counts` with the layout's `pipeline_layers` override."""
-    counts = stage_layer_counts(num_layers, layout.num_stages, layout.pipeline_layers)
-    start = sum(counts[:stage])
-    return range(start, start + counts[stage])
+    start, stop = _stage_bounds(num_layers, layout.num_stages, layout.pipeline_layers)[stage]
+    return range(start, stop)
+
+
+@cache
+def _stage_bounds(num_layers: int, num_stages: int, override: tuple[int, ...] | None) -> tuple[tuple[int, int], ...]:
+    # Cached like `_layers_by_rank`: the estimator asks for every stage of every rank it counts.
+    counts = stage_layer_counts(num_layers, num_stages, override)
+    starts = [sum(counts[:stage]) for stage in range(num_stages)]
+    return tuple((start, start + count) for start, count in zip(starts, counts, strict=True))
 
 
 def rank_stages(pp_rank: int, layout: Layout) -> list[int]:

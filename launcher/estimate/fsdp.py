@@ -290,6 +290,13 @@ def _grad_bytes(w: Workload) -> int:
     return 2 if w.reduce_dtype == "bf16" else FP32
 
 
+def accumulation_changes_memory(workload: Workload) -> bool:
+    """Whether `grad_accumulation` changes this accounting's bytes: only without pipelining (which
+    keeps blocks gathered and gradients unsharded whatever the mode) and with more than one
+    micro-batch per step (`_Accumulation`)."""
+    return workload.layout.pipeline == 1 and workload.grad_accum_steps > 1
+
+
 class _Accumulation:
     """What a step without pipeline parallelism keeps across micro-batches, by
     `grad_accumulation` (entrypoints/parallel/accumulate.py), at the last micro-batch's moments,

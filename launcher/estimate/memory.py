@@ -158,7 +158,14 @@ def estimate_memory(
     still say grad_accumulation auto, which each is estimated with (`choose_grad_accumulation`)."""
     check_options(mode, threshold)
     if workload.grad_accumulation == "auto":
-        workload = replace(workload, grad_accumulation=choose_grad_accumulation(workload, hardware, threshold))
+        choice, chosen = _choose_with_estimate(workload, hardware, threshold)
+        if chosen is not None and mode == "fsdp":
+            return chosen  # the chosen mode's estimate, already made while choosing
+        workload = replace(workload, grad_accumulation=choice)
+    return _estimate(workload, hardware, mode, threshold)
+
+
+def _estimate(workload: Workload, hardware: Hardware, mode: Mode, threshold: float) -> MemoryEstimate:
     accounting = ACCOUNTINGS[mode]
     accelerator = hardware.accelerator
     stages = accounting.stage_peaks(workload, device=_device_kind(accelerator))
@@ -187,11 +194,25 @@ ACCUMULATION_SPEED_ORDER = ("sync_last_gathered", "sync_last", "sync_each")
 def choose_grad_accumulation(workload: Workload, hardware: Hardware, threshold: float = DEFAULT_THRESHOLD) -> str:
     """What `parallel.grad_accumulation: auto` runs (launcher/resolve.py settles it with this): the
     fastest mode whose `fsdp` estimate fits under `threshold`, else sync_each (the least memory)."""
+    return _choose_with_estimate(workload, hardware, threshold)[0]
+
+
+def _choose_with_estimate(
+    workload: Workload, hardware: Hardware, threshold: float
+) -> tuple[str, MemoryEstimate | None]:
+    """`choose_grad_accumulation`, with the `fsdp` estimate of the choice where it was made on the way.
+
+    Where the mode moves no byte (`fsdp.accumulation_changes_memory`), one estimate answers for
+    every mode: the fastest fits exactly when sync_each does. The planner asks this for every
+    pipelined layout, which would otherwise be estimated three times over."""
+    if not fsdp.accumulation_changes_memory(workload):
+        found = _estimate(replace(workload, grad_accumulation="sync_each"), hardware, "fsdp", threshold)
+        return ("sync_last_gathered" if found.fits else "sync_each"), found
     for choice in ACCUMULATION_SPEED_ORDER[:-1]:
-        candidate = replace(workload, grad_accumulation=choice)
-        if estimate_memory(candidate, hardware, threshold=threshold).fits:
-            return choice
-    return "sync_each"
+        found = _estimate(replace(workload, grad_accumulation=choice), hardware, "fsdp", threshold)
+        if found.fits:
+            return choice, found
+    return "sync_each", None
 
 
 def check_options(mode: str, threshold: float) -> None:

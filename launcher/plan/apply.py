@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.estimate import DEFAULT_THRESHOLD
+from launcher.plan.options import SearchOptions
 from launcher.plan.rank import search
 from launcher.plan.result import LayoutPlan
 from launcher.recipe import Recipe
@@ -31,7 +32,7 @@ class AutoPlan:
 
 def auto_plan(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD) -> AutoPlan:
     """The recipe with the fastest layout that fits on its own instances, and what changed."""
-    found = search(recipe, top=1, threshold=threshold)
+    found = search(recipe, SearchOptions(top=1, threshold=threshold))
     changes = found.best.changes(recipe)
     planned = recipe.with_changes(found.best.overrides(recipe)) if changes else recipe
     return AutoPlan(recipe=planned, best=found.best, changes=changes, before=found.current)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 from launcher.catalog import ModelArch
 from launcher.contract.layout import Layout, divisors, seq_len_divisor, tensor_choices
@@ -42,21 +43,19 @@ class Shape:
     grad_accum_steps: int
     pipeline_schedule: str
 
-    def workload(self, base: Workload, *, activation_checkpointing: str, fp8: bool) -> Workload:
-        """`base` (the recipe's workload) with this shape, checkpointing and FP8 setting; the
-        recipe's pipeline_layers stay where this shape has as many stages, else the balanced split."""
+    def fields(self, base: Workload) -> dict[str, Any]:
+        """The Workload fields this shape sets on `base` (the recipe's workload): its layout (the
+        recipe's pipeline_layers where this shape has as many stages, else the balanced split) and
+        its micro-batching."""
         layout, given = self.layout, base.layout.pipeline_layers
         if given is not None and len(given) == layout.num_stages:
             layout = replace(layout, pipeline_layers=given)
-        return replace(
-            base,
-            layout=layout,
-            micro_batch_size=self.micro_batch_size,
-            grad_accum_steps=self.grad_accum_steps,
-            pipeline_schedule=self.pipeline_schedule,
-            activation_checkpointing=activation_checkpointing,
-            fp8=fp8,
-        )
+        return {
+            "layout": layout,
+            "micro_batch_size": self.micro_batch_size,
+            "grad_accum_steps": self.grad_accum_steps,
+            "pipeline_schedule": self.pipeline_schedule,
+        }
 
 
 def shapes(

@@ -13,16 +13,17 @@ The OOM suggestion (`launcher.plan.suggest`) runs this same search in another or
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from launcher.errors import UsageError
-from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
+from launcher.estimate import MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
 from launcher.plan.candidates import Shape, shapes
 from launcher.plan.modes import GRAD_ACCUMULATION_MODES
 from launcher.plan.modes import mode as run_mode
+from launcher.plan.options import SearchOptions
 from launcher.plan.result import LayoutPlan, LayoutPlans, Search
-from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict
+from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict, predict_many
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
 
@@ -55,55 +56,19 @@ class Scored:
         )
 
 
-def plan(
-    recipe: Recipe,
-    *,
-    gpus: int | None = None,
-    instances: int | None = None,
-    instance_type: str | None = None,
-    top: int = 10,
-    vary_fp8: bool = False,
-    threshold: float = DEFAULT_THRESHOLD,
-    constants: Constants = CONSTANTS,
-    vary_accumulation: bool = True,
-) -> LayoutPlans:
-    """The `top` fastest layouts for `recipe` on a GPU budget that fit in `threshold` of memory."""
-    return search(
-        recipe,
-        gpus=gpus,
-        instances=instances,
-        instance_type=instance_type,
-        top=top,
-        vary_fp8=vary_fp8,
-        threshold=threshold,
-        constants=constants,
-        vary_accumulation=vary_accumulation,
-    ).ranked
-
-
-def search(
-    recipe: Recipe,
-    *,
-    gpus: int | None = None,
-    instances: int | None = None,
-    instance_type: str | None = None,
-    top: int = 10,
-    vary_fp8: bool = False,
-    threshold: float = DEFAULT_THRESHOLD,
-    constants: Constants = CONSTANTS,
-    vary_accumulation: bool = True,
-) -> Search:
-    """`plan`, with the numbers behind it (for the CLI's table and its explanation).
-
-    `constants` replaces the throughput model's constants, to ask what-if questions (what if
-    context-parallel attention ran as fast as plain attention?). `vary_accumulation` (on by default) searches the
-    `parallel.grad_accumulation` modes too.
-    """
+def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
+    """The `options.top` fastest layouts for `recipe` on a GPU budget that fit in `options.threshold`
+    of memory, with the numbers behind them (for the CLI's table and its explanation); default
+    options: the recipe's own GPUs, top 10."""
+    options = options or SearchOptions()
+    top, threshold, constants = options.top, options.threshold, options.constants
     if top < 1:
         raise UsageError(f"--top {top}: use 1 or more")
     started = time.perf_counter()
-    budget = resolve_budget(recipe, gpus=gpus, instances=instances, instance_type=instance_type)
-    scored = score_layouts(recipe, budget, vary_fp8=vary_fp8, constants=constants, vary_accumulation=vary_accumulation)
+    budget = resolve_budget(recipe, gpus=options.gpus, instances=options.instances, instance_type=options.instance_type)
+    scored = score_layouts(
+        recipe, budget, vary_fp8=options.vary_fp8, constants=constants, vary_accumulation=options.vary_accumulation
+    )
     if not scored:
         training = recipe.training
         raise UsageError(
@@ -145,30 +110,37 @@ def candidate_workloads(
     fp8_options = [base.fp8]
     if vary_fp8 and budget.accelerator.has_fp8 and base.dtype == "bf16":
         fp8_options = [False, True]
-    return [
-        accumulated
-        for shape in shapes(
-            base.arch,
-            world_size=budget.world_size,
-            gpus_per_node=budget.procs_per_node,
-            seq_len=base.seq_len,
-            global_batch_size=recipe.training.global_batch_size,
-            schedule=base.pipeline_schedule,
-        )
-        for ac in AC_MODES
-        for fp8 in fp8_options
-        for accumulated in accumulation_variants(
-            shape.workload(base, activation_checkpointing=ac, fp8=fp8), shape, vary=vary_accumulation
-        )
-    ]
+    # Each candidate is the base's fields with its own: built directly, since `dataclasses.replace`
+    # (which reads every field of the base again) cost most of the enumeration.
+    base_fields = {f.name: getattr(base, f.name) for f in fields(Workload)}
+    found = []
+    for shape in shapes(
+        base.arch,
+        world_size=budget.world_size,
+        gpus_per_node=budget.procs_per_node,
+        seq_len=base.seq_len,
+        global_batch_size=recipe.training.global_batch_size,
+        schedule=base.pipeline_schedule,
+    ):
+        shaped = base_fields | shape.fields(base)
+        modes = accumulation_modes(shape, vary=vary_accumulation)
+        for ac in AC_MODES:
+            for fp8 in fp8_options:
+                for accumulation in modes:
+                    changes = {"activation_checkpointing": ac, "fp8": fp8}
+                    if accumulation is not None:
+                        changes["grad_accumulation"] = accumulation
+                    found.append(Workload(**(shaped | changes)))
+    return found
 
 
-def accumulation_variants(workload: Workload, shape: Shape, *, vary: bool) -> list[Workload]:
-    """`workload` under each `parallel.grad_accumulation` mode where they differ: FSDP without
-    pipelining (which keeps blocks gathered anyway) and more than one micro-batch per step."""
+def accumulation_modes(shape: Shape, *, vary: bool) -> tuple[str | None, ...]:
+    """The `parallel.grad_accumulation` modes to try on `shape`, where they differ: FSDP without
+    pipelining (which keeps blocks gathered anyway) and more than one micro-batch per step.
+    (None,) keeps the recipe's mode."""
     if not vary or shape.layout.pipeline > 1 or shape.grad_accum_steps == 1 or shape.layout.fsdp_shard == 1:
-        return [workload]
-    return [replace(workload, grad_accumulation=choice) for choice in GRAD_ACCUMULATION_MODES]
+        return (None,)
+    return GRAD_ACCUMULATION_MODES
 
 
 def score_layouts(
@@ -181,7 +153,8 @@ def score_layouts(
 ) -> list[Scored]:
     """Every candidate workload with its predicted speed, unsorted."""
     workloads = candidate_workloads(recipe, budget, vary_fp8=vary_fp8, vary_accumulation=vary_accumulation)
-    return [Scored(workload, predict(workload, budget, constants=constants)) for workload in workloads]
+    speeds = predict_many(workloads, budget, constants=constants)
+    return [Scored(workload, speed) for workload, speed in zip(workloads, speeds, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ calibrated set (docs/planner.md: each published measurement, the prediction and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from math import ceil
 from typing import Any, NamedTuple
@@ -290,9 +290,31 @@ def predict(workload: Workload, hardware: Hardware, *, constants: Constants = CO
     Each term of the step time is one function below, in seconds per micro-batch or per step.
     Raises ThroughputUnknown for hardware without a peak FLOP/s (the host CPU).
     """
-    ranks = _slowest_rank_candidates(workload)
-    timed = [_predict_rank(_Step(workload, hardware, constants, rank)) for rank in ranks]
-    return max(timed, key=lambda speed: speed.step_time_s)
+    return _predict(workload, _Machine(hardware, constants))
+
+
+def predict_many(
+    workloads: list[Workload], hardware: Hardware, *, constants: Constants = CONSTANTS
+) -> list[Throughput]:
+    """`predict` of each workload on one cluster: the planner's thousands of candidates.
+
+    The cluster's rates, its links and each distinct layer's compute are worked out once for
+    all of them (`_Machine`); every number is the one `predict` gives."""
+    if not workloads:
+        return []
+    machine = _Machine(hardware, constants)
+    return [_predict(workload, machine) for workload in workloads]
+
+
+def _predict(workload: Workload, machine: _Machine) -> Throughput:
+    """The step of the slowest rank that can be the slowest (the first of equals)."""
+    slowest = None
+    for step in machine.steps_for(workload):
+        breakdown = _rank_breakdown(step)
+        if slowest is None or sum(breakdown.values()) > sum(slowest[1].values()):
+            slowest = step, breakdown
+    assert slowest is not None
+    return _throughput(*slowest)
 
 
 def _slowest_rank_candidates(workload: Workload) -> list[int]:
@@ -301,12 +323,12 @@ def _slowest_rank_candidates(workload: Workload) -> list[int]:
     embedding's lookup is not timed)."""
     per_rank = layers_by_rank(workload.arch.num_layers, workload.layout)
     last = len(per_rank) - 1
-    heaviest = max(range(last + 1), key=per_rank.__getitem__)
-    return [last] if per_rank[heaviest] <= per_rank[last] else [heaviest, last]
+    most = max(per_rank)
+    return [last] if most <= per_rank[last] else [per_rank.index(most), last]
 
 
-def _predict_rank(step: _Step) -> Throughput:
-    """The step time if every pipeline rank were as slow as `step`'s."""
+def _rank_breakdown(step: _Step) -> dict[str, float]:
+    """The step's seconds by BREAKDOWN term if every pipeline rank were as slow as `step`'s."""
     workload = step.w
     compute = compute_time(step)
     tp_mb = tensor_parallel_time(step)
@@ -315,7 +337,7 @@ def _predict_rank(step: _Step) -> Throughput:
     p2p_mb = pipeline_p2p_time(step)
     micro_batch_s = compute.total + tp_mb + cp_mb + fsdp_mb + p2p_mb
     m = workload.grad_accum_steps
-    breakdown = {
+    return {
         "matmul": m * compute.matmul,
         "attention": m * compute.attention,
         "elementwise": m * compute.elementwise,
@@ -328,7 +350,6 @@ def _predict_rank(step: _Step) -> Throughput:
         "data_replicate": data_replicate_time(step),
         "optimizer": optimizer_time(step),
     }
-    return _throughput(step, breakdown)
 
 
 def predicted_summary(recipe: Recipe) -> dict[str, float] | None:
@@ -344,6 +365,57 @@ def predicted_summary(recipe: Recipe) -> dict[str, float] | None:
     }
 
 
+_VARIANT_FIELDS = ("activation_checkpointing", "grad_accumulation")
+"""What `_Step.switch` changes: the Workload fields a step reads only through `w`, `recompute` and
+`accumulation`."""
+_FAMILY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in (*_VARIANT_FIELDS, "arch"))
+
+
+class _Machine:
+    """What every prediction on one cluster with one set of constants shares: the rates, each
+    link's (bandwidth, latency), and each distinct layer's compute (`compute_time`), kept for as
+    long as the predictions that share them (one `predict` or `predict_many` call)."""
+
+    __slots__ = (
+        "hardware", "k", "accelerator", "gen", "bf16_peak", "hbm", "intra", "gpus_per_node", "usd_per_hour",
+        "node_network", "inter", "links", "layer_terms", "steps",
+    )  # fmt: skip
+
+    def __init__(self, hardware: Hardware, k: Constants):
+        accelerator = hardware.accelerator
+        if not accelerator.peak_bf16_tflops or not accelerator.hbm_gbps:
+            raise ThroughputUnknown(
+                f"{accelerator.name} has no known peak FLOP/s or memory bandwidth; throughput is predicted for GPUs only"
+            )
+        self.hardware, self.k, self.accelerator, self.gen = hardware, k, accelerator, generation(accelerator)
+        self.bf16_peak = accelerator.peak_bf16_tflops * 1e12
+        self.hbm = accelerator.hbm_gbps * GB * k.hbm_efficiency
+        self.intra = accelerator.nvlink_gbps / 2 * GB * k.nvlink_efficiency if accelerator.nvlink_gbps else 0.0
+        self.gpus_per_node, self.usd_per_hour = hardware.procs_per_node, hardware.usd_per_hour
+        self.node_network = hardware.instance.efa_gbps / 8 * GB * k.network_efficiency  # every NIC of a node
+        self.inter = self.node_network / self.gpus_per_node  # one GPU's share
+        self.links: dict[tuple[int, int], tuple[float, float]] = {}
+        self.layer_terms: dict[tuple, tuple[float, ...]] = {}
+        self.steps: dict[tuple, list[_Step]] = {}
+
+    def steps_for(self, workload: Workload) -> list[_Step]:
+        """A `_Step` of each rank of `workload` that can be the slowest.
+
+        The planner's candidates come in families that differ only in activation checkpointing
+        and accumulation mode; a family shares its steps, each switched to the member asked for
+        (`_Step.switch`). The family key is every other Workload field (the model by identity:
+        the workloads outlive this machine's call)."""
+        key = (id(workload.arch), *[getattr(workload, name) for name in _FAMILY_FIELDS])
+        steps = self.steps.get(key)
+        if steps is None:
+            ranks = _slowest_rank_candidates(workload)
+            steps = self.steps[key] = [_Step(workload, self.hardware, self.k, rank, machine=self) for rank in ranks]
+        else:
+            for step in steps:
+                step.switch(workload)
+        return steps
+
+
 class _Step:
     """What every term shares: one micro-batch on one GPU of pipeline rank `rank`."""
 
@@ -351,17 +423,21 @@ class _Step:
         "w", "k", "gen", "accelerator", "h", "kv", "f", "vocab", "t", "c", "p", "v", "shard", "replicas", "b",
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
         "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
-        "accumulation", "grad_bytes", "cp_attention",
+        "accumulation", "grad_bytes", "cp_attention", "machine",
     )  # fmt: skip
 
-    def __init__(self, workload: Workload, hardware: Hardware, k: Constants, rank: int | None = None):
-        accelerator = hardware.accelerator
-        if not accelerator.peak_bf16_tflops or not accelerator.hbm_gbps:
-            raise ThroughputUnknown(
-                f"{accelerator.name} has no known peak FLOP/s or memory bandwidth; throughput is predicted for GPUs only"
-            )
-        arch, layout = workload.arch, workload.layout
-        self.w, self.k, self.accelerator, self.gen = workload, k, accelerator, generation(accelerator)
+    def __init__(
+        self,
+        workload: Workload,
+        hardware: Hardware,
+        k: Constants,
+        rank: int | None = None,
+        *,
+        machine: _Machine | None = None,
+    ):
+        machine = machine or _Machine(hardware, k)
+        arch, layout, accelerator = workload.arch, workload.layout, machine.accelerator
+        self.machine, self.w, self.k, self.accelerator, self.gen = machine, workload, k, accelerator, machine.gen
         self.h, self.kv, self.f, self.vocab = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
         self.t, self.c, self.p, self.v = layout.tensor, layout.context, layout.pipeline, layout.virtual_stages
         self.shard, self.replicas = layout.fsdp_shard, layout.data_replicate
@@ -369,20 +445,16 @@ class _Step:
         rank = layout.pipeline - 1 if rank is None else rank
         self.layers = rank_layers(arch.num_layers, layout, rank)
         self.has_output = rank == layout.pipeline - 1
-        self.recompute = AC_RECOMPUTE[workload.activation_checkpointing]
+        self.switch(workload)
         fp8, fp8_recipe = workload.fp8 and accelerator.has_fp8, workload.fp8_recipe
         self.fp8 = fp8
         # Tensorwise FP8 on NCCL all-gathers float8 weights (FSDP) and activations (TP): the entrypoints'
         # fp8.py. Weights are then cast on the local shard before the gather. Predictions are for GPUs.
         self.fp8_gather = float8_all_gather(fp8=fp8, fp8_recipe=fp8_recipe, backend=collective_backend("cuda"))
         self.rows = self.b * self.s // self.c  # GEMM M: tokens of one micro-batch on one CP rank (SP gathers them)
-        self.bf16_peak = accelerator.peak_bf16_tflops * 1e12
-        self.hbm = accelerator.hbm_gbps * GB * k.hbm_efficiency
-        self.intra = accelerator.nvlink_gbps / 2 * GB * k.nvlink_efficiency if accelerator.nvlink_gbps else 0.0
-        self.gpus_per_node, self.usd_per_hour = hardware.procs_per_node, hardware.usd_per_hour
-        self.node_network = hardware.instance.efa_gbps / 8 * GB * k.network_efficiency  # every NIC of a node
-        self.inter = self.node_network / self.gpus_per_node  # one GPU's share
-        self.accumulation = mode(workload, "grad_accumulation")
+        self.bf16_peak, self.hbm, self.intra = machine.bf16_peak, machine.hbm, machine.intra
+        self.gpus_per_node, self.usd_per_hour = machine.gpus_per_node, machine.usd_per_hour
+        self.node_network, self.inter = machine.node_network, machine.inter
         self.grad_bytes = k.fsdp_grad_bytes[mode(workload, "reduce_dtype")]
         self.cp_attention = mode(workload, "cp_attention")
         h, kv, f = self.h, self.kv, self.f
@@ -390,12 +462,26 @@ class _Step:
         # The last rank also holds the final norm and the output layer.
         self.stage_params = self.block_params + (self.vocab * h + h if self.has_output else 0)
 
+    def switch(self, workload: Workload) -> None:
+        """Make this the step of `workload`, which may differ from the one it was built for only in
+        `_VARIANT_FIELDS`: every other field reads the same."""
+        self.w = workload
+        self.recompute = AC_RECOMPUTE[workload.activation_checkpointing]
+        self.accumulation = mode(workload, "grad_accumulation")
+
     def link(self, stride: int, size: int) -> tuple[float, float]:
         """(bus bandwidth, latency) of a collective over `size` ranks `stride` apart in the mesh.
 
         Every group of a mesh dimension runs its collective at the same time (SPMD), so the groups
         with ranks on a node share that node's NICs: a group with r ranks per node gets r/g of them.
         Its intra-node hops run over NVLink, which caps the ring's rate when r > 1."""
+        known = self.machine.links
+        found = known.get((stride, size))
+        if found is None:
+            found = known[stride, size] = self._link(stride, size)
+        return found
+
+    def _link(self, stride: int, size: int) -> tuple[float, float]:
         k, g = self.k, self.gpus_per_node
         if self._within_node(stride, size):
             return self.intra, k.latency_intra_s
@@ -436,11 +522,7 @@ class _Compute(NamedTuple):
 def compute_time(step: _Step) -> _Compute:
     """Matmuls, attention and elementwise work, forward and backward, plus the forward again of the
     blocks activation checkpointing recomputes."""
-    block_gemm_s, head_s = matmul_time(step)
-    attention_s = attention_time(step)
-    forward_ew_s = elementwise_time(step)
-    cast_forward_s = fp8_cast_time(step)
-    loss_s = loss_time(step)
+    block_gemm_s, head_s, attention_s, forward_ew_s, cast_forward_s, loss_s = _layer_terms(step)
     per_layer_forward = (block_gemm_s + attention_s) / 3 + forward_ew_s + cast_forward_s
     layers = step.layers
     return _Compute(
@@ -449,6 +531,31 @@ def compute_time(step: _Step) -> _Compute:
         elementwise=layers * (3 * forward_ew_s + 2 * cast_forward_s) + (loss_s if step.has_output else 0.0),
         recompute=step.recompute * layers * per_layer_forward,
     )
+
+
+def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]:
+    """One layer's GEMMs, attention, elementwise work and FP8 casts, and the output layer's GEMMs
+    and loss, on one GPU: worked out once per distinct set of what they read (the cluster's
+    rates are the machine's), since layouts that differ only in pipelining, replicas,
+    checkpointing or accumulation share them."""
+    w = step.w
+    key = (
+        w.dtype, w.fp8_recipe, w.compile, step.fp8, step.fp8_gather, step.rows, step.s, step.h, step.kv, step.f,
+        step.vocab, step.t, step.c, step.shard, step.cp_attention,
+    )  # fmt: skip
+    known = step.machine.layer_terms
+    found = known.get(key)
+    if found is None:
+        block_gemm_s, head_s = matmul_time(step)
+        found = known[key] = (
+            block_gemm_s,
+            head_s,
+            attention_time(step),
+            elementwise_time(step),
+            fp8_cast_time(step),
+            loss_time(step),
+        )
+    return found
 
 
 def matmul_time(step: _Step) -> tuple[float, float]:
@@ -651,7 +758,8 @@ def _throughput(step: _Step, breakdown: dict[str, float]) -> Throughput:
     world = layout.world_size
     tokens_per_step = w.tokens_per_step
     tokens_per_s_per_gpu = tokens_per_step / step_s / world
-    flops_per_token = model_flops_per_token(w.arch, w.seq_len, causal=True)
+    # model_flops_per_token(w.arch, w.seq_len, causal=True), from the shapes the step already read
+    flops_per_token = _model_flops(step.h, step.kv, step.f, w.arch.num_layers, step.vocab, w.seq_len, 6)
     instances = ceil(world / step.gpus_per_node)
     return Throughput(
         tokens_per_s_per_gpu=tokens_per_s_per_gpu,

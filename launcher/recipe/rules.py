@@ -16,20 +16,20 @@ from launcher.contract import layout as contract_layout
 from launcher.contract.dataset import manifest_problem
 from launcher.contract.layout import Layout, fill_data_shard
 from launcher.errors import Problem
+from launcher.recipe import schema
 from launcher.recipe.hardware import Hardware
 from launcher.recipe.references import dataset_manifest
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S, RecipeSpec
 
-# Patterns from the SageMaker API model (botocore sagemaker/2017-07-24/service-2.json), matched
-# with `fullmatch`: `re.match` with a trailing `$` also accepts a trailing newline, so
-# `region: "us-west-2\n"` passed validation and failed at submit. Each is linear in its input.
-ROLE_ARN_RE = re.compile(r"arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+")
-S3_URI_RE = re.compile(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?")
-REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+")
-SUBNET_RE = re.compile(r"subnet-[0-9a-z]+")
-SECURITY_GROUP_RE = re.compile(r"sg-[0-9a-z]+")
-KMS_KEY_RE = re.compile(r"[a-zA-Z0-9:/_\-]+")
-IMAGE_RE = re.compile(r"[\S]{1,255}")
+# The SageMaker identifiers' patterns live in the schema (its JSON Schema shows them to editors);
+# matched whole here, with the cross-field rules, so every problem of a recipe is reported at once.
+ROLE_ARN_RE = schema.whole(schema.ROLE_ARN_PATTERN)
+S3_URI_RE = schema.whole(schema.S3_URI_PATTERN)
+REGION_RE = schema.whole(schema.REGION_PATTERN)
+SUBNET_RE = schema.whole(schema.SUBNET_PATTERN)
+SECURITY_GROUP_RE = schema.whole(schema.SECURITY_GROUP_PATTERN)
+KMS_KEY_RE = schema.whole(schema.KMS_KEY_PATTERN)
+IMAGE_RE = schema.whole(schema.IMAGE_PATTERN)
 
 
 def layout_problems(
@@ -181,7 +181,7 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
     problems = []
 
     def check(path: str, value, pattern: re.Pattern, valid: str):
-        if value is not None and not pattern.fullmatch(value):
+        if value is not None and not pattern.match(value):
             shown = value if len(value) <= 60 else value[:57] + "..."
             problems.append(Problem(path, f"{shown!r} is not {valid}"))
 

@@ -94,6 +94,40 @@ Duration = Annotated[
 ]
 
 
+# Patterns from the SageMaker API model (botocore sagemaker/2017-07-24/service-2.json), as JSON
+# Schema writes them (anchored with ^ and $), so editors check them as they are typed. The recipe
+# rules (`rules.sagemaker_problems`) match them whole with Python's `re` (`\Z`, not `$`: `$` also
+# accepts a trailing newline, so `region: "us-west-2\n"` once passed validation and failed at
+# submit), next to the cross-field rules, so every problem of a recipe is reported at once; a
+# pydantic `pattern` would stop validation before those rules. Each is linear in its input.
+ROLE_ARN_PATTERN = r"^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$"
+S3_URI_PATTERN = r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(/.*)?$"
+REGION_PATTERN = r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+$"
+SUBNET_PATTERN = r"^subnet-[0-9a-z]+$"
+SECURITY_GROUP_PATTERN = r"^sg-[0-9a-z]+$"
+KMS_KEY_PATTERN = r"^[a-zA-Z0-9:/_\-]+$"
+IMAGE_PATTERN = r"^[\S]{1,255}$"
+
+
+def whole(pattern: str) -> re.Pattern:
+    """`pattern` compiled to match a whole value with `re.match`."""
+    return re.compile(pattern.removesuffix("$") + r"\Z")
+
+
+def _matching(pattern: str, **json_limits: int) -> Any:
+    """A string whose JSON Schema carries `pattern` (the rules check it)."""
+    return Annotated[str, WithJsonSchema({"type": "string", "pattern": pattern, **json_limits})]
+
+
+RoleArn = _matching(ROLE_ARN_PATTERN)
+S3Uri = _matching(S3_URI_PATTERN)
+Region = _matching(REGION_PATTERN)
+SubnetId = _matching(SUBNET_PATTERN)
+SecurityGroupId = _matching(SECURITY_GROUP_PATTERN)
+KmsKeyId = _matching(KMS_KEY_PATTERN)
+ImageRef = _matching(IMAGE_PATTERN, maxLength=255)
+
+
 class Section(BaseModel):
     # No field takes inf or nan: they would reach the estimator's arithmetic and the entrypoints.
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
@@ -256,7 +290,7 @@ class Cluster(Section):
     """The GPU of a 'local' cuda machine, e.g. h100-80gb. Derived for catalog instance types."""
     usd_per_hour: float | None = Field(default=None, ge=0, le=1e6)
     """Your price per instance-hour, if it differs from the catalog's."""
-    image: str | None = Field(default=None, max_length=255)
+    image: ImageRef | None = Field(default=None, max_length=255)
     """Container image for sagemaker, docker and k8s; default: the region's PyTorch training image
     (its CPU variant for device: cpu). Slurm runs containers only with slurm.container_image."""
     max_run: Duration = 86400
@@ -269,23 +303,23 @@ class Cluster(Section):
 
 
 class SageMaker(Section):
-    region: str = Field(default_factory=default_region)
+    region: Region = Field(default_factory=default_region)
     """AWS region of the job and of the default image; default: AWS_REGION, AWS_DEFAULT_REGION, the
     AWS profile's region, else us-west-2 (the AWS CLI's order)."""
-    role_arn: str | None = None
+    role_arn: RoleArn | None = None
     """IAM role the training job runs as, e.g. arn:aws:iam::123456789012:role/SageMakerTraining."""
-    output_uri: str | None = None
+    output_uri: S3Uri | None = None
     """s3:// prefix for the job's output; default: the session's default bucket."""
-    checkpoint_uri: str | None = None
+    checkpoint_uri: S3Uri | None = None
     """s3:// prefix that SageMaker syncs with /opt/ml/checkpoints."""
     spot: bool = False
     """Managed spot training."""
     max_wait: Duration | None = None
     """With spot: how long to wait for capacity plus run time; at least max_run."""
     volume_size_gb: PositiveInt = Field(default=500, le=16384)
-    subnets: list[str] = []
-    security_group_ids: list[str] = []
-    kms_key_id: str | None = None
+    subnets: list[SubnetId] = []
+    security_group_ids: list[SecurityGroupId] = []
+    kms_key_id: KmsKeyId | None = None
     network_isolation: bool = False
     encrypt_inter_container_traffic: bool = False
     tags: dict[str, str] = {}

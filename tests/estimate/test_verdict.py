@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from launcher import api
+from launcher.api import plan
 from launcher.estimate import MemoryEstimate, Workload, format_bytes, verdict
-from launcher.plan import plan
 from launcher.plan.suggest import find_fitting_change
 from launcher.recipe import Recipe
 from launcher.recipe.rules import layout_problems

@@ -13,9 +13,10 @@ from collections import defaultdict
 
 import pytest
 
+from launcher.api import plan
 from launcher.contract.layout import Layout
 from launcher.estimate import Workload
-from launcher.plan import LayoutPlan, plan
+from launcher.plan import LayoutPlan
 from launcher.plan.throughput import CONSTANTS, predict
 from launcher.recipe import Recipe
 from tests import REPO

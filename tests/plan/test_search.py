@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.api import estimate
+from launcher.api import estimate, plan
 from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, Workload, estimate_memory
-from launcher.plan import plan, search
+from launcher.plan import SearchOptions, search
 from launcher.plan.candidates import shapes
 from launcher.plan.explain import why
 from launcher.plan.rank import AC_MODES
@@ -83,7 +83,7 @@ def test_planning_another_budget_changes_the_instance_count():
 
 def test_planning_another_instance_type_drops_what_it_fixes():
     recipe = Recipe.load(RECIPES / "llama3-8b-8k.yaml").with_changes({"cluster.usd_per_hour": 40.0})
-    found = search(recipe, instance_type="ml.p5e.48xlarge", top=1)
+    found = search(recipe, SearchOptions(instance_type="ml.p5e.48xlarge", top=1))
     assert found.budget.accelerator_key == "h200-141gb"
     assert found.budget.usd_per_hour == pytest.approx(63.296)  # the recipe's price was for p5
     changed = recipe.with_changes(found.best.overrides(recipe))
@@ -97,7 +97,9 @@ def test_vary_fp8_tries_both_precisions_on_hopper():
 
 
 def test_the_explanation_names_the_runner_up_and_the_reason():
-    found = search(Recipe.load(RECIPES / "llama3-8b-8k.yaml"), top=3, vary_accumulation=False)  # modes can tie
+    found = search(
+        Recipe.load(RECIPES / "llama3-8b-8k.yaml"), SearchOptions(top=3, vary_accumulation=False)
+    )  # modes can tie
     why_text = why(found)
     assert why_text.startswith(found.best.describe() + " is fastest at ")
     assert found.ranked[1].describe() in why_text
@@ -117,7 +119,7 @@ def test_the_explanation_names_the_runner_up_and_the_reason():
 def test_bad_budgets_are_refused_with_one_line(kwargs, message):
     recipe = Recipe.load(RECIPES / "mistral7b-32k.yaml")
     with pytest.raises(UsageError) as error:
-        search(recipe, **kwargs)
+        search(recipe, SearchOptions(**kwargs))
     assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)
 
@@ -128,7 +130,7 @@ def test_a_model_that_fits_nowhere_says_how_much_it_needs():
         UsageError,
         match=r"no layout of llama3.1-405b at 131072 tokens fits in 80% of h200-141gb memory on 1 x ml.p5en.48xlarge .* the smallest needs [\d.]+ GiB per GPU",
     ):
-        search(recipe, instances=1)
+        search(recipe, SearchOptions(instances=1))
 
 
 def test_a_local_gpu_machine_plans_its_process_count(tmp_path):
@@ -143,7 +145,7 @@ def test_a_local_gpu_machine_plans_its_process_count(tmp_path):
     changed = recipe.with_changes(best.overrides(recipe))
     assert changed.cluster.nproc_per_node == 4 and changed.world_size == 4
     with pytest.raises(UsageError, match="a local recipe runs on this one machine; use --gpus"):
-        search(recipe, instances=2)
+        search(recipe, SearchOptions(instances=2))
 
 
 def test_searching_accumulation_modes_keeps_those_whose_unsharded_state_fits():
@@ -152,9 +154,9 @@ def test_searching_accumulation_modes_keeps_those_whose_unsharded_state_fits():
     recipe = Recipe.load(RECIPES / "llama3-8b-8k.yaml").with_changes(
         {"cluster.instance_count": 4, "training.global_batch_size": 256}
     )
-    plain = search(recipe, top=15, vary_accumulation=False)
+    plain = search(recipe, SearchOptions(top=15, vary_accumulation=False))
     assert {p.grad_accumulation for p in plain.ranked} == {"sync_each"}
-    varied = search(recipe, top=15)
+    varied = search(recipe, SearchOptions(top=15))
     kept = [p for p in varied.ranked if p.grad_accumulation != "sync_each"]
     assert kept, "some layouts have room for unsharded gradients"
     for p in kept:

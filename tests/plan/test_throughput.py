@@ -10,6 +10,7 @@ from launcher import catalog
 from launcher.catalog import ModelArch
 from launcher.contract.layout import Layout
 from launcher.estimate import Workload
+from launcher.plan.rank import candidate_workloads
 from launcher.plan.throughput import (
     BREAKDOWN,
     CONSTANTS,
@@ -17,6 +18,7 @@ from launcher.plan.throughput import (
     bubble_fraction,
     model_flops_per_token,
     predict,
+    predict_many,
 )
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import hardware_for
@@ -219,3 +221,23 @@ def test_a_hand_built_arch_without_a_catalog_entry_predicts():
         max_context=4096,
     )
     assert run(arch, Layout(), seq_len=4096, gpus_per_node=1).tokens_per_s_per_gpu > 0
+
+
+@pytest.mark.parametrize(
+    ("path", "changes", "vary_fp8"),
+    [
+        ("llama405b-128k.yaml", {}, False),  # pipelined layouts, several ranks that can be the slowest
+        ("llama3-8b-8k.yaml", {"cluster.instance_count": 4, "training.global_batch_size": 256}, True),
+    ],
+)
+def test_predicting_every_candidate_at_once_gives_each_ones_own_prediction(path, changes, vary_fp8):
+    # predict_many shares rates, links, layer terms and steps between candidates; nothing it gives
+    # may differ from predicting each candidate alone, in any order.
+    recipe = Recipe.load(RECIPES / path).with_changes(changes)
+    candidates = candidate_workloads(recipe, recipe.hardware, vary_fp8=vary_fp8)
+    assert len({w.activation_checkpointing for w in candidates}) == 3
+    assert len({w.grad_accumulation for w in candidates}) > 1 or recipe.layout.pipeline > 1
+    alone = [predict(w, recipe.hardware) for w in candidates]
+    assert predict_many(candidates, recipe.hardware) == alone
+    assert predict_many(candidates[::-1], recipe.hardware) == alone[::-1]
+    assert predict_many([], recipe.hardware) == []

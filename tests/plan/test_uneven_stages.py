@@ -42,7 +42,7 @@ def test_405b_at_128k_with_pp_8_and_16_validates_estimates_and_plans(pipeline, p
     # The middle stages hold a layer more than the end stages and hold no output layer, so
     # one of them (not rank 0 or the last) must fit, and a rank with more in flight peaks.
     assert 0 < estimate.peak_stage < pipeline - 1
-    found = api.plan_search(recipe, top=1)
+    found = api.plan_search(recipe, api.SearchOptions(top=1))
     assert found.current is not None and found.current.layout.pipeline == pipeline
     assert found.current.memory.fits and found.current.tokens_per_s_per_gpu > 0
 

@@ -180,7 +180,7 @@ def drive_api(path: Path, options: list[str], gpus: int | None) -> None:
         recipe = api.load(path, set_options=options)
         api.estimate(recipe)
         if _plan_budget(recipe, gpus):
-            api.plan_search(recipe, gpus=gpus, top=3)
+            api.plan_search(recipe, api.SearchOptions(gpus=gpus, top=3))
     except LauncherError as error:
         assert error.lines() and all(line.strip() for line in error.lines()), error
 
