@@ -19,14 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests import REPO
-from tests.backends import conftest as backend_fixtures
 
-from . import slurm_cluster as cluster
 from .slurm_cluster import SlurmCluster
-
-# Fixtures used here: the session's cluster, SLURM_CONF for the test, a private $LAUNCHER_HOME
-# (also the shared directory: both nodes are this host).
-slurm_cluster, slurm, home = cluster.slurm_cluster, cluster.slurm, backend_fixtures.home
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 STEPS = 20  # enough that USR1 lands well before the end, even on a fast machine
@@ -50,7 +44,9 @@ def job_settings(*extra: str) -> list[str]:
 
 @pytest.fixture
 def submit(slurm, home, cli):
-    """`launcher submit tiny-cpu --backend slurm ...`; returns (job name, Slurm job id, its log)."""
+    """`launcher submit tiny-cpu --backend slurm ...`; returns (job name, Slurm job id, its log).
+
+    `home` (a private $LAUNCHER_HOME) is also the cluster's shared directory: both nodes are this host."""
 
     def run(*extra: str) -> tuple[str, str, Path]:
         result = cli("submit", RECIPE, "--backend", "slurm", "--json", *job_settings(*extra))

@@ -35,7 +35,7 @@ from entrypoints.parallel.process_group import process_group  # noqa: E402
 from entrypoints.parallel.ulysses import UlyssesAttention  # noqa: E402
 from entrypoints.train import train  # noqa: E402
 from launcher.contract.config import RopeScaling, load_config  # noqa: E402
-from tests.entrypoints.test_model import tiny  # noqa: E402
+from tests.entrypoints.tiny_models import tiny  # noqa: E402
 
 ULYSSES_CASES = [[4, 4], [4, 2], [8, 2], [6, 2]]  # heads / kv heads: MHA, GQA, 3 query heads per rank
 SEPARATOR = 0
