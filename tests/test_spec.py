@@ -8,8 +8,7 @@ import datetime
 import pytest
 
 from launcher.spec import JOB_NAME_RE, JobSpec, job_name
-
-from .helpers import spec_for
+from tests.backends.helpers import spec_for
 
 NOW = datetime.datetime(2026, 11, 9, 15, 30, 12, 345678, tzinfo=datetime.UTC)
 

@@ -22,9 +22,8 @@ import pytest
 
 from launcher.registry import JobRef, records, save, write_json
 from tests import REPO
+from tests.backends.helpers import FAKE_ENTRYPOINTS, alive, recipe_path, submit, wait_for_line
 from tests.disks import fill_disk, small_disk
-
-from .helpers import FAKE_ENTRYPOINTS, alive, recipe_path, submit, wait_for_line
 
 TINY = recipe_path("tiny-cpu")
 
