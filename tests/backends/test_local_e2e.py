@@ -22,7 +22,7 @@ from launcher.backends.sagemaker import METRIC_DEFINITIONS
 
 from .helpers import REPO
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.engines]
 
 
 def launcher(*args: str, home: Path, timeout: float = 600) -> subprocess.CompletedProcess:

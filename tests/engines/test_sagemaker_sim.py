@@ -25,7 +25,7 @@ _METRICS = re.compile(r"^metrics step=(\d+) loss=(\S+)")
 _RESUMED = re.compile(r"resumed_from_step=(\d+)")
 _INTERRUPTED = re.compile(r"interrupted by SIGTERM after step (\d+)")
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.engines]
 
 
 # --- reading what the job printed ----------------------------------------------------------------

@@ -26,6 +26,8 @@ RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 STEPS = 20  # enough that USR1 lands well before the end, even on a fast machine
 JOB_TIMEOUT_S = 240.0
 
+pytestmark = pytest.mark.engines
+
 
 def job_settings(*extra: str) -> list[str]:
     """tiny-cpu on 2 nodes x 2 processes, small enough for 2 shared cores, a checkpoint every 2 steps."""
