@@ -1,6 +1,6 @@
 """Checkpoints with torch.distributed.checkpoint (DCP): save, keep the newest K, resume, reshard.
 
-    checkpoints = Checkpointer(directory, cfg.checkpoint, parts=..., optimizers=..., data=..., placement=...)
+    checkpoints = Checkpointer(directory, cfg.checkpoint, parts=..., optimizers=..., data=..., rank_hosts=...)
     step = checkpoints.resume()          # 0 when starting fresh
     checkpoints.save(step)               # starts an asynchronous save where DCP supports it
     checkpoints.finish_pending()         # collective: once every rank's save is written (train.py asks)
@@ -55,7 +55,7 @@ from entrypoints.checkpoint_digests import DigestingWriter, VerifyingReader
 from entrypoints.checkpoint_files import (
     LEASE_RENEW_S,
     CheckpointDamaged,
-    Placement,
+    RankHosts,
     acquire_lease,
     checkpoint_fault,
     complete_checkpoints,
@@ -78,7 +78,7 @@ from launcher.contract.config import CheckpointConfig, ConfigError
 __all__ = [
     "CheckpointWriteFailed",
     "Checkpointer",
-    "Placement",
+    "RankHosts",
     "complete_checkpoints",
     "is_complete",
     "step_dir_name",
@@ -91,11 +91,11 @@ class CheckpointWriteFailed(Exception):
 
 
 class Checkpointer:
-    def __init__(self, directory: Path, cfg: CheckpointConfig, *, parts, optimizers, data, placement: Placement):
+    def __init__(self, directory: Path, cfg: CheckpointConfig, *, parts, optimizers, data, rank_hosts: RankHosts):
         self.directory, self.cfg = directory, cfg
         self.parts, self.optimizers, self.data = parts, optimizers, data
-        self.placement = placement
-        self.rank, self.world_size = placement.rank, placement.world_size
+        self.rank_hosts = rank_hosts
+        self.rank, self.world_size = rank_hosts.rank, rank_hosts.world_size
         self.last_saved_step: int | None = None
         self.complete_steps: list[int] = []  # complete on every host, as every rank knows it
         self.last_save_s: float | None = None  # how long the last save took to become durable
@@ -149,10 +149,10 @@ class Checkpointer:
         self.finish_pending()
         path = self.directory / step_dir_name(step)
         self._last_save_started = started = time.monotonic()
-        if self.placement.is_node_leader:
+        if self.rank_hosts.is_node_leader:
             path.mkdir(parents=True, exist_ok=True)
             # A killed attempt's files at this step: this host's marker goes first, then its files.
-            remove_own_files(path, self.placement)
+            remove_own_files(path, self.rank_hosts)
         dist.barrier()  # nobody writes before every host has withdrawn its old part
         writer = DigestingWriter(path)  # DCP's own writer, hashing each file as it writes it
         with self._writing(step, writer):
@@ -241,12 +241,12 @@ class Checkpointer:
         everyone = [None] * self.world_size
         dist.all_gather_object(everyone, digests, group=self._save_group())
         path = self.directory / step_dir_name(step)
-        if self.placement.is_node_leader:
-            sizes = own_file_sizes(path, self.placement)
+        if self.rank_hosts.is_node_leader:
+            sizes = own_file_sizes(path, self.rank_hosts)
             written = {relative: digest for part in everyone for relative, digest in part.items()}
             mine = {relative: written[relative] for relative in sizes if relative in written}
             with self._writing(step):
-                write_durable(path / self.placement.marker, marker_content(step, sizes, mine))
+                write_durable(path / self.rank_hosts.marker, marker_content(step, sizes, mine))
         dist.barrier()  # every host's marker is on disk: the checkpoint is complete everywhere
         self.last_save_s = time.monotonic() - started
         if self.rank == 0:
@@ -259,11 +259,11 @@ class Checkpointer:
         """Every host deletes its own files of checkpoints outside the newest `keep` complete ones."""
         keep = set(self.complete_steps[-self.cfg.keep :])
         doomed = [path for step, path in step_dirs(self.directory) if step not in keep]
-        if self.placement.is_node_leader:
+        if self.rank_hosts.is_node_leader:
             for path in doomed:
-                remove_own_files(path, self.placement)
+                remove_own_files(path, self.rank_hosts)
         dist.barrier()  # on a shared directory, every host's files are gone before rmdir
-        if self.placement.is_node_leader:
+        if self.rank_hosts.is_node_leader:
             for path in doomed:
                 remove_empty_dirs(path)
         self.complete_steps = sorted(keep)
@@ -370,7 +370,7 @@ class Checkpointer:
     def _load(self, path: Path) -> int:
         recorded = self._verify_small_files(path)
         state = self._state()
-        dcp.load(state, checkpoint_id=str(path), storage_reader=VerifyingReader(path, self.placement, recorded))
+        dcp.load(state, checkpoint_id=str(path), storage_reader=VerifyingReader(path, self.rank_hosts, recorded))
         self._load_state(state)
         train_state = json.loads((path / "train_state.json").read_text())
         self.data.load_state_dict(train_state["data"])
@@ -389,7 +389,7 @@ class Checkpointer:
         recorded, fault = recorded_digests(path)
         rng = f"rng/rank-{self.rank:05d}.pt"
         for relative in [".metadata", "train_state.json", *([rng] if (path / rng).is_file() else [])]:
-            fault = fault or digest_fault(path, relative, recorded, self.placement.node)
+            fault = fault or digest_fault(path, relative, recorded, self.rank_hosts.node)
         fault = self._agree(fault)
         if fault:
             raise CheckpointDamaged(fault)

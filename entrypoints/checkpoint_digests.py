@@ -3,7 +3,7 @@ the files a load reads verified against the hosts' markers before their data is 
 
     writer = DigestingWriter(path)            # dcp.save / dcp.async_save(..., storage_writer=writer)
     writer.digests                            # {file name: sha256}, once the save has finished
-    reader = VerifyingReader(path, placement, recorded)   # dcp.load(..., storage_reader=reader)
+    reader = VerifyingReader(path, rank_hosts, recorded)   # dcp.load(..., storage_reader=reader)
 
 Where the hooks sit (torch 2.13, torch/distributed/checkpoint/filesystem.py):
 - `_FileSystemWriter` opens every file through `self.fs.create_stream(path, "wb")` (each rank's
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 
-from entrypoints.checkpoint_files import DIGEST, CheckpointDamaged, Placement, digest_fault
+from entrypoints.checkpoint_files import DIGEST, CheckpointDamaged, RankHosts, digest_fault
 
 
 class _HashingStream:
@@ -111,17 +111,17 @@ class VerifyingReader(FileSystemReader):
     `recorded`: {relative path: (marker, digest)} from the markers this host sees (empty for a
     checkpoint from before digests: nothing is verified)."""
 
-    def __init__(self, path: Path, placement: Placement, recorded: dict[str, tuple[str, str]]):
+    def __init__(self, path: Path, rank_hosts: RankHosts, recorded: dict[str, tuple[str, str]]):
         super().__init__(path)
-        self.placement, self.recorded = placement, recorded
+        self.rank_hosts, self.recorded = rank_hosts, recorded
 
     def prepare_global_plan(self, plans):
         """Coordinator: give each file a host's ranks read to one of them (the least loaded)."""
         plans = super().prepare_global_plan(plans)
         assigned: list[list[str]] = [[] for _ in plans]
         load = [0] * len(plans)
-        for node in sorted({self.placement.node_of(rank) for rank in range(len(plans))}):
-            ranks = [rank for rank in range(len(plans)) if self.placement.node_of(rank) == node]
+        for node in sorted({self.rank_hosts.node_of(rank) for rank in range(len(plans))}):
+            ranks = [rank for rank in range(len(plans)) if self.rank_hosts.node_of(rank) == node]
             read = {self.storage_data[item.storage_index].relative_path for rank in ranks for item in plans[rank].items}
             for relative in sorted(read, key=lambda r: (-self._size(r), r)):
                 rank = min(ranks, key=lambda r: (load[r], r))
@@ -137,7 +137,7 @@ class VerifyingReader(FileSystemReader):
 
     def read_data(self, plan, planner):
         for relative in plan.storage_data or []:
-            fault = digest_fault(Path(self.path), relative, self.recorded, self.placement.node)
+            fault = digest_fault(Path(self.path), relative, self.recorded, self.rank_hosts.node)
             if fault:
                 raise CheckpointDamaged(fault)
         return super().read_data(plan, planner)

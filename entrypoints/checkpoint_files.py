@@ -42,12 +42,12 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def marker_name(node: int, nnodes: int) -> str:
-    return f"COMPLETE.node-{node}-of-{nnodes}"
+def marker_name(node: int, instance_count: int) -> str:
+    return f"COMPLETE.node-{node}-of-{instance_count}"
 
 
 @dataclass(frozen=True)
-class Placement:
+class RankHosts:
     """Where this process sits: its rank and how ranks are spread over hosts."""
 
     rank: int
@@ -59,12 +59,12 @@ class Placement:
             raise ValueError(f"{self.world_size} ranks do not split into hosts of {self.procs_per_node}")
 
     @classmethod
-    def from_env(cls, rank: int, world_size: int) -> Placement:
+    def from_env(cls, rank: int, world_size: int) -> RankHosts:
         """torchrun's LOCAL_WORLD_SIZE ranks per host (one host when run without torchrun)."""
         return cls(rank, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
 
     @property
-    def nnodes(self) -> int:
+    def instance_count(self) -> int:
         return self.world_size // self.procs_per_node
 
     @property
@@ -85,13 +85,13 @@ class Placement:
         if match:
             return self.node_of(int(match.group(1) or match.group(2)))
         match = MARKER.match(relative)
-        if match and int(match.group(1)) < self.nnodes:
+        if match and int(match.group(1)) < self.instance_count:
             return int(match.group(1))
         return 0
 
     @property
     def marker(self) -> str:
-        return marker_name(self.node, self.nnodes)
+        return marker_name(self.node, self.instance_count)
 
 
 def is_complete(path: Path) -> bool:
@@ -125,20 +125,20 @@ def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return [(step, path) for step, path in step_dirs(directory) if is_complete(path)]
 
 
-def own_files(path: Path, placement: Placement) -> list[Path]:
+def own_files(path: Path, rank_hosts: RankHosts) -> list[Path]:
     """The files in step directory `path` that this host owns; its marker first."""
     files = []
     for root, _, names in os.walk(path):
         for name in names:
             full = Path(root) / name
-            if placement.owner(full.relative_to(path).as_posix()) == placement.node:
+            if rank_hosts.owner(full.relative_to(path).as_posix()) == rank_hosts.node:
                 files.append(full)
     # The marker goes first: a host's part must stop counting before any of its files disappear.
     return sorted(files, key=lambda f: (not MARKER.match(f.name), f.as_posix()))
 
 
-def remove_own_files(path: Path, placement: Placement) -> None:
-    for file in own_files(path, placement):
+def remove_own_files(path: Path, rank_hosts: RankHosts) -> None:
+    for file in own_files(path, rank_hosts):
         file.unlink(missing_ok=True)
     if path.is_dir():
         fsync_dir(path)
@@ -206,10 +206,10 @@ def marker_content(step: int, files: dict[str, int], digests: dict[str, str] | N
     return (json.dumps(record, sort_keys=True) + "\n").encode()
 
 
-def own_file_sizes(path: Path, placement: Placement) -> dict[str, int]:
+def own_file_sizes(path: Path, rank_hosts: RankHosts) -> dict[str, int]:
     return {
         file.relative_to(path).as_posix(): file.stat().st_size
-        for file in own_files(path, placement)
+        for file in own_files(path, rank_hosts)
         if not MARKER.match(file.name)
     }
 

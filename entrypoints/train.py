@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from entrypoints import failure
-from entrypoints.checkpoint import Checkpointer, CheckpointWriteFailed, Placement, step_dir_name
+from entrypoints.checkpoint import Checkpointer, CheckpointWriteFailed, RankHosts, step_dir_name
 from entrypoints.data import DataLoader
 from entrypoints.export_hf import export_directory, export_hf
 from entrypoints.fp8 import after_optimizer_step, fp8_settings
@@ -124,7 +124,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         parts=parts,
         optimizers=optimizers,
         data=data,
-        placement=Placement.from_env(env.rank, env.world_size),
+        rank_hosts=RankHosts.from_env(env.rank, env.world_size),
     )
     start = _steps_left_after(checkpoints.resume(), t.steps)
     load_hf_weights(parts, cfg, fresh_start=start == 0)

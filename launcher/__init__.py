@@ -26,7 +26,7 @@ _EXPORTS = {
     "list_jobs": "launcher.jobs",
     "submit": "launcher.api",
     "prepare_data": "launcher.api",
-    "to_model_trainer": "launcher.backends.model_trainer",
+    "to_model_trainer": "launcher.backends.sagemaker.model_trainer",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,7 +12,6 @@ import functools
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -28,7 +27,6 @@ from launcher.contract.text import terminal_safe
 from launcher.errors import EXIT_DETACHED, EXIT_USAGE, Detached, LauncherError, RecipeError
 
 if TYPE_CHECKING:  # the CLI imports the API inside each verb, so `launcher --help` stays fast
-    from launcher.backends import JobStatus
     from launcher.recipe import Recipe
 
 app = typer.Typer(
@@ -280,10 +278,11 @@ def submit(
 ) -> None:
     """Check memory, then start the job on its backend (--backend overrides cluster.backend)."""
     from launcher import api
-    from launcher.jobs import result_text
+    from launcher.display.live import LiveProgress
+    from launcher.display.text import result_text
 
     loaded = api.load(recipe, backend=backend, set_options=set_ or [])
-    follow = _Follow(total_steps=loaded.training.steps, lines_to=sys.stderr if json_ else sys.stdout)
+    follow = LiveProgress(total_steps=loaded.training.steps, console=err, lines_to=sys.stderr if json_ else sys.stdout)
     with follow:
         result = api.submit(
             loaded, backend=backend, dry_run=dry_run, force=force, wait=wait, auto_plan=auto_plan,
@@ -304,63 +303,11 @@ def submit(
     raise typer.Exit(result.exit_code)
 
 
-class _Follow:
-    """What `submit --wait` shows while a job runs: its log lines; on a terminal, a live line with
-    the starting phase (SageMaker's secondary status), then the step, loss and ETA."""
-
-    def __init__(self, *, total_steps: int, lines_to):
-        self.total_steps, self.lines_to = total_steps, lines_to
-        self.live = None
-        self.first_step: tuple[int, float] | None = None  # (step, when its metrics line arrived)
-
-    def __enter__(self):
-        if err.is_terminal and not err.quiet:
-            from rich.live import Live
-
-            # Live redirects print() to above the live line, so log lines and the line do not mix.
-            self.live = Live("", console=err, transient=True, refresh_per_second=4)
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.live is not None:
-            self.live.stop()
-
-    def line(self, text: str) -> None:
-        if not err.quiet:
-            _line(text, self.lines_to)
-        if self.live is not None and text.startswith("metrics step="):
-            from launcher.contract.metrics import parse_fields
-
-            self.live.update(self._progress(parse_fields(text)))
-
-    def status(self, status: JobStatus) -> None:
-        text = f"{status.name}: {status.state}" + (f" ({status.secondary})" if status.secondary else "")
-        if self.live is not None:
-            self.live.update(text)
-        elif not status.terminal:
-            err.print(text, markup=False)
-
-    def _progress(self, fields: dict) -> str:
-        step, now = int(fields.get("step", 0)), time.monotonic()
-        if self.first_step is None:
-            self.first_step = (step, now)
-        text = f"step {step}/{self.total_steps}"
-        if isinstance(fields.get("loss"), float):
-            text += f"  loss {fields['loss']:.4f}"
-        first, since = self.first_step
-        if step > first:
-            from launcher.plan.forecast import duration
-
-            text += f"  ETA {duration((now - since) / (step - first) * (self.total_steps - step))}"
-        return text
-
-
 @app.command()
 def status(name: str, backend: BackendOpt = None, region: RegionOpt = None, json_: JsonOpt = False) -> None:
     """A job's state, its status transitions, failure reason and latest metrics."""
     from launcher import api
-    from launcher.jobs import status_text
+    from launcher.display.text import status_text
 
     found = api.status(name, backend=backend, region=region)
     _print_json(found.to_dict()) if json_ else out.print(status_text(found), markup=False)
@@ -399,7 +346,7 @@ def stop(
 ) -> None:
     """Stop a job: SIGTERM (so it can checkpoint), then SIGKILL after the grace period."""
     from launcher import api
-    from launcher.jobs import status_text
+    from launcher.display.text import status_text
 
     stopped = api.stop(name, backend=backend, region=region, grace_s=grace)
     _print_json(stopped.to_dict()) if json_ else out.print(status_text(stopped), markup=False)
@@ -422,7 +369,7 @@ def metrics(
     if json_:
         _print_json(history.to_json())
     else:
-        from launcher.jobs import metrics_text
+        from launcher.display.text import metrics_text
 
         out.print(metrics_text(history), markup=False)
 
@@ -442,7 +389,8 @@ def list_(
 
     A record that cannot be read is one line on stderr (and exit code 2); the others are listed."""
     from launcher import api
-    from launcher.jobs import clean_records, list_text
+    from launcher.display.text import list_text
+    from launcher.jobs import clean_records
 
     for line in clean_records() if clean else ():
         err.print(line, markup=False)

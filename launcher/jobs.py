@@ -1,4 +1,4 @@
-"""Job handles: a submitted job on any backend, found again by name, and how jobs print.
+"""Job handles: a submitted job on any backend, found again by name (how they print: launcher.display.text).
 
 `Job` is the handle `submit` returns and `launcher status NAME` finds through the registry
 (`launcher.registry`, below the backends); it asks the job's backend for status, logs and stop.
@@ -14,11 +14,11 @@ from pathlib import Path
 
 from launcher.backends import NAMES, get_backend
 from launcher.backends.base import Backend, JobStatus
-from launcher.backends.cloudwatch import console_links
-from launcher.backends.history import MetricsHistory, metric_cell
+from launcher.backends.history import MetricsHistory
 from launcher.backends.processes import process_info
-from launcher.contract.text import terminal_safe
+from launcher.backends.sagemaker.cloudwatch import console_links
 from launcher.display import html
+from launcher.display.text import result_text
 from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, EngineError, LauncherError, UsageError
 from launcher.registry import DamagedRecord, JobRef, NoSuchJob, discard, job_dir, launcher_home, load, scan
 
@@ -236,87 +236,7 @@ def clean_records() -> list[str]:
     return removed
 
 
-# --- how jobs print ----------------------------------------------------------------------------
-
-_HEADLINE_METRICS = ("loss", "tokens_per_s_per_gpu", "mfu", "step")
-
-
 def outcome_exit_code(status: JobStatus) -> int:
     """What `submit --wait` and `logs --follow` exit with: 0 when the job completed, 1 when it
     failed or was stopped (its own exit code is in `status`); README "Exit codes"."""
     return EXIT_OK if status.state == "Completed" else EXIT_JOB_FAILED
-
-
-def _shown(value) -> str:
-    """A value that came from an engine, a file or a process, made inert for a terminal, on one line."""
-    return terminal_safe(str(value), one_line=True)
-
-
-def status_text(status: JobStatus) -> str:
-    secondary = status.secondary if status.secondary and status.secondary != status.state else None
-    state = _shown(status.state) + (f" ({_shown(secondary)})" if secondary else "")
-    lines = [f"{_shown(status.name)}  [{status.backend}]  {state}"]
-    if status.created:
-        lines.append(
-            f"  created  {_shown(status.created)}" + (f"   ended  {_shown(status.ended)}" if status.ended else "")
-        )
-    if status.failure_reason:
-        lines.append(f"  failure  {_shown(status.failure_reason)}")
-    if status.exit_code is not None:
-        lines.append(f"  exit     {_shown(status.exit_code)}")
-    for t in status.transitions:
-        message = f"  {_shown(t.message)}" if t.message else ""
-        lines.append(f"  - {_shown(t.status):<24} {_shown(t.start or '')}{message}")
-    result = result_text(status)
-    if result:
-        lines.append(f"  result   {result}")
-    for key, value in status.details.items():
-        if value not in (None, {}, "") and key != "summary":
-            lines.append(f"  {key:<8} {_shown(value)}")
-    return "\n".join(lines)
-
-
-def result_text(status: JobStatus) -> str:
-    """`loss 3.21, tokens/s/GPU 1530, ...`: the job's summary line, else its last metrics."""
-    summary = status.details.get("summary") or {}
-    metrics = {key.removeprefix("train:"): value for key, value in status.metrics.items()}
-    parts = []
-    for key in _HEADLINE_METRICS:
-        candidates = (summary.get(f"final_{key}"), summary.get(f"mean_{key}"), metrics.get(key))
-        value = next((v for v in candidates if isinstance(v, int | float) and v == v), None)  # v == v: not NaN
-        if value is not None:
-            label = {"tokens_per_s_per_gpu": "tokens/s/GPU"}.get(key, key)
-            parts.append(f"step {int(value)}" if key == "step" else f"{label} {value:.4g}")
-    return ", ".join(parts)
-
-
-def list_text(statuses: list[JobStatus]) -> str:
-    if not statuses:
-        return "no jobs"
-    rows = [("NAME", "BACKEND", "STATE", "DETAIL", "CREATED")]
-    rows += [
-        tuple(_shown(v) for v in (s.name, s.backend, s.state, s.secondary or "", s.created or "")) for s in statuses
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
-_METRICS_COLUMNS = (
-    ("step", "STEP"),
-    ("loss", "LOSS"),
-    ("tokens_per_s_per_gpu", "TOKENS/S/GPU"),
-    ("mfu", "MFU"),
-    ("step_time_s", "STEP_S"),
-    ("mem_reserved_gib", "MEM_GIB"),
-)
-
-
-def metrics_text(history: MetricsHistory) -> str:
-    """Every logged step as a table (blank where a value was not measured, such as MFU on a CPU)."""
-    if not len(history):
-        return f"{history.job}: no steps logged yet"
-    rows = [tuple(title for _, title in _METRICS_COLUMNS)]
-    for row in history:
-        rows.append(tuple(metric_cell(row.get(key)) for key, _ in _METRICS_COLUMNS))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)

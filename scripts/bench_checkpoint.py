@@ -31,7 +31,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter  # noqa: E402
 
 from entrypoints.checkpoint_digests import DigestingWriter, VerifyingReader  # noqa: E402
-from entrypoints.checkpoint_files import Placement  # noqa: E402
+from entrypoints.checkpoint_files import RankHosts  # noqa: E402
 
 HIDDEN, FFN, KV = 4096, 14336, 8 * 128
 LAYER = {
@@ -87,7 +87,7 @@ def run_once(state: dict, directory: Path, digests: bool) -> dict[str, float]:
     target = empty_like(state)
 
     def load():
-        reader = VerifyingReader(directory, Placement(0, 1, 1), recorded) if digests else FileSystemReader(directory)
+        reader = VerifyingReader(directory, RankHosts(0, 1, 1), recorded) if digests else FileSystemReader(directory)
         dcp.load(target, storage_reader=reader, no_dist=True)
 
     drop_from_page_cache(directory)

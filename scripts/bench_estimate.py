@@ -25,7 +25,7 @@ from launcher.catalog import models  # noqa: E402
 from launcher.contract.layout import Layout  # noqa: E402
 from launcher.estimate import Workload, estimate_memory  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
-from launcher.recipe.resolve import hardware_for  # noqa: E402
+from launcher.recipe.hardware import hardware_for  # noqa: E402
 
 H100, H200 = hardware_for("ml.p5.48xlarge"), hardware_for("ml.p5en.48xlarge")
 CASES = [

@@ -1,4 +1,4 @@
-"""The long fuzz run of issue #13: `python scripts/fuzz_recipes.py --examples 10000`.
+"""The long fuzz run of the recipe loader: `python scripts/fuzz_recipes.py --examples 10000`.
 
 Runs the strategies of tests/recipe/test_fuzz.py (generated recipes with `--set` overrides, and
 hostile YAML) through load -> estimate -> plan with fresh random inputs, and prints the figures

@@ -9,7 +9,7 @@ It
 1. trains Llama 3.2 1B at 8K tokens for a few dozen steps in bf16, in FP8 (torchao,
    tensorwise) and in FP8 with per-block torch.compile, with entrypoints/train.py under
    torchrun on one GPU; then 4 layers of Llama 3.1 8B's shape in bf16 and in compiled FP8, and
-   reports their tokens/s ratio (issue 11's goal: compiled FP8 >= 1.3x bf16);
+   reports their tokens/s ratio (the goal: compiled FP8 >= 1.3x bf16);
 2. reports tokens/s/GPU, MFU and peak memory (CUDA max allocated / reserved) next to the
    memory estimator's prediction (`launcher estimate RECIPE --json`), when the launcher is there;
 3. runs the context-parallel attention kernel (parallel/context.py: zigzag chunks against the
@@ -18,8 +18,8 @@ It
 4. times one rank of the LSE-merged CP kernel (parallel/cp_attention.py) at cp 2, 4 and 8
    against plain causal SDPA over the whole sequence divided by cp, at 32K and 128K tokens,
    forward and backward in bf16, once per SDPA backend (cuDNN, flash), reporting TFLOP/s per
-   rank, the ratio (issue 11's goal: >= 0.9) and the ops and kernels the profiler saw; and
-   checks issue 11's hypothesis that by default plain causal SDPA runs cuDNN while the old
+   rank, the ratio (the goal: >= 0.9) and the ops and kernels the profiler saw; and
+   checks the hypothesis that by default plain causal SDPA runs cuDNN while the old
    lower-right-masked path runs FlashAttention-2 (the kernel names of each);
 5. prints a table and writes gpu_check.json to the output directory ($OUT, else ./out).
 
@@ -110,7 +110,7 @@ def runs_for(smoke: bool) -> dict:
 
 
 def fp8_speedup(training: dict) -> float | None:
-    """Compiled FP8 over bf16 tokens/s on the 8B-shaped layers (issue 11's goal: >= 1.3)."""
+    """Compiled FP8 over bf16 tokens/s on the 8B-shaped layers (the goal: >= 1.3)."""
     bf16, fp8 = training.get("8b-bf16", {}), training.get("8b-fp8-compile", {})
     if bf16.get("status") != "ok" or fp8.get("status") != "ok":
         return None
@@ -528,7 +528,7 @@ def table(report: dict) -> str:
             )
     speedup = report.get("fp8_speedup_8b_layers")
     if speedup is not None:
-        lines.append(f"\n8B-shaped layers: compiled FP8 / bf16 tokens/s = {speedup:.2f} (issue 11's goal: >= 1.3)")
+        lines.append(f"\n8B-shaped layers: compiled FP8 / bf16 tokens/s = {speedup:.2f} (the goal: >= 1.3)")
     lines += cp_speed_table(report["cp_speed"])
     return "\n".join(lines)
 

@@ -30,7 +30,7 @@ from launcher.plan import search, throughput  # noqa: E402
 from launcher.plan.explain import against_recipe  # noqa: E402
 from launcher.plan.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
-from launcher.recipe.resolve import Hardware, hardware_for  # noqa: E402
+from launcher.recipe.hardware import Hardware, hardware_for  # noqa: E402
 
 DOC = ROOT / "docs" / "planner.md"
 GPU_JSON = ROOT / "docs" / "planner_gpu.json"

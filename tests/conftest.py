@@ -101,7 +101,7 @@ def moto_server():
 @pytest.fixture
 def aws(moto_server, monkeypatch):
     """Fake credentials and AWS_ENDPOINT_URL at the moto server, whose state is reset first."""
-    from launcher.backends import aws as aws_clients
+    from launcher.backends.sagemaker import aws as aws_clients
 
     request = urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")
     urllib.request.urlopen(request, timeout=10).close()
@@ -121,7 +121,7 @@ def aws(moto_server, monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def shared_wheel_cache(tmp_path_factory):
     """One wheel cache for the session: FP8 submits fetch the pinned torchao wheel once, not per test."""
-    from launcher.backends.wheelhouse import CACHE_ENV
+    from launcher.backends.sagemaker.wheelhouse import CACHE_ENV
 
     previous = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("wheel-cache"))
@@ -135,7 +135,7 @@ def shared_wheel_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def torchao_wheel(shared_wheel_cache) -> Path:
     """The real pinned torchao wheel (pip download on first use, then the cache)."""
-    from launcher.backends.wheelhouse import ensure, pinned
+    from launcher.backends.sagemaker.wheelhouse import ensure, pinned
 
     return ensure(pinned("torchao"))
 
@@ -168,7 +168,7 @@ def fixed_names(monkeypatch):
 @pytest.fixture
 def no_torchrun(monkeypatch, fake_bundle, home):
     """Local jobs run the stand-in trainer with this Python instead of torchrun (a fraction of a second each)."""
-    import launcher.backends.local as local
+    import launcher.backends.local.backend as local
 
     def direct(command):
         return [sys.executable, *command[command.index("entrypoints/train.py") :]]

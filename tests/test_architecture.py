@@ -27,7 +27,6 @@ RANKS = {
     "catalog": 2,
     "data": 2,
     "recipe": 3,
-    "workload": 4,
     "estimate": 5,
     "plan": 6,
     "spec": 7,

@@ -1,4 +1,4 @@
-"""The CLI's conventions, each with the problem it fixed (issue #14): version, completion, quiet,
+"""The CLI's conventions, each with the problem it fixed: version, completion, quiet,
 JSON errors, exit codes, the AWS CLI's region order, whole `show`, quiet broken pipes, MiB
 figures, run time and cost in the plan, and Ctrl-C that detaches from a job that goes on."""
 

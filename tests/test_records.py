@@ -59,7 +59,7 @@ def one_line(result) -> str:
 @pytest.fixture(scope="module")
 def finished_home(tmp_path_factory):
     """A $LAUNCHER_HOME holding two completed local jobs (stand-in trainer): (home, [older, newer])."""
-    import launcher.backends.local as local
+    import launcher.backends.local.backend as local
     import launcher.bundle
 
     home = tmp_path_factory.mktemp("pristine") / "home"
@@ -266,7 +266,7 @@ KILLED_SUBMIT = """
 import os, signal, sys
 from pathlib import Path
 import launcher.bundle
-import launcher.backends.local as local
+import launcher.backends.local.backend as local
 launcher.bundle.find_entrypoints = lambda: Path(sys.argv[1])
 # The submit is killed at the last moment before the backend takes the job.
 local.LocalBackend._submit = lambda self, rendering: os.kill(os.getpid(), signal.SIGKILL)
@@ -336,7 +336,7 @@ def test_a_submit_still_under_way_is_shown_and_list_clean_keeps_it(home, cli, fa
 
 
 def test_a_submit_that_fails_with_any_exception_takes_its_record_back(no_torchrun, monkeypatch):
-    import launcher.backends.local as local
+    import launcher.backends.local.backend as local
 
     def broken(self, rendering):
         raise RuntimeError("a bug in a backend")

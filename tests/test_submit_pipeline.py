@@ -157,7 +157,7 @@ def test_a_local_dry_run_imports_no_boto3_or_torch(home):
 
 
 def test_missing_credentials_are_one_clear_line(aws, home, fake_bundle, cli, monkeypatch):
-    from launcher.backends import aws as aws_clients
+    from launcher.backends.sagemaker import aws as aws_clients
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(key)

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher.backends import staging
-from launcher.backends.cloudwatch import console_links
-from launcher.backends.history import MetricsHistory, metric_cell
+from launcher.backends.history import MetricsHistory
+from launcher.backends.sagemaker.cloudwatch import console_links
 from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
 from launcher.display import html
+from launcher.display.text import metric_cell
 from launcher.errors import EngineError, UsageError
 from launcher.registry import JobRef
 from launcher.spec import MAX_JOB_NAME, JobSpec, Placement, job_name
@@ -239,11 +240,11 @@ class Backend(ABC):
 
 # name -> "module:class"; a backend's module is imported only when that backend is asked for.
 _BACKENDS = {
-    "sagemaker": "launcher.backends.sagemaker:SageMakerBackend",
-    "local": "launcher.backends.local:LocalBackend",
+    "sagemaker": "launcher.backends.sagemaker.backend:SageMakerBackend",
+    "local": "launcher.backends.local.backend:LocalBackend",
     "docker": "launcher.backends.docker:DockerBackend",
     "slurm": "launcher.backends.slurm:SlurmBackend",
-    "k8s": "launcher.backends.k8s:KubernetesBackend",
+    "k8s": "launcher.backends.k8s.backend:KubernetesBackend",
     "accelerate": "launcher.backends.accelerate:AccelerateBackend",
 }
 NAMES = tuple(_BACKENDS)

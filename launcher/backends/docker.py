@@ -317,7 +317,7 @@ def ensure_image(image: str) -> None:
 
 def ecr_login(registry: EcrRegistry) -> None:
     """`docker login` to a private ECR registry with a token from ecr:GetAuthorizationToken."""
-    from launcher.backends import aws
+    from launcher.backends.sagemaker import aws
 
     action = f"logging in to {registry.host}"
     yourself = f"log in yourself: `{registry.login_command()}`"

@@ -14,6 +14,7 @@ from typing import Any
 
 from launcher.contract.metrics import METRIC_KEYS, metric_rows
 from launcher.display import html
+from launcher.display.text import metric_cell
 
 # What a notebook shows of a long run: the first and last few steps.
 SHOWN_ROWS = 10
@@ -93,10 +94,3 @@ class MetricsHistory:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def metric_cell(value: Any) -> str:
-    """A metric as a table shows it: blank where it was not measured (MFU on a CPU is NaN)."""
-    if not isinstance(value, int | float) or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return str(value) if isinstance(value, int) else f"{value:.4g}"

@@ -141,7 +141,7 @@ class Progress:
 
 def stage(uri: str, directory: str | Path, *, region: str | None = None) -> StagingResult:
     """Make `directory` hold exactly the objects under `uri`, downloading only what is missing."""
-    from launcher.backends import aws
+    from launcher.backends.sagemaker import aws
 
     directory = Path(directory)
     books = bookkeeping_dir(directory)
@@ -191,7 +191,7 @@ def _explain(error: Exception, uri: str, region: str, s3) -> Exception:
     """One line for a failure while staging: S3's (exit 3), or the local disk's naming the path."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from launcher.backends import aws
+    from launcher.backends.sagemaker import aws
 
     if isinstance(error, ClientError) and error.response.get("Error", {}).get("Code") == "NoSuchBucket":
         return UsageError(f"data.source: bucket {split_uri(uri)[0]} does not exist; fix the s3:// URI")

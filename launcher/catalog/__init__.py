@@ -7,6 +7,7 @@ only gives them types and looks them up.
 from __future__ import annotations
 
 import datetime
+import difflib
 import os
 from functools import cache
 from importlib.resources import files
@@ -16,6 +17,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from launcher.contract.text import choices  # noqa: F401  (catalog.choices: how messages list valid values)
+
+
+def suggest(value: str, options) -> str:
+    """' (did you mean X?)' when a close match exists."""
+    close = difflib.get_close_matches(value, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 

@@ -7,7 +7,7 @@ failure)": the first process torchrun saw exit. Among ranks failing within the s
 often a peer's symptom (gloo's "Connection closed by peer" after rank 0 raised), so the first
 failure is the rank that raised first; torchrun's root cause only where no raise times exist.
 
-Both sides read failures this way: the local runner (launcher/backends/local_runner.py) for a
+Both sides read failures this way: the local runner (launcher/backends/local/runner.py) for a
 local job's failure reason, and the container bootstrap (entrypoints/bootstrap.py) for SageMaker's
 /opt/ml/output/failure. Standard library only.
 """

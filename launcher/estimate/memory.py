@@ -24,7 +24,7 @@ from launcher.estimate import fsdp, megatron
 from launcher.estimate.breakdown import StageMemory
 from launcher.estimate.workload import Workload
 from launcher.recipe import Recipe
-from launcher.recipe.resolve import Hardware
+from launcher.recipe.hardware import Hardware
 
 Mode = Literal["fsdp", "megatron"]
 MODES: tuple[str, ...] = ("fsdp", "megatron")

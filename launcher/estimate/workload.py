@@ -2,7 +2,7 @@
 
 A `Workload` is built once from a recipe (`Workload.from_recipe`); the planner derives its
 candidates from that one with `dataclasses.replace`. The hardware it runs on is the recipe's
-`launcher.recipe.resolve.Hardware`, the other half of every estimate and prediction.
+`launcher.recipe.hardware.Hardware`, the other half of every estimate and prediction.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """The GPU budget a plan searches: the recipe's hardware, or another instance type or count.
 
 A budget is a `Hardware` record built by the recipe layer's own resolver
-(`launcher.recipe.resolve.hardware_for`), so a planned cluster is one a recipe would resolve to.
+(`launcher.recipe.hardware.hardware_for`), so a planned cluster is one a recipe would resolve to.
 """
 
 from __future__ import annotations
 
 from launcher.errors import RecipeError, UsageError
 from launcher.recipe import Recipe, rules
-from launcher.recipe.resolve import Hardware, find_instance_type, hardware_for
+from launcher.recipe.hardware import Hardware, find_instance_type, hardware_for
 from launcher.recipe.schema import MAX_GPUS, MAX_INSTANCES
 
 

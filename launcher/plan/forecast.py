@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from launcher.display.text import duration
 from launcher.estimate import Workload
 from launcher.plan.throughput import Throughput, ThroughputUnknown, predict
 from launcher.recipe import Recipe
@@ -93,13 +94,3 @@ def forecast(recipe: Recipe, *, time_limit_s: int | None) -> RunForecast | None:
         hardware_text=f"{recipe.cluster.instance_count} x {recipe.hardware.instance_key}",
         time_limit_s=time_limit_s,
     )
-
-
-def duration(seconds: float) -> str:
-    if seconds >= 2 * 86400:
-        return f"{seconds / 86400:.1f} days"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"

@@ -24,7 +24,7 @@ from launcher.plan.modes import mode as run_mode
 from launcher.plan.result import LayoutPlan, LayoutPlans, Search
 from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict
 from launcher.recipe import Recipe
-from launcher.recipe.resolve import Hardware
+from launcher.recipe.hardware import Hardware
 
 AC_MODES = ("none", "selective", "full")
 

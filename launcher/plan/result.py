@@ -14,7 +14,7 @@ from launcher.estimate import MemoryEstimate, Workload, format_bytes
 from launcher.plan.modes import mode
 from launcher.plan.throughput import Throughput
 from launcher.recipe import Recipe
-from launcher.recipe.resolve import Hardware
+from launcher.recipe.hardware import Hardware
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

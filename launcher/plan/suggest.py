@@ -18,7 +18,7 @@ from launcher.plan.rank import Scored, candidate_workloads, first_that_fit
 from launcher.plan.result import recipe_settings
 from launcher.plan.throughput import AC_RECOMPUTE, Throughput, ThroughputUnknown, predict
 from launcher.recipe import Recipe
-from launcher.recipe.resolve import Hardware
+from launcher.recipe.hardware import Hardware
 
 INSTANCE_SCALES = (1, 2, 4, 8, 16)  # suggest at most 16x the instances before giving up
 # The order in which a suggestion names its edits: the least disruptive first.

@@ -7,8 +7,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from launcher.display.text import duration
 from launcher.plan.explain import against_recipe, why
-from launcher.plan.forecast import duration
 from launcher.plan.result import Search
 
 # parallel.grad_accumulation, short: when FSDP reduce-scatters gradients (and re-gathers weights).

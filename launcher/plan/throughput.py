@@ -46,7 +46,7 @@ from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
 from launcher.plan.modes import mode
 from launcher.recipe import Recipe
-from launcher.recipe.resolve import Hardware
+from launcher.recipe.hardware import Hardware
 
 GB = 1e9
 

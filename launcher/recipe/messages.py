@@ -6,9 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from launcher.catalog import choices
+from launcher.catalog import choices, suggest
 from launcher.errors import Problem
-from launcher.recipe.resolve import suggest
 from launcher.recipe.schema import MODEL_REF_TAGS, HFConfigModel, ModelOverride, model_kind
 
 # Keys that older recipes may still hold, and where they live now.

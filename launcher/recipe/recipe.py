@@ -16,9 +16,10 @@ from launcher.contract.layout import Layout, cp_attention_for
 from launcher.display import html
 from launcher.errors import Problem, RecipeError
 from launcher.recipe import rules
+from launcher.recipe.hardware import Hardware, resolve_hardware
 from launcher.recipe.loader import RawRecipe, apply_overrides, load_raw
 from launcher.recipe.messages import problems_from_validation
-from launcher.recipe.resolve import Hardware, fill_from_manifest, init_from_problems, resolve_hardware, resolve_model
+from launcher.recipe.references import fill_from_manifest, init_from_problems, resolve_model
 from launcher.recipe.schema import DATA_PREPARE_KEYS, RecipeSpec
 
 

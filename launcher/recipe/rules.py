@@ -15,7 +15,8 @@ from launcher.contract import layout as contract_layout
 from launcher.contract.dataset import manifest_problem
 from launcher.contract.layout import Layout, fill_data_shard
 from launcher.errors import Problem
-from launcher.recipe.resolve import Hardware, dataset_manifest
+from launcher.recipe.hardware import Hardware
+from launcher.recipe.references import dataset_manifest
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S, RecipeSpec
 
 # Patterns from the SageMaker API model (botocore sagemaker/2017-07-24/service-2.json), matched

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.backends import aws as aws_clients
+from launcher.backends.sagemaker import aws as aws_clients
 
 from .helpers import REGION
 from .sagemaker_stubs import NAME

@@ -10,7 +10,7 @@ import datetime
 
 from botocore.stub import Stubber
 
-from launcher.backends import aws as aws_clients
+from launcher.backends.sagemaker import aws as aws_clients
 
 from .helpers import REGION
 

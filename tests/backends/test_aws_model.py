@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from launcher.backends.aws_model import unchecked_patterns, validate
+from launcher.backends.sagemaker.aws_model import unchecked_patterns, validate
 
 ROLE = "arn:aws:iam::111122223333:role/SageMakerTrainingRole"
 MINIMAL = {

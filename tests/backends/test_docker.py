@@ -249,7 +249,7 @@ def test_without_aws_credentials_the_error_is_the_one_login_command_to_run(fake_
     monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    from launcher.backends import aws as aws_clients
+    from launcher.backends.sagemaker import aws as aws_clients
 
     aws_clients.reset_clients()
     aws_clients._session.cache_clear()

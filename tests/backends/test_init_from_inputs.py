@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.backends import get_backend
-from launcher.backends.aws_model import validate
+from launcher.backends.sagemaker.aws_model import validate
 from launcher.errors import UsageError
 
 from .helpers import spec_for

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from launcher.backends import get_backend
-from launcher.backends.k8s_manifest import ClaimSettings, build_manifest  # noqa: F401
+from launcher.backends.k8s.manifest import ClaimSettings, build_manifest  # noqa: F401
 from launcher.bundle import Bundle
 
 from .helpers import load, spec_for
@@ -212,7 +212,7 @@ def bundle() -> Bundle:
 
 
 def settings(spec, **changes) -> ClaimSettings:
-    from launcher.backends.k8s import settings_of
+    from launcher.backends.k8s.backend import settings_of
 
     return dataclasses.replace(settings_of(spec), **changes)
 

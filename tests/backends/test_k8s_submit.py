@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.backends.kubectl import advice, first_message
+from launcher.backends.k8s.kubectl import advice, first_message
 
 from .fake_kubectl import positional
 from .helpers import recipe_path

@@ -10,7 +10,8 @@ import json
 import os
 import time
 
-from launcher.jobs import Job, result_text
+from launcher.display.text import result_text
+from launcher.jobs import Job
 
 from .helpers import alive, recipe_path, submit, wait_for_line
 
@@ -89,7 +90,7 @@ def test_list_shows_local_jobs_newest_first(no_torchrun, cli):
 
 def hanging_job_without_its_runner(home) -> tuple[Job, dict]:
     """A job whose trainer hangs, after its runner was killed: (job, its last status.json)."""
-    from launcher.backends import local_runner
+    from launcher.backends.local import runner as local_runner
 
     job = submit().job
     wait_for_line(job, "hanging")
@@ -148,7 +149,7 @@ def failure_report(tmp_path, failures: list[tuple[int, str, float | None]], root
 
 
 def test_the_failure_reason_is_the_rank_that_raised_first_not_torchruns_first_exit(tmp_path):
-    from launcher.backends.local_runner import root_cause
+    from launcher.backends.local.runner import root_cause
 
     closed = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4747"
     failure_report(
@@ -160,7 +161,7 @@ def test_the_failure_reason_is_the_rank_that_raised_first_not_torchruns_first_ex
 
 
 def test_without_raise_times_the_reason_is_torchruns_root_cause(tmp_path):
-    from launcher.backends.local_runner import root_cause
+    from launcher.backends.local.runner import root_cause
 
     failure_report(tmp_path, [(0, "ValueError: bad", None), (2, "RuntimeError: symptom", None)], root=2)
     assert root_cause(tmp_path) == "rank 2: RuntimeError: symptom"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from entrypoints.checkpoint_files import complete_checkpoints
-from launcher.backends.sagemaker import METRIC_DEFINITIONS
+from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 from tests.progress import wait_while_growing
 
 from .helpers import REPO

@@ -7,7 +7,7 @@ import os
 import boto3
 import pytest
 
-from launcher.backends.model_trainer import to_model_trainer
+from launcher.backends.sagemaker.model_trainer import to_model_trainer
 
 from .helpers import REGION, spec_for
 
@@ -45,7 +45,7 @@ def test_only_sagemaker_specs_convert(home, fake_bundle):
 
 
 def test_without_credentials_the_error_is_one_line_not_a_botocore_traceback(home, fake_bundle, monkeypatch):
-    from launcher.backends import aws
+    from launcher.backends.sagemaker import aws
     from launcher.errors import LauncherError
 
     for key in [k for k in os.environ if k.startswith("AWS_")]:

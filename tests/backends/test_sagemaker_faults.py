@@ -17,8 +17,8 @@ import pytest
 from botocore.stub import Stubber
 
 from launcher import api
-from launcher.backends import aws as aws_clients
-from launcher.backends.aws_model import validate
+from launcher.backends.sagemaker import aws as aws_clients
+from launcher.backends.sagemaker.aws_model import validate
 
 from .helpers import REGION, recipe_path
 from .sagemaker_stubs import NAME, description, stub

@@ -10,8 +10,8 @@ import boto3
 import pytest
 
 from launcher import api
-from launcher.backends import aws as aws_clients
-from launcher.backends.aws_model import validate
+from launcher.backends.sagemaker import aws as aws_clients
+from launcher.backends.sagemaker.aws_model import validate
 
 from .helpers import REGION, recipe_path
 

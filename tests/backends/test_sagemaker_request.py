@@ -8,9 +8,9 @@ import re
 import pytest
 
 from launcher.backends import get_backend
-from launcher.backends.aws_model import validate
 from launcher.backends.images import default_image
-from launcher.backends.sagemaker import METRIC_DEFINITIONS
+from launcher.backends.sagemaker.aws_model import validate
+from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 from launcher.errors import UsageError
 
 from .helpers import REPO, ROLE, spec_for

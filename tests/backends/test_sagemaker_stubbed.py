@@ -12,7 +12,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from launcher import api
-from launcher.backends import aws as aws_clients
+from launcher.backends.sagemaker import aws as aws_clients
 
 from .helpers import REGION, recipe_path
 from .sagemaker_stubs import NAME, description, stub

@@ -21,8 +21,8 @@ import boto3
 import numpy as np
 import pytest
 
-from launcher.backends import aws as aws_clients
 from launcher.backends import staging
+from launcher.backends.sagemaker import aws as aws_clients
 from launcher.backends.staging import (
     LEGACY_MANIFEST,
     bookkeeping_dir,

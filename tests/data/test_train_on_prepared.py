@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from launcher import api
-from launcher.backends.sagemaker import METRIC_DEFINITIONS
+from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 from tests.backends.helpers import REPO
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.engines]

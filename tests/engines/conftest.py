@@ -85,7 +85,7 @@ def submit(s3, cli, monkeypatch, tmp_path):
     The request is read off the launcher's own boto3 client as it calls CreateTrainingJob (moto
     drops Environment on describe), so it is exactly what SageMaker would receive.
     """
-    from launcher.backends import aws as aws_clients
+    from launcher.backends.sagemaker import aws as aws_clients
 
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "launcher-home"))
 

@@ -40,6 +40,6 @@ def attention_paths(launched) -> dict:
 @pytest.fixture(scope="session")
 def metric_definitions() -> list[dict]:
     """The SageMaker backend's MetricDefinitions: the regexes CloudWatch applies to these lines."""
-    from launcher.backends.sagemaker import METRIC_DEFINITIONS
+    from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 
     return METRIC_DEFINITIONS

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from entrypoints.checkpoint_files import (
-    Placement,
+    RankHosts,
     complete_checkpoints,
     is_complete,
     marker_name,
@@ -18,13 +18,13 @@ from entrypoints.checkpoint_files import (
 )
 
 # Two hosts of two ranks: ranks 0, 1 on host 0; ranks 2, 3 on host 1.
-HOST0 = Placement(rank=0, world_size=4, procs_per_node=2)
-HOST1 = Placement(rank=2, world_size=4, procs_per_node=2)
-HOST0_ALONE = Placement(rank=0, world_size=1, procs_per_node=1)
+HOST0 = RankHosts(rank=0, world_size=4, procs_per_node=2)
+HOST1 = RankHosts(rank=2, world_size=4, procs_per_node=2)
+HOST0_ALONE = RankHosts(rank=0, world_size=1, procs_per_node=1)
 
 
-def make_checkpoint(directory, step: int, nodes: list[int], nnodes: int = 2, ranks: int = 4):
-    """A step directory with every rank's files, and markers for `nodes` of `nnodes`."""
+def make_checkpoint(directory, step: int, nodes: list[int], instance_count: int = 2, ranks: int = 4):
+    """A step directory with every rank's files, and markers for `nodes` of `instance_count`."""
     path = directory / f"step-{step:08d}"
     (path / "rng").mkdir(parents=True)
     for rank in range(ranks):
@@ -33,7 +33,7 @@ def make_checkpoint(directory, step: int, nodes: list[int], nnodes: int = 2, ran
     (path / ".metadata").write_bytes(b"meta")
     (path / "train_state.json").write_text("{}")
     for node in nodes:
-        (path / marker_name(node, nnodes)).write_text(f"{step}\n")
+        (path / marker_name(node, instance_count)).write_text(f"{step}\n")
     return path
 
 
@@ -59,17 +59,22 @@ def test_every_file_has_exactly_one_owner_host(name, owner):
 
 
 def test_placement_follows_torchrun_consecutive_ranks_per_host():
-    assert (HOST1.node, HOST1.nnodes, HOST1.is_node_leader, HOST1.marker) == (1, 2, True, "COMPLETE.node-1-of-2")
-    assert not Placement(rank=3, world_size=4, procs_per_node=2).is_node_leader
+    assert (HOST1.node, HOST1.instance_count, HOST1.is_node_leader, HOST1.marker) == (
+        1,
+        2,
+        True,
+        "COMPLETE.node-1-of-2",
+    )
+    assert not RankHosts(rank=3, world_size=4, procs_per_node=2).is_node_leader
     with pytest.raises(ValueError, match="do not split into hosts"):
-        Placement(rank=0, world_size=4, procs_per_node=3)
+        RankHosts(rank=0, world_size=4, procs_per_node=3)
 
 
 def test_a_checkpoint_counts_only_with_every_hosts_marker(tmp_path):
     make_checkpoint(tmp_path, 10, [0, 1])
     make_checkpoint(tmp_path, 20, [0])  # host 1 was killed mid-save
     make_checkpoint(tmp_path, 30, [1])
-    single = make_checkpoint(tmp_path, 40, [0], nnodes=1, ranks=1)
+    single = make_checkpoint(tmp_path, 40, [0], instance_count=1, ranks=1)
     (tmp_path / "notes").mkdir()
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [10, 40]
     # Markers of two different runs (2 and 3 hosts) never add up to one complete set.
@@ -116,8 +121,8 @@ def checkpointer(directory, **cfg):
     from entrypoints.checkpoint import Checkpointer
     from launcher.contract.config import CheckpointConfig
 
-    placement = Placement(rank=0, world_size=1, procs_per_node=1)
-    return Checkpointer(directory, CheckpointConfig(**cfg), parts=[], optimizers=None, data=None, placement=placement)
+    rank_hosts = RankHosts(rank=0, world_size=1, procs_per_node=1)
+    return Checkpointer(directory, CheckpointConfig(**cfg), parts=[], optimizers=None, data=None, rank_hosts=rank_hosts)
 
 
 def plan(directory, **cfg) -> list:

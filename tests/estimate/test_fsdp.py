@@ -11,7 +11,7 @@ from launcher.contract.layout import Layout
 from launcher.estimate import Workload, estimate_memory, fsdp
 from launcher.estimate.breakdown import ALLOCATED_COMPONENTS
 from launcher.estimate.overheads import CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION, NCCL_BYTES_PER_COMMUNICATOR
-from launcher.recipe.resolve import hardware_for
+from launcher.recipe.hardware import hardware_for
 
 TINY = models()["llama-tiny"]
 P5 = hardware_for("ml.p5.48xlarge")  # 8 x h100-80gb

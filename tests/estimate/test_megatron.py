@@ -12,7 +12,7 @@ import pytest
 from launcher.catalog import models
 from launcher.contract.layout import Layout
 from launcher.estimate import Workload, estimate_memory, megatron
-from launcher.recipe.resolve import hardware_for
+from launcher.recipe.hardware import hardware_for
 
 TINY = models()["llama-tiny"]
 LAYOUT = Layout(tensor=2, context=2, pipeline=2, data_shard=2)

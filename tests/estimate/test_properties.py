@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from launcher.catalog import models
 from launcher.contract.layout import Layout
 from launcher.estimate import COMPONENTS, Workload, estimate_memory, fsdp, megatron
-from launcher.recipe.resolve import hardware_for
+from launcher.recipe.hardware import hardware_for
 
 H200 = hardware_for("ml.p5en.48xlarge")  # 8 x h200-141gb
 ARCHS = [models()[key] for key in ("llama3.1-8b", "llama3.1-70b", "mistral-7b", "llama3.2-1b", "llama-tiny")]

@@ -12,7 +12,7 @@ from launcher.contract.layout import Layout
 from launcher.estimate import Workload
 from launcher.plan.modes import mode
 from launcher.plan.throughput import CONSTANTS, _Step, attention_time, fsdp_time, predict
-from launcher.recipe.resolve import hardware_for
+from launcher.recipe.hardware import hardware_for
 
 LLAMA8B = catalog.models()["llama3.1-8b"]
 P5 = hardware_for("ml.p5.48xlarge", usd_per_hour=0.0)  # 8 x H100, 3200 Gb/s of EFA per node

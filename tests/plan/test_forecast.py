@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher import api
+from launcher.display.text import duration
 from launcher.errors import UsageError
-from launcher.plan.forecast import duration, forecast
+from launcher.plan.forecast import forecast
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGSHIP = REPO / "recipes" / "llama70b-128k.yaml"

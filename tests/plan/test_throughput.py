@@ -19,7 +19,7 @@ from launcher.plan.throughput import (
     predict,
 )
 from launcher.recipe import Recipe
-from launcher.recipe.resolve import hardware_for
+from launcher.recipe.hardware import hardware_for
 from tests import REPO
 
 RECIPES = REPO / "recipes"

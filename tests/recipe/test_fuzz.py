@@ -1,5 +1,5 @@
 """Fuzz the loader, the estimator, the planner and the CLI with generated recipes, overrides and
-hostile files (issue #13). The rule, for every input up to the 1 MiB cap:
+hostile files. The rule, for every input up to the 1 MiB cap:
 
 - every failure is a LauncherError (the CLI: exit 2, no traceback, at least one line);
 - each input takes under 2 s of wall time (an input over it is run again, and fails if it is over

@@ -1,4 +1,4 @@
-"""No input crashes or hangs the loader (issue #13): each crash and hang the fuzz found is a test.
+"""No input crashes or hangs the loader: each crash and hang the fuzz found is a test.
 
 Every case runs the real CLI in-process and expects what any bad input gets: exit 2, nothing on
 stdout, one line on stderr naming where the problem is and what would be valid, and no traceback,

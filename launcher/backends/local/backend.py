@@ -1,7 +1,7 @@
 """The local backend: torchrun on this machine as a managed job.
 
 `submit` unpacks the bundle into `$LAUNCHER_HOME/jobs/<name>/code/` and starts a detached
-runner (`local_runner`) that runs torchrun there and records its status; the job outlives the
+runner (`runner.py`) that runs torchrun there and records its status; the job outlives the
 command that submitted it. `status`, `logs --follow`, `stop` and `list` read and signal that
 directory the way the SageMaker backend talks to SageMaker.
 """
@@ -19,9 +19,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from launcher.backends import local_runner as runner
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.history import MetricsHistory
+from launcher.backends.local import runner
 from launcher.backends.processes import ForeignProcessGroup, JobGroup
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
@@ -97,7 +97,7 @@ class LocalBackend(Backend):
             raise
         with (directory / "runner.log").open("ab") as runner_log:
             subprocess.Popen(
-                [sys.executable, "-m", "launcher.backends.local_runner", str(directory)],
+                [sys.executable, "-m", "launcher.backends.local.runner", str(directory)],
                 stdin=subprocess.DEVNULL,
                 stdout=runner_log,
                 stderr=subprocess.STDOUT,
@@ -238,8 +238,10 @@ def _runner_alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     cmdline = Path(f"/proc/{pid}/cmdline")
-    # A recycled pid belongs to some other program; only our runner counts.
-    return not cmdline.exists() or b"local_runner" in cmdline.read_bytes()
+    # A recycled pid belongs to some other program; only our runner counts (its module's name
+    # before and after the backends became packages, so a job submitted by either is found).
+    command = cmdline.read_bytes() if cmdline.exists() else b"launcher.backends.local.runner"
+    return b"launcher.backends.local.runner" in command or b"launcher.backends.local_runner" in command
 
 
 def _started_long_ago(status: dict, seconds: float = 30.0) -> bool:

@@ -1,4 +1,4 @@
-"""The detached process that runs one local job: `python -m launcher.backends.local_runner JOB_DIR`.
+"""The detached process that runs one local job: `python -m launcher.backends.local.runner JOB_DIR`.
 
 It starts torchrun in a new process group (so `stop` can signal torchrun and all its workers
 at once), waits for it, and is the only writer of `status.json` while it lives. Besides the

@@ -18,11 +18,11 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from launcher.backends import aws, aws_model
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
-from launcher.backends.cloudwatch import LOG_GROUP, log_lines
 from launcher.backends.images import training_image
-from launcher.backends.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
+from launcher.backends.sagemaker import aws, aws_model
+from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, log_lines
+from launcher.backends.sagemaker.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
 from launcher.contract.metrics import METRIC_REGEXES

@@ -1,6 +1,6 @@
 """`to_model_trainer(spec)`: the same job as a SageMaker SDK `ModelTrainer`, for notebooks.
 
-    from launcher.backends.model_trainer import to_model_trainer
+    from launcher.backends.sagemaker.model_trainer import to_model_trainer
     trainer = to_model_trainer(spec)          # spec built with backend="sagemaker"
 
 The trainer runs the spec's torchrun argv as its SourceCode command from the bundle root,
@@ -13,8 +13,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launcher.backends import aws
-from launcher.backends.sagemaker import METRIC_DEFINITIONS, Locations, settings
+from launcher.backends.sagemaker import aws
+from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS, Locations, settings
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
 from launcher.registry import job_dir

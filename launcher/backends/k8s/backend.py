@@ -23,7 +23,8 @@ import yaml
 
 from launcher.backends.base import Backend, Capabilities, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.images import training_image
-from launcher.backends.k8s_manifest import (
+from launcher.backends.k8s.kubectl import KubectlFailed, current_namespace, kubectl, missing
+from launcher.backends.k8s.manifest import (
     DATA_DIR,
     MANAGED_BY,
     MAX_NAME,
@@ -34,7 +35,6 @@ from launcher.backends.k8s_manifest import (
     claim_name,
     name_problem,
 )
-from launcher.backends.kubectl import KubectlFailed, current_namespace, kubectl, missing
 from launcher.backends.tools import stream_tool
 from launcher.bundle import Bundle
 from launcher.errors import UsageError

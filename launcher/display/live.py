@@ -1,0 +1,64 @@
+"""What `submit --wait` shows while a job runs: its log lines and, on a terminal, one live line
+with the starting phase (SageMaker's secondary status), then the step, loss and ETA.
+
+A job status here is anything with `name`, `state`, `secondary` and `terminal`; a log line is
+text, and its metrics are read with the contract's own parser.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import IO, Any
+
+from launcher.contract.metrics import parse_fields
+from launcher.display.text import duration
+
+
+class LiveProgress:
+    """A context manager: `line(text)` for each log line, `status(status)` for each state change.
+
+    Log lines go to `lines_to`; the live line and the states to `console` (a rich Console), and
+    nothing but the log lines when that console is quiet."""
+
+    def __init__(self, *, total_steps: int, console: Any, lines_to: IO[str]):
+        self.total_steps, self.console, self.lines_to = total_steps, console, lines_to
+        self.live = None
+        self.first_step: tuple[int, float] | None = None  # (step, when its metrics line arrived)
+
+    def __enter__(self) -> LiveProgress:
+        if self.console.is_terminal and not self.console.quiet:
+            from rich.live import Live
+
+            # Live redirects print() to above the live line, so log lines and the line do not mix.
+            self.live = Live("", console=self.console, transient=True, refresh_per_second=4)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def line(self, text: str) -> None:
+        if not self.console.quiet:
+            print(text, file=self.lines_to, flush=True)
+        if self.live is not None and text.startswith("metrics step="):
+            self.live.update(self._progress(parse_fields(text)))
+
+    def status(self, status: Any) -> None:
+        text = f"{status.name}: {status.state}" + (f" ({status.secondary})" if status.secondary else "")
+        if self.live is not None:
+            self.live.update(text)
+        elif not status.terminal:
+            self.console.print(text, markup=False)
+
+    def _progress(self, fields: dict) -> str:
+        step, now = int(fields.get("step", 0)), time.monotonic()
+        if self.first_step is None:
+            self.first_step = (step, now)
+        text = f"step {step}/{self.total_steps}"
+        if isinstance(fields.get("loss"), float):
+            text += f"  loss {fields['loss']:.4f}"
+        first, since = self.first_step
+        if step > first:
+            text += f"  ETA {duration((now - since) / (step - first) * (self.total_steps - step))}"
+        return text
