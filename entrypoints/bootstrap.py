@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # run as a script from the bundle root: make `lau
 from launcher.contract.failure import ROOT_CAUSE, first_failure  # noqa: E402  (standard library only)
 
 # The torch releases the entrypoints support, [lowest, first unsupported). The `train` extra in
-# pyproject.toml states the same range (tests/backends/test_bootstrap.py checks they agree).
+# pyproject.toml states the same range (tests/entrypoints/test_bootstrap.py checks they agree).
 SUPPORTED_TORCH = ((2, 13), (2, 15))
 
 RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"

@@ -1,12 +1,28 @@
-"""Shared fixtures: run the real CLI in-process and capture what a user would see."""
+"""Shared fixtures of the whole suite.
+
+- `cli`: the real CLI in-process, capturing what a user would see;
+- `moto_server` / `aws`: one moto server per session on 127.0.0.1 at a free port; each test that
+  asks for `aws` gets fake credentials, AWS_ENDPOINT_URL pointing at it, and a freshly reset state;
+- `home`: a private $LAUNCHER_HOME; `fake_bundle`, `fixed_names`, `no_torchrun`: fixed bytes,
+  fixed names and a stand-in trainer for the tests that need no torch;
+- one wheel cache per session, and the real pinned torchao wheel in it.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+
+from tests.backends.helpers import FAKE_ENTRYPOINTS, REGION
 
 
 @dataclass
@@ -45,3 +61,117 @@ def cli(capsys, monkeypatch):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """`moto_server -H 127.0.0.1 -p PORT`, stopped at the end of the session. Yields its URL."""
+    executable = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+    if executable is None:
+        pytest.fail("moto_server is not installed; pip install 'moto[server]' (the dev extra)")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [executable, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"moto_server did not start on {url}")
+            time.sleep(0.05)
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture
+def aws(moto_server, monkeypatch):
+    """Fake credentials and AWS_ENDPOINT_URL at the moto server, whose state is reset first."""
+    from launcher.backends.sagemaker import aws as aws_clients
+
+    request = urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")
+    urllib.request.urlopen(request, timeout=10).close()
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    aws_clients.reset_clients()
+    yield moto_server
+    aws_clients.reset_clients()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_wheel_cache(tmp_path_factory):
+    """One wheel cache for the session: FP8 submits fetch the pinned torchao wheel once, not per test."""
+    from launcher.backends.sagemaker.wheelhouse import CACHE_ENV
+
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("wheel-cache"))
+    yield Path(os.environ[CACHE_ENV])
+    if previous is None:
+        os.environ.pop(CACHE_ENV)
+    else:
+        os.environ[CACHE_ENV] = previous
+
+
+@pytest.fixture(scope="session")
+def torchao_wheel(shared_wheel_cache) -> Path:
+    """The real pinned torchao wheel (pip download on first use, then the cache)."""
+    from launcher.backends.sagemaker.wheelhouse import ensure, pinned
+
+    return ensure(pinned("torchao"))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """A private $LAUNCHER_HOME."""
+    path = tmp_path / "launcher-home"
+    monkeypatch.setenv("LAUNCHER_HOME", str(path))
+    return path
+
+
+@pytest.fixture
+def fake_bundle(monkeypatch) -> Path:
+    """Bundle tests/backends/fake_entrypoints instead of the real entrypoints (fixed bytes, no torch)."""
+    import launcher.bundle
+
+    monkeypatch.setattr(launcher.bundle, "find_entrypoints", lambda: FAKE_ENTRYPOINTS)
+    return FAKE_ENTRYPOINTS
+
+
+@pytest.fixture
+def fixed_names(monkeypatch):
+    """Job names without the clock and the random suffix: `<recipe>-job`."""
+    import launcher.backends.base
+
+    monkeypatch.setattr(launcher.backends.base, "job_name", lambda recipe, max_len=63: f"{recipe.lower()}-job")
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch, fake_bundle, home):
+    """Local jobs run the stand-in trainer with this Python instead of torchrun (a fraction of a second each)."""
+    import launcher.backends.local.backend as local
+
+    def direct(command):
+        return [sys.executable, *command[command.index("entrypoints/train.py") :]]
+
+    monkeypatch.setattr(local, "torchrun_argv", direct)
+    return home

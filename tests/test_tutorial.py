@@ -17,6 +17,7 @@ pytestmark = pytest.mark.torchrun
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.engines
 def test_the_tutorial_runs_and_draws_its_three_pictures(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "LAUNCHER_HOME": str(tmp_path / "home"), "TUTORIAL_OUT": str(out), "PYTHONPATH": str(REPO)}

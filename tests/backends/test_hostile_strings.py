@@ -21,7 +21,7 @@ from launcher.backends import get_backend
 from launcher.errors import UsageError
 
 from .helpers import spec_for
-from .test_sagemaker_stubbed import NAME, registered, stub  # noqa: F401 (fixture)
+from .sagemaker_stubs import NAME, stub
 
 HOSTILE = "x'; touch PWNED_QUOTE; echo \"$(touch PWNED_SUBST)`touch PWNED_TICK`\n---\nkind: Secret\n# ${HOME} \\"
 IMAGE = "repo/img:1$(touch${IFS}PWNED_IMAGE)`touch${IFS}PWNED_IMAGE2`';\"&&"

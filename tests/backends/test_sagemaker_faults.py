@@ -21,7 +21,7 @@ from launcher.backends.sagemaker import aws as aws_clients
 from launcher.backends.sagemaker.aws_model import validate
 
 from .helpers import REGION, recipe_path
-from .test_sagemaker_stubbed import NAME, description, registered, stub  # noqa: F401 (fixture)
+from .sagemaker_stubs import NAME, description, stub
 
 
 def boto(service: str):

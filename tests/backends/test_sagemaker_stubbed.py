@@ -6,62 +6,16 @@ service model the real client uses.
 
 from __future__ import annotations
 
-import datetime
 import json
 
 import pytest
 from botocore.awsrequest import AWSResponse
-from botocore.stub import Stubber
 
 from launcher import api
 from launcher.backends.sagemaker import aws as aws_clients
 
 from .helpers import REGION, recipe_path
-
-NAME = "llama3-8b-8k-20261109-153012-345-abcd"
-T0 = datetime.datetime(2026, 11, 9, 15, 30, tzinfo=datetime.UTC)
-
-
-def description(state: str, secondary: str, *, transitions=(), failure: str | None = None, count: int = 1) -> dict:
-    d = {
-        "TrainingJobName": NAME,
-        "TrainingJobArn": f"arn:aws:sagemaker:{REGION}:111122223333:training-job/{NAME}",
-        "TrainingJobStatus": state,
-        "SecondaryStatus": secondary,
-        "AlgorithmSpecification": {"TrainingInputMode": "File", "TrainingImage": "img"},
-        "ResourceConfig": {"InstanceType": "ml.p5.48xlarge", "InstanceCount": count, "VolumeSizeInGB": 500},
-        "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
-        "CreationTime": T0,
-        "ModelArtifacts": {"S3ModelArtifacts": "s3://b/out/model.tar.gz"},
-        "SecondaryStatusTransitions": [
-            {"Status": s, "StartTime": T0 + datetime.timedelta(minutes=i), "StatusMessage": m}
-            for i, (s, m) in enumerate(transitions)
-        ],
-    }
-    if failure:
-        d["FailureReason"] = failure
-    return d
-
-
-@pytest.fixture
-def registered(home, monkeypatch):
-    """A SageMaker job recorded in the job registry, and fake credentials (Stubber sends nothing)."""
-    from launcher.backends.base import JobRef
-    from launcher.registry import write_json
-
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    aws_clients.reset_clients()
-    write_json(home / "jobs" / NAME / "job.json", JobRef(name=NAME, backend="sagemaker", region=REGION).to_dict())
-    yield NAME
-    aws_clients.reset_clients()
-
-
-def stub(service: str) -> Stubber:
-    stubber = Stubber(aws_clients.client(service, REGION))
-    stubber.activate()
-    return stubber
+from .sagemaker_stubs import NAME, description, stub
 
 
 def test_status_shows_every_transition_and_the_failure_reason(registered, cli):

@@ -342,6 +342,7 @@ def test_a_read_only_file_system_is_a_local_error_naming_the_path(aws, tmp_path)
 
 
 @pytest.mark.torchrun
+@pytest.mark.engines
 def test_a_local_job_trains_on_s3_data_staged_at_submit(aws, tmp_path):
     vocab = 512  # llama-tiny's vocabulary
     tokens = np.random.default_rng(0).integers(0, vocab, size=40_000, dtype=np.uint16)

@@ -7,8 +7,6 @@ import random
 
 import pytest
 
-from tests.backends.conftest import aws, moto_server  # noqa: F401  (the moto server on 127.0.0.1)
-
 WORDS = "the long context model reads every document to its end and then begins the next one again".split()
 
 

@@ -15,7 +15,7 @@ from launcher import api
 from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 from tests.backends.helpers import REPO
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.engines]
 
 
 def test_submit_prepares_raw_jsonl_once_and_a_local_job_trains_on_it(corpus, tokenizer_file, tmp_path):

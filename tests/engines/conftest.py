@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests import REPO
-from tests.backends.conftest import aws, moto_server  # noqa: F401  (the one moto server fixture, reused)
 from tests.backends.helpers import REGION, ROLE
 
 from .image import build_image
 from .sagemaker_sim import Simulation
+from .slurm_cluster import SlurmCluster, missing_prerequisites, start_cluster, stop_cluster
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 DATA_BUCKET = "launcher-sim-data"
@@ -118,3 +118,28 @@ def sim_settings() -> list[str]:
         "checkpoint.every_steps=2",
         "checkpoint.keep=2",
     ]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A running two-node Slurm cluster for the session; torn down even when tests fail."""
+    reason = missing_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("slurm")
+    cluster = None
+    try:
+        cluster = start_cluster(root)
+        yield cluster
+    finally:
+        if cluster is None:  # start failed half way: stop what did start
+            cluster = SlurmCluster(root=root, conf=root / "slurm.conf")
+        stop_cluster(cluster)
+
+
+@pytest.fixture
+def slurm(slurm_cluster, monkeypatch) -> SlurmCluster:
+    """The cluster, with SLURM_CONF set so the launcher's own Slurm commands reach it; no jobs left over."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    slurm_cluster.cancel_everything()
+    return slurm_cluster

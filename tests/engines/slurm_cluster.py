@@ -27,8 +27,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 DAEMONS = ("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
 NODES = ("node1", "node2")
 CPUS_PER_NODE = 2
@@ -226,28 +224,3 @@ def stop_cluster(cluster: SlurmCluster) -> None:
         if munged and _alive(munged):
             os.kill(munged, signal.SIGTERM)
             _stop_pids([munged], 5.0)
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """A running two-node Slurm cluster for the session; torn down even when tests fail."""
-    reason = missing_prerequisites()
-    if reason:
-        pytest.skip(reason)
-    root = tmp_path_factory.mktemp("slurm")
-    cluster = None
-    try:
-        cluster = start_cluster(root)
-        yield cluster
-    finally:
-        if cluster is None:  # start failed half way: stop what did start
-            cluster = SlurmCluster(root=root, conf=root / "slurm.conf")
-        stop_cluster(cluster)
-
-
-@pytest.fixture
-def slurm(slurm_cluster, monkeypatch) -> SlurmCluster:
-    """The cluster, with SLURM_CONF set so the launcher's own Slurm commands reach it; no jobs left over."""
-    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
-    slurm_cluster.cancel_everything()
-    return slurm_cluster

@@ -40,7 +40,7 @@ BUCKET = "launcher-docker-data"
 DATA_URI = f"s3://{BUCKET}/tokens/"
 VOCAB = 512  # llama-tiny's vocabulary
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.engines]
 
 
 @pytest.fixture(scope="module")

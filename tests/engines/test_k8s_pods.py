@@ -25,7 +25,7 @@ CLAIM = "tiny-cpu-launcher"
 STEPS = 2
 RUN_TIMEOUT_S = 120.0
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.engines]
 
 
 def settings() -> list[str]:

@@ -19,18 +19,15 @@ from pathlib import Path
 import pytest
 
 from tests import REPO
-from tests.backends import conftest as backend_fixtures
+from tests.progress import communicate_while_growing
 
-from . import slurm_cluster as cluster
 from .slurm_cluster import SlurmCluster
-
-# Fixtures used here: the session's cluster, SLURM_CONF for the test, a private $LAUNCHER_HOME
-# (also the shared directory: both nodes are this host).
-slurm_cluster, slurm, home = cluster.slurm_cluster, cluster.slurm, backend_fixtures.home
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 STEPS = 20  # enough that USR1 lands well before the end, even on a fast machine
-JOB_TIMEOUT_S = 240.0
+JOB_TIMEOUT_S = 240.0  # the longest a job's log may stay silent (start-up on a loaded machine)
+
+pytestmark = pytest.mark.engines
 
 
 def job_settings(*extra: str) -> list[str]:
@@ -50,7 +47,9 @@ def job_settings(*extra: str) -> list[str]:
 
 @pytest.fixture
 def submit(slurm, home, cli):
-    """`launcher submit tiny-cpu --backend slurm ...`; returns (job name, Slurm job id, its log)."""
+    """`launcher submit tiny-cpu --backend slurm ...`; returns (job name, Slurm job id, its log).
+
+    `home` (a private $LAUNCHER_HOME) is also the cluster's shared directory: both nodes are this host."""
 
     def run(*extra: str) -> tuple[str, str, Path]:
         result = cli("submit", RECIPE, "--backend", "slurm", "--json", *job_settings(*extra))
@@ -64,12 +63,16 @@ def submit(slurm, home, cli):
 
 
 def wait_for_log(log: Path, pattern: str, *, timeout: float = JOB_TIMEOUT_S, cluster: SlurmCluster, job_id: str) -> str:
-    """The log's text once `pattern` appears in it; fails with the log and job state if it does not."""
-    deadline = time.monotonic() + timeout
+    """The log's text once `pattern` appears in it; fails with the log and job state if the job
+    ends without it, or if its log stays silent for `timeout` s (on progress, not in total: a
+    busy machine slows every step but stops none)."""
+    deadline, seen = time.monotonic() + timeout, -1
     while True:
         text = log.read_text(errors="replace") if log.exists() else ""
         if re.search(pattern, text, re.MULTILINE):
             return text
+        if len(text) != seen:
+            deadline, seen = time.monotonic() + timeout, len(text)
         state = cluster.job_field(job_id, "JobState")
         if time.monotonic() > deadline or state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             pytest.fail(f"no /{pattern}/ in {log} (Slurm job {job_id} is {state}):\n{text[-3000:]}")
@@ -91,7 +94,7 @@ def resumed_from(log_text: str) -> list[int]:
     return [int(step) for step in re.findall(r"^start job=.* resumed_from_step=(\d+)", log_text, re.MULTILINE)]
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1800)  # a last resort: every wait below is on progress
 def test_a_two_node_job_checkpoints_on_usr1_requeues_resumes_and_trains_to_the_end(slurm, submit, cli, home):
     name, job_id, log = submit()
     follower = follow_logs(name)
@@ -99,7 +102,7 @@ def test_a_two_node_job_checkpoints_on_usr1_requeues_resumes_and_trains_to_the_e
         # The first periodic checkpoint is written: now Slurm's time-limit warning arrives.
         wait_for_log(log, r"^checkpoint step=2 ", cluster=slurm, job_id=job_id)
         slurm.run("scancel", "--signal=USR1", "--batch", job_id)
-        out, err = follower.communicate(timeout=JOB_TIMEOUT_S)
+        out, err = communicate_while_growing(follower, log, quiet_limit_s=JOB_TIMEOUT_S)
     finally:
         follower.kill()
     assert follower.returncode == 0, err
@@ -129,7 +132,7 @@ def test_a_two_node_job_checkpoints_on_usr1_requeues_resumes_and_trains_to_the_e
     )
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200)  # a last resort: every wait below is on progress
 def test_stop_cancels_the_job_after_it_saves_a_checkpoint(slurm, submit, cli, home):
     # One node is enough to show scancel's SIGTERM reaching the workers, and starts faster.
     name, job_id, log = submit(f"training.steps={STEPS * 10}", "cluster.instance_count=1")

@@ -35,7 +35,7 @@ from entrypoints.parallel.process_group import process_group  # noqa: E402
 from entrypoints.parallel.ulysses import UlyssesAttention  # noqa: E402
 from entrypoints.train import train  # noqa: E402
 from launcher.contract.config import RopeScaling, load_config  # noqa: E402
-from tests.entrypoints.test_model import tiny  # noqa: E402
+from tests.entrypoints.tiny_models import tiny  # noqa: E402
 
 ULYSSES_CASES = [[4, 4], [4, 2], [8, 2], [6, 2]]  # heads / kv heads: MHA, GQA, 3 query heads per rank
 SEPARATOR = 0
@@ -142,18 +142,24 @@ def first_step_loss(config_path: str, *, masked: bool = True) -> float:
     return sum(losses) / len(losses)
 
 
+def run_checks(plan: dict, env) -> dict:
+    """Every check of the plan in the current process group (also multirun.py's "attention_paths")."""
+    cp_mesh = init_device_mesh("cpu", (env.world_size,), mesh_dim_names=("cp",))["cp"]
+    result = {"ulysses": check_ulysses(cp_mesh), "documents": check_documents(cp_mesh), "train": {}}
+    for job in plan["train"]:
+        summary = train(load_config(job["config"]), env)
+        result["train"][job["name"]] = {
+            "reference_loss": first_step_loss(job["config"]),
+            "unmasked_loss": first_step_loss(job["config"], masked=False),
+            "steps": summary,
+        }
+    return result
+
+
 def main(plan_path: str) -> int:
     plan = json.loads(Path(plan_path).read_text())
     with process_group("cpu") as env:
-        cp_mesh = init_device_mesh("cpu", (env.world_size,), mesh_dim_names=("cp",))["cp"]
-        result = {"ulysses": check_ulysses(cp_mesh), "documents": check_documents(cp_mesh), "train": {}}
-        for job in plan["train"]:
-            summary = train(load_config(job["config"]), env)
-            result["train"][job["name"]] = {
-                "reference_loss": first_step_loss(job["config"]),
-                "unmasked_loss": first_step_loss(job["config"], masked=False),
-                "steps": summary,
-            }
+        result = run_checks(plan, env)
         if env.rank == 0:
             Path(plan["result"]).write_text(json.dumps(result, indent=1, default=str))
     return 0

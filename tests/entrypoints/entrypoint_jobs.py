@@ -2,14 +2,21 @@
 
 Every job is a resolved config written by `launcher.recipe.Recipe` (as the backends do) and
 run by `entrypoints.train.train`. To keep the suite to a few torchrun launches (each costs
-seconds of start-up on two cores) the jobs are batched by world size in `multirun.py`:
+seconds of start-up on two cores, most of it importing torch in every rank) the jobs of every
+test module that needs one are batched by world size in `multirun.py`: `launch_together` runs
+one launch per world size for all of them (conftest.py's `launched`). Each module's part is a
+`Planned`:
 
-- 1 process: the single-process references;
-- 4 processes: every 4-rank layout (also the source of the checkpoint that is resumed),
-  FSDP's gradient accumulation modes, and context-parallel attention at cp 4;
-- 2 processes: resume of the 4-rank checkpoint on 2 ranks, FP8, tied embeddings under TP,
-  uneven pipeline stages, context-parallel attention at cp 2, the vocab-parallel fused loss, and
-  the collectives of one FP8 and one fp32 step under TP 2.
+- `plan_runs` (test_multiprocess.py): 1 process: the single-process references; 4 processes:
+  every 4-rank layout (also the source of the checkpoint that is resumed), FSDP's gradient
+  accumulation modes, and context-parallel attention at cp 4; 2 processes: resume of the 4-rank
+  checkpoint on 2 ranks, FP8, tied embeddings under TP, uneven pipeline stages, context-parallel
+  attention at cp 2, the vocab-parallel fused loss, and the collectives of one FP8 and one fp32
+  step under TP 2;
+- `plan_hf` (test_hf_weights.py): 4 processes: Hugging Face checkpoints loaded and exported
+  under each layout;
+- `plan_attention` (test_attention_paths.py): 2 processes: Ulysses, document masking and the
+  training jobs of attention_paths_run.py.
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,8 +191,50 @@ class Runs:
     stdout: str
 
 
-def run_all(root: Path) -> Runs:
-    """Write every job, run the three launches, and return where their results are."""
+@dataclass
+class Planned:
+    """One module's part of the shared launches: plan entries by world size, and what to make of
+    them once every launch has run (`finish` gets the stdout of these entries alone, by world size)."""
+
+    jobs: dict[int, list[dict]]
+    finish: Callable[[dict[int, str]], Any]
+
+
+LAUNCH_ORDER = (1, 4, 2)  # the 2-rank resume reads a checkpoint the 4-rank launch writes
+_JOB_MARK = "multirun: job "  # multirun.py prints it on rank 0 before each plan entry
+
+
+def launch_together(root: Path, planned: dict[str, Callable[[Path], Planned]]) -> dict[str, Any]:
+    """Plan every module's jobs (each in a directory of its own), run one launch per world size
+    holding all of them, and return what each module's `finish` makes of its results."""
+    parts = {name: plan(root / name) for name, plan in planned.items()}
+    stdout: dict[int, str] = {}
+    for procs in LAUNCH_ORDER:
+        entries = [entry for part in parts.values() for entry in part.jobs.get(procs, [])]
+        if entries:
+            stdout[procs] = launch(entries, root, procs, f"{procs}-rank").stdout
+    results = {}
+    for name, part in parts.items():
+        own = {procs: {entry["result"] for entry in entries} for procs, entries in part.jobs.items()}
+        results[name] = part.finish({procs: output_of(stdout[procs], own[procs]) for procs in own})
+    return results
+
+
+def output_of(stdout: str, results: set[str]) -> str:
+    """The lines a launch printed while it ran the entries whose result paths are `results`."""
+    kept, keep = [], False
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith(_JOB_MARK):
+            keep = line[len(_JOB_MARK) :].strip() in results
+            continue
+        if keep:
+            kept.append(line)
+    return "".join(kept)
+
+
+def plan_runs(root: Path) -> Planned:
+    """Write every job of test_multiprocess.py; its Runs once the launches have run."""
+    root.mkdir(parents=True)
 
     def train(job: Job) -> dict:
         return {"kind": "train", "config": str(job.config), "result": str(job.result)}
@@ -216,27 +267,37 @@ def run_all(root: Path) -> Runs:
         name: str(write_job(root, f"collectives-{name}", {"parallel.tensor": 2, "precision.fp8": fp8}, procs=2).config)
         for name, fp8 in (("fp32", False), ("fp8", True))
     }
-
-    launch([train(reference), train(tied_reference), train(five_layers)], root, 1, "1-rank")
-    four_rank_jobs = [*layouts.values(), *accumulation.values()]
-    four = launch([*(train(j) for j in four_rank_jobs), cp_attention("4")], root, 4, "4-rank")
     loss_check = {"kind": "vocab_parallel_loss", "result": str(root / "vocab-parallel-loss.json")}
     fp8_check = {"kind": "fp8_collectives", "configs": collectives, "result": str(root / "fp8-collectives.json")}
-    uneven_jobs = [train(job) for job in uneven.values()]
-    checks = [cp_attention("2"), loss_check, fp8_check]
-    two = launch([train(resumed), train(fp8), train(tied_tp), *uneven_jobs, *checks], root, 2, "2-rank")
-    return Runs(
-        reference=reference,
-        tied_reference=tied_reference,
-        layouts=layouts,
-        accumulation=accumulation,
-        resumed=resumed,
-        fp8=fp8,
-        tied_tp=tied_tp,
-        five_layers=five_layers,
-        uneven=uneven,
-        cp_attention={n: json.loads((root / f"cp-attention-{n}.json").read_text()) for n in (2, 4)},
-        vocab_parallel_loss=json.loads((root / "vocab-parallel-loss.json").read_text()),
-        fp8_collectives=json.loads((root / "fp8-collectives.json").read_text()),
-        stdout=four.stdout + two.stdout,
-    )
+    jobs = {
+        1: [train(reference), train(tied_reference), train(five_layers)],
+        4: [*(train(j) for j in [*layouts.values(), *accumulation.values()]), cp_attention("4")],
+        2: [
+            train(resumed),
+            train(fp8),
+            train(tied_tp),
+            *(train(job) for job in uneven.values()),
+            cp_attention("2"),
+            loss_check,
+            fp8_check,
+        ],
+    }
+
+    def finish(stdout: dict[int, str]) -> Runs:
+        return Runs(
+            reference=reference,
+            tied_reference=tied_reference,
+            layouts=layouts,
+            accumulation=accumulation,
+            resumed=resumed,
+            fp8=fp8,
+            tied_tp=tied_tp,
+            five_layers=five_layers,
+            uneven=uneven,
+            cp_attention={n: json.loads((root / f"cp-attention-{n}.json").read_text()) for n in (2, 4)},
+            vocab_parallel_loss=json.loads((root / "vocab-parallel-loss.json").read_text()),
+            fp8_collectives=json.loads((root / "fp8-collectives.json").read_text()),
+            stdout=stdout[4] + stdout[2],
+        )
+
+    return Planned(jobs=jobs, finish=finish)

@@ -6,8 +6,10 @@
 plan.json: {"jobs": [{"kind": "train", "config": PATH, "result": PATH},
                      {"kind": "cp_attention", "cases": [[heads, kv_heads], ...], "result": PATH},
                      {"kind": "vocab_parallel_loss", "result": PATH},
-                     {"kind": "fp8_collectives", "configs": {"fp32": PATH, "fp8": PATH}, "result": PATH}]}
-Rank 0 writes each job's result as JSON; the tests assert on those files.
+                     {"kind": "fp8_collectives", "configs": {"fp32": PATH, "fp8": PATH}, "result": PATH},
+                     {"kind": "attention_paths", "train": [{"name": ..., "config": PATH}], "result": PATH}]}
+Rank 0 writes each job's result as JSON; the tests assert on those files. Before each job rank 0
+prints `multirun: job RESULT_PATH`, so that each test module reads only its own jobs' output.
 """
 
 from __future__ import annotations
@@ -139,11 +141,19 @@ def run_fp8_collectives(job: dict, env) -> dict:
     return found
 
 
+def run_attention_paths(job: dict, env) -> dict:
+    """attention_paths_run.py's checks (test_attention_paths.py)."""
+    from tests.entrypoints.attention_paths_run import run_checks
+
+    return run_checks(job, env)
+
+
 KINDS = {
     "train": run_train,
     "cp_attention": run_cp_attention,
     "vocab_parallel_loss": run_vocab_parallel_loss,
     "fp8_collectives": run_fp8_collectives,
+    "attention_paths": run_attention_paths,
 }
 
 
@@ -151,6 +161,8 @@ def main(plan_path: str) -> int:
     plan = json.loads(Path(plan_path).read_text())
     with process_group("cpu") as env:
         for job in plan["jobs"]:
+            if env.rank == 0:
+                print(f"multirun: job {job['result']}", flush=True)
             try:
                 result = KINDS[job["kind"]](job, env)
             except Exception:
@@ -159,7 +171,7 @@ def main(plan_path: str) -> int:
                     Path(job["result"]).write_text(json.dumps(result))
                 raise
             if env.rank == 0:
-                Path(job["result"]).write_text(json.dumps(result))
+                Path(job["result"]).write_text(json.dumps(result, default=str))
     return 0
 
 

@@ -278,7 +278,7 @@ def test_a_loss_or_gradient_norm_that_is_not_finite_stops_training_with_its_reas
 
 def test_a_marker_whose_write_fails_on_a_full_disk_leaves_no_file_that_would_count(tmp_path):
     from entrypoints.checkpoint_files import marker_content, write_durable
-    from tests.backends.test_records import fill_disk, small_disk
+    from tests.disks import fill_disk, small_disk
 
     with small_disk(tmp_path / "disk", "64k") as disk:
         step_dir = disk / "step-00000004"

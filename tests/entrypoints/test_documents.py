@@ -15,7 +15,7 @@ from entrypoints.model.documents import DocumentMask, document_ids, document_pos
 from entrypoints.model.init import materialize
 from entrypoints.model.llama import build_model
 from entrypoints.parallel.context import shard_sequence
-from tests.entrypoints.test_model import LLAMA31_SCALING, tiny
+from tests.entrypoints.tiny_models import LLAMA31_SCALING, tiny
 
 SEPARATOR = 0
 

@@ -14,67 +14,18 @@ equal the original checkpoint tensor for tensor. The round-trip job trains 3 ste
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from .entrypoint_jobs import Job, launch, write_job
-from .hf_models import MODELS, SEQ_LEN, hf_logits, hf_loss, save_hf_model
+from .entrypoint_jobs import Job
+from .hf_jobs import CASES, ROUND_TRIP
+from .hf_models import MODELS, hf_logits, hf_loss
 
 pytestmark = pytest.mark.torchrun
 
 RELATIVE = 1e-5
-LAYOUTS = {  # 4 ranks each: the named parallelism, with the remaining factor of 2 replicating it
-    "tp2": {"parallel.tensor": 2, "parallel.data_replicate": 2},
-    "cp2": {"parallel.context": 2, "parallel.data_replicate": 2},
-    "pp2": {"parallel.pipeline": 2, "parallel.data_replicate": 2},
-    "fsdp2_tp2": {"parallel.tensor": 2, "parallel.data_shard": 2},
-}
-# Llama in every layout; Mistral (tied embeddings, which the layout rules refuse to split over
-# pipeline stages) where its weights differ: FSDP x TP splits the shared embedding both ways.
-CASES = [("llama", layout) for layout in LAYOUTS] + [("mistral", "fsdp2_tp2")]
-ROUND_TRIP = ("llama", "fsdp2_tp2")  # trains 3 steps for real; its step-1 loss is still the loaded model's
-BASE = {
-    "training.seq_len": SEQ_LEN,
-    "training.global_batch_size": 8,
-    "training.micro_batch_size": 2,
-    "training.optimizer.warmup_steps": 0,
-    "parallel.tensor": 1,
-    "checkpoint.every_steps": 0,
-    "checkpoint.export_hf": True,
-}
-
-
-def model_ref(directory: Path) -> dict:
-    return {"model": {"hf_config": str(directory / "config.json"), "init_from": str(directory)}}
-
-
-@dataclass
-class HFRuns:
-    checkpoints: dict[str, Path]
-    models: dict
-    layouts: dict[tuple[str, str], Job]
-    round_trip: Job
-
-
-@pytest.fixture(scope="module")
-def hf_runs(tmp_path_factory) -> HFRuns:
-    root = tmp_path_factory.mktemp("hf")
-    checkpoints = {kind: root / f"hf-{kind}" for kind in MODELS}
-    models = {kind: save_hf_model(kind, path) for kind, path in checkpoints.items()}
-    # Tokenizer files beside the weights go into every export (no tokenizer is needed to test that).
-    (checkpoints["llama"] / "tokenizer_config.json").write_text('{"model_max_length": 1024}\n')
-    layouts = {}
-    for kind, layout in CASES:
-        overrides = {**BASE, **model_ref(checkpoints[kind]), **LAYOUTS[layout], "training.steps": 3}
-        if (kind, layout) != ROUND_TRIP:
-            overrides.update({"training.steps": 1, "training.optimizer.lr": 1e-30, "training.optimizer.min_lr": 0.0})
-        layouts[kind, layout] = write_job(root, f"{kind}-{layout}", overrides, procs=4)
-    plan = [{"kind": "train", "config": str(job.config), "result": str(job.result)} for job in layouts.values()]
-    launch(plan, root, 4, "hf-4-rank")
-    return HFRuns(checkpoints=checkpoints, models=models, layouts=layouts, round_trip=layouts[ROUND_TRIP])
 
 
 def job_config(job: Job):

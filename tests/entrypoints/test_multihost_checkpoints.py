@@ -127,7 +127,7 @@ def overwrite_1kib_inside(file: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def host_runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("multihost")
     per_host = [
         [
@@ -165,8 +165,8 @@ def runs(tmp_path_factory) -> Path:
     return root
 
 
-def test_each_host_directory_holds_only_its_own_files_of_the_newest_two_checkpoints(runs):
-    host0, host1 = files(runs / "split-host0"), files(runs / "split-host1")
+def test_each_host_directory_holds_only_its_own_files_of_the_newest_two_checkpoints(host_runs):
+    host0, host1 = files(host_runs / "split-host0"), files(host_runs / "split-host1")
     assert list(host0) == list(host1) == ["step-00000003", "step-00000004"]
     for step in host0:
         assert host0[step] == [
@@ -178,36 +178,36 @@ def test_each_host_directory_holds_only_its_own_files_of_the_newest_two_checkpoi
         ]
         assert host1[step] == ["COMPLETE.node-1-of-2", "__1_0.distcp", "rng/rank-00001.pt"]
     # Neither host's directory is a complete checkpoint alone; merged (as S3 holds them) they are.
-    assert complete_checkpoints(runs / "split-host0") == complete_checkpoints(runs / "split-host1") == []
+    assert complete_checkpoints(host_runs / "split-host0") == complete_checkpoints(host_runs / "split-host1") == []
 
 
-def test_merged_host_directories_resume_with_the_losses_of_an_uninterrupted_run(runs):
-    reference = dict(losses(runs, "reference"))
-    resumed = losses(runs, "resumed")
+def test_merged_host_directories_resume_with_the_losses_of_an_uninterrupted_run(host_runs):
+    reference = dict(losses(host_runs, "reference"))
+    resumed = losses(host_runs, "resumed")
     assert [step for step, _ in resumed] == [5, 6]
     for step, loss in resumed:
         assert loss == pytest.approx(reference[step], abs=1e-5), step
-    split = dict(losses(runs, "split"))
+    split = dict(losses(host_runs, "split"))
     assert [split[s] for s in range(1, 5)] == pytest.approx([reference[s] for s in range(1, 5)], abs=1e-6)
-    assert "resumed_from_step=4" in (runs / "stdout-shared.txt").read_text()
-    assert [s for s, _ in complete_checkpoints(runs / "merged")] == [4, 6]
+    assert "resumed_from_step=4" in (host_runs / "stdout-shared.txt").read_text()
+    assert [s for s, _ in complete_checkpoints(host_runs / "merged")] == [4, 6]
 
 
-def test_a_checkpoint_missing_one_hosts_marker_is_ignored_and_then_removed(runs):
-    reference = dict(losses(runs, "reference"))
-    resumed = losses(runs, "torn-resumed")
+def test_a_checkpoint_missing_one_hosts_marker_is_ignored_and_then_removed(host_runs):
+    reference = dict(losses(host_runs, "reference"))
+    resumed = losses(host_runs, "torn-resumed")
     assert [step for step, _ in resumed] == [4, 5, 6]  # from step 3, the newest complete one
     for step, loss in resumed:
         assert loss == pytest.approx(reference[step], abs=1e-5), step
-    assert "resumed_from_step=3" in (runs / "stdout-shared.txt").read_text()
+    assert "resumed_from_step=3" in (host_runs / "stdout-shared.txt").read_text()
     # Keep 2: steps 3 and 6 remain; both hosts removed their files of the torn step 4.
-    assert sorted(p.name for p in (runs / "torn").iterdir()) == ["step-00000003", "step-00000006"]
-    assert all(is_complete(p) for p in (runs / "torn").iterdir())
+    assert sorted(p.name for p in (host_runs / "torn").iterdir()) == ["step-00000003", "step-00000006"]
+    assert all(is_complete(p) for p in (host_runs / "torn").iterdir())
 
 
-def test_each_hosts_marker_records_the_sha256_of_the_files_that_host_wrote(runs):
+def test_each_hosts_marker_records_the_sha256_of_the_files_that_host_wrote(host_runs):
     for host in range(HOSTS):
-        for step_dir in (runs / f"split-host{host}").iterdir():
+        for step_dir in (host_runs / f"split-host{host}").iterdir():
             recorded = json.loads((step_dir / f"COMPLETE.node-{host}-of-2").read_text())
             assert (
                 sorted(recorded["sha256"])
@@ -222,13 +222,13 @@ def test_each_hosts_marker_records_the_sha256_of_the_files_that_host_wrote(runs)
                 assert hashlib.sha256((step_dir / relative).read_bytes()).hexdigest() == digest, relative
 
 
-def test_a_shard_changed_on_one_host_makes_both_hosts_resume_from_the_previous_checkpoint(runs):
-    reference = dict(losses(runs, "reference"))
-    resumed = losses(runs, "damaged-resumed")
+def test_a_shard_changed_on_one_host_makes_both_hosts_resume_from_the_previous_checkpoint(host_runs):
+    reference = dict(losses(host_runs, "reference"))
+    resumed = losses(host_runs, "damaged-resumed")
     assert [step for step, _ in resumed] == [4, 5, 6]  # from step 3: both hosts skipped step 4
     for step, loss in resumed:
         assert loss == pytest.approx(reference[step], abs=1e-5), step
-    stdout = (runs / "stdout-shared.txt").read_text()
+    stdout = (host_runs / "stdout-shared.txt").read_text()
     assert re.search(
         r"warning: checkpoint step-00000004 is damaged \(__1_0\.distcp on host [01] differs from the sha256 that "
         r"COMPLETE\.node-1-of-2 recorded\); skipped",
@@ -236,13 +236,13 @@ def test_a_shard_changed_on_one_host_makes_both_hosts_resume_from_the_previous_c
     ), stdout[-3000:]
 
 
-def test_every_minutes_saves_without_every_steps(runs):
+def test_every_minutes_saves_without_every_steps(host_runs):
     for host in range(HOSTS):
-        assert sorted(p.name for p in (runs / f"timed-host{host}").iterdir()) == [
+        assert sorted(p.name for p in (host_runs / f"timed-host{host}").iterdir()) == [
             "step-00000001",
             "step-00000002",
             "step-00000003",
         ]
-    stdout = (runs / "stdout-hosts.txt").read_text()
+    stdout = (host_runs / "stdout-hosts.txt").read_text()
     for step in (1, 2, 3):
         assert f"checkpoint step={step} written_s=" in stdout

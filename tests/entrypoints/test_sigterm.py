@@ -213,7 +213,7 @@ def test_a_full_checkpoint_disk_fails_the_job_in_one_line_keeps_the_last_checkpo
         is_complete,
         recorded_digests,
     )
-    from tests.backends.test_records import small_disk
+    from tests.disks import small_disk
 
     checkpoints = tmp_path / "checkpoints"
     # A checkpoint of this model is 11.2 MB (measured): 16 MiB holds one; the second (step 4,

@@ -10,8 +10,7 @@ import pytest
 
 from launcher.backends import get_backend
 from launcher.spec import JOB_NAME_RE, EngineSettings, job_name
-
-from .helpers import spec_for
+from tests.backends.helpers import spec_for
 
 NOW = datetime.datetime(2026, 11, 9, 15, 30, 12, 345678, tzinfo=datetime.UTC)
 

@@ -19,8 +19,7 @@ from launcher.errors import UsageError
 from launcher.estimate import format_bytes
 from launcher.jobs import Job
 from launcher.registry import JobRef
-
-from .helpers import recipe_path
+from tests.backends.helpers import recipe_path
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SVG = "{http://www.w3.org/2000/svg}"

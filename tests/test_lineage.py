@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from launcher import api
 from launcher.errors import UsageError
 from launcher.registry import JobRef, save
+from tests import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "llama3-8b-8k.yaml"
 CHECKPOINTS = "s3://my-training-bucket/checkpoints/llama3-8b-8k"
 

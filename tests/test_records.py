@@ -9,7 +9,6 @@ names, so no path built from one leaves its root. Local jobs run the stand-in tr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -23,33 +22,13 @@ import pytest
 
 from launcher.registry import JobRef, records, save, write_json
 from tests import REPO
-
-from .helpers import FAKE_ENTRYPOINTS, alive, recipe_path, submit, wait_for_line
+from tests.backends.helpers import FAKE_ENTRYPOINTS, alive, recipe_path, submit, wait_for_line
+from tests.disks import fill_disk, small_disk
 
 TINY = recipe_path("tiny-cpu")
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def small_disk(directory: Path, size: str = "256k"):
-    """A real tmpfs of `size` mounted at `directory` (made if missing), unmounted at the end."""
-    directory.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], check=True)
-    try:
-        yield directory
-    finally:
-        if subprocess.run(["umount", str(directory)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(directory)], check=True)  # a file still open in it
-
-
-def fill_disk(directory: Path, leave_blocks: int = 0) -> None:
-    """Write a filler file until exactly `leave_blocks` blocks of the file system stay free."""
-    free = os.statvfs(directory)
-    with (directory / "filler").open("ab") as filler:
-        filler.write(b"\0" * ((free.f_bavail - leave_blocks) * free.f_bsize))
-    assert os.statvfs(directory).f_bavail == leave_blocks
 
 
 def temporary_files(directory: Path) -> list[str]:

@@ -12,8 +12,7 @@ import pytest
 
 from launcher.bundle import FIXED_MTIME, Bundle, find_entrypoints
 from launcher.errors import LauncherError
-
-from .helpers import REPO
+from tests.backends.helpers import REPO
 
 RESOLVED = '{"format": 1}\n'
 
@@ -318,8 +317,7 @@ def test_an_allowance_for_a_file_the_bundle_lacks_is_refused(source):
 
 def test_bundle_allow_secrets_in_reaches_the_bundle_from_the_recipe(monkeypatch, source):
     import launcher.bundle
-
-    from .helpers import spec_for
+    from tests.backends.helpers import spec_for
 
     (source / "fixture_key.py").write_text(PRIVATE_KEY)
     monkeypatch.setattr(launcher.bundle, "find_entrypoints", lambda: source)
@@ -334,8 +332,7 @@ def test_submit_of_a_job_whose_bundle_holds_a_secret_stops_with_one_line_and_cre
     monkeypatch, source, home, cli
 ):
     import launcher.bundle
-
-    from .helpers import recipe_path
+    from tests.backends.helpers import recipe_path
 
     (source / "local_settings.py").write_text(f'aws_secret_access_key = "{AWS_SECRET}"\n')
     monkeypatch.setattr(launcher.bundle, "find_entrypoints", lambda: source)

@@ -15,8 +15,7 @@ import time
 
 from launcher.jobs import Job
 from tests import REPO
-
-from .helpers import alive, recipe_path
+from tests.backends.helpers import alive, recipe_path
 
 LAUNCHER = [sys.executable, "-m", "launcher"]
 

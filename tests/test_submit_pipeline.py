@@ -15,8 +15,7 @@ import pytest
 
 from launcher import api
 from launcher.errors import RecipeError, UsageError
-
-from .helpers import REGION, load, recipe_path
+from tests.backends.helpers import REGION, load, recipe_path
 
 OOM = {"parallel.context": 1, "parallel.tensor": 1, "parallel.activation_checkpointing": "none"}
 

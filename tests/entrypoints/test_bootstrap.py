@@ -23,8 +23,7 @@ import pytest
 
 from launcher.backends import get_backend
 from launcher.bundle import Bundle
-
-from .helpers import REPO, spec_for
+from tests.backends.helpers import REPO, spec_for
 
 BOOTSTRAP = REPO / "entrypoints" / "bootstrap.py"
 JOB_ARGV = ["torchrun", "--nproc-per-node=2", "--max-restarts=0", "entrypoints/train.py", "--config", "resolved.json"]

@@ -1,0 +1,65 @@
+"""The Hugging Face checkpoint jobs of test_hf_weights.py, in the shared 4-rank launch.
+
+Llama in every layout, Mistral under FSDP 2 x TP 2; see test_hf_weights.py for what each proves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .entrypoint_jobs import Job, Planned, write_job
+from .hf_models import MODELS, SEQ_LEN, save_hf_model
+
+LAYOUTS = {  # 4 ranks each: the named parallelism, with the remaining factor of 2 replicating it
+    "tp2": {"parallel.tensor": 2, "parallel.data_replicate": 2},
+    "cp2": {"parallel.context": 2, "parallel.data_replicate": 2},
+    "pp2": {"parallel.pipeline": 2, "parallel.data_replicate": 2},
+    "fsdp2_tp2": {"parallel.tensor": 2, "parallel.data_shard": 2},
+}
+# Llama in every layout; Mistral (tied embeddings, which the layout rules refuse to split over
+# pipeline stages) where its weights differ: FSDP x TP splits the shared embedding both ways.
+CASES = [("llama", layout) for layout in LAYOUTS] + [("mistral", "fsdp2_tp2")]
+ROUND_TRIP = ("llama", "fsdp2_tp2")  # trains 3 steps for real; its step-1 loss is still the loaded model's
+BASE = {
+    "training.seq_len": SEQ_LEN,
+    "training.global_batch_size": 8,
+    "training.micro_batch_size": 2,
+    "training.optimizer.warmup_steps": 0,
+    "parallel.tensor": 1,
+    "checkpoint.every_steps": 0,
+    "checkpoint.export_hf": True,
+}
+
+
+def model_ref(directory: Path) -> dict:
+    return {"model": {"hf_config": str(directory / "config.json"), "init_from": str(directory)}}
+
+
+@dataclass
+class HFRuns:
+    checkpoints: dict[str, Path]
+    models: dict
+    layouts: dict[tuple[str, str], Job]
+    round_trip: Job
+
+
+def plan_hf(root: Path) -> Planned:
+    """Tiny Hugging Face checkpoints saved by transformers, and one job per case on 4 ranks."""
+    root.mkdir(parents=True)
+    checkpoints = {kind: root / f"hf-{kind}" for kind in MODELS}
+    models = {kind: save_hf_model(kind, path) for kind, path in checkpoints.items()}
+    # Tokenizer files beside the weights go into every export (no tokenizer is needed to test that).
+    (checkpoints["llama"] / "tokenizer_config.json").write_text('{"model_max_length": 1024}\n')
+    layouts = {}
+    for kind, layout in CASES:
+        overrides = {**BASE, **model_ref(checkpoints[kind]), **LAYOUTS[layout], "training.steps": 3}
+        if (kind, layout) != ROUND_TRIP:
+            overrides.update({"training.steps": 1, "training.optimizer.lr": 1e-30, "training.optimizer.min_lr": 0.0})
+        layouts[kind, layout] = write_job(root, f"{kind}-{layout}", overrides, procs=4)
+    plan = [{"kind": "train", "config": str(job.config), "result": str(job.result)} for job in layouts.values()]
+
+    def finish(stdout: dict[int, str]) -> HFRuns:
+        return HFRuns(checkpoints=checkpoints, models=models, layouts=layouts, round_trip=layouts[ROUND_TRIP])
+
+    return Planned(jobs={4: plan}, finish=finish)
