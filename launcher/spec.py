@@ -4,9 +4,9 @@ Everything a backend needs is here, already decided: the unique name, the image,
 argv, the environment, resources, where data, outputs and checkpoints live, the time limit,
 retries, spot capacity and tags. What only one engine reads travels in one `engine` part that the
 backend built (`Backend.settings`): this module knows it only as `EngineSettings`, the base every
-engine's settings extend, and the backend layer rebuilds it from a saved spec. The resolved recipe travels with it as JSON text and lands in the code bundle as
-`resolved.json`; it is never flattened into hyperparameters (SageMaker caps those at 100
-entries of 2,500 characters).
+engine's settings extend, and the backend layer rebuilds it from a saved spec. The resolved
+recipe travels with it as JSON text and lands in the code bundle as `resolved.json`; it is never
+flattened into hyperparameters (SageMaker caps those at 100 entries of 2,500 characters).
 """
 
 from __future__ import annotations
