@@ -135,7 +135,7 @@ class Submission:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.spec.name, "backend": self.spec.backend, "dry_run": self.dry_run}
-        data["estimate"] = self.estimate.to_json()
+        data["estimate"] = self.estimate.to_dict()
         data.update(self.rendering.data if self.dry_run else {"spec": self.spec.to_dict()})
         if self.job is not None:
             data["job"] = self.job.ref.to_dict()

@@ -177,7 +177,7 @@ VERIFY_SCRIPT = (
     'printf "$m\\n" "$LAUNCHER_BUNDLE"|tee "${LAUNCHER_FAILURE_FILE:-/opt/ml/output/failure}">&2 2>/dev/null;exit 2'
 )
 BUNDLE_REFUSAL = (
-    "bootstrap: refused the code bundle %s: its sha256 is not the LAUNCHER_BUNDLE_SHA256 of the job's "
+    "bundle check: refused the code bundle %s: its sha256 is not the LAUNCHER_BUNDLE_SHA256 of the job's "
     "request (it was changed or damaged after upload); nothing from it ran"
 )
 # The second stage: unpack the verified bundle named by $LAUNCHER_BUNDLE into $LAUNCHER_CODE and
@@ -201,7 +201,7 @@ def unpack_entrypoint(*, image_entrypoint: str | None = None) -> list[str]:
             'exec "$@"', f'if [ -x {image_entrypoint} ]; then set -- {image_entrypoint} "$@"; fi; exec "$@"'
         )
     verify = ["/bin/bash", "-c", VERIFY_SCRIPT, "launcher-verify", BUNDLE_REFUSAL]
-    return [*verify, "/bin/bash", "-c", script, "launcher-bootstrap"]
+    return [*verify, "/bin/bash", "-c", script, "launcher-unpack"]
 
 
 def find_entrypoints() -> Path:

@@ -172,7 +172,7 @@ def estimate(
     if plot is not None:
         err.print(f"plot: {result.plot(plot, title=f'{loaded.summary_line()} [{mode}]')}", markup=False)
     if json_:
-        _print_json({**result.to_json(), "predicted": api.predicted_summary(loaded)})
+        _print_json({**result.to_dict(), "predicted": api.predicted_summary(loaded)})
     else:
         from launcher.estimate.table import estimate_table
 
@@ -208,7 +208,7 @@ def plan(
     if plot is not None:
         _plot_plans(loaded, plot, options)
     if json_:
-        _print_json([layout.to_json() for layout in found.ranked])
+        _print_json([layout.to_dict() for layout in found.ranked])
     else:
         from launcher.plan.table import plan_table
 
@@ -364,7 +364,7 @@ def metrics(
     if plot is not None:
         err.print(f"plot: {history.plot(plot)}", markup=False)
     if json_:
-        _print_json(history.to_json())
+        _print_json(history.to_dict())
     else:
         from launcher.display.text import metrics_text
 

@@ -376,7 +376,7 @@ def _pick(value: int | None, default: int) -> int:
 def torchrun_command(
     resources: Resources, *, name: str, rendezvous_host: str | None, bootstrap: bool = False, max_restarts: int = 0
 ) -> tuple[str, ...]:
-    """The torchrun argv of contract 1, run from the bundle root.
+    """The torchrun argv the entrypoints are started with, run from the bundle root.
 
     With `bootstrap`, entrypoints/bootstrap.py runs it and adds the node count and rendezvous itself."""
     tail = [f"--max-restarts={max_restarts}", ENTRYPOINT, "--config", CONFIG_FILE]

@@ -6,7 +6,7 @@
 Each case loads recipes/llama405b-128k.yaml, changes what the case says, and times `search()`
 (enumeration, throughput for every valid layout, memory estimates until the top 10 fit) in CPU
 seconds of this process, which a shared, loaded machine inflates less than wall time. The bound
-from issue 21 is 0.5 CPU s for the recipe as shipped. Beside it: `launcher --help` against
+is 0.5 CPU s for the recipe as shipped. Beside it: `launcher --help` against
 `import boto3`, each a fresh interpreter, in CPU seconds of the child (the CLI must stay lighter).
 """
 

@@ -89,7 +89,7 @@ def prepare(directory: Path) -> None:
         estimate = api.estimate(recipe)
         # The concrete recipe's config: the accumulation mode the estimate describes is the one that runs.
         config = resolve(recipe).concrete.resolved().to_dict()
-        prepared.append({"name": name, "resolved": config, "estimate": estimate.to_json()})
+        prepared.append({"name": name, "resolved": config, "estimate": estimate.to_dict()})
     (directory / "configs.json").write_text(json.dumps(prepared, indent=1))
     print(f"estimator_gpu: {len(prepared)} configs written to {directory / 'configs.json'}")
 

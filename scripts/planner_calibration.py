@@ -385,7 +385,7 @@ def sweep_correlations(found: list[Result]) -> dict[str, tuple[int, float]]:
 
 
 MIN_SWEEP = 10
-"""Issue #11's goal: Spearman >= 0.7 on every sweep of at least this many layouts."""
+"""The calibration goal: Spearman >= 0.7 on every sweep of at least this many layouts."""
 
 MIN_RANKED = 3
 """Fewer independent points than this say nothing about ranking (two points rank +1 or -1)."""
@@ -682,7 +682,7 @@ dp_replicate, PP), runs:
   groups with ranks on a node share its NICs. A group with r ranks per node (r = min(n, g/s) for
   g GPUs per node) drives r of the node's g NICs: node bandwidth x 80% x r/g, capped by NVLink for
   the intra-node hops. FSDP over all 128 GPUs of 16 p5s (r = 8) gets all 3,200 Gb/s of a node,
-  320 GB/s after efficiency, where the model before issue #11 gave every node-spanning collective
+  320 GB/s after efficiency, where the earlier per-GPU model gave every node-spanning collective
   one GPU's share (40 GB/s); with TP 8 inside each node (r = 1) it is one GPU's share again.
 - Point-to-point sends (pipeline stages) get one GPU's NIC share across nodes: every GPU of the
   node sends its own message at once.
@@ -690,7 +690,7 @@ dp_replicate, PP), runs:
 Node bandwidth is the catalog's `efa_gbps` (instances.yaml, from the EC2 instance
 specifications), NVLink the catalog's `nvlink_gbps` (accelerators.yaml, NVIDIA datasheets).
 
-### Modes from issue #11
+### Run modes
 
 `parallel.grad_accumulation`, `parallel.reduce_dtype` and `parallel.cp_attention` are workload
 fields (launcher/plan/modes.py): `auto` accumulation (decided by memory at submit) is priced as
@@ -780,7 +780,7 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
 - 405B at 128K on 1024 H100s needs PP or TP x CP >= 16: every layout that fits has one;
 - at 8K on 128 H100s (Llama 3 8B, 8M tokens per step), plain FSDP beats adding PP 2 (-14% to -19%:
   the bubble with 8 micro-batches per stage), CP 2 (-12% with the current kernel, -4% to -6% with
-  allgather or ulysses) or TP 2 (-7%), as published sweeps found. The model before issue #11,
+  allgather or ulysses) or TP 2 (-7%), as published sweeps found. The earlier per-GPU model,
   which gave every node-spanning collective one GPU's NIC share, had PP 2 1.3-1.4x faster and CP 2
   about 1.9x slower than plain FSDP at micro batch 1.
 
@@ -806,8 +806,8 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   NCCL's tree and NVLS algorithms and the contention between mesh dimensions whose collectives
   overlap in time (FSDP prefetch during TP's); Ulysses' all-to-alls are priced at the ring's
   bus bandwidth.
-- The allgather and ulysses CP kernels' speed (0.9 and 1.0 of plain attention) is issue #11's
-  goal, not a measurement; the accumulation modes' overlap is the same fixed fraction as before.
+- The allgather and ulysses CP kernels' speed (0.9 and 1.0 of plain attention) is a
+  target, not a measurement; the accumulation modes' overlap is the same fixed fraction as before.
 - No published sweep varies layouts on one model at a fixed GPU count in enough points: the two
   sweeps of 10 or more mix models and sequence lengths, so their Spearman (over model FLOP/s)
   tests the model's sense of efficiency across shapes more than its choice among layouts.

@@ -54,7 +54,7 @@ ULIMITS = ("memlock=-1", "stack=67108864", "nofile=1048576:1048576")
 PULL_TIMEOUT_S = 3600
 # Seconds a follow may take to print its last lines after the container ended.
 FLUSH_S = 10
-# `docker stop` exits 143 (SIGTERM, the bootstrap's answer) or 137 (SIGKILL after the grace period).
+# `docker stop` exits 143 (SIGTERM, entrypoints/bootstrap.py's answer) or 137 (SIGKILL after the grace period).
 STOP_EXIT_CODES = (137, 143)
 
 

@@ -68,7 +68,7 @@ class MetricsHistory:
         """One metric over the steps (nan where a step did not log or measure it)."""
         return [math.nan if row.get(key) is None else float(row[key]) for row in self.rows]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """JSON has no NaN: a value that was not measured (MFU on a CPU) is null."""
         clean = [
             {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in self.rows

@@ -94,7 +94,7 @@ class Opened:
         identity = {
             "format": FORMAT,
             "inputs": [[f.format, h] for f, h in zip(self.files, self.hashes, strict=True)],
-            "tokenizer": self.tokenizer.to_json(),
+            "tokenizer": self.tokenizer.to_dict(),
             "settings": {"field": self.settings.field, "delimiter": self.settings.delimiter},
             "shard_tokens": self.settings.shard_tokens,
         }
@@ -104,7 +104,7 @@ class Opened:
         return {
             "format": FORMAT,
             "key": self.key,
-            "tokenizer": self.tokenizer.to_json(),
+            "tokenizer": self.tokenizer.to_dict(),
             "eos_id": self.tokenizer.eos_id,
             "vocab_size": self.tokenizer.vocab_size,
             "dtype": self.tokenizer.dtype,

@@ -32,7 +32,7 @@ class TokenizerInfo:
     def dtype(self) -> str:
         return token_dtype(self.vocab_size)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "sha256": self.sha256,
             "vocab_size": self.vocab_size,

@@ -49,7 +49,7 @@ class StageMemory:
     def peak_bytes(self) -> int:
         return sum(self.breakdown.values())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "stage": self.stage,
             "layers": self.layers,

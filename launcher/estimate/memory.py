@@ -119,7 +119,7 @@ class MemoryEstimate:
     def with_suggestion(self, suggestion: str | None) -> MemoryEstimate:
         return replace(self, suggestion=suggestion)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "per_gpu_peak_bytes": self.per_gpu_peak_bytes,
@@ -132,7 +132,7 @@ class MemoryEstimate:
             "peak_stage": self.peak_stage,
             "peak_phase": self.peak_phase,
             "breakdown": dict(self.breakdown),
-            "stages": [stage.to_json() for stage in self.stages],
+            "stages": [stage.to_dict() for stage in self.stages],
             "suggestion": self.suggestion,
             "notes": list(self.notes),
         }

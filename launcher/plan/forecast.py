@@ -70,7 +70,7 @@ class RunForecast:
             f"would be stopped before its last step; {fix}"
         )
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "step_time_s": round(self.speed.step_time_s, 4),
             "steps": self.steps,

@@ -1,4 +1,4 @@
-"""The run modes issue #11 added to recipes, as the throughput model prices them.
+"""The run modes a recipe chooses, as the throughput model prices them.
 
 `parallel.grad_accumulation`, `parallel.reduce_dtype` and `parallel.cp_attention` are Workload
 fields; `mode()` names what the entrypoints really run for each:

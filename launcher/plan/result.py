@@ -100,7 +100,7 @@ class LayoutPlan:
         """What `Recipe.with_changes` needs to turn `recipe` into this plan."""
         return {key: new for key, (_, new) in self.changes(recipe).items()}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         layout = self.layout
         return {
             "tensor": layout.tensor,
@@ -119,7 +119,7 @@ class LayoutPlan:
             "instance_count": self.instance_count,
             "memory_utilization": round(self.memory.utilization, 4),
             "per_gpu_peak_bytes": self.memory.per_gpu_peak_bytes,
-            **self.throughput.to_json(),
+            **self.throughput.to_dict(),
         }
 
 

@@ -97,11 +97,11 @@ class Constants:
         default_factory=lambda: {"zigzag_sdpa": 0.58, "allgather": 0.9, "ulysses": 1.0}
     )
     """Context-parallel attention's rate as a fraction of plain causal SDPA, by `parallel.cp_attention`.
-    zigzag_sdpa, the all-gather path's masked kernel (the only one before issue #11; document masking
+    zigzag_sdpa, the all-gather path's masked kernel (the first CP kernel; document masking
     still runs it: two SDPA calls per layer against key prefixes, the second with a lower-right
     causal mask): measured 255-290 against 466 TFLOP/s at 32K
     for cp 2, 4 and 8 on an H200. allgather (LSE-merged fused-kernel pieces) and ulysses (plain
-    causal attention on the whole sequence for a subset of heads): the goal of issue #11, pending
+    causal attention on the whole sequence for a subset of heads): targets, pending
     GPU measurement (scripts/gpu_check.sh)."""
 
     hbm_efficiency: float = 0.85
@@ -264,7 +264,7 @@ class Throughput:
         kinds = ("tensor_parallel", "context_parallel", "fsdp", "pipeline_p2p", "data_replicate")
         return sum(self.breakdown[k] for k in kinds)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 1),
             "mfu": round(self.mfu, 4),

@@ -57,7 +57,7 @@ class Recipe(RecipeSpec):
     def _apply_rules(self) -> Recipe:
         arch, problems = resolve_model(self.model)
         hardware, hardware_problems = resolve_hardware(self)
-        problems += hardware_problems + rules.sagemaker_problems(self) + rules.cluster_problems(self)
+        problems += hardware_problems + rules.sagemaker_problems(self) + rules.slurm_problems(self)
         problems += rules.training_problems(self)
         if arch is not None and hardware is not None:
             world_size = hardware.world_size

@@ -257,7 +257,7 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
     return problems
 
 
-def cluster_problems(spec: RecipeSpec) -> list[Problem]:
+def slurm_problems(spec: RecipeSpec) -> list[Problem]:
     """Paths the Slurm nodes must find at the same place: absolute, or they would resolve per node."""
     problems = []
     for key in ("shared_dir", "venv"):

@@ -61,7 +61,7 @@ def test_a_step_logged_again_after_a_restart_keeps_its_latest_values():
 
 
 def test_json_has_null_where_a_value_was_not_measured():
-    data = MetricsHistory.from_lines("job", [line(1, 3.0)]).to_json()
+    data = MetricsHistory.from_lines("job", [line(1, 3.0)]).to_dict()
     assert data["steps"] == 1 and data["rows"][0]["mfu"] is None
     json.dumps(data, allow_nan=False)  # strict JSON
 

@@ -346,7 +346,7 @@ def test_a_bundle_replaced_in_s3_after_submit_is_refused_before_anything_of_it_r
         outcome = wait_to_the_end(attempt)
     assert outcome.status == "Failed", outcome.report()
     assert outcome.failure_reason == (
-        "bootstrap: refused the code bundle /opt/ml/input/data/code/code.tar.gz: its sha256 is not the "
+        "bundle check: refused the code bundle /opt/ml/input/data/code/code.tar.gz: its sha256 is not the "
         "LAUNCHER_BUNDLE_SHA256 of the job's request (it was changed or damaged after upload); nothing from it ran"
     )
     assert 2 in [h.exit_code for h in outcome.hosts]

@@ -421,7 +421,7 @@ def a_bundle_that_tells(tmp_path: Path, name: str) -> tuple[Path, Bundle]:
 
 
 REFUSED = (
-    "bootstrap: refused the code bundle {}: its sha256 is not the LAUNCHER_BUNDLE_SHA256 of the job's request "
+    "bundle check: refused the code bundle {}: its sha256 is not the LAUNCHER_BUNDLE_SHA256 of the job's request "
     "(it was changed or damaged after upload); nothing from it ran\n"
 )
 

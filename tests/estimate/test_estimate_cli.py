@@ -47,7 +47,7 @@ def test_json_has_the_contract_keys_and_matches_the_python_api(cli):
     assert report["verdict"] in ("fits", "risky", "oom")
     assert {"stage", "layers", "phase", "peak_bytes", "breakdown"} <= report["stages"][0].keys()
     report.pop("predicted", None)  # the throughput model's part of the report
-    assert report == api.estimate(Recipe.load(RECIPE)).to_json()
+    assert report == api.estimate(Recipe.load(RECIPE)).to_dict()
 
 
 def test_megatron_mode_and_threshold_reach_the_estimate(cli):
@@ -55,7 +55,7 @@ def test_megatron_mode_and_threshold_reach_the_estimate(cli):
     assert report["mode"] == "megatron"
     assert report["threshold"] == 0.5
     report.pop("predicted", None)
-    assert report == api.estimate(Recipe.load(RECIPE), mode="megatron", threshold=0.5).to_json()
+    assert report == api.estimate(Recipe.load(RECIPE), mode="megatron", threshold=0.5).to_dict()
 
 
 def test_set_overrides_apply_before_estimating(cli):
