@@ -1,6 +1,6 @@
 """Checkpoint size, save time, and what an interruption can cost: pure arithmetic, no torch.
 
-    est = estimate_checkpoint(params=70_553_706_496, nnodes=4, instance=instance_types()["ml.p5e.48xlarge"],
+    est = estimate_checkpoint(params=70_553_706_496, instance_count=4, instance=instance_types()["ml.p5e.48xlarge"],
                               every_steps=200, every_minutes=0, step_time_s=402.0)
     est.line()        # 'checkpoint 847 GB (12 B/param), 212 GB per host: ~53 s to write, ~85 s to S3; every 200 steps (22.3 h)'
     est.warnings      # one line each: loss bound, stop grace, back-to-back saves
@@ -41,7 +41,7 @@ LOSS_WARNING_S = 3600.0
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointEstimate:
     size_bytes: int
-    nnodes: int
+    instance_count: int
     write_s: float | None  # per host, to its checkpoint directory; None: bandwidth unknown
     upload_s: float | None  # per host, to S3; None: no upload (not SageMaker) or unknown
     interval_s: float | None  # between checkpoint starts; None: only at the end and on SIGTERM
@@ -51,7 +51,7 @@ class CheckpointEstimate:
 
     @property
     def bytes_per_host(self) -> float:
-        return self.size_bytes / self.nnodes
+        return self.size_bytes / self.instance_count
 
     @property
     def durable_s(self) -> float | None:
@@ -62,7 +62,7 @@ class CheckpointEstimate:
     def line(self) -> str:
         """One line for `submit`: size, save time, interval."""
         text = f"checkpoint {_gb(self.size_bytes)} ({BYTES_PER_PARAM} B/param)"
-        if self.nnodes > 1:
+        if self.instance_count > 1:
             text += f", {_gb(self.bytes_per_host)} per host"
         if self.write_s is not None:
             text += f": ~{self.write_s:.0f} s to write"
@@ -78,7 +78,7 @@ def checkpoint_bytes(num_params: int) -> int:
 def estimate_checkpoint(
     *,
     params: int,
-    nnodes: int,
+    instance_count: int,
     instance,
     every_steps: int,
     every_minutes: float,
@@ -86,14 +86,14 @@ def estimate_checkpoint(
     uploads_to_s3: bool = True,
     stop_grace_s: float | None = SAGEMAKER_STOP_GRACE_S,
 ) -> CheckpointEstimate:
-    """Size and timing of one checkpoint of `params` parameters on `nnodes` x `instance`.
+    """Size and timing of one checkpoint of `params` parameters on `instance_count` x `instance`.
 
     `instance` is a catalog InstanceType; `step_time_s` the predicted step time (None when
     unknown, e.g. on a CPU). `uploads_to_s3` and `stop_grace_s` describe SageMaker; other
     backends pass False and None.
     """
     size = checkpoint_bytes(params)
-    per_host = size / nnodes
+    per_host = size / instance_count
     write_s = _seconds(per_host, instance.checkpoint_write_gb_per_s)
     upload_s = _seconds(per_host, instance.checkpoint_upload_gb_per_s) if uploads_to_s3 else None
     interval_s, interval_text = _interval(every_steps, every_minutes, step_time_s)
@@ -101,7 +101,7 @@ def estimate_checkpoint(
     worst = None if interval_s is None or durable_s is None else interval_s + durable_s
     estimate = CheckpointEstimate(
         size_bytes=size,
-        nnodes=nnodes,
+        instance_count=instance_count,
         write_s=write_s,
         upload_s=upload_s,
         interval_s=interval_s,
@@ -118,7 +118,7 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
     engine = capabilities(recipe.cluster.backend)
     return estimate_checkpoint(
         params=recipe.arch.num_params(),
-        nnodes=recipe.cluster.instance_count,
+        instance_count=recipe.cluster.instance_count,
         instance=recipe.hardware.instance,
         every_steps=recipe.checkpoint.every_steps,
         every_minutes=recipe.checkpoint.every_minutes,

@@ -25,7 +25,7 @@ P5E = instance_types()["ml.p5e.48xlarge"]
 
 def p5e_70b(**changes):
     settings = {"every_steps": 200, "every_minutes": 0, "step_time_s": 402.0}
-    return estimate_checkpoint(params=PARAMS_70B, nnodes=4, instance=P5E, **{**settings, **changes})
+    return estimate_checkpoint(params=PARAMS_70B, instance_count=4, instance=P5E, **{**settings, **changes})
 
 
 def test_a_70b_checkpoint_holds_12_bytes_per_parameter():
@@ -57,7 +57,7 @@ def test_a_save_longer_than_the_120_s_stop_grace_is_warned_about():
     assert any("longer than SageMaker's 120 s stop grace" in w for w in p5e_70b().warnings)
     # On 8 hosts a host's share is durable in 68.8 s: no stop-grace warning.
     eight = estimate_checkpoint(
-        params=PARAMS_70B, nnodes=8, instance=P5E, every_steps=0, every_minutes=30, step_time_s=402.0
+        params=PARAMS_70B, instance_count=8, instance=P5E, every_steps=0, every_minutes=30, step_time_s=402.0
     )
     assert eight.durable_s == pytest.approx(68.790, abs=1e-3)
     assert not any("stop grace" in w for w in eight.warnings)
@@ -88,7 +88,7 @@ def test_no_periodic_checkpoints_is_warned_about():
 def test_off_sagemaker_nothing_is_uploaded_and_there_is_no_stop_grace():
     est = estimate_checkpoint(
         params=PARAMS_70B,
-        nnodes=4,
+        instance_count=4,
         instance=P5E,
         every_steps=200,
         every_minutes=0,
@@ -103,7 +103,7 @@ def test_off_sagemaker_nothing_is_uploaded_and_there_is_no_stop_grace():
 def test_the_shipped_70b_recipe():
     recipe = Recipe.load(REPO / "recipes" / "llama70b-128k.yaml")
     est = estimate_recipe_checkpoint(recipe, step_time_s=402.0)
-    assert est.size_bytes == 846_644_477_952 and est.nnodes == 4
+    assert est.size_bytes == 846_644_477_952 and est.instance_count == 4
     assert est.upload_s == pytest.approx(84.664, abs=1e-3)
 
 
