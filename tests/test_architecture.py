@@ -358,5 +358,5 @@ def test_only_the_resolve_stage_settles_auto(path):
     assert "auto" not in {getattr(concrete.parallel, key.split(".")[1]) for key in SETTLED_AT_RESOLVE}
     # A recipe with any one of them left at auto has no job config: only RESOLVE settles it.
     for key in SETTLED_AT_RESOLVE:
-        with pytest.raises(UsageError, match=f"{key} still say auto"):
+        with pytest.raises(UsageError, match=f": {key} still says auto; "):
             concrete.with_changes({key: "auto"}).resolved()

@@ -231,13 +231,14 @@ class Recipe(RecipeSpec):
         the launcher (`unsettled`) is settled first by `launcher.resolve.resolve(recipe)`.
         """
         if self.unsettled:
+            says = "says" if len(self.unsettled) == 1 else "say"
             raise UsageError(
-                f"{self.name}: {', '.join(self.unsettled)} still say auto; the job config is that of the "
+                f"{self.name}: {', '.join(self.unsettled)} still {says} auto; the job config is that of the "
                 "concrete recipe, launcher.resolve.resolve(recipe).concrete"
             )
         try:
             return JobConfig.from_dict(self._job_config_data(checkpoint_dir, output_dir))
-        except ConfigError as error:  # the rules above mirror the contract's: one line, never a traceback
+        except ConfigError as error:  # the recipe's rules mirror the contract's; still one line, never a traceback
             raise UsageError(f"{self.name}: the entrypoints would refuse this job config: {error}") from None
 
     def _job_config_data(self, checkpoint_dir: str | None, output_dir: str | None) -> dict[str, Any]:
