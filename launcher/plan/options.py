@@ -4,7 +4,7 @@ margin and the throughput model's constants. `launcher plan`'s flags, `api.plan`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from launcher.estimate import DEFAULT_THRESHOLD
 from launcher.plan.throughput import CONSTANTS, Constants
@@ -29,3 +29,14 @@ class SearchOptions:
     ran as fast as plain attention?)."""
     vary_accumulation: bool = True
     """Also search the `parallel.grad_accumulation` modes."""
+
+    def __repr__(self) -> str:
+        """Only what differs from the defaults: `SearchOptions(gpus=64, top=5)`."""
+        changed = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.name != "constants" and getattr(self, f.name) != f.default
+        ]
+        if self.constants != CONSTANTS:
+            changed.append("constants=<changed>")
+        return f"SearchOptions({', '.join(changed)})"
