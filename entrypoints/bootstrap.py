@@ -39,7 +39,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script from the bundle root: make `launcher.contract` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.contract.failure import ROOT_CAUSE, first_failure  # noqa: E402  (standard library only)
+from launcher.contract.failure import ROOT_CAUSE, first_failure, reported_failures  # noqa: E402  (standard library only)
 
 # The torch releases the entrypoints support, [lowest, first unsupported). The `train` extra in
 # pyproject.toml states the same range (tests/entrypoints/test_bootstrap.py checks they agree).
@@ -219,6 +219,8 @@ def root_cause(error_file: str, tail: list[str]) -> tuple[str, int | None]:
     if failure is not None and failure.rank is not None:
         where = f"rank {failure.rank}" + (f" on {failure.host}" if failure.host else "")
     code = _exit_status(failure.exitcode) if failure is not None and failure.exitcode is not None else None
+    if failure is not None and failure.message and failure.exitcode is not None and failure.exitcode < 0:
+        code = _own_exit_status(tail) or code
     if failure is not None and failure.message:
         frames = [line for line in failure.stack.strip().splitlines() if line.strip()][-5:-1]
         return "\n".join([f"{where} failed: {failure.message}", *frames]), code or 1
@@ -231,6 +233,17 @@ def root_cause(error_file: str, tail: list[str]) -> tuple[str, int | None]:
     ]
     lines = list(dict.fromkeys(errors))[-3:] or [line for line in tail[:cut] if line.strip()][-3:]
     return "\n".join([f"{where} failed (exit code {code if code is not None else 'unknown'}):", *lines]), code
+
+
+def _own_exit_status(tail: list[str]) -> int | None:
+    """The exit status of the first rank that raised and then exited by itself.
+
+    Ranks that fail together (a bad config) raise within milliseconds of each other; torchrun
+    then stops the others with SIGTERM, so the rank that raised first may be one torchrun killed on
+    its way out (-15). Its exception is still the cause; the job's exit status is the one a rank
+    chose itself (train.py's 2 for a bad config), not the signal of torchrun's teardown."""
+    raised = sorted((f for f in reported_failures(tail) if f.raised_at is not None), key=lambda f: f.raised_at)
+    return next((f.exitcode for f in raised if f.exitcode is not None and f.exitcode > 0), None)
 
 
 def _exit_status(code: int) -> int:

@@ -137,10 +137,11 @@ def test_parallel_config_is_a_layout_and_prints_like_one():
 
 
 def _torchrun_report(tmp_path, failures, root):
-    """torchrun's failure report, in its own template's layout, with one error file per rank."""
+    """torchrun's failure report, in its own template's layout, with one error file per rank;
+    `failures` maps a rank to (message, raise time) or (message, raise time, exit code; 1 if not given)."""
 
     def entry(index, rank):
-        message, raised_at = failures[rank]
+        message, raised_at, *exitcode = failures[rank]
         extra = {"py_callstack": f'Traceback:\n  File "train.py", line {rank}, in main\n{message}', "timestamp": "1"}
         if raised_at is not None:
             extra["raised_at"] = f"{raised_at:.6f}"
@@ -148,7 +149,7 @@ def _torchrun_report(tmp_path, failures, root):
         path.write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
         return (
             f"[{index}]:\n  time      : 2026-11-30_06:00:00\n  host      : ip-10-0-0-{11 + rank // 2}\n"
-            f"  rank      : {rank} (local_rank: {rank % 2})\n  exitcode  : 1 (pid: {100 + rank})\n"
+            f"  rank      : {rank} (local_rank: {rank % 2})\n  exitcode  : {exitcode[0] if exitcode else 1} (pid: {100 + rank})\n"
             f"  error_file: {path}\n  traceback : {message}"
         )
 
@@ -177,3 +178,17 @@ def test_the_bootstrap_failure_file_names_the_rank_that_raised_first(tmp_path):
     text, code = root_cause(str(tmp_path / "missing.json"), lines)
     assert text.splitlines()[0] == "rank 1 on ip-10-0-0-11 failed: OSError: disk full"
     assert code == 1
+
+
+def test_a_rank_killed_by_torchruns_teardown_after_it_raised_does_not_set_the_exit_status(tmp_path):
+    """Both ranks raise the same bad-config error within milliseconds; torchrun SIGTERMs the one
+    that had not exited yet. The cause is the first raise, the exit status the one a rank chose."""
+    from entrypoints.bootstrap import root_cause
+
+    error = "ConfigError: format: 'x' is not a resolved config format"
+    lines = _torchrun_report(tmp_path, {1: (error, 7.001, -15), 0: (error, 7.004, 2)}, 0)
+    text, code = root_cause(str(tmp_path / "missing.json"), lines)
+    assert text.splitlines()[0] == f"rank 1 on ip-10-0-0-11 failed: {error}"
+    assert code == 2
+    killed_alone = _torchrun_report(tmp_path, {1: (error, 7.001, -15)}, 1)
+    assert root_cause(str(tmp_path / "missing.json"), killed_alone)[1] == 128 + 15  # no rank chose one
