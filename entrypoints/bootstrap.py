@@ -13,6 +13,9 @@ In order:
    argv: master = the first of the sorted hosts, node rank = this host's index in that order.
    This is what AWS's own launchers do; a c10d rendezvous would compare this container's
    hostname with `algo-1`, and SageMaker containers are not reliably named algo-N.
+   From the same file, `network_interface_name` becomes GLOO_SOCKET_IFNAME and
+   NCCL_SOCKET_IFNAME (unless the job's environment sets them): the container's hostname does
+   not resolve, so without them gloo binds to loopback and no other host can reach it.
 4. Run torchrun with a shutdown timeout inside SageMaker's grace period, in its own session,
    and pass SIGTERM/SIGINT on to it once: workers get time to write their last checkpoint.
 5. On failure, write /opt/ml/output/failure (SageMaker's FailureReason) with the first failing
@@ -30,10 +33,12 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script from the bundle root: make `launcher.contract` importable
@@ -146,6 +151,59 @@ def read_hosts(path: str) -> tuple[list[str], str]:
     return hosts, current
 
 
+# Why name the interface rather than fix the hostname as AWS's image does:
+# - gloo binds to the address its hostname resolves to and, when that fails, to 127.0.0.1, which
+#   no other host can reach ("Gloo connectFullMesh failed ... 127.0.0.1"); GLOO_SOCKET_IFNAME makes
+#   it bind to that interface's address with no name lookup (pytorch/pytorch,
+#   torch/csrc/distributed/c10d/ProcessGroupGloo.cpp: createDefaultDevice, createDeviceForInterface).
+#   A SageMaker container's hostname is not algo-N and does not resolve.
+# - The DLC's fix compiles changehostname.c with gcc at start and LD_PRELOADs it into every process
+#   so that gethostname() says algo-N (aws/deep-learning-containers,
+#   scripts/pytorch/start_with_right_hostname.sh and docker/pytorch/training/common/changehostname.c),
+#   but only when the command is the toolkit's `train`, which our ContainerEntrypoint replaces; it
+#   needs a compiler in the image and still relies on algo-N resolving to a local address.
+# - AWS's own launchers name the interface from resourceconfig.json's network_interface_name:
+#   NCCL_SOCKET_IFNAME in aws/sagemaker-training-toolkit src/sagemaker_training/torch_distributed.py
+#   (`_setup`) and mpi.py, and in aws/sagemaker-python-sdk
+#   src/sagemaker/modules/train/container_drivers/distributed_drivers/torchrun_driver.py (`setup_env`).
+#   They overwrite it; we keep what the job's environment sets.
+SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# Linux interface names are at most 15 bytes. Commas (gloo's and NCCL's list separator) and NCCL's
+# `^`/`=` prefixes would change what the variables mean, so a name is letters, digits, `.`, `-`, `_`.
+_INTERFACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")
+
+
+def read_interface(path: str) -> str | None:
+    """resourceconfig.json's network_interface_name, checked against this container's interfaces;
+    None when the file has no such key."""
+    try:
+        config = json.loads(Path(path).read_text())
+        name = config.get("network_interface_name") if isinstance(config, dict) else None
+    except (OSError, ValueError) as error:
+        raise SetupError(f"cannot read the hosts from {path}: {error}") from None
+    if name is None:
+        return None
+    if not isinstance(name, str) or not _INTERFACE_NAME.fullmatch(name):
+        raise SetupError(
+            f"{path}: network_interface_name {name!r} is not an interface name "
+            "(1 to 15 letters, digits, '.', '-' or '_')"
+        )
+    interfaces = sorted(interface for _, interface in socket.if_nameindex())
+    if name not in interfaces:
+        raise SetupError(
+            f"{path}: network_interface_name {name!r} is not an interface of this container "
+            f"(it has {', '.join(interfaces) or 'none'}); gloo and NCCL could not reach the other hosts"
+        )
+    return name
+
+
+def socket_environment(interface: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME = `interface`, each unless `environ` sets it."""
+    if interface is None:
+        return {}
+    return {name: interface for name in SOCKET_IFNAME_VARIABLES if name not in environ}
+
+
 def rendezvous_args(hosts: list[str], current: str) -> list[str]:
     if len(hosts) == 1:
         return ["--standalone"]
@@ -173,8 +231,8 @@ def torchrun_argv(argv: list[str], rendezvous: list[str]) -> list[str]:
 class Torchrun:
     """torchrun in its own session: its stderr is relayed (and its tail kept), signals forwarded once."""
 
-    def __init__(self, argv: list[str], error_file: str):
-        env = {**os.environ, "TORCHELASTIC_ERROR_FILE": error_file}
+    def __init__(self, argv: list[str], error_file: str, environment: Mapping[str, str]):
+        env = {**os.environ, **environment, "TORCHELASTIC_ERROR_FILE": error_file}
         # Its own session: a signal to this script's process group reaches torchrun only through
         # `forward`, once. A second SIGTERM while torchrun waits for its workers cuts that wait short.
         self.process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
@@ -265,12 +323,17 @@ def run(argv: list[str]) -> int:
     installed = install_offline(requirements, os.environ.get(ENV_WHEELHOUSE))
     if installed:
         print(f"bootstrap: installed {' '.join(installed)} offline", file=sys.stderr, flush=True)
-    hosts, current = read_hosts(os.environ.get(ENV_RESOURCE_CONFIG, RESOURCE_CONFIG))
+    resource_config = os.environ.get(ENV_RESOURCE_CONFIG, RESOURCE_CONFIG)
+    hosts, current = read_hosts(resource_config)
     command = torchrun_argv(argv, rendezvous_args(hosts, current))
+    sockets = socket_environment(read_interface(resource_config), os.environ)
     print(f"bootstrap: {current} is node {hosts.index(current)} of {len(hosts)}: {' '.join(command)}", flush=True)
+    if sockets:
+        chosen = " ".join(f"{name}={value}" for name, value in sockets.items())
+        print(f"bootstrap: {chosen} (network_interface_name in {resource_config})", flush=True)
     with tempfile.TemporaryDirectory(prefix="launcher-bootstrap-") as scratch:
         error_file = os.path.join(scratch, "error.json")
-        torchrun = Torchrun(command, error_file)
+        torchrun = Torchrun(command, error_file, sockets)
         code = torchrun.wait()
         if code == 0:
             return 0

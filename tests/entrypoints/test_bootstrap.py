@@ -31,7 +31,8 @@ JOB_ARGV = ["torchrun", "--nproc-per-node=2", "--max-restarts=0", "entrypoints/t
 FAKE_TORCHRUN = f"""#!{sys.executable}
 import json, os, signal, sys, time
 mode = os.environ.get("FAKE_TORCHRUN", "ok")
-record = {{"argv": sys.argv[1:], "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"), "sid": os.getsid(0)}}
+record = {{"argv": sys.argv[1:], "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"), "sid": os.getsid(0),
+    "ifname": {{k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}}}}
 with open(os.environ["FAKE_TORCHRUN_RECORD"], "w") as f:
     json.dump(record, f)
 summary = '''[E] failed (exitcode: 3) local_rank: 1
@@ -85,9 +86,14 @@ def sagemaker_host(tmp_path):
     (bin_dir / "torchrun").chmod(0o755)
 
     def run(hosts=("algo-1", "algo-2"), current="algo-2", argv=JOB_ARGV, mode="ok", python=sys.executable, **env):
+        # `lo`: an interface every machine has (SageMaker names its own; the simulation's is ethwe).
+        interface = env.pop("interface", "lo")
         config = tmp_path / "opt_ml" / "input" / "config" / "resourceconfig.json"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(json.dumps({"current_host": current, "hosts": list(hosts), "network_interface_name": "eth0"}))
+        resource = {"current_host": current, "hosts": list(hosts)}
+        if interface is not None:
+            resource["network_interface_name"] = interface
+        config.write_text(json.dumps(resource))
         environment = {
             **os.environ,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
@@ -216,6 +222,67 @@ def test_sigterm_reaches_torchrun_once_and_the_bootstrap_waits_for_it(sagemaker_
     assert recorded(tmp_path)["sid"] != process.pid  # torchrun runs in its own session
     assert "bootstrap: got SIGTERM; passing it to torchrun" in err.decode()
     assert failure(tmp_path) == "stopped by SIGTERM (a stop request or a spot interruption) on algo-2"
+
+
+SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def bootstrap_with(argv: list[str], env: dict, **job_environment: str) -> subprocess.CompletedProcess:
+    """The bootstrap under `env` with only `job_environment`'s GLOO/NCCL_SOCKET_IFNAME (none of ours)."""
+    env = {**{k: v for k, v in env.items() if k not in SOCKET_IFNAMES}, **job_environment}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_gloo_and_nccl_bind_to_the_interface_resourceconfig_names_unless_the_job_sets_them(sagemaker_host, tmp_path):
+    # The container's hostname does not resolve on SageMaker, so without these gloo binds to
+    # loopback and the other hosts cannot connect (tests/engines/test_sagemaker_sim.py shows it).
+    argv, env = sagemaker_host(interface="lo")
+    result = bootstrap_with(argv, env)
+    assert result.returncode == 0, result.stderr
+    assert recorded(tmp_path)["ifname"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    config = env["LAUNCHER_RESOURCE_CONFIG"]
+    assert f"bootstrap: GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo (network_interface_name in {config})\n" in (
+        result.stdout
+    )
+
+    # A value the job's environment already has is the job's choice (here an NCCL exclusion list).
+    result = bootstrap_with(argv, env, NCCL_SOCKET_IFNAME="^docker0,lo")
+    assert result.returncode == 0, result.stderr
+    assert recorded(tmp_path)["ifname"] == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "^docker0,lo"}
+    assert f"bootstrap: GLOO_SOCKET_IFNAME=lo (network_interface_name in {config})\n" in result.stdout
+
+    # A resourceconfig.json without the key (the docker backend's one-host file) sets nothing.
+    argv, env = sagemaker_host(interface=None)
+    result = bootstrap_with(argv, env)
+    assert result.returncode == 0, result.stderr
+    assert recorded(tmp_path)["ifname"] == {"GLOO_SOCKET_IFNAME": None, "NCCL_SOCKET_IFNAME": None}
+    assert "SOCKET_IFNAME" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("interface", "why"),
+    [
+        ("ethwe0", "is not an interface of this container (it has {interfaces}); gloo and NCCL could not reach the other hosts"),
+        ("eth0,lo", "is not an interface name (1 to 15 letters, digits, '.', '-' or '_')"),
+        ("^lo", "is not an interface name (1 to 15 letters, digits, '.', '-' or '_')"),
+        ("a" * 16, "is not an interface name (1 to 15 letters, digits, '.', '-' or '_')"),
+        (7, "is not an interface name (1 to 15 letters, digits, '.', '-' or '_')"),
+    ],
+    ids=["absent", "a-list", "an-nccl-exclusion", "too-long", "a-number"],
+)  # fmt: skip
+def test_a_network_interface_name_that_is_not_one_of_this_containers_stops_the_job_in_one_line(
+    sagemaker_host, tmp_path, interface, why
+):
+    argv, env = sagemaker_host(interface=interface)
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    interfaces = ", ".join(sorted(name for _, name in socket.if_nameindex()))
+    line = f"{env['LAUNCHER_RESOURCE_CONFIG']}: network_interface_name {interface!r} " + why.format(
+        interfaces=interfaces
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"bootstrap: {line}"]
+    assert failure(tmp_path) == line
+    assert not (tmp_path / "torchrun.json").exists()  # torchrun never started
 
 
 def test_the_supported_torch_range_is_the_train_extras():
