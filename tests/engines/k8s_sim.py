@@ -195,7 +195,7 @@ class Run:
         for (role, index), net in zip(self.roles, self.network.hosts, strict=True):
             pod = Pod(net.hostname, role, index, net, self.root / net.hostname)
             (pod.root / "fs").mkdir(parents=True)
-            (pod.root / "hosts").write_text(self.network.hosts_file(net, everyone))
+            (pod.root / "hosts").write_text(self.network.hosts_file(everyone))
             (pod.root / "mounts").write_text("".join("\t".join(m) + "\n" for m in self.mounts(pod)))
             self.pods.append(pod)
 

@@ -1,12 +1,13 @@
 """A private network of simulated hosts: one network namespace per host, joined by a bridge.
 
-    with HostNetwork(["ip-10-213-7-11", "ip-10-213-7-12"]) as net:
+    with HostNetwork(["ip-10-213-7-11", "ip-10-213-7-12"], interface="ethwe") as net:
         net.hosts[0].namespace, net.hosts[0].address   # "smsim-1234-ab-h1", "10.213.7.11"
 
 The bridge lives in a namespace of its own, so nothing is added to the machine's own network.
-Each host sees only `lo` and `eth0` on 10.213.7.0/24 and has no default route: nothing outside
-the simulated cluster can be reached from inside it (SageMaker's network isolation). Every
-namespace is deleted on exit, and `sweep_stale()` removes what a killed test run left behind.
+Each host sees only `lo` and its one interface (named `interface`) on 10.213.7.0/24 and has no
+default route: nothing outside the simulated cluster can be reached from inside it (SageMaker's
+network isolation). Every namespace is deleted on exit, and `sweep_stale()` removes what a killed
+test run left behind.
 """
 
 from __future__ import annotations
@@ -50,19 +51,19 @@ class NetHost:
     hostname: str
     namespace: str
     address: str
-    interface: str = "eth0"
+    interface: str
 
 
 class HostNetwork:
-    """Namespaces for `hostnames`, in order: host k gets address 10.213.7.(10 + k)."""
+    """Namespaces for `hostnames`, in order: host k gets address 10.213.7.(10 + k) on `interface`."""
 
-    def __init__(self, hostnames: list[str]):
+    def __init__(self, hostnames: list[str], *, interface: str = "eth0"):
         if not 0 < len(hostnames) < 200:
             raise ValueError(f"{len(hostnames)} hosts: the simulation supports 1 to 199")
         self.tag = f"smsim-{os.getpid()}-{secrets.token_hex(2)}"
         self.switch = f"{self.tag}-sw"
         self.hosts = [
-            NetHost(hostname=name, namespace=f"{self.tag}-h{k}", address=f"{SUBNET}.{10 + k}")
+            NetHost(hostname=name, namespace=f"{self.tag}-h{k}", address=f"{SUBNET}.{10 + k}", interface=interface)
             for k, name in enumerate(hostnames, start=1)
         ]
         self._created: list[str] = []
@@ -89,7 +90,7 @@ class HostNetwork:
         ip("link", "set", "br0", "up", namespace=self.switch)
         for k, host in enumerate(self.hosts, start=1):
             self._add_namespace(host.namespace)
-            # One end on the bridge, the other as the host's eth0: created in place, so the
+            # One end on the bridge, the other as the host's interface: created in place, so the
             # machine's own namespace never holds either end.
             port = f"v{k}"
             ip("link", "add", port, "type", "veth", "peer", "name", host.interface, "netns", host.namespace,
@@ -110,13 +111,17 @@ class HostNetwork:
         if errors:
             raise RuntimeError("; ".join(errors))
 
-    def hosts_file(self, own: NetHost, aliases: dict[str, str]) -> str:
-        """/etc/hosts as host `own` sees it: `aliases` (name -> hostname) plus its own name.
+    def hosts_file(self, aliases: dict[str, str]) -> str:
+        """/etc/hosts as every host sees it: localhost and `aliases` (name -> hostname), nothing else.
 
-        SageMaker's DNS resolves algo-N to each instance; a container's own hostname resolves to
-        itself (gloo binds to the address of its hostname). Other hosts' ip-* names do not.
+        A Kubernetes pod's own name is among its aliases (the kubelet writes it into /etc/hosts).
+        SageMaker's DNS resolves algo-1..N to the instances; a container's own hostname (an
+        EC2-style ip-* name, or `aws` as the DLC's changehostname.c says) is not among those names,
+        so it does not resolve. PyTorch's gloo then binds to loopback unless GLOO_SOCKET_IFNAME
+        names the interface (pytorch/pytorch, torch/csrc/distributed/c10d/ProcessGroupGloo.cpp,
+        `createDefaultDevice`): mapping the own hostname here would hide that failure.
         """
         by_hostname = {h.hostname: h.address for h in self.hosts}
-        lines = ["127.0.0.1 localhost", f"{own.address} {own.hostname}"]
+        lines = ["127.0.0.1 localhost"]
         lines += [f"{by_hostname[hostname]} {alias}" for alias, hostname in aliases.items()]
         return "\n".join(lines) + "\n"

@@ -5,11 +5,13 @@
         outcome = attempt.wait(timeout_s=120)  # Completed / Failed / Stopped, per-host exit codes
 
 What the harness does, host by host (algo-1 ... algo-N, from ResourceConfig.InstanceCount):
-- a network namespace on a private bridge (see netns.py): only `lo` and `eth0`, no route out;
+- a network namespace on a private bridge (see netns.py): only `lo` and one interface, named as
+  resourceconfig.json's `network_interface_name` says (NETWORK_INTERFACE), no route out;
 - a UTS, mount and PID namespace: its hostname is an EC2-style `ip-10-213-7-1k` (SageMaker does not
-  promise `algo-k`), `/etc/hosts` maps algo-1..N to the hosts and its own hostname to itself,
-  `/opt/ml` is the host's own directory, and the container's command runs as PID 1, so a SIGTERM
-  reaches it the way `docker stop` delivers it. The image's files are this machine's; `/opt` and
+  promise `algo-k`), `/etc/hosts` holds localhost and algo-1..N only, as SageMaker's DNS resolves
+  them, so the container's own hostname resolves to nothing; `/opt/ml` is the host's own
+  directory, and the container's command runs as PID 1, so a SIGTERM reaches it the way
+  `docker stop` delivers it. The image's files are this machine's; `/opt` and
   this machine's pip configuration are hidden (the image has no local package index), and the
   image venv (image.py) gets a writable overlay layer per container, so an install stays there;
 - /opt/ml/input/config/{resourceconfig,hyperparameters,inputdataconfig}.json, every channel
@@ -48,6 +50,14 @@ from .s3sync import CheckpointSync, download_channel
 OPT_ML = "/opt/ml"
 REGION_ACCOUNT = "111122223333"
 EXIT_SIGKILL = 128 + signal.SIGKILL  # what docker (and so SageMaker) reports for a killed container
+# resourceconfig.json's network_interface_name, and the name of each host's interface. The AWS docs
+# ("How Amazon SageMaker Provides Training Information") show "eth0" only as an example; the
+# sagemaker-training toolkit reads the key, defaults it to eth0 and says SageMaker training has
+# named the interface "ethwe" (aws/sagemaker-training-toolkit, src/sagemaker_training/environment.py,
+# where `_network_interface_name` is set; ENVIRONMENT_VARIABLES.md shows "ethwe"). So the name is
+# the platform's to choose; the simulation uses the other real one, which a job that assumes eth0
+# cannot pass by luck.
+NETWORK_INTERFACE = "ethwe"
 
 # Runs inside the new namespaces before the container's command: $1 hostname, $2 the host's
 # /opt/ml directory, $3 its hosts file, $4 the image venv; the rest is the command, exec'd as
@@ -289,7 +299,7 @@ class Attempt:
     def __init__(self, sim: Simulation, request: TrainingJobRequest, root: Path):
         self.sim, self.request, self.root = sim, request, root
         self.hostnames = [f"ip-10-213-7-{10 + k}" for k in range(1, len(request.hosts) + 1)]
-        self.network = HostNetwork(self.hostnames)
+        self.network = HostNetwork(self.hostnames, interface=NETWORK_INTERFACE)
         self.hosts: list[Host] = []
         self.outcome: Outcome | None = None
 
@@ -311,7 +321,7 @@ class Attempt:
         for name, net in zip(self.request.hosts, self.network.hosts, strict=True):
             host = Host(name, net, self.root / name)
             self._prepare_opt_ml(host)
-            (host.root / "hosts").write_text(self.network.hosts_file(net, aliases))
+            (host.root / "hosts").write_text(self.network.hosts_file(aliases))
             self._prepare_checkpoints(host, hold_uploads.get(name))
             self.hosts.append(host)
 

@@ -2,7 +2,8 @@
 
 Each scenario submits tiny-cpu (2 instances x 2 CPU processes) to moto, takes the exact
 CreateTrainingJob request that was sent, and runs it in the simulation (sagemaker_sim.py):
-hostnames that are not algo-N, /opt/ml per host, checkpoints synced with moto's S3, no route out.
+hostnames that are not algo-N and resolve to nothing (only algo-N do), an interface named as
+resourceconfig.json says (not eth0), /opt/ml per host, checkpoints synced with moto's S3, no route out.
 The first two tests check the harness itself with a hand-written request, so a failure in the
 scenarios below them is the job's, not the simulation's.
 """
@@ -132,6 +133,12 @@ PROBE = textwrap.dedent(
     peer = [h for h in config["hosts"] if h != me][0]
     print("hostname", socket.gethostname(), "pid", os.getpid(), "me", me, flush=True)
     print("resolve", socket.gethostbyname(me), socket.gethostbyname(peer), flush=True)
+    try:
+        print("own hostname resolves to", socket.gethostbyname(socket.gethostname()), flush=True)
+    except OSError:
+        print("own hostname resolves to nothing", flush=True)
+    interfaces = sorted(name for _, name in socket.if_nameindex())
+    print("interfaces", interfaces, "named", config["network_interface_name"], flush=True)
     print("code", sorted(os.listdir("/opt/ml/input/data/code")), flush=True)
     print("env", os.environ["TRAINING_JOB_NAME"], os.environ.get("SM_CURRENT_HOST"), flush=True)
     checkpoints = pathlib.Path("/opt/ml/checkpoints")
@@ -196,6 +203,9 @@ def test_harness_gives_each_host_the_sagemaker_container_contract(sim, s3, image
     one, two = (host.stdout for host in outcome.hosts)
     assert "hostname ip-10-213-7-11 pid 1 me algo-1" in one and "hostname ip-10-213-7-12 pid 1 me algo-2" in two
     assert "resolve 10.213.7.11 10.213.7.12" in one and "resolve 10.213.7.12 10.213.7.11" in two
+    # As on SageMaker: only algo-N resolve, and the interface is the one resourceconfig.json names.
+    assert "own hostname resolves to nothing" in one and "own hostname resolves to nothing" in two
+    assert "interfaces ['ethwe', 'lo'] named ethwe" in one and "interfaces ['ethwe', 'lo'] named ethwe" in two
     assert "code ['code.tar.gz']" in one and "env probe None" in one  # no SM_* without the toolkit
     assert "downloaded ['old']" in one and "downloaded ['old']" in two
     assert "peer says hello from algo-2" in one
