@@ -39,11 +39,33 @@ def from_checkout(*args: str, home: Path, timeout: float = 600) -> subprocess.Co
     )
 
 
-def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(tmp_path):
+def readme_main_job(tmp_path: Path) -> tuple[str, Path]:
+    """(stdout, LAUNCHER_HOME) of the README's main job. `.ci/run` has just run it, exactly as the
+    README says, in a clean copy of this tree and a venv of its own (README command 1), and names
+    that copy in LAUNCHER_CI_README_JOB: the job is checked there rather than trained twice."""
+    ran = os.environ.get("LAUNCHER_CI_README_JOB")
+    if ran:
+        return (Path(ran) / "readme-job.stdout").read_text(), Path(ran) / ".launcher-home"
     home = tmp_path / "home"
     result = launcher("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", home=home)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    lines = result.stdout.splitlines()
+    return result.stdout, home
+
+
+def test_ci_runs_the_readme_commands_as_the_readme_writes_them():
+    """What lets the test below check CI's run of command 1: CI runs the README's commands verbatim."""
+    block = (REPO / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line for line in block.splitlines() if line and not line.startswith("#")]
+    ci = (REPO / ".ci" / "run").read_text()
+    first, second = commands
+    assert f"    {first} | tee readme-job.stdout\n" in ci
+    setup, tests = second.split(" && ")
+    assert f"\n{setup}\n" in ci and f'LAUNCHER_CI_README_JOB="$first" {tests} --durations=15' in ci
+
+
+def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(tmp_path):
+    stdout, home = readme_main_job(tmp_path)
+    lines = stdout.splitlines()
     assert re.fullmatch(r"tiny-cpu-\S+: Completed\. loss [\d.]+, tokens/s/GPU [\d.]+, step 20", lines[-1]), lines[-1]
     name = lines[-1].split(":")[0]
 
