@@ -61,7 +61,9 @@ def test_version_and_help_show_flags_without_a_bool_type(cli):
 
 
 def test_shell_completion_script_is_printed_offline():
-    done = run_shell(f"{sys.executable} -m launcher --show-completion bash")
+    # typer (with shellingham) reads the shell from the parent processes, not from the argument:
+    # the pipe keeps bash the parent (a lone `bash -c CMD` execs CMD), wherever pytest was started.
+    done = run_shell(f"{sys.executable} -m launcher --show-completion bash | cat")
     assert done.returncode == 0, done.stderr
     assert "_launcher_completion" in done.stdout and "complete " in done.stdout
 
