@@ -5,7 +5,9 @@
   asks for `aws` gets fake credentials, AWS_ENDPOINT_URL pointing at it, and a freshly reset state;
 - `home`: a private $LAUNCHER_HOME; `fake_bundle`, `fixed_names`, `no_torchrun`: fixed bytes,
   fixed names and a stand-in trainer for the tests that need no torch;
-- one wheel cache per session, and the real pinned torchao wheel in it.
+- one wheel cache per session, and the real pinned torchao wheel in it;
+- `_background`: the shared torchrun launches and the estimator's traces, started before the
+  first test and run beside the serial tests (tests/background.py).
 """
 
 from __future__ import annotations
@@ -130,6 +132,24 @@ def shared_wheel_cache(tmp_path_factory):
         os.environ.pop(CACHE_ENV)
     else:
         os.environ[CACHE_ENV] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background(request, tmp_path_factory):
+    """Before the first test: start the work that selected tests will wait for, beside the
+    serial tests (tests/background.py); at the end, stop what is still running."""
+    from tests.background import Background
+    from tests.entrypoints.conftest import launch_work
+    from tests.estimate.traced import trace_work
+
+    items = request.session.items
+    work = Background(os.environ)
+    for starter in (launch_work, trace_work):
+        pieces = starter(items, tmp_path_factory, work)
+        if pieces:
+            work.begin(pieces)
+    yield work
+    work.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,25 +1,38 @@
 """The multi-process runs shared by this directory's tests (entrypoint_jobs.py).
 
-`launched` plans the jobs of every selected test that needs one of the shared results (`runs`,
+`launch_work` plans the jobs of every selected test that needs one of the shared results (`runs`,
 `hf_runs`, `attention_paths`) and runs them all in one torchrun launch per world size, so a
 module that runs alone launches only its own jobs, and the whole directory launches three times.
+The root conftest starts them before the first test, beside the serial tests (tests/background.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import pytest
 
 from .attention_jobs import plan_attention
-from .entrypoint_jobs import Runs, launch_together, plan_runs
+from .entrypoint_jobs import Runs, launch_together, plan_runs, plan_together
 from .hf_jobs import HFRuns, plan_hf
 
 SHARED = {"runs": plan_runs, "hf_runs": plan_hf, "attention_paths": plan_attention}
+LAUNCHED = "the entrypoint tests' shared launches"
+
+
+def launch_work(items: Iterable[pytest.Item], tmp_path_factory, background) -> dict[str, Callable[[], dict]]:
+    """The shared launches the selected tests need, planned now and run when the work runs."""
+    wanted = sorted({name for item in items for name in item.fixturenames if name in SHARED})
+    if not wanted:
+        return {}
+    root = tmp_path_factory.mktemp("entrypoints")
+    parts = plan_together(root, {name: SHARED[name] for name in wanted})
+    return {LAUNCHED: lambda: launch_together(root, parts, background.run)}
 
 
 @pytest.fixture(scope="session")
-def launched(request, tmp_path_factory) -> dict:
-    wanted = {name for item in request.session.items for name in item.fixturenames if name in SHARED}
-    return launch_together(tmp_path_factory.mktemp("entrypoints"), {name: SHARED[name] for name in sorted(wanted)})
+def launched(_background) -> dict:
+    return _background.result(LAUNCHED)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ Every job is a resolved config written by `launcher.recipe.Recipe` (as the backe
 run by `entrypoints.train.train`. To keep the suite to a few torchrun launches (each costs
 seconds of start-up on two cores, most of it importing torch in every rank) the jobs of every
 test module that needs one are batched by world size in `multirun.py`: `launch_together` runs
-one launch per world size for all of them (conftest.py's `launched`). Each module's part is a
+one launch per world size for all of them, beside the serial tests (tests/background.py). Each module's part is a
 `Planned`:
 
 - `plan_runs` (test_multiprocess.py): 1 process: the single-process references; 4 processes:
@@ -22,7 +22,6 @@ one launch per world size for all of them (conftest.py's `launched`). Each modul
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -158,7 +157,12 @@ def write_job(root: Path, name: str, overrides: dict, *, procs: int, resume: str
     return job
 
 
-def launch(plan: list[dict], root: Path, procs: int, name: str) -> subprocess.CompletedProcess:
+# How a launch is run: `subprocess.run`'s signature, less `check`; tests/background.py's
+# `Background.run` runs it at low priority beside the serial tests.
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+def launch(plan: list[dict], root: Path, procs: int, name: str, run: Runner) -> subprocess.CompletedProcess:
     plan_path = root / f"plan-{name}.json"
     plan_path.write_text(json.dumps({"jobs": plan}))
     if procs == 1:
@@ -166,8 +170,7 @@ def launch(plan: list[dict], root: Path, procs: int, name: str) -> subprocess.Co
     else:
         torchrun = Path(sys.executable).parent / "torchrun"
         cmd = [str(torchrun), "--standalone", f"--nproc_per_node={procs}", str(MULTIRUN), str(plan_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    proc = run(cmd, cwd=root, env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, timeout=900)
     (root / f"log-{name}.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode:
         pytest.fail(f"{name} launch exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
@@ -204,15 +207,19 @@ LAUNCH_ORDER = (1, 4, 2)  # the 2-rank resume reads a checkpoint the 4-rank laun
 _JOB_MARK = "multirun: job "  # multirun.py prints it on rank 0 before each plan entry
 
 
-def launch_together(root: Path, planned: dict[str, Callable[[Path], Planned]]) -> dict[str, Any]:
-    """Plan every module's jobs (each in a directory of its own), run one launch per world size
-    holding all of them, and return what each module's `finish` makes of its results."""
-    parts = {name: plan(root / name) for name, plan in planned.items()}
+def plan_together(root: Path, planned: dict[str, Callable[[Path], Planned]]) -> dict[str, Planned]:
+    """Plan every module's jobs, each in a directory of its own."""
+    return {name: plan(root / name) for name, plan in planned.items()}
+
+
+def launch_together(root: Path, parts: dict[str, Planned], run: Runner) -> dict[str, Any]:
+    """Run one launch per world size holding every planned job, and return what each module's
+    `finish` makes of its results."""
     stdout: dict[int, str] = {}
     for procs in LAUNCH_ORDER:
         entries = [entry for part in parts.values() for entry in part.jobs.get(procs, [])]
         if entries:
-            stdout[procs] = launch(entries, root, procs, f"{procs}-rank").stdout
+            stdout[procs] = launch(entries, root, procs, f"{procs}-rank", run).stdout
     results = {}
     for name, part in parts.items():
         own = {procs: {entry["result"] for entry in entries} for procs, entries in part.jobs.items()}

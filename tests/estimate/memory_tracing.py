@@ -555,8 +555,10 @@ class _Tracer:
         here = Path(__file__).resolve().parent
         self.scratch = Path(tempfile.mkdtemp(prefix="memory-tracing-"))
         self.count = 0
+        from tests.background import NICE  # traces run beside the serial tests
+
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _TRACER, str(here.parents[1]), str(here)],
+            [*NICE, sys.executable, "-c", _TRACER, str(here.parents[1]), str(here)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=(self.scratch / "tracer.log").open("w"),
@@ -602,6 +604,11 @@ def _tail(path) -> str:
 
 
 _RUNNING: list[_Tracer] = []
+
+
+def start_tracer() -> None:
+    """Start the tracer process now (it inherits this moment's environment), if it is not running."""
+    _tracer()
 
 
 def _tracer() -> _Tracer:

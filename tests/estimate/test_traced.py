@@ -6,7 +6,7 @@ torch.compile falls back to eager (tried with torch 2.13: dynamo compiles nothin
 run unfused), so such a trace would show the eager program. A compiled block's memory is left
 to a GPU measurement.
 
-Each trace runs in its own interpreter and takes 1 to 15 seconds.
+Each trace runs in its own interpreter and takes 1 to 15 seconds, beside the serial tests (traced.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from launcher import api
 from launcher.estimate import fsdp
-from launcher.resolve import resolve
 
-from .memory_tracing import LiveStorages, pipeline_actions, trace_in_subprocess
+from .memory_tracing import LiveStorages, pipeline_actions
+from .traced import work_name
 from .traced_configs import CONFIGS
 
 TOLERANCE = 0.02
@@ -27,10 +27,9 @@ GIB = 2**30
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
-def test_estimate_is_within_2_percent_of_the_traced_peak(config):
-    recipe = config.recipe()
-    traced = trace_in_subprocess(resolve(recipe).concrete.resolved().to_dict(), stage=config.stage)
-    estimated = api.estimate(recipe).stages[config.stage].allocated_bytes
+def test_estimate_is_within_2_percent_of_the_traced_peak(config, _background):
+    traced = _background.result(work_name(config))  # traced beside the serial tests (traced.py)
+    estimated = api.estimate(config.recipe()).stages[config.stage].allocated_bytes
     error = estimated / traced.peak_bytes - 1
     assert abs(error) <= TOLERANCE, (
         f"{config.name}: estimated {estimated / GIB:.2f} GiB, traced {traced.peak_bytes / GIB:.2f} GiB "
