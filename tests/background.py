@@ -1,9 +1,10 @@
 """Work the serial suite would otherwise stop and wait for, started when the session starts.
 
-pytest runs one test at a time, and most tests use one of CI's two cores. The suite's two
-largest pieces of pure computation need nothing from any test: the entrypoint tests' shared
-torchrun launches (tests/entrypoints/entrypoint_jobs.py) and the estimator's traces
-(tests/estimate/traced.py). When a selected test needs one of them, the root conftest's
+pytest runs one test at a time, and most tests use one of CI's two cores. The suite's largest
+pieces of pure computation need nothing from any test: the entrypoint tests' shared torchrun
+launches (tests/entrypoints/entrypoint_jobs.py), gpu_check.sh's CPU smoke run
+(test_gpu_check.py), the two-host checkpoint launches (test_multihost_checkpoints.py) and the
+estimator's traces (tests/estimate/traced.py). When a selected test needs one of them, the root conftest's
 `_background` fixture plans it in the foreground before the first test (so it sees the session's
 environment, not a variable some test has monkeypatched) and runs it in a thread of its own.
 Its processes run at a lower priority (`nice`), so they take the core the serial tests leave
@@ -39,7 +40,8 @@ class Background:
         self._stopped = False
 
     def begin(self, work: Mapping[str, Callable[[], Any]]) -> None:
-        """Run each named piece of work, in order, in one new thread."""
+        """Run each named piece of work, in order, in one new thread (a piece that fails fails
+        only the tests waiting for it; the next piece still runs)."""
         futures = {name: Future() for name in work}
         self._futures.update(futures)
 
@@ -60,25 +62,26 @@ class Background:
         """The named work's result once it is done; its exception if it failed."""
         return self._futures[name].result(timeout)
 
-    def run(
-        self, argv: Sequence[str], *, cwd: str | os.PathLike, timeout: float, env: Mapping[str, str] | None = None
-    ) -> subprocess.CompletedProcess:
-        """`subprocess.run(argv, capture_output=True, text=True)` at the lower priority, in a
-        session of its own that a timeout or `stop` kills whole."""
-        environment = {**self.environment, **(env or {})}
+    def popen(
+        self, argv: Sequence[str], *, cwd: str | os.PathLike, env: Mapping[str, str] | None = None, **options: Any
+    ) -> subprocess.Popen:
+        """`subprocess.Popen(argv, **options)` at the lower priority, with the session's
+        environment plus `env`, in a session of its own that `stop` kills whole."""
         with self._lock:
             if self._stopped:
                 raise RuntimeError("the session is over")
             process = subprocess.Popen(
-                [*NICE, *argv],
-                cwd=cwd,
-                env=environment,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
+                [*NICE, *argv], cwd=cwd, env={**self.environment, **(env or {})}, start_new_session=True, **options
             )
             self._processes.append(process)
+        return process
+
+    def run(
+        self, argv: Sequence[str], *, cwd: str | os.PathLike, timeout: float, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        """`subprocess.run(argv, capture_output=True, text=True, timeout=timeout)` as `popen` starts it;
+        a timeout kills its whole session."""
+        process = self.popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -97,7 +100,7 @@ class Background:
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL to the group `process` leads: `Background.run` created it (start_new_session)."""
+    """SIGKILL to the group `process` leads: `Background.popen` created it (start_new_session)."""
     if process.poll() is None:
         try:
             os.killpg(process.pid, signal.SIGKILL)

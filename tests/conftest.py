@@ -140,14 +140,18 @@ def _background(request, tmp_path_factory):
     serial tests (tests/background.py); at the end, stop what is still running."""
     from tests.background import Background
     from tests.entrypoints.conftest import launch_work
+    from tests.entrypoints.test_gpu_check import cpu_smoke_work
+    from tests.entrypoints.test_multihost_checkpoints import host_runs_work
     from tests.estimate.traced import trace_work
 
     items = request.session.items
     work = Background(os.environ)
-    for starter in (launch_work, trace_work):
-        pieces = starter(items, tmp_path_factory, work)
-        if pieces:
-            work.begin(pieces)
+    # One after another, in the order their tests run: one piece at a time takes the idle core.
+    pieces = {}
+    for starter in (launch_work, cpu_smoke_work, host_runs_work, trace_work):
+        pieces.update(starter(items, tmp_path_factory, work))
+    if pieces:
+        work.begin(pieces)
     yield work
     work.stop()
 

@@ -4,7 +4,6 @@ the CP attention speed section included (at 256 tokens, kernel names by the prof
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,19 +23,29 @@ def test_without_nvidia_smi_it_fails_fast_with_the_reason(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+CPU_SMOKE = "scripts/gpu_check.sh --cpu-smoke"
+
+
+def cpu_smoke_work(items, tmp_path_factory, background) -> dict:
+    """The smoke run, if its test is selected, beside the serial tests (tests/background.py)."""
+    if not any(getattr(item, "originalname", "") == "test_cpu_smoke_trains_and_checks_cp_attention" for item in items):
+        return {}
+    out = tmp_path_factory.mktemp("gpu-check")
+
+    def run() -> tuple[subprocess.CompletedProcess, Path]:
+        argv = ["bash", str(SCRIPT), "--cpu-smoke", "--out", str(out)]
+        return background.run(
+            argv, cwd=REPO, env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, timeout=400
+        ), out
+
+    return {CPU_SMOKE: run}
+
+
 @pytest.mark.torchrun
-def test_cpu_smoke_trains_and_checks_cp_attention(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        ["bash", str(SCRIPT), "--cpu-smoke", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env=env,
-        cwd=REPO,
-    )
+def test_cpu_smoke_trains_and_checks_cp_attention(_background):
+    proc, out = _background.result(CPU_SMOKE)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    report = json.loads((out / "gpu_check.json").read_text())
     assert set(report["training"]) == {"bf16", "fp8"}
     for name in ("bf16", "fp8"):
         run = report["training"][name]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import socket
@@ -60,10 +59,10 @@ def write_config(root: Path, name: str, host: int, checkpoint_dir: Path, **overr
     return {"kind": "train", "config": str(path), "result": str(root / name / "result.json")}
 
 
-def launch_hosts(root: Path, plans: list[list[dict]], name: str) -> str:
+def launch_hosts(root: Path, plans: list[list[dict]], name: str, background) -> str:
     """torchrun once per host (node rank 0 and 1), each with its own plan; returns host 0's stdout."""
     port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     torchrun = Path(sys.executable).parent / "torchrun"
     procs = []
     for host, plan in enumerate(plans):
@@ -80,7 +79,7 @@ def launch_hosts(root: Path, plans: list[list[dict]], name: str) -> str:
             str(plan_path),
         ]
         log = (root / f"log-{name}-host{host}.txt").open("w")
-        procs.append((subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append((background.popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     codes = []
     for proc, log in procs:
         try:
@@ -126,9 +125,16 @@ def overwrite_1kib_inside(file: Path) -> None:
     file.write_bytes(bytes(blob))
 
 
-@pytest.fixture(scope="module")
-def host_runs(tmp_path_factory) -> Path:
+HOST_RUNS = "the multi-host checkpoint launches"
+
+
+def host_runs_work(items, tmp_path_factory, background) -> dict:
+    """Both launches, if a selected test needs them: every config written now, in the foreground;
+    the launches and the merges between them run beside the serial tests (tests/background.py)."""
+    if not any("host_runs" in item.fixturenames for item in items):
+        return {}
     root = tmp_path_factory.mktemp("multihost")
+    merged, torn, damaged = root / "merged", root / "torn", root / "damaged"
     per_host = [
         [
             write_config(root, "reference", h, root / f"reference-host{h}", **{"training.steps": 6}),
@@ -145,14 +151,6 @@ def host_runs(tmp_path_factory) -> Path:
         ]
         for h in range(HOSTS)
     ]
-    (root / "stdout-hosts.txt").write_text(launch_hosts(root, per_host, "own-dirs"))
-
-    merged, torn, damaged = root / "merged", root / "torn", root / "damaged"
-    merge([root / f"split-host{h}" for h in range(HOSTS)], merged)
-    shutil.copytree(merged, torn)
-    (torn / "step-00000004" / "COMPLETE.node-1-of-2").unlink()
-    shutil.copytree(merged, damaged)
-    overwrite_1kib_inside(damaged / "step-00000004" / "__1_0.distcp")
     shared = [
         [
             write_config(root, "resumed", h, merged, **{"training.steps": 6}),
@@ -161,8 +159,23 @@ def host_runs(tmp_path_factory) -> Path:
         ]
         for h in range(HOSTS)
     ]
-    (root / "stdout-shared.txt").write_text(launch_hosts(root, shared, "shared-dir"))
-    return root
+
+    def run() -> Path:
+        (root / "stdout-hosts.txt").write_text(launch_hosts(root, per_host, "own-dirs", background))
+        merge([root / f"split-host{h}" for h in range(HOSTS)], merged)
+        shutil.copytree(merged, torn)
+        (torn / "step-00000004" / "COMPLETE.node-1-of-2").unlink()
+        shutil.copytree(merged, damaged)
+        overwrite_1kib_inside(damaged / "step-00000004" / "__1_0.distcp")
+        (root / "stdout-shared.txt").write_text(launch_hosts(root, shared, "shared-dir", background))
+        return root
+
+    return {HOST_RUNS: run}
+
+
+@pytest.fixture(scope="module")
+def host_runs(_background) -> Path:
+    return _background.result(HOST_RUNS)
 
 
 def test_each_host_directory_holds_only_its_own_files_of_the_newest_two_checkpoints(host_runs):
