@@ -227,6 +227,31 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
                 f"{_days(max_run)} exceeds {engine.title}'s limit of {limit // 86400} days; use {_days(limit)} or less",
             )
         )
+    problems += _capacity_problems(sm, max_run)
+    if len(sm.tags) > 50:
+        problems.append(Problem("sagemaker.tags", f"{len(sm.tags)} tags; SageMaker takes at most 50"))
+    for key, value in sm.tags.items():
+        if not 1 <= len(key) <= 128 or key.startswith("aws:"):
+            problems.append(
+                Problem(f"sagemaker.tags.{key}", "tag keys are 1 to 128 characters and may not start with aws:")
+            )
+        elif len(value) > 256:
+            problems.append(Problem(f"sagemaker.tags.{key}", f"tag value of {len(value)} characters; at most 256"))
+    return problems
+
+
+def _capacity_problems(sm: schema.SageMaker, max_run: int) -> list[Problem]:
+    """Spot against a training plan, and spot's wait against the run."""
+    problems = []
+    if sm.spot and sm.training_plan_arn:
+        # A plan's capacity is reserved and paid for; managed spot is capacity SageMaker may take back.
+        problems.append(
+            Problem(
+                "sagemaker.training_plan_arn",
+                "runs on the plan's reserved capacity, which is not spot: remove sagemaker.spot: true "
+                "(or the training plan)",
+            )
+        )
     if sm.max_wait is not None:
         if not sm.spot:
             problems.append(
@@ -245,15 +270,6 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
                     "sagemaker.max_wait", f"{_days(sm.max_wait)} exceeds SageMaker's limit of 28 days; use 28d or less"
                 )
             )
-    if len(sm.tags) > 50:
-        problems.append(Problem("sagemaker.tags", f"{len(sm.tags)} tags; SageMaker takes at most 50"))
-    for key, value in sm.tags.items():
-        if not 1 <= len(key) <= 128 or key.startswith("aws:"):
-            problems.append(
-                Problem(f"sagemaker.tags.{key}", "tag keys are 1 to 128 characters and may not start with aws:")
-            )
-        elif len(value) > 256:
-            problems.append(Problem(f"sagemaker.tags.{key}", f"tag value of {len(value)} characters; at most 256"))
     return problems
 
 
