@@ -164,3 +164,59 @@ def test_failure_reasons_and_status_messages_cannot_forge_terminal_lines(cli):
     assert "\x1b" not in result.out and "\r" not in result.out and "\x07" not in result.out
     assert "failure  AlgorithmError: boomState: Completed exit 0" in result.out
     assert not any(line.startswith(("State:", "FAKE", "exit 0")) for line in result.out.splitlines())
+
+
+class _Body:
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, **_):
+        yield self.data
+
+
+def answer_with(status: int, content_type: str, body: str):
+    """A before-send hook: every request gets this HTTP answer (a proxy, a load balancer, or a
+    fake server's error page) instead of reaching the network."""
+    from botocore.awsrequest import AWSResponse
+
+    def hook(request, **_):
+        return AWSResponse(request.url, status, {"content-type": content_type}, _Body(body.encode()))
+
+    return hook
+
+
+# moto_server's answer to an operation it does not implement (Werkzeug's page), and an XML error
+# from a proxy in front of a JSON service: botocore passes both through as the error's message.
+WERKZEUG_500 = (
+    "<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n<h1>Internal Server Error</h1>\n"
+    "<p>The server encountered an internal error and was unable to complete your request.</p>\n"
+)
+PROXY_403 = '<?xml version="1.0"?><Error><Code>AccessDenied</Code><Message>Forbidden by the proxy</Message></Error>'
+
+
+@pytest.mark.parametrize(
+    "status, content_type, body, line",
+    [
+        (500, "text/html", WERKZEUG_500, f"DescribeTrainingJob {NAME}: 500: 500 Internal Server Error"),
+        (
+            403,
+            "application/xml",
+            PROXY_403,
+            f"DescribeTrainingJob {NAME}: AWS denied access (Forbidden by the proxy); the caller needs the "
+            "permission named there and iam:PassRole on the job role",
+        ),
+    ],
+)
+def test_an_html_or_xml_error_body_is_one_line_of_its_message(
+    registered, cli, monkeypatch, status, content_type, body, line
+):
+    import botocore.retries.standard
+
+    monkeypatch.setenv("AWS_RETRY_MODE", "standard")
+    monkeypatch.setattr(botocore.retries.standard.ExponentialBackoff, "delay_amount", lambda self, context: 0)
+    aws_clients.reset_clients()
+    hook = answer_with(status, content_type, body)
+    aws_clients.client("sagemaker", REGION).meta.events.register("before-send.sagemaker.DescribeTrainingJob", hook)
+    result = cli("status", NAME)
+    assert result.code == 3
+    assert result.err_lines == [line]
