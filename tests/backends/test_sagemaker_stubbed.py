@@ -15,7 +15,7 @@ from launcher import api
 from launcher.backends.sagemaker import aws as aws_clients
 
 from .helpers import REGION, recipe_path
-from .sagemaker_stubs import NAME, description, stub
+from .sagemaker_stubs import NAME, T0, description, stub
 
 
 def test_status_shows_every_transition_and_the_failure_reason(registered, cli):
@@ -80,11 +80,44 @@ def test_following_logs_reads_until_the_job_ends_then_stops(registered):
 
 def test_stop_asks_sagemaker_and_reports_stopping(registered, cli):
     sm = stub("sagemaker")
+    sm.add_response("describe_training_job", description("InProgress", "Training"), {"TrainingJobName": NAME})
     sm.add_response("stop_training_job", {}, {"TrainingJobName": NAME})
     sm.add_response("describe_training_job", description("Stopping", "Stopping"), {"TrainingJobName": NAME})
     result = cli("stop", NAME, "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["state"] == "Stopping"
+    sm.assert_no_pending_responses()
+
+
+@pytest.mark.parametrize("state", ["Completed", "Failed", "Stopped"])
+def test_stop_of_a_job_that_has_ended_says_so_and_sends_no_stop(registered, cli, state):
+    sm = stub("sagemaker")  # a StopTrainingJob call would be one the Stubber was not told of: an error
+    ended = description(state, state)
+    ended["TrainingEndTime"] = T0
+    sm.add_response("describe_training_job", ended, {"TrainingJobName": NAME})
+    result = cli("stop", NAME)
+    assert result.code == 0, result.err
+    assert f"  stop     not sent: the job had already ended ({state} at {T0.isoformat()})" in result.out.splitlines()
+    sm.assert_no_pending_responses()
+
+
+def test_a_job_that_ends_while_stop_is_sent_is_reported_as_ended(registered, cli):
+    sm = stub("sagemaker")
+    sm.add_response("describe_training_job", description("InProgress", "Uploading"), {"TrainingJobName": NAME})
+    sm.add_client_error(
+        "stop_training_job",
+        service_error_code="ValidationException",
+        service_message="The request was rejected because the training job is in status Completed.",
+        expected_params={"TrainingJobName": NAME},
+    )
+    sm.add_response("describe_training_job", description("Completed", "Completed"), {"TrainingJobName": NAME})
+    result = cli("stop", NAME, "--json")
+    assert result.code == 0, result.err
+    stopped = json.loads(result.out)
+    assert (stopped["state"], stopped["details"]["stop"]) == (
+        "Completed",
+        "not sent: the job had already ended (Completed)",
+    )
     sm.assert_no_pending_responses()
 
 

@@ -11,6 +11,7 @@ never hyperparameters.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -331,10 +332,18 @@ class SageMakerBackend(Backend):
             raise aws.explain(error, action=f"reading {LOG_GROUP}/{ref.name}", region=region, job=ref.name) from None
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
+        """StopTrainingJob, unless the job has already ended: SageMaker would refuse that."""
+        status = self._status(ref)
+        if status.terminal:
+            return _already_ended(status)
         region = self._region(ref)
         try:
             aws.client("sagemaker", region).stop_training_job(TrainingJobName=ref.name)
         except Exception as error:
+            # It may have ended between the two calls, and SageMaker then refuses to stop it.
+            status = self._status(ref)
+            if status.terminal:
+                return _already_ended(status)
             raise aws.explain(error, action=f"StopTrainingJob {ref.name}", region=region, job=ref.name) from None
         return self._status(ref)
 
@@ -364,6 +373,13 @@ class SageMakerBackend(Backend):
             )
             for s in summaries[:limit]
         ]
+
+
+def _already_ended(status: JobStatus) -> JobStatus:
+    """The status of a job that had ended before `stop`, saying that no stop was sent."""
+    when = f" at {status.ended}" if status.ended else ""
+    note = f"not sent: the job had already ended ({status.state}{when})"
+    return dataclasses.replace(status, details={**status.details, "stop": note})
 
 
 def _already_exists(error: Exception) -> bool:
