@@ -118,10 +118,16 @@ def test_logs_merge_every_hosts_stream_and_follow_ends_with_the_job(aws, home, f
     assert json.loads(as_json.out.splitlines()[0]) == {"line": "[algo-1] metrics step=1 loss=3.0"}
 
 
-def test_logs_of_a_job_without_streams_are_empty(aws, home, fake_bundle, cli):
-    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
-    result = cli("logs", name, "--follow")
-    assert (result.code, result.out) == (0, "")
+def test_logs_of_a_job_that_ended_without_streams_say_so(aws, home, fake_bundle, cli):
+    name = api.submit(recipe_path("llama3-8b-8k")).spec.name  # moto's jobs complete at once
+    result = cli("logs", name)
+    assert (result.code, result.out) == (1, "")
+    assert result.err_lines == [
+        f"{name}: no log streams in /aws/sagemaker/TrainingJobs/{name}: the job ended (Completed) before any "
+        f"host wrote one; `launcher status {name}` shows why"
+    ]
+    followed = cli("logs", name, "--follow")  # following ends with the job, and its exit code
+    assert (followed.code, followed.out, followed.err) == (0, "", "")
 
 
 def test_a_user_bucket_that_does_not_exist_is_one_clear_line(aws, home, fake_bundle, cli):

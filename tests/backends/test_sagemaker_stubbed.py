@@ -78,6 +78,21 @@ def test_following_logs_reads_until_the_job_ends_then_stops(registered):
     logs.assert_no_pending_responses()
 
 
+def test_logs_of_a_job_whose_hosts_have_not_started_say_so(registered, cli):
+    sm, logs = stub("sagemaker"), stub("logs")
+    sm.add_response("describe_training_job", description("InProgress", "Starting"), {"TrainingJobName": NAME})
+    prefix = {"logGroupName": "/aws/sagemaker/TrainingJobs", "logStreamNamePrefix": f"{NAME}/"}
+    logs.add_response("describe_log_streams", {"logStreams": []}, prefix)
+    result = cli("logs", NAME)
+    assert (result.code, result.out) == (1, "")
+    assert result.err_lines == [
+        f"{NAME}: no log streams yet in /aws/sagemaker/TrainingJobs/{NAME} (the job is InProgress, Starting): each "
+        f"host opens one when its container starts; `launcher logs {NAME} --follow` waits for them"
+    ]
+    sm.assert_no_pending_responses()
+    logs.assert_no_pending_responses()
+
+
 def test_stop_asks_sagemaker_and_reports_stopping(registered, cli):
     sm = stub("sagemaker")
     sm.add_response("describe_training_job", description("InProgress", "Training"), {"TrainingJobName": NAME})

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from launcher.backends.base import Backend, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.history import MetricsHistory
 from launcher.backends.images import training_image
 from launcher.backends.sagemaker import aws, aws_model
 from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, console_links, log_lines
@@ -325,11 +326,18 @@ class SageMakerBackend(Backend):
                 is_done=is_done,
                 poll_s=poll_s,
                 label_hosts=description["ResourceConfig"].get("InstanceCount", 1) > 1,
+                no_streams=lambda: NoLogStreams(status_from_description(description, region=region)),
             )
         except LauncherError:
             raise
         except Exception as error:
             raise aws.explain(error, action=f"reading {LOG_GROUP}/{ref.name}", region=region, job=ref.name) from None
+
+    def _metrics(self, ref: JobRef) -> MetricsHistory:
+        try:
+            return super()._metrics(ref)
+        except NoLogStreams:  # no line yet: no step yet
+            return MetricsHistory.from_lines(ref.name, [])
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
         """StopTrainingJob, unless the job has already ended: SageMaker would refuse that."""
@@ -373,6 +381,26 @@ class SageMakerBackend(Backend):
             )
             for s in summaries[:limit]
         ]
+
+
+class NoLogStreams(LauncherError):
+    """`logs` of a job whose hosts have not written a log stream (yet)."""
+
+    def __init__(self, status: JobStatus):
+        where = f"{LOG_GROUP}/{status.name}"
+        state = status.state + (
+            f", {status.secondary}" if status.secondary and status.secondary != status.state else ""
+        )
+        if status.terminal:
+            super().__init__(
+                f"{status.name}: no log streams in {where}: the job ended ({state}) before any host wrote one; "
+                f"`launcher status {status.name}` shows why"
+            )
+        else:
+            super().__init__(
+                f"{status.name}: no log streams yet in {where} (the job is {state}): each host opens one when "
+                f"its container starts; `launcher logs {status.name} --follow` waits for them"
+            )
 
 
 def _already_ended(status: JobStatus) -> JobStatus:
