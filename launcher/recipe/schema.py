@@ -432,7 +432,7 @@ class Checkpoint(Section):
     export_hf: bool | str = False
     """After the last step, write a Hugging Face checkpoint (config.json, safetensors, tokenizer
     files) that transformers loads: true for <output dir>/hf, or a directory (relative: under the
-    job's output directory)."""
+    job's output directory; on SageMaker under /opt/ml/model, the job's model artifact)."""
     export_tokenizer: str | None = Field(default=None, max_length=1024)
     """Tokenizer files to copy into the export: a directory or one file on the machines that run
     the job. Default: those beside a model.init_from checkpoint, if any."""

@@ -58,7 +58,8 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 6 * 86400}
     assert request["RoleArn"] == ROLE
     assert request["OutputDataConfig"] == {
-        "S3OutputPath": "s3://sagemaker-us-west-2-111122223333/launcher/llama70b-128k"
+        "S3OutputPath": "s3://sagemaker-us-west-2-111122223333/launcher/llama70b-128k",
+        "CompressionType": "NONE",
     }
     assert {"Key": "project", "Value": "long-context"} in request["Tags"]
     assert request["EnableNetworkIsolation"] is False and request["EnableManagedSpotTraining"] is False
@@ -67,6 +68,25 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
     assert channels["train"]["DataSource"]["S3DataSource"]["S3Uri"] == "s3://my-training-bucket/tokens/llama3-128k/"
     code_uri = channels["code"]["DataSource"]["S3DataSource"]["S3Uri"]
     assert re.fullmatch(r"s3://sagemaker-us-west-2-111122223333/launcher/code/[0-9a-f]{64}/code\.tar\.gz", code_uri)
+
+
+@pytest.mark.parametrize(
+    "export_hf, where",
+    [(True, "/opt/ml/model/hf"), ("final", "/opt/ml/model/final"), ("/fsx/exports/final", "/fsx/exports/final")],
+)
+def test_an_hf_export_goes_to_the_model_artifact_uploaded_uncompressed(fake_bundle, home, export_hf, where):
+    # /opt/ml/output/data would reach S3 only inside output.tar.gz, gzipped while the cluster is billed.
+    spec = spec_for("llama70b-128k", "sagemaker", **{"checkpoint.export_hf": export_hf})
+    assert spec.resolved["checkpoint"]["export_hf"] == where
+    request = get_backend("sagemaker").render(spec).data["request"]
+    assert request["OutputDataConfig"]["CompressionType"] == "NONE"
+    assert validate("sagemaker", "CreateTrainingJob", request) == []
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_other_backends_keep_an_hf_export_under_their_output_directory(backend):
+    spec = spec_for("tiny-cpu", backend, **{"checkpoint.export_hf": True})
+    assert spec.resolved["checkpoint"]["export_hf"] == "hf"  # the entrypoints put it under runtime.output_dir
 
 
 def test_the_recipe_never_becomes_hyperparameters(fake_bundle, home):

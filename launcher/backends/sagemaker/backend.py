@@ -36,6 +36,9 @@ from launcher.spec import JobSpec, Placement
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 OUTPUT_DIR = "/opt/ml/output/data"
+# SageMaker uploads /opt/ml/model as the job's model artifact (ModelArtifacts.S3ModelArtifacts);
+# with OutputDataConfig.CompressionType NONE it is uploaded file by file, not gzipped into a tar.
+MODEL_DIR = "/opt/ml/model"
 CHANNELS_DIR = "/opt/ml/input/data"
 CODE_DIR = "/opt/ml/code"
 WHEELS_CHANNEL = "wheels"
@@ -163,7 +166,10 @@ def create_training_job_request(
             "EnableSageMakerMetricsTimeSeries": True,
         },
         "InputDataConfig": channels,
-        "OutputDataConfig": {"S3OutputPath": locations.output},
+        # NONE: /opt/ml/model (an export_hf of hundreds of GB) and /opt/ml/output/data are
+        # uploaded as they are, not gzipped into one tar while the whole cluster stays billed
+        # (SageMaker developer guide, "Uncompressed model output").
+        "OutputDataConfig": {"S3OutputPath": locations.output, "CompressionType": "NONE"},
         "ResourceConfig": {
             "InstanceType": resources.instance_type,
             "InstanceCount": resources.instance_count,
@@ -216,6 +222,7 @@ class SageMakerBackend(Backend):
         return Placement(
             checkpoint_dir=CHECKPOINT_DIR,
             output_dir=OUTPUT_DIR,
+            model_dir=MODEL_DIR,  # checkpoint.export_hf: the model artifact, not output.tar.gz
             s3_data_dir=f"{CHANNELS_DIR}/train",
             s3_model_dir=f"{CHANNELS_DIR}/model",  # model.init_from's channel
             image=training_image(recipe),
