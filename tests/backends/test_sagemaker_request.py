@@ -89,6 +89,22 @@ def test_other_backends_keep_an_hf_export_under_their_output_directory(backend):
     assert spec.resolved["checkpoint"]["export_hf"] == "hf"  # the entrypoints put it under runtime.output_dir
 
 
+@pytest.mark.parametrize(
+    "recipe, overrides, checked",
+    [
+        ("llama70b-128k", {}, True),  # 4 x ml.p5e.48xlarge: auto checks them
+        ("llama3-8b-8k", {}, False),  # one host: no network between hosts to check
+        ("llama3-8b-8k", {"cluster.instance_count": 2}, True),
+        ("llama70b-128k", {"sagemaker.infra_check": False}, False),
+        ("llama3-8b-8k", {"sagemaker.infra_check": True}, True),
+    ],
+)
+def test_multi_node_gpu_jobs_get_the_infrastructure_health_check(fake_bundle, home, recipe, overrides, checked):
+    request = request_for(recipe, **overrides)
+    assert request.get("InfraCheckConfig") == ({"EnableInfraCheck": True} if checked else None)
+    assert validate("sagemaker", "CreateTrainingJob", request) == []
+
+
 def test_the_recipe_never_becomes_hyperparameters(fake_bundle, home):
     request = request_for("llama405b-128k")
     assert "HyperParameters" not in request

@@ -196,6 +196,8 @@ def create_training_job_request(
             "Subnets": list(cloud.networking.subnets),
             "SecurityGroupIds": list(cloud.networking.security_group_ids),
         }
+    if cloud.infra_check:
+        request["InfraCheckConfig"] = {"EnableInfraCheck": True}
     if spec.retries:
         request["RetryStrategy"] = {"MaximumRetryAttempts": spec.retries}
     request["Tags"].append({"Key": SUBMISSION_TAG, "Value": submission_token(request)})
