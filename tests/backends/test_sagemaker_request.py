@@ -105,6 +105,19 @@ def test_multi_node_gpu_jobs_get_the_infrastructure_health_check(fake_bundle, ho
     assert validate("sagemaker", "CreateTrainingJob", request) == []
 
 
+def test_a_multi_node_job_in_a_vpc_is_warned_of_the_security_group_rule_efa_needs(fake_bundle, home):
+    vpc = {"sagemaker.subnets": ["subnet-0abc"], "sagemaker.security_group_ids": ["sg-0def"]}
+    spec = spec_for("llama70b-128k", "sagemaker", **vpc)
+    assert get_backend("sagemaker").render(spec).data["warnings"] == [
+        "sagemaker.security_group_ids: the 4 instances' EFA and NCCL traffic flows through sg-0def: a group must "
+        "allow all traffic in from and out to itself, or the job stalls at its first collective "
+        "(docs/sagemaker.md, 'Security groups for EFA')"
+    ]
+    # One instance has no traffic between instances; no VPC, no security groups of the user's.
+    assert "warnings" not in get_backend("sagemaker").render(spec_for("llama3-8b-8k", "sagemaker", **vpc)).data
+    assert "warnings" not in get_backend("sagemaker").render(spec_for("llama70b-128k", "sagemaker")).data
+
+
 def test_the_recipe_never_becomes_hyperparameters(fake_bundle, home):
     request = request_for("llama405b-128k")
     assert "HyperParameters" not in request

@@ -118,15 +118,27 @@ def local_nvme(instance_type: str) -> bool:
 
 
 def request_warnings(spec: JobSpec) -> list[str]:
-    """What the request leaves out of the recipe, and why (printed by dry-run and submit)."""
-    instance = spec.resources.instance_type
-    if settings(spec).kms_key_id and local_nvme(instance):
-        return [
+    """What the request leaves out of the recipe, and what it needs that it cannot check (printed
+    by dry-run and submit)."""
+    cloud, resources = settings(spec), spec.resources
+    instance = resources.instance_type
+    warnings = []
+    if cloud.kms_key_id and local_nvme(instance):
+        warnings.append(
             f"sagemaker.kms_key_id: not used for the training volumes: {instance} stores them on local NVMe, "
             "which its hardware encrypts, and SageMaker rejects VolumeKmsKeyId for it; the key still encrypts "
             "the output and the code upload"
-        ]
-    return []
+        )
+    if cloud.networking.subnets and resources.instance_count > 1:
+        # EC2 User Guide, "Prepare an EFA-enabled security group"; SageMaker's "Give SageMaker
+        # Training Jobs Access to Resources in Your Amazon VPC". Only a real account can check it.
+        carries = "EFA and NCCL traffic" if resources.has_efa else "NCCL traffic"
+        warnings.append(
+            f"sagemaker.security_group_ids: the {resources.instance_count} instances' {carries} flows through "
+            f"{', '.join(cloud.networking.security_group_ids)}: a group must allow all traffic in from and out to "
+            "itself, or the job stalls at its first collective (docs/sagemaker.md, 'Security groups for EFA')"
+        )
+    return warnings
 
 
 def create_training_job_request(
