@@ -10,6 +10,7 @@ import yaml
 from pydantic import PrivateAttr, ValidationError, model_validator
 
 from launcher.catalog import ModelArch
+from launcher.catalog.engines import capabilities
 from launcher.contract.config import FORMAT as RESOLVED_FORMAT
 from launcher.contract.config import SYNTHETIC_DOCUMENT_SEPARATOR, ConfigError, JobConfig
 from launcher.contract.layout import Layout
@@ -213,6 +214,15 @@ class Recipe(RecipeSpec):
                 f"training.optimizer.warmup_steps: {self.training.optimizer.warmup_steps} >= steps {self.training.steps}; the run never leaves warmup"
             )
         return notes
+
+    @property
+    def placeholders(self) -> list[str]:
+        """Values still as the documentation wrote them, which submit refuses: `validate` says so,
+        the other verbs (plan, estimate, show) need no account and do not."""
+        runs_as_role = capabilities(self.cluster.backend).runs_as_role
+        if runs_as_role and (placeholder := rules.placeholder_role(self.sagemaker.role_arn)):
+            return [f"{placeholder}; submit refuses it"]
+        return []
 
     # --- output ------------------------------------------------------------------------------
 

@@ -32,6 +32,23 @@ KMS_KEY_RE = schema.whole(schema.KMS_KEY_PATTERN)
 IMAGE_RE = schema.whole(schema.IMAGE_PATTERN)
 
 
+# The example account ids of AWS's documentation: 111122223333, 444455556666 and 777788889999 of
+# the IAM User Guide's policies, 123456789012 of its ARN examples. A recipe that still names one
+# was copied and not filled in: its role cannot be the user's, nor the bucket named for it theirs.
+PLACEHOLDER_ACCOUNTS = frozenset({"111122223333", "444455556666", "777788889999", "123456789012"})
+
+
+def placeholder_role(role_arn: str | None) -> str | None:
+    """Why sagemaker.role_arn cannot be the user's role (it names a documentation account), if so."""
+    parts = (role_arn or "").split(":")
+    if len(parts) < 5 or parts[4] not in PLACEHOLDER_ACCOUNTS:
+        return None
+    return (
+        f"sagemaker.role_arn: {parts[4]} is an example account of AWS's documentation, not yours; set your "
+        "execution role, e.g. --set sagemaker.role_arn=arn:aws:iam::<your account>:role/<name>"
+    )
+
+
 def layout_problems(
     layout: Layout,
     arch: ModelArch,

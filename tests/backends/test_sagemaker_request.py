@@ -13,7 +13,7 @@ from launcher.backends.sagemaker.aws_model import validate
 from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 from launcher.errors import UsageError
 
-from .helpers import REPO, ROLE, spec_for
+from .helpers import PLACEHOLDER_ROLE, REPO, ROLE, spec_for
 
 IMAGE_2_13 = "{account}.dkr.ecr.{region}.amazonaws.com{suffix}/pytorch:2.13.0-cu133-amzn2023-sagemaker"
 
@@ -56,7 +56,7 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
         "LocalPath": "/opt/ml/checkpoints",
     }
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 6 * 86400}
-    assert request["RoleArn"] == ROLE
+    assert request["RoleArn"] == PLACEHOLDER_ROLE
     assert request["OutputDataConfig"] == {
         "S3OutputPath": "s3://sagemaker-us-west-2-111122223333/launcher/llama70b-128k",
         "CompressionType": "NONE",
@@ -106,7 +106,11 @@ def test_multi_node_gpu_jobs_get_the_infrastructure_health_check(fake_bundle, ho
 
 
 def test_a_multi_node_job_in_a_vpc_is_warned_of_the_security_group_rule_efa_needs(fake_bundle, home):
-    vpc = {"sagemaker.subnets": ["subnet-0abc"], "sagemaker.security_group_ids": ["sg-0def"]}
+    vpc = {
+        "sagemaker.subnets": ["subnet-0abc"],
+        "sagemaker.security_group_ids": ["sg-0def"],
+        "sagemaker.role_arn": ROLE,
+    }
     spec = spec_for("llama70b-128k", "sagemaker", **vpc)
     assert get_backend("sagemaker").render(spec).data["warnings"] == [
         "sagemaker.security_group_ids: the 4 instances' EFA and NCCL traffic flows through sg-0def: a group must "
@@ -115,7 +119,8 @@ def test_a_multi_node_job_in_a_vpc_is_warned_of_the_security_group_rule_efa_need
     ]
     # One instance has no traffic between instances; no VPC, no security groups of the user's.
     assert "warnings" not in get_backend("sagemaker").render(spec_for("llama3-8b-8k", "sagemaker", **vpc)).data
-    assert "warnings" not in get_backend("sagemaker").render(spec_for("llama70b-128k", "sagemaker")).data
+    mine = spec_for("llama70b-128k", "sagemaker", **{"sagemaker.role_arn": ROLE})
+    assert "warnings" not in get_backend("sagemaker").render(mine).data
 
 
 def test_the_recipe_never_becomes_hyperparameters(fake_bundle, home):

@@ -14,7 +14,7 @@ from botocore.awsrequest import AWSResponse
 from launcher import api
 from launcher.backends.sagemaker import aws as aws_clients
 
-from .helpers import REGION, recipe_path
+from .helpers import MY_ROLE, REGION, recipe_path
 from .sagemaker_stubs import NAME, T0, description, stub
 
 
@@ -183,7 +183,7 @@ QUOTA_MESSAGE = (
 def test_aws_errors_become_one_clear_line(aws, home, fake_bundle, fixed_names, cli, code, message, expected):
     sm = stub("sagemaker")
     sm.add_client_error("create_training_job", service_error_code=code, service_message=message, http_status_code=400)
-    result = cli("submit", recipe_path("llama3-8b-8k"))
+    result = cli("submit", recipe_path("llama3-8b-8k"), "--set", MY_ROLE)
     assert result.code == 3  # a cloud error
     assert result.err_lines[-1].startswith(expected), result.err_lines
     assert "Traceback" not in result.err
@@ -220,7 +220,7 @@ def test_throttled_calls_are_retried(aws, home, fake_bundle, monkeypatch):
     mode = "standard"
     monkeypatch.setenv("AWS_RETRY_MODE", mode)
     monkeypatch.setattr(botocore.retries.standard.ExponentialBackoff, "delay_amount", lambda self, context: 0)
-    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    name = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE]).spec.name
     aws_clients.reset_clients()
     hook, sent = throttle(2)
     client = aws_clients.client("sagemaker", REGION)
@@ -235,7 +235,7 @@ def test_throttling_that_never_ends_is_one_clear_line(aws, home, fake_bundle, mo
 
     monkeypatch.setenv("AWS_RETRY_MODE", "standard")
     monkeypatch.setattr(botocore.retries.standard.ExponentialBackoff, "delay_amount", lambda self, context: 0)
-    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    name = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE]).spec.name
     aws_clients.reset_clients()
     hook, sent = throttle(1000)
     aws_clients.client("sagemaker", REGION).meta.events.register("before-send.sagemaker.DescribeTrainingJob", hook)

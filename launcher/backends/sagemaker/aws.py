@@ -60,6 +60,17 @@ def reset_clients() -> None:
     client.cache_clear()
 
 
+def caller_account(region: str) -> str:
+    """The account of the credentials in use (STS GetCallerIdentity, which needs no permission)."""
+    try:
+        account = str(client("sts", region).get_caller_identity().get("Account", ""))
+    except Exception as error:
+        raise explain(error, action="GetCallerIdentity (STS)", region=region) from None
+    if not re.fullmatch(r"\d{12}", account):  # read from the network: an account id, or nothing
+        raise AwsError(f"GetCallerIdentity (STS): answered {service_text(account)!r}, not a 12-digit account id")
+    return account
+
+
 class AwsError(EngineError):
     """An AWS call failed; the message is one line saying what to do."""
 

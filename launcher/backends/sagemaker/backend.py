@@ -32,6 +32,7 @@ from launcher.contract.metrics import METRIC_REGEXES
 from launcher.contract.text import terminal_safe
 from launcher.errors import LauncherError, UsageError
 from launcher.recipe.region import default_region
+from launcher.recipe.rules import placeholder_role
 from launcher.spec import JobSpec, Placement
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
@@ -69,6 +70,22 @@ def role_account(role_arn: str) -> str:
     return role_arn.split(":")[4]
 
 
+def check_role(spec: JobSpec, caller: str | None = None) -> None:
+    """Refuse a role that cannot be the caller's: a documentation placeholder (before any AWS call),
+    or, once `caller` (STS) is known, a role of another account, which iam:PassRole never passes
+    ("Grant a user permissions to pass a role to an AWS service", IAM User Guide). So the default
+    bucket, named in the request for the role's account, is always the caller's own."""
+    role = settings(spec).role_arn or ""
+    if placeholder := placeholder_role(role):
+        raise UsageError(f"{placeholder}; nothing was submitted")
+    if caller is not None and role_account(role) != caller:
+        raise UsageError(
+            f"sagemaker.role_arn: the role is in account {role_account(role)}, but these credentials are of "
+            f"account {caller} (STS GetCallerIdentity), and SageMaker can be passed only a role of the caller's own "
+            "account; use one of its roles, or credentials of the role's account; nothing was submitted"
+        )
+
+
 @dataclass(frozen=True)
 class Locations:
     """The job's S3 locations: outputs, checkpoints (per recipe and lineage: a `--resume` continues
@@ -80,6 +97,10 @@ class Locations:
     checkpoints: str
     code_prefix: str
     wheels_prefix: str
+    owner: str | None = None
+    """The account that must own the default bucket (ExpectedBucketOwner on every call to it):
+    the caller's, known at submit; None for a bucket the recipe names, which may be another
+    account's on purpose (as the SageMaker SDK does for a bucket that is not its default)."""
 
     @classmethod
     def of(cls, spec: JobSpec) -> Locations:
@@ -88,13 +109,21 @@ class Locations:
             root = cloud.output_uri.rstrip("/")
             bucket, default = root.removeprefix("s3://").split("/", 1)[0], False
         else:
-            # The SageMaker SDK's default bucket, named for the account that owns the role
-            # (the caller's own account for nearly everyone), so dry-run needs no AWS call.
+            # The SageMaker SDK's default bucket, sagemaker-<region>-<the caller's account>. Named
+            # here for the role's account, so dry-run needs no AWS call; submit asks STS and
+            # refuses a role of another account (check_role), so the two are always the same.
             bucket, default = f"sagemaker-{cloud.region}-{role_account(cloud.role_arn)}", True
             root = f"s3://{bucket}/launcher"
         checkpoints = f"{(cloud.checkpoint_uri or f'{root}/{spec.recipe_name}/checkpoints').rstrip('/')}/{spec.lineage}"
         output = f"{root}/{spec.recipe_name}"
         return cls(bucket, default, output, checkpoints.rstrip("/"), f"{root}/code", f"{root}/wheels")
+
+    def owned_by(self, account: str) -> Locations:
+        """These locations, with the default bucket required to be `account`'s."""
+        return dataclasses.replace(self, owner=account) if self.default_bucket else self
+
+    def owner_args(self) -> dict[str, str]:
+        return {"ExpectedBucketOwner": self.owner} if self.owner else {}
 
     def code_uri(self, bundle: Bundle) -> str:
         return f"{self.code_prefix}/{bundle.sha256}/{ARCHIVE_NAME}"
@@ -122,7 +151,7 @@ def request_warnings(spec: JobSpec) -> list[str]:
     by dry-run and submit)."""
     cloud, resources = settings(spec), spec.resources
     instance = resources.instance_type
-    warnings = []
+    warnings = [f"{placeholder}; submit refuses it"] if (placeholder := placeholder_role(cloud.role_arn)) else []
     if cloud.kms_key_id and local_nvme(instance):
         warnings.append(
             f"sagemaker.kms_key_id: not used for the training volumes: {instance} stores them on local NVMe, "
@@ -280,7 +309,10 @@ class SageMakerBackend(Backend):
     def _submit(self, rendering: Rendering) -> JobRef:
         spec = rendering.spec
         region = settings(spec).region
-        locations: Locations = rendering.payload["locations"]
+        check_role(spec)
+        caller = aws.caller_account(region)
+        check_role(spec, caller)
+        locations: Locations = rendering.payload["locations"].owned_by(caller)
         upload_bundle(rendering.payload["bundle"], rendering.payload["code_uri"], locations, spec)
         if rendering.payload["wheels"]:
             upload_wheels(rendering.payload["wheels"], locations, spec)
@@ -507,18 +539,19 @@ def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, 
     region = settings(spec).region
     s3 = aws.client("s3", region)
     bucket, key = uri.removeprefix("s3://").split("/", 1)
+    owner = locations.owner_args()
     try:
         if locations.default_bucket:
-            _ensure_bucket(s3, bucket, region)
+            _ensure_bucket(s3, bucket, region, owner)
         try:
-            head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+            head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED", **owner)
             # A multipart object's ChecksumSHA256 is a digest of part digests ("...-N"): never equal.
             if head.get("ChecksumSHA256") == base64.b64encode(bytes.fromhex(sha256)).decode():
                 return
         except ClientError as error:
             if error.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
                 raise
-        extra = {"ContentType": content_type, "ChecksumAlgorithm": "SHA256"}
+        extra = {"ContentType": content_type, "ChecksumAlgorithm": "SHA256", **owner}
         kms_key_id = settings(spec).kms_key_id
         if kms_key_id:
             extra.update(ServerSideEncryption="aws:kms", SSEKMSKeyId=kms_key_id)
@@ -529,15 +562,25 @@ def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, 
     except LauncherError:
         raise
     except Exception as error:
-        raise aws.explain(error, action=f"uploading {what} to bucket {bucket}", region=region) from None
+        action = f"uploading {what} to bucket {bucket}"
+        if owner and isinstance(error, ClientError) and error.response["Error"]["Code"] in ("403", "AccessDenied"):
+            # What S3 answers when ExpectedBucketOwner is not the bucket's owner ("Verifying
+            # bucket ownership with bucket owner condition", S3 User Guide): a name taken by another.
+            raise UsageError(
+                f"{action}: S3 refused it (403): the bucket is not your account {locations.owner}'s, or does not "
+                "let you in; set sagemaker.output_uri to a bucket of yours; nothing was submitted"
+            ) from None
+        raise aws.explain(error, action=action, region=region) from None
 
 
-def _ensure_bucket(s3, bucket: str, region: str) -> None:
-    """Create the default bucket on first use, as the SageMaker SDK does."""
+def _ensure_bucket(s3, bucket: str, region: str, owner: dict[str, str]) -> None:
+    """Create the default bucket on first use, as the SageMaker SDK does. CreateBucket takes no
+    ExpectedBucketOwner; a bucket of this name that someone else created first answers
+    BucketAlreadyExists, and the upload that follows checks the owner again."""
     from botocore.exceptions import ClientError
 
     try:
-        s3.head_bucket(Bucket=bucket)
+        s3.head_bucket(Bucket=bucket, **owner)
         return
     except ClientError as error:
         if error.response["Error"]["Code"] not in ("404", "NoSuchBucket", "NotFound"):
