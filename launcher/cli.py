@@ -129,6 +129,8 @@ def validate(
             for line in error.lines():
                 err.print(terminal_safe(line, one_line=True), markup=False)  # a recipe's text, echoed
             continue
+        for note in recipe.placeholders:
+            err.print(f"[yellow]warning:[/] {recipe.source}: {note}")
         out.print(f"[green]ok[/] {path}: {recipe.summary_line()}")
     if failed:
         raise typer.Exit(2)

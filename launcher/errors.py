@@ -5,7 +5,11 @@ The exit codes, the same for every command (README "Exit codes"):
 
 from __future__ import annotations
 
+import html
+import re
 from dataclasses import dataclass
+
+from launcher.contract.text import terminal_safe
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -74,3 +78,42 @@ class RecipeError(UsageError):
 
     def lines(self) -> list[str]:
         return [str(p) for p in self.problems]
+
+
+# --- what a service said -------------------------------------------------------------------------
+
+SERVICE_TEXT_LIMIT = 300
+"""Characters of a service's words kept in one line of ours."""
+# A body in markup: a proxy's or load balancer's error page, or XML where the client expected JSON.
+# botocore itself replaces only a 5xx body that starts with `<html>` (botocore/parsers.py,
+# `_is_generic_error_response`); `<!doctype html>`, XML and any 4xx page reach the error as sent.
+_MARKUP = re.compile(r"<(?:!doctype|html|head|body|title|\?xml|Error\b|ErrorResponse\b)", re.IGNORECASE)
+_HIDDEN = re.compile(r"<(script|style)\b.*?</\1\s*>|<!--.*?-->", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _element(name: str, text: str) -> str | None:
+    match = re.search(rf"<{name}\b[^>]*>(.*?)</{name}\s*>", text, re.IGNORECASE | re.DOTALL)
+    return match.group(1) if match else None
+
+
+def service_text(text: str) -> str:
+    """A service's words for one line of ours: an HTML or XML body is reduced to its message
+    (an XML `<Message>`, else the page's `<title>`, else its text), never its markup; no escape
+    sequences, one line, at most SERVICE_TEXT_LIMIT characters."""
+    if _MARKUP.search(text):
+        text = _HIDDEN.sub(" ", text)
+        text = _element("Message", text) or _element("title", text) or text
+        text = html.unescape(_TAG.sub(" ", text))
+    text = terminal_safe(text, one_line=True)
+    return text if len(text) <= SERVICE_TEXT_LIMIT else text[: SERVICE_TEXT_LIMIT - 3] + "..."
+
+
+def service_error(error: Exception) -> tuple[str, str]:
+    """(code, message) of an error a service answered (a botocore ClientError's `response`), each
+    made one plain line by `service_text`; the code of an XML body is its `<Code>`."""
+    details = (getattr(error, "response", None) or {}).get("Error", {})
+    code, message = str(details.get("Code", "")), str(details.get("Message", ""))
+    if _MARKUP.search(message):
+        code = service_text(_element("Code", message) or "") or code
+    return service_text(code), service_text(message)

@@ -71,6 +71,9 @@ class Placement:
 
     checkpoint_dir: str
     output_dir: str
+    model_dir: str | None = None
+    """Where a relative checkpoint.export_hf goes: the engine's place for the trained model
+    (SageMaker's /opt/ml/model, its model artifact); None: under output_dir."""
     rendezvous_host: str | None = None
     """Host of the c10d rendezvous store for multi-node jobs, when the backend knows it in advance
     (algo-1 on SageMaker). None means the launch script exports PET_RDZV_ENDPOINT itself."""
@@ -219,7 +222,9 @@ class JobSpec:
             )
         inputs += _model_input(recipe, placement)
         # The recipe is concrete (launcher/resolve.py settled its autos): no estimator here.
-        resolved = recipe.resolved(checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir).to_dict()
+        resolved = recipe.resolved(
+            checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir, model_dir=placement.model_dir
+        ).to_dict()
         return cls(
             name=name,
             lineage=lineage or name,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.helpers import FAKE_ENTRYPOINTS, REGION
+from tests.backends.helpers import ACCOUNT, FAKE_ENTRYPOINTS, REGION
 
 
 @dataclass
@@ -79,8 +79,13 @@ def moto_server():
         pytest.fail("moto_server is not installed; pip install 'moto[server]' (the dev extra)")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    # Every resource and STS's caller identity in one account of the tests' (not moto's default,
+    # 123456789012, which is an example account of AWS's documentation that submit refuses).
     process = subprocess.Popen(
-        [executable, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [executable, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "MOTO_ACCOUNT_ID": ACCOUNT},
     )
     deadline = time.monotonic() + 30
     while True:

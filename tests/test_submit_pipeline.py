@@ -15,7 +15,7 @@ import pytest
 
 from launcher import api
 from launcher.errors import RecipeError, UsageError
-from tests.backends.helpers import REGION, load, recipe_path
+from tests.backends.helpers import MY_ROLE, REGION, ROLE, load, recipe_path
 
 OOM = {"parallel.context": 1, "parallel.tensor": 1, "parallel.activation_checkpointing": "none"}
 
@@ -30,7 +30,7 @@ def nothing_created(home) -> bool:
 
 def test_an_oom_recipe_is_refused_before_any_upload(aws, home, fake_bundle, cli):
     options = [f"--set={k}={v}" for k, v in OOM.items()]
-    result = cli("submit", recipe_path("llama70b-128k"), *options)
+    result = cli("submit", recipe_path("llama70b-128k"), "--set", MY_ROLE, *options)
     assert result.code == 2
     (line,) = result.err_lines
     assert line.startswith("llama70b-128k: would run out of memory: needs ")
@@ -39,7 +39,7 @@ def test_an_oom_recipe_is_refused_before_any_upload(aws, home, fake_bundle, cli)
 
 
 def test_a_risky_recipe_needs_force(aws, home, fake_bundle):
-    recipe = load("llama3-8b-8k")
+    recipe = load("llama3-8b-8k", **{"sagemaker.role_arn": ROLE})
     threshold = api.estimate(recipe).utilization / 2  # same peak, a stricter margin: risky, not oom
     with pytest.raises(api.WontFit, match="risky: needs .* pass --force to submit anyway"):
         api.submit(recipe, threshold=threshold)
@@ -52,7 +52,7 @@ def test_dry_run_stops_after_render_and_creates_nothing(aws, home, fake_bundle):
     stages = []
     told = []
     report = lambda stage, message: (stages.append(stage), told.append(message))  # noqa: E731
-    result = api.submit(recipe_path("llama70b-128k"), dry_run=True, report=report)
+    result = api.submit(recipe_path("llama70b-128k"), dry_run=True, set_options=[MY_ROLE], report=report)
     assert result.dry_run and result.job is None
     # Memory, then run time and cost, then the checkpoint's size and save time, all before the spec.
     assert list(dict.fromkeys(stages)) == [api.Stage.ESTIMATE, api.Stage.SPEC]
@@ -63,7 +63,7 @@ def test_dry_run_stops_after_render_and_creates_nothing(aws, home, fake_bundle):
 
 def test_submit_runs_every_stage_in_order(aws, home, fake_bundle):
     stages = []
-    api.submit(recipe_path("llama3-8b-8k"), report=lambda stage, _: stages.append(stage))
+    api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE], report=lambda stage, _: stages.append(stage))
     assert list(dict.fromkeys(stages)) == [api.Stage.ESTIMATE, api.Stage.SPEC, api.Stage.SUBMIT]
 
 
@@ -144,7 +144,7 @@ def test_an_unknown_backend_lists_the_real_ones(home, cli):
 
 
 def test_submit_json_describes_the_job(aws, home, fake_bundle, cli):
-    result = cli("submit", recipe_path("llama3-8b-8k"), "--json")
+    result = cli("submit", recipe_path("llama3-8b-8k"), "--set", MY_ROLE, "--json")
     printed = json.loads(result.out)
     assert printed["backend"] == "sagemaker" and printed["dry_run"] is False
     assert printed["estimate"]["verdict"] == "fits"
@@ -179,7 +179,7 @@ def test_missing_credentials_are_one_clear_line(aws, home, fake_bundle, cli, mon
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     aws_clients._session.cache_clear()  # the process-wide session remembers credentials it found
     aws_clients.reset_clients()
-    result = cli("submit", recipe_path("llama3-8b-8k"))
+    result = cli("submit", recipe_path("llama3-8b-8k"), "--set", MY_ROLE)
     aws_clients._session.cache_clear()
     assert result.code == 2
     assert result.err_lines[-1].endswith(

@@ -43,6 +43,8 @@ class Capabilities(BaseModel):
     """The engine copies the checkpoint directory to S3 as the job writes it."""
     stop_grace_s: PositiveFloat | None = None
     """Seconds between the engine's SIGTERM and its SIGKILL, when it sets them; None: not known."""
+    runs_as_role: bool = False
+    """The job runs as an IAM execution role of the caller's account (sagemaker.role_arn)."""
     exports_checkpoints: bool = False
     """The job's checkpoints and code bundle stay in its directory here, for `launcher export`."""
 

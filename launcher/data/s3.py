@@ -11,7 +11,7 @@ import functools
 import os
 from pathlib import Path
 
-from launcher.errors import UsageError
+from launcher.errors import UsageError, service_error, service_text
 
 GLOB_CHARS = "*?["
 
@@ -35,8 +35,8 @@ def _cached_client(region: str, endpoint: str | None, profile: str | None):
 
 
 def _one_line(error: Exception, what: str) -> UsageError:
-    code = getattr(error, "response", {}).get("Error", {}).get("Code") or type(error).__name__
-    return UsageError(f"{what}: S3 refused ({code}): {str(error).splitlines()[0][:200]}")
+    code = service_error(error)[0] or type(error).__name__
+    return UsageError(f"{what}: S3 refused ({code}): {service_text(str(error))}")
 
 
 def list_keys(uri: str) -> list[str]:

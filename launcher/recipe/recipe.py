@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 from pydantic import PrivateAttr, ValidationError, model_validator
 
 from launcher.catalog import ModelArch
+from launcher.catalog.engines import capabilities
 from launcher.contract.config import FORMAT as RESOLVED_FORMAT
 from launcher.contract.config import SYNTHETIC_DOCUMENT_SEPARATOR, ConfigError, JobConfig
 from launcher.contract.layout import Layout
@@ -214,6 +215,15 @@ class Recipe(RecipeSpec):
             )
         return notes
 
+    @property
+    def placeholders(self) -> list[str]:
+        """Values still as the documentation wrote them, which submit refuses: `validate` says so,
+        the other verbs (plan, estimate, show) need no account and do not."""
+        runs_as_role = capabilities(self.cluster.backend).runs_as_role
+        if runs_as_role and (placeholder := rules.placeholder_role(self.sagemaker.role_arn)):
+            return [f"{placeholder}; submit refuses it"]
+        return []
+
     # --- output ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -223,9 +233,12 @@ class Recipe(RecipeSpec):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def resolved(self, *, checkpoint_dir: str | None = None, output_dir: str | None = None) -> JobConfig:
+    def resolved(
+        self, *, checkpoint_dir: str | None = None, output_dir: str | None = None, model_dir: str | None = None
+    ) -> JobConfig:
         """The job config that the entrypoints read (`to_dict()` is resolved.json): every name
-        replaced by numbers. Backends pass where checkpoints and outputs live on their cluster.
+        replaced by numbers. Backends pass where checkpoints and outputs live on their cluster, and
+        where a relative checkpoint.export_hf goes when not under the outputs (`model_dir`).
 
         Only a concrete recipe has one: a recipe never calls the estimator, so what it leaves to
         the launcher (`unsettled`) is settled first by `launcher.resolve.resolve(recipe)`.
@@ -237,11 +250,13 @@ class Recipe(RecipeSpec):
                 "concrete recipe, launcher.resolve.resolve(recipe).concrete"
             )
         try:
-            return JobConfig.from_dict(self._job_config_data(checkpoint_dir, output_dir))
+            return JobConfig.from_dict(self._job_config_data(checkpoint_dir, output_dir, model_dir))
         except ConfigError as error:  # the recipe's rules mirror the contract's; still one line, never a traceback
             raise UsageError(f"{self.name}: the entrypoints would refuse this job config: {error}") from None
 
-    def _job_config_data(self, checkpoint_dir: str | None, output_dir: str | None) -> dict[str, Any]:
+    def _job_config_data(
+        self, checkpoint_dir: str | None, output_dir: str | None, model_dir: str | None = None
+    ) -> dict[str, Any]:
         accelerator = self.hardware.accelerator
         layout = self.layout
         return {
@@ -271,8 +286,7 @@ class Recipe(RecipeSpec):
             "checkpoint": {
                 **self.checkpoint.model_dump(mode="json"),
                 "dir": checkpoint_dir or self.checkpoint.dir,
-                # true: "hf" under the output directory; false: no export.
-                "export_hf": "hf" if self.checkpoint.export_hf is True else (self.checkpoint.export_hf or None),
+                "export_hf": self._export_directory(model_dir),
             },
             "runtime": {
                 "device": self.cluster.device,
@@ -286,6 +300,14 @@ class Recipe(RecipeSpec):
                 "output_dir": output_dir,
             },
         }
+
+    def _export_directory(self, model_dir: str | None) -> str | None:
+        """checkpoint.export_hf for the job: true is "hf", false is no export; a relative one is
+        under `model_dir` when the backend has one, else (the entrypoints) under the output directory."""
+        export = "hf" if self.checkpoint.export_hf is True else (self.checkpoint.export_hf or None)
+        if export is None or model_dir is None or PurePosixPath(export).is_absolute():
+            return export
+        return str(PurePosixPath(model_dir) / export)
 
     @property
     def document_separator(self) -> int | None:

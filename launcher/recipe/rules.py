@@ -32,6 +32,23 @@ KMS_KEY_RE = schema.whole(schema.KMS_KEY_PATTERN)
 IMAGE_RE = schema.whole(schema.IMAGE_PATTERN)
 
 
+# The example account ids of AWS's documentation: 111122223333, 444455556666 and 777788889999 of
+# the IAM User Guide's policies, 123456789012 of its ARN examples. A recipe that still names one
+# was copied and not filled in: its role cannot be the user's, nor the bucket named for it theirs.
+PLACEHOLDER_ACCOUNTS = frozenset({"111122223333", "444455556666", "777788889999", "123456789012"})
+
+
+def placeholder_role(role_arn: str | None) -> str | None:
+    """Why sagemaker.role_arn cannot be the user's role (it names a documentation account), if so."""
+    parts = (role_arn or "").split(":")
+    if len(parts) < 5 or parts[4] not in PLACEHOLDER_ACCOUNTS:
+        return None
+    return (
+        f"sagemaker.role_arn: {parts[4]} is an example account of AWS's documentation, not yours; set your "
+        "execution role, e.g. --set sagemaker.role_arn=arn:aws:iam::<your account>:role/<name>"
+    )
+
+
 def layout_problems(
     layout: Layout,
     arch: ModelArch,
@@ -227,6 +244,31 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
                 f"{_days(max_run)} exceeds {engine.title}'s limit of {limit // 86400} days; use {_days(limit)} or less",
             )
         )
+    problems += _capacity_problems(sm, max_run)
+    if len(sm.tags) > 50:
+        problems.append(Problem("sagemaker.tags", f"{len(sm.tags)} tags; SageMaker takes at most 50"))
+    for key, value in sm.tags.items():
+        if not 1 <= len(key) <= 128 or key.startswith("aws:"):
+            problems.append(
+                Problem(f"sagemaker.tags.{key}", "tag keys are 1 to 128 characters and may not start with aws:")
+            )
+        elif len(value) > 256:
+            problems.append(Problem(f"sagemaker.tags.{key}", f"tag value of {len(value)} characters; at most 256"))
+    return problems
+
+
+def _capacity_problems(sm: schema.SageMaker, max_run: int) -> list[Problem]:
+    """Spot against a training plan, and spot's wait against the run."""
+    problems = []
+    if sm.spot and sm.training_plan_arn:
+        # A plan's capacity is reserved and paid for; managed spot is capacity SageMaker may take back.
+        problems.append(
+            Problem(
+                "sagemaker.training_plan_arn",
+                "runs on the plan's reserved capacity, which is not spot: remove sagemaker.spot: true "
+                "(or the training plan)",
+            )
+        )
     if sm.max_wait is not None:
         if not sm.spot:
             problems.append(
@@ -245,15 +287,6 @@ def sagemaker_problems(spec: RecipeSpec) -> list[Problem]:
                     "sagemaker.max_wait", f"{_days(sm.max_wait)} exceeds SageMaker's limit of 28 days; use 28d or less"
                 )
             )
-    if len(sm.tags) > 50:
-        problems.append(Problem("sagemaker.tags", f"{len(sm.tags)} tags; SageMaker takes at most 50"))
-    for key, value in sm.tags.items():
-        if not 1 <= len(key) <= 128 or key.startswith("aws:"):
-            problems.append(
-                Problem(f"sagemaker.tags.{key}", "tag keys are 1 to 128 characters and may not start with aws:")
-            )
-        elif len(value) > 256:
-            problems.append(Problem(f"sagemaker.tags.{key}", f"tag value of {len(value)} characters; at most 256"))
     return problems
 
 

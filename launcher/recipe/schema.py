@@ -331,6 +331,11 @@ class SageMaker(Section):
     )
     """Run on a SageMaker training plan's reserved capacity (the usual way to get ml.p5e), e.g.
     arn:aws:sagemaker:us-west-2:123456789012:training-plan/my-plan; default: on-demand or spot."""
+    infra_check: bool | None = None
+    """SageMaker's infrastructure health check of the instances' hardware and the network between
+    them before training (InfraCheckConfig). Default: on for GPU jobs of more than one EFA
+    instance, where one bad GPU or link would otherwise fail or stall the whole job hours in;
+    off otherwise."""
 
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -432,7 +437,7 @@ class Checkpoint(Section):
     export_hf: bool | str = False
     """After the last step, write a Hugging Face checkpoint (config.json, safetensors, tokenizer
     files) that transformers loads: true for <output dir>/hf, or a directory (relative: under the
-    job's output directory)."""
+    job's output directory; on SageMaker under /opt/ml/model, the job's model artifact)."""
     export_tokenizer: str | None = Field(default=None, max_length=1024)
     """Tokenizer files to copy into the export: a directory or one file on the machines that run
     the job. Default: those beside a model.init_from checkpoint, if any."""

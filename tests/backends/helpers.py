@@ -12,7 +12,14 @@ from tests import REPO  # noqa: E402
 
 FAKE_ENTRYPOINTS = HERE / "fake_entrypoints"
 REGION = "us-west-2"
-ROLE = "arn:aws:iam::111122223333:role/SageMakerTrainingRole"
+ACCOUNT = "314159265358"
+"""The tests' AWS account: the moto server's (MOTO_ACCOUNT_ID), so STS answers it as the caller's."""
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerTrainingRole"
+"""An execution role of the caller's own account: one that submit accepts."""
+PLACEHOLDER_ROLE = "arn:aws:iam::111122223333:role/SageMakerTrainingRole"
+"""The shipped recipes' role: AWS's documentation account, which submit refuses."""
+MY_ROLE = f"sagemaker.role_arn={ROLE}"
+"""The --set that a submit of a shipped SageMaker recipe needs, as a user's would."""
 
 
 def recipe_path(name: str) -> Path:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import re
 
 import pytest
 
 from launcher.backends.sagemaker.aws_model import unchecked_patterns, validate
+from tests import REPO
 
 ROLE = "arn:aws:iam::111122223333:role/SageMakerTrainingRole"
 MINIMAL = {
@@ -71,3 +74,79 @@ def test_every_pattern_of_a_full_request_is_checked():
     # \p{L}-style Java classes in the Tags patterns need the `regex` module; none may be skipped.
     request = {**MINIMAL, "Tags": [{"Key": "launcher:recipe", "Value": "x"}], "Environment": {"A": "b"}}
     assert unchecked_patterns("sagemaker", "CreateTrainingJob", request) == []
+
+
+# --- the IAM list of docs/sagemaker.md -----------------------------------------------------------
+
+SAGEMAKER_BACKEND = REPO / "launcher" / "backends" / "sagemaker"
+CALLED_SERVICES = ("sagemaker", "s3", "logs", "sts")
+# The calls whose IAM action is not named after them (the Service Authorization Reference).
+IAM_ACTION = {
+    ("s3", "HeadObject"): "s3:GetObject",
+    ("s3", "HeadBucket"): "s3:ListBucket",
+    ("sts", "GetCallerIdentity"): None,  # needs no permission (STS API reference)
+}
+# boto3's own methods that send an operation of the service (s3transfer's single PUT).
+BOTO3_METHODS = {"upload_fileobj": ("s3", "PutObject")}
+# Actions the list names that no call of the launcher's is named after, and why they are needed.
+NEEDED_WITHOUT_A_CALL = {
+    "iam:PassRole": "CreateTrainingJob passes the execution role",
+    "sagemaker:AddTags": "CreateTrainingJob carries Tags",
+    "kms:GenerateDataKey": "an SSE-KMS upload",
+    "kms:Encrypt": "an SSE-KMS upload",
+    "kms:Decrypt": "HeadObject's checksum of an SSE-KMS object",
+}
+
+
+def documented_user_actions() -> set[str]:
+    """The `service:Action` names of docs/sagemaker.md's list for the user who submits."""
+    text = (REPO / "docs" / "sagemaker.md").read_text()
+    section = text.split("**The user who submits**", 1)[1].split("\n\n", 2)[1]
+    return set(re.findall(r"`([a-z0-9-]+:[A-Za-z]+)`", section))
+
+
+def operations_by_method() -> dict[str, list[tuple[str, str]]]:
+    """boto3 method name -> (service, operation) for the services the backend calls."""
+    import botocore.session
+    from botocore import xform_name
+
+    session = botocore.session.get_session()
+    found: dict[str, list[tuple[str, str]]] = {}
+    for service in CALLED_SERVICES:
+        for operation in session.get_service_model(service).operation_names:
+            found.setdefault(xform_name(operation), []).append((service, operation))
+    for method, call in BOTO3_METHODS.items():
+        found.setdefault(method, []).append(call)
+    return found
+
+
+def backend_calls() -> set[tuple[str, str]]:
+    """(service, operation) of every AWS call in the SageMaker backend's source, read from its AST:
+    each `x.method(...)` whose method is an operation of the services it uses."""
+    by_method = operations_by_method()
+    calls = set()
+    for path in sorted(SAGEMAKER_BACKEND.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        # `re.search(...)` is a module's function, not a client's call.
+        modules = {alias.asname or alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if isinstance(node.func.value, ast.Name) and node.func.value.id in modules:
+                continue
+            if node.func.attr in by_method:
+                candidates = by_method[node.func.attr]
+                assert len(candidates) == 1, f"{path.name}:{node.lineno} {node.func.attr} is ambiguous: {candidates}"
+                calls.add(candidates[0])
+    return calls
+
+
+def test_every_aws_call_of_the_sagemaker_backend_is_in_the_iam_list():
+    calls = backend_calls()
+    assert ("sagemaker", "ListTags") in calls and ("sts", "GetCallerIdentity") in calls  # the scan sees them
+    needed = {IAM_ACTION.get(call, f"{call[0]}:{call[1]}") for call in calls} - {None}
+    documented = documented_user_actions()
+    assert needed - documented == set(), "calls whose permission docs/sagemaker.md does not list"
+    # And the list names nothing the launcher does not need (but says which calls need nothing).
+    free = {f"{service}:{operation}" for (service, operation), action in IAM_ACTION.items() if action is None}
+    assert documented - needed - set(NEEDED_WITHOUT_A_CALL) - free == set(), "listed, but never called"

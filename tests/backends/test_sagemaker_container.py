@@ -20,7 +20,7 @@ from launcher.backends.sagemaker.wheelhouse import pinned
 from launcher.bundle import Bundle, unpack_entrypoint
 from launcher.errors import LauncherError
 
-from .helpers import REGION, recipe_path, spec_for
+from .helpers import MY_ROLE, REGION, ROLE, recipe_path, spec_for
 
 PLAN = "arn:aws:sagemaker:us-west-2:111122223333:training-plan/llama70b-march"
 
@@ -79,7 +79,7 @@ def test_the_container_entrypoint_unpacks_the_bundle_and_runs_through_the_images
 
 
 def test_local_nvme_instances_get_no_volume_kms_key_and_the_render_says_why(fake_bundle, home, cli):
-    rendering = rendering_for("llama70b-128k", **{"sagemaker.kms_key_id": "alias/training"})
+    rendering = rendering_for("llama70b-128k", **{"sagemaker.kms_key_id": "alias/training", "sagemaker.role_arn": ROLE})
     request = rendering.data["request"]
     assert request["OutputDataConfig"]["KmsKeyId"] == "alias/training"
     assert "VolumeKmsKeyId" not in request["ResourceConfig"]
@@ -130,7 +130,7 @@ def test_a_training_plan_arn_that_the_api_would_reject_stops_at_load(arn, cli):
 def test_submit_uploads_the_real_wheel_once_beside_the_bundle(aws, home, fake_bundle, torchao_wheel):
     import boto3
 
-    first = api.submit(recipe_path("llama70b-128k"), yes=True)
+    first = api.submit(recipe_path("llama70b-128k"), yes=True, set_options=[MY_ROLE])
     uri = first.rendering.data["wheels"]["uri"]
     bucket, key = (uri + pinned("torchao").file).removeprefix("s3://").split("/", 1)
     s3 = boto3.client("s3", region_name=REGION)
@@ -139,7 +139,9 @@ def test_submit_uploads_the_real_wheel_once_beside_the_bundle(aws, home, fake_bu
     assert head["ChecksumSHA256"] == base64.b64encode(bytes.fromhex(pinned("torchao").sha256)).decode()
     modified = head["LastModified"]
 
-    api.submit(recipe_path("llama70b-128k"), yes=True)  # the same content address: not uploaded again
+    api.submit(
+        recipe_path("llama70b-128k"), yes=True, set_options=[MY_ROLE]
+    )  # the same content address: not uploaded again
     assert s3.head_object(Bucket=bucket, Key=key)["LastModified"] == modified
 
 
@@ -153,4 +155,4 @@ def test_submit_stops_with_one_line_when_the_wheel_cannot_be_fetched(aws, home, 
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
     monkeypatch.setenv("PIP_RETRIES", "0")
     with pytest.raises(LauncherError, match=r"^cannot fetch torchao==0\.18\.0 \(torchao-0\.18\.0-cp310-abi3-"):
-        api.submit(recipe_path("llama70b-128k"), yes=True)
+        api.submit(recipe_path("llama70b-128k"), yes=True, set_options=[MY_ROLE])

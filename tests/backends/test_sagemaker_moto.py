@@ -13,7 +13,7 @@ from launcher import api
 from launcher.backends.sagemaker import aws as aws_clients
 from launcher.backends.sagemaker.aws_model import validate
 
-from .helpers import REGION, recipe_path
+from .helpers import ACCOUNT, MY_ROLE, REGION, recipe_path
 
 
 def boto(service: str):
@@ -31,7 +31,7 @@ def recorded(service: str, operation: str) -> list[dict]:
 
 
 def test_submit_uploads_the_bundle_and_creates_the_job(aws, home, fake_bundle):
-    result = api.submit(recipe_path("llama70b-128k"), yes=True)
+    result = api.submit(recipe_path("llama70b-128k"), yes=True, set_options=[MY_ROLE])
     name = result.spec.name
     code_uri = result.rendering.data["bundle"]["uri"]
     bucket, key = code_uri.removeprefix("s3://").split("/", 1)
@@ -49,10 +49,10 @@ def test_submit_uploads_the_bundle_and_creates_the_job(aws, home, fake_bundle):
 
 
 def test_submit_sends_byte_for_byte_what_dry_run_printed(aws, home, fake_bundle, fixed_names, cli):
-    dry = cli("submit", recipe_path("llama70b-128k"), "--dry-run", "--json")
+    dry = cli("submit", recipe_path("llama70b-128k"), "--set", MY_ROLE, "--dry-run", "--json")
     assert dry.code == 0, dry.err
     sent = recorded("sagemaker", "CreateTrainingJob")
-    submitted = cli("submit", recipe_path("llama70b-128k"), "--json", "--yes")
+    submitted = cli("submit", recipe_path("llama70b-128k"), "--set", MY_ROLE, "--json", "--yes")
     assert submitted.code == 0, submitted.err
     assert json.dumps(sent) == json.dumps([json.loads(dry.out)["request"]])
 
@@ -62,7 +62,12 @@ def test_dry_run_prints_request_and_bundle_and_creates_nothing(aws, home, cli):
     result = cli("submit", recipe_path("llama70b-128k"), "--dry-run", "--json")
     assert result.code == 0, result.err
     printed = json.loads(result.out)
-    assert set(printed) == {"request", "bundle", "wheels"}
+    assert set(printed) == {"request", "bundle", "wheels", "warnings"}
+    # The recipe's role is still the documentation's: dry-run prints the request, and says so.
+    assert printed["warnings"] == [
+        "sagemaker.role_arn: 111122223333 is an example account of AWS's documentation, not yours; set your "
+        "execution role, e.g. --set sagemaker.role_arn=arn:aws:iam::<your account>:role/<name>; submit refuses it"
+    ]
     assert validate("sagemaker", "CreateTrainingJob", printed["request"]) == []
     assert "entrypoints/train.py" in printed["bundle"]["files"] and "resolved.json" in printed["bundle"]["files"]
     assert boto("s3").list_buckets()["Buckets"] == []
@@ -72,15 +77,15 @@ def test_dry_run_prints_request_and_bundle_and_creates_nothing(aws, home, cli):
 
 def test_an_unchanged_bundle_is_uploaded_once(aws, home, fake_bundle):
     puts = recorded("s3", "PutObject")
-    first = api.submit(recipe_path("llama3-8b-8k"))
-    second = api.submit(recipe_path("llama3-8b-8k"))
+    first = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE])
+    second = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE])
     assert first.spec.name != second.spec.name
     assert first.rendering.data["bundle"]["uri"] == second.rendering.data["bundle"]["uri"]
     assert len(puts) == 1
 
 
 def test_status_and_list_read_sagemaker(aws, home, fake_bundle, cli):
-    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    name = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE]).spec.name
     status = cli("status", name, "--json")
     assert status.code == 0, status.err
     assert json.loads(status.out)["state"] == "Completed" and json.loads(status.out)["backend"] == "sagemaker"
@@ -91,7 +96,7 @@ def test_status_and_list_read_sagemaker(aws, home, fake_bundle, cli):
 
 
 def test_a_job_from_elsewhere_is_found_with_backend_and_region(aws, home, fake_bundle, cli):
-    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    name = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE]).spec.name
     (home / "jobs" / name / "job.json").unlink()
     assert "no job named" in cli("status", name).err
     found = cli("status", name, "--backend", "sagemaker", "--region", REGION, "--json")
@@ -99,7 +104,7 @@ def test_a_job_from_elsewhere_is_found_with_backend_and_region(aws, home, fake_b
 
 
 def test_logs_merge_every_hosts_stream_and_follow_ends_with_the_job(aws, home, fake_bundle, cli):
-    name = api.submit(recipe_path("llama70b-128k"), yes=True).spec.name
+    name = api.submit(recipe_path("llama70b-128k"), yes=True, set_options=[MY_ROLE]).spec.name
     logs = boto("logs")
     group = "/aws/sagemaker/TrainingJobs"
     logs.create_log_group(logGroupName=group)
@@ -118,14 +123,24 @@ def test_logs_merge_every_hosts_stream_and_follow_ends_with_the_job(aws, home, f
     assert json.loads(as_json.out.splitlines()[0]) == {"line": "[algo-1] metrics step=1 loss=3.0"}
 
 
-def test_logs_of_a_job_without_streams_are_empty(aws, home, fake_bundle, cli):
-    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
-    result = cli("logs", name, "--follow")
-    assert (result.code, result.out) == (0, "")
+def test_logs_of_a_job_that_ended_without_streams_say_so(aws, home, fake_bundle, cli):
+    name = api.submit(
+        recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE]
+    ).spec.name  # moto's jobs complete at once
+    result = cli("logs", name)
+    assert (result.code, result.out) == (1, "")
+    assert result.err_lines == [
+        f"{name}: no log streams in /aws/sagemaker/TrainingJobs/{name}: the job ended (Completed) before any "
+        f"host wrote one; `launcher status {name}` shows why"
+    ]
+    followed = cli("logs", name, "--follow")  # following ends with the job, and its exit code
+    assert (followed.code, followed.out, followed.err) == (0, "", "")
 
 
 def test_a_user_bucket_that_does_not_exist_is_one_clear_line(aws, home, fake_bundle, cli):
-    result = cli("submit", recipe_path("llama3-8b-8k"), "--set", "sagemaker.output_uri=s3://no-such-bucket/x")
+    result = cli(
+        "submit", recipe_path("llama3-8b-8k"), "--set", MY_ROLE, "--set", "sagemaker.output_uri=s3://no-such-bucket/x"
+    )
     assert result.code != 0
     assert result.err_lines[-1].startswith("uploading the code bundle to bucket no-such-bucket: ")
     assert boto("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
@@ -133,7 +148,7 @@ def test_a_user_bucket_that_does_not_exist_is_one_clear_line(aws, home, fake_bun
 
 @pytest.mark.parametrize("region", ["us-east-1", "eu-west-1"])
 def test_the_default_bucket_is_created_in_the_jobs_region(aws, home, fake_bundle, region):
-    api.submit(recipe_path("llama3-8b-8k"), set_options=[f"sagemaker.region={region}"])
-    bucket = f"sagemaker-{region}-111122223333"
+    api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, f"sagemaker.region={region}"])
+    bucket = f"sagemaker-{region}-{ACCOUNT}"  # the caller's account: STS's answer
     location = boto3.client("s3", region_name=region).get_bucket_location(Bucket=bucket)["LocationConstraint"]
     assert (location or "us-east-1") == region

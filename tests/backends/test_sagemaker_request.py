@@ -13,7 +13,7 @@ from launcher.backends.sagemaker.aws_model import validate
 from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 from launcher.errors import UsageError
 
-from .helpers import REPO, ROLE, spec_for
+from .helpers import PLACEHOLDER_ROLE, REPO, ROLE, spec_for
 
 IMAGE_2_13 = "{account}.dkr.ecr.{region}.amazonaws.com{suffix}/pytorch:2.13.0-cu133-amzn2023-sagemaker"
 
@@ -56,9 +56,10 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
         "LocalPath": "/opt/ml/checkpoints",
     }
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 6 * 86400}
-    assert request["RoleArn"] == ROLE
+    assert request["RoleArn"] == PLACEHOLDER_ROLE
     assert request["OutputDataConfig"] == {
-        "S3OutputPath": "s3://sagemaker-us-west-2-111122223333/launcher/llama70b-128k"
+        "S3OutputPath": "s3://sagemaker-us-west-2-111122223333/launcher/llama70b-128k",
+        "CompressionType": "NONE",
     }
     assert {"Key": "project", "Value": "long-context"} in request["Tags"]
     assert request["EnableNetworkIsolation"] is False and request["EnableManagedSpotTraining"] is False
@@ -67,6 +68,59 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
     assert channels["train"]["DataSource"]["S3DataSource"]["S3Uri"] == "s3://my-training-bucket/tokens/llama3-128k/"
     code_uri = channels["code"]["DataSource"]["S3DataSource"]["S3Uri"]
     assert re.fullmatch(r"s3://sagemaker-us-west-2-111122223333/launcher/code/[0-9a-f]{64}/code\.tar\.gz", code_uri)
+
+
+@pytest.mark.parametrize(
+    "export_hf, where",
+    [(True, "/opt/ml/model/hf"), ("final", "/opt/ml/model/final"), ("/fsx/exports/final", "/fsx/exports/final")],
+)
+def test_an_hf_export_goes_to_the_model_artifact_uploaded_uncompressed(fake_bundle, home, export_hf, where):
+    # /opt/ml/output/data would reach S3 only inside output.tar.gz, gzipped while the cluster is billed.
+    spec = spec_for("llama70b-128k", "sagemaker", **{"checkpoint.export_hf": export_hf})
+    assert spec.resolved["checkpoint"]["export_hf"] == where
+    request = get_backend("sagemaker").render(spec).data["request"]
+    assert request["OutputDataConfig"]["CompressionType"] == "NONE"
+    assert validate("sagemaker", "CreateTrainingJob", request) == []
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "k8s", "docker"])
+def test_other_backends_keep_an_hf_export_under_their_output_directory(backend):
+    spec = spec_for("tiny-cpu", backend, **{"checkpoint.export_hf": True})
+    assert spec.resolved["checkpoint"]["export_hf"] == "hf"  # the entrypoints put it under runtime.output_dir
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides, checked",
+    [
+        ("llama70b-128k", {}, True),  # 4 x ml.p5e.48xlarge: auto checks them
+        ("llama3-8b-8k", {}, False),  # one host: no network between hosts to check
+        ("llama3-8b-8k", {"cluster.instance_count": 2}, True),
+        ("llama70b-128k", {"sagemaker.infra_check": False}, False),
+        ("llama3-8b-8k", {"sagemaker.infra_check": True}, True),
+    ],
+)
+def test_multi_node_gpu_jobs_get_the_infrastructure_health_check(fake_bundle, home, recipe, overrides, checked):
+    request = request_for(recipe, **overrides)
+    assert request.get("InfraCheckConfig") == ({"EnableInfraCheck": True} if checked else None)
+    assert validate("sagemaker", "CreateTrainingJob", request) == []
+
+
+def test_a_multi_node_job_in_a_vpc_is_warned_of_the_security_group_rule_efa_needs(fake_bundle, home):
+    vpc = {
+        "sagemaker.subnets": ["subnet-0abc"],
+        "sagemaker.security_group_ids": ["sg-0def"],
+        "sagemaker.role_arn": ROLE,
+    }
+    spec = spec_for("llama70b-128k", "sagemaker", **vpc)
+    assert get_backend("sagemaker").render(spec).data["warnings"] == [
+        "sagemaker.security_group_ids: the 4 instances' EFA and NCCL traffic flows through sg-0def: a group must "
+        "allow all traffic in from and out to itself, or the job stalls at its first collective "
+        "(docs/sagemaker.md, 'Security groups for EFA')"
+    ]
+    # One instance has no traffic between instances; no VPC, no security groups of the user's.
+    assert "warnings" not in get_backend("sagemaker").render(spec_for("llama3-8b-8k", "sagemaker", **vpc)).data
+    mine = spec_for("llama70b-128k", "sagemaker", **{"sagemaker.role_arn": ROLE})
+    assert "warnings" not in get_backend("sagemaker").render(mine).data
 
 
 def test_the_recipe_never_becomes_hyperparameters(fake_bundle, home):

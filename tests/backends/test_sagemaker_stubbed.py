@@ -14,8 +14,8 @@ from botocore.awsrequest import AWSResponse
 from launcher import api
 from launcher.backends.sagemaker import aws as aws_clients
 
-from .helpers import REGION, recipe_path
-from .sagemaker_stubs import NAME, description, stub
+from .helpers import MY_ROLE, REGION, recipe_path
+from .sagemaker_stubs import NAME, T0, description, stub
 
 
 def test_status_shows_every_transition_and_the_failure_reason(registered, cli):
@@ -78,13 +78,61 @@ def test_following_logs_reads_until_the_job_ends_then_stops(registered):
     logs.assert_no_pending_responses()
 
 
+def test_logs_of_a_job_whose_hosts_have_not_started_say_so(registered, cli):
+    sm, logs = stub("sagemaker"), stub("logs")
+    sm.add_response("describe_training_job", description("InProgress", "Starting"), {"TrainingJobName": NAME})
+    prefix = {"logGroupName": "/aws/sagemaker/TrainingJobs", "logStreamNamePrefix": f"{NAME}/"}
+    logs.add_response("describe_log_streams", {"logStreams": []}, prefix)
+    result = cli("logs", NAME)
+    assert (result.code, result.out) == (1, "")
+    assert result.err_lines == [
+        f"{NAME}: no log streams yet in /aws/sagemaker/TrainingJobs/{NAME} (the job is InProgress, Starting): each "
+        f"host opens one when its container starts; `launcher logs {NAME} --follow` waits for them"
+    ]
+    sm.assert_no_pending_responses()
+    logs.assert_no_pending_responses()
+
+
 def test_stop_asks_sagemaker_and_reports_stopping(registered, cli):
     sm = stub("sagemaker")
+    sm.add_response("describe_training_job", description("InProgress", "Training"), {"TrainingJobName": NAME})
     sm.add_response("stop_training_job", {}, {"TrainingJobName": NAME})
     sm.add_response("describe_training_job", description("Stopping", "Stopping"), {"TrainingJobName": NAME})
     result = cli("stop", NAME, "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["state"] == "Stopping"
+    sm.assert_no_pending_responses()
+
+
+@pytest.mark.parametrize("state", ["Completed", "Failed", "Stopped"])
+def test_stop_of_a_job_that_has_ended_says_so_and_sends_no_stop(registered, cli, state):
+    sm = stub("sagemaker")  # a StopTrainingJob call would be one the Stubber was not told of: an error
+    ended = description(state, state)
+    ended["TrainingEndTime"] = T0
+    sm.add_response("describe_training_job", ended, {"TrainingJobName": NAME})
+    result = cli("stop", NAME)
+    assert result.code == 0, result.err
+    assert f"  stop     not sent: the job had already ended ({state} at {T0.isoformat()})" in result.out.splitlines()
+    sm.assert_no_pending_responses()
+
+
+def test_a_job_that_ends_while_stop_is_sent_is_reported_as_ended(registered, cli):
+    sm = stub("sagemaker")
+    sm.add_response("describe_training_job", description("InProgress", "Uploading"), {"TrainingJobName": NAME})
+    sm.add_client_error(
+        "stop_training_job",
+        service_error_code="ValidationException",
+        service_message="The request was rejected because the training job is in status Completed.",
+        expected_params={"TrainingJobName": NAME},
+    )
+    sm.add_response("describe_training_job", description("Completed", "Completed"), {"TrainingJobName": NAME})
+    result = cli("stop", NAME, "--json")
+    assert result.code == 0, result.err
+    stopped = json.loads(result.out)
+    assert (stopped["state"], stopped["details"]["stop"]) == (
+        "Completed",
+        "not sent: the job had already ended (Completed)",
+    )
     sm.assert_no_pending_responses()
 
 
@@ -135,7 +183,7 @@ QUOTA_MESSAGE = (
 def test_aws_errors_become_one_clear_line(aws, home, fake_bundle, fixed_names, cli, code, message, expected):
     sm = stub("sagemaker")
     sm.add_client_error("create_training_job", service_error_code=code, service_message=message, http_status_code=400)
-    result = cli("submit", recipe_path("llama3-8b-8k"))
+    result = cli("submit", recipe_path("llama3-8b-8k"), "--set", MY_ROLE)
     assert result.code == 3  # a cloud error
     assert result.err_lines[-1].startswith(expected), result.err_lines
     assert "Traceback" not in result.err
@@ -172,7 +220,7 @@ def test_throttled_calls_are_retried(aws, home, fake_bundle, monkeypatch):
     mode = "standard"
     monkeypatch.setenv("AWS_RETRY_MODE", mode)
     monkeypatch.setattr(botocore.retries.standard.ExponentialBackoff, "delay_amount", lambda self, context: 0)
-    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    name = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE]).spec.name
     aws_clients.reset_clients()
     hook, sent = throttle(2)
     client = aws_clients.client("sagemaker", REGION)
@@ -187,7 +235,7 @@ def test_throttling_that_never_ends_is_one_clear_line(aws, home, fake_bundle, mo
 
     monkeypatch.setenv("AWS_RETRY_MODE", "standard")
     monkeypatch.setattr(botocore.retries.standard.ExponentialBackoff, "delay_amount", lambda self, context: 0)
-    name = api.submit(recipe_path("llama3-8b-8k")).spec.name
+    name = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, MY_ROLE]).spec.name
     aws_clients.reset_clients()
     hook, sent = throttle(1000)
     aws_clients.client("sagemaker", REGION).meta.events.register("before-send.sagemaker.DescribeTrainingJob", hook)

@@ -14,7 +14,7 @@ from launcher.errors import LauncherError
 from launcher.registry import job_dir, write_json
 from launcher.spec import SPEC_FORMAT
 
-from .helpers import HERE, ROLE, spec_for
+from .helpers import HERE, PLACEHOLDER_ROLE, spec_for
 
 # The recipe and --set options each format-1 record was written with.
 FORMAT1_RECORDS = {
@@ -24,7 +24,7 @@ FORMAT1_RECORDS = {
             "sagemaker.spot": True,
             "sagemaker.retries": 2,
             "sagemaker.tags": {"team": "ml", "cost": "r1"},
-            "sagemaker.role_arn": ROLE,
+            "sagemaker.role_arn": PLACEHOLDER_ROLE,
             "sagemaker.volume_size_gb": 200,
             "sagemaker.subnets": ["subnet-0a1b"],
             "sagemaker.security_group_ids": ["sg-0c2d"],

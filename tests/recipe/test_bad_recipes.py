@@ -219,6 +219,15 @@ CASES = [
         "max_wait:",
     ),
     case(
+        "spot-on-a-training-plan",
+        BASE
+        + "sagemaker:\n  spot: true\n"
+        + "  training_plan_arn: arn:aws:sagemaker:us-west-2:210987654321:training-plan/march\n",
+        r"sagemaker.training_plan_arn: runs on the plan's reserved capacity, which is not spot: "
+        r"remove sagemaker.spot: true \(or the training plan\)",
+        "training_plan_arn:",
+    ),
+    case(
         "max-run-moved-to-cluster",
         BASE + "sagemaker:\n  max_run: 2d\n",
         r"sagemaker.max_run: moved to cluster.max_run: every backend reads it there",

@@ -1,7 +1,8 @@
 """boto3 clients with retries, and AWS errors turned into one clear line each.
 
-The service's own words in those lines (an error message that echoes a job name back) are
-passed through `terminal_safe`, so they cannot move the cursor or forge lines on a terminal.
+The service's own words in those lines (an error message that echoes a job name back) go
+through `launcher.errors.service_error`: an HTML or XML body becomes its message, and nothing
+can move the cursor or forge lines on a terminal.
 
 boto3 is imported here, inside functions, so `launcher --help` never pays for it. Clients
 honour AWS_ENDPOINT_URL (the tests point it at a moto server) and AWS_PROFILE as boto3 does.
@@ -15,7 +16,7 @@ from functools import cache
 from urllib.parse import urlsplit
 
 from launcher.contract.text import terminal_safe
-from launcher.errors import EngineError, LauncherError, UsageError
+from launcher.errors import EngineError, LauncherError, UsageError, service_error, service_text
 
 # Adaptive mode adds client-side rate limiting on top of standard retries, which keeps `logs
 # --follow` and `list` polling within the CloudWatch and SageMaker request quotas.
@@ -59,6 +60,17 @@ def reset_clients() -> None:
     client.cache_clear()
 
 
+def caller_account(region: str) -> str:
+    """The account of the credentials in use (STS GetCallerIdentity, which needs no permission)."""
+    try:
+        account = str(client("sts", region).get_caller_identity().get("Account", ""))
+    except Exception as error:
+        raise explain(error, action="GetCallerIdentity (STS)", region=region) from None
+    if not re.fullmatch(r"\d{12}", account):  # read from the network: an account id, or nothing
+        raise AwsError(f"GetCallerIdentity (STS): answered {service_text(account)!r}, not a 12-digit account id")
+    return account
+
+
 class AwsError(EngineError):
     """An AWS call failed; the message is one line saying what to do."""
 
@@ -97,13 +109,11 @@ def explain(
         )
     if isinstance(error, EndpointConnectionError):
         return AwsError(
-            f"{action}: cannot reach AWS ({terminal_safe(str(error), one_line=True)}); "
-            f"check the network and sagemaker.region {region}"
+            f"{action}: cannot reach AWS ({service_text(str(error))}); check the network and sagemaker.region {region}"
         )
     if not isinstance(error, ClientError):
-        return AwsError(f"{action}: {terminal_safe(str(error), one_line=True)}")
-    code = terminal_safe(str(error.response.get("Error", {}).get("Code", "")), one_line=True)
-    message = terminal_safe(str(error.response.get("Error", {}).get("Message", "")), one_line=True)
+        return AwsError(f"{action}: {service_text(str(error))}")
+    code, message = service_error(error)
     if code == "ResourceLimitExceeded":
         quota = _quoted(message) or quota_hint or "the SageMaker training quota"
         return AwsError(

@@ -11,6 +11,7 @@ never hyperparameters.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from launcher.backends.base import Backend, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.history import MetricsHistory
 from launcher.backends.images import training_image
 from launcher.backends.sagemaker import aws, aws_model
 from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, console_links, log_lines
@@ -30,10 +32,14 @@ from launcher.contract.metrics import METRIC_REGEXES
 from launcher.contract.text import terminal_safe
 from launcher.errors import LauncherError, UsageError
 from launcher.recipe.region import default_region
+from launcher.recipe.rules import placeholder_role
 from launcher.spec import JobSpec, Placement
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
 OUTPUT_DIR = "/opt/ml/output/data"
+# SageMaker uploads /opt/ml/model as the job's model artifact (ModelArtifacts.S3ModelArtifacts);
+# with OutputDataConfig.CompressionType NONE it is uploaded file by file, not gzipped into a tar.
+MODEL_DIR = "/opt/ml/model"
 CHANNELS_DIR = "/opt/ml/input/data"
 CODE_DIR = "/opt/ml/code"
 WHEELS_CHANNEL = "wheels"
@@ -64,6 +70,22 @@ def role_account(role_arn: str) -> str:
     return role_arn.split(":")[4]
 
 
+def check_role(spec: JobSpec, caller: str | None = None) -> None:
+    """Refuse a role that cannot be the caller's: a documentation placeholder (before any AWS call),
+    or, once `caller` (STS) is known, a role of another account, which iam:PassRole never passes
+    ("Grant a user permissions to pass a role to an AWS service", IAM User Guide). So the default
+    bucket, named in the request for the role's account, is always the caller's own."""
+    role = settings(spec).role_arn or ""
+    if placeholder := placeholder_role(role):
+        raise UsageError(f"{placeholder}; nothing was submitted")
+    if caller is not None and role_account(role) != caller:
+        raise UsageError(
+            f"sagemaker.role_arn: the role is in account {role_account(role)}, but these credentials are of "
+            f"account {caller} (STS GetCallerIdentity), and SageMaker can be passed only a role of the caller's own "
+            "account; use one of its roles, or credentials of the role's account; nothing was submitted"
+        )
+
+
 @dataclass(frozen=True)
 class Locations:
     """The job's S3 locations: outputs, checkpoints (per recipe and lineage: a `--resume` continues
@@ -75,6 +97,10 @@ class Locations:
     checkpoints: str
     code_prefix: str
     wheels_prefix: str
+    owner: str | None = None
+    """The account that must own the default bucket (ExpectedBucketOwner on every call to it):
+    the caller's, known at submit; None for a bucket the recipe names, which may be another
+    account's on purpose (as the SageMaker SDK does for a bucket that is not its default)."""
 
     @classmethod
     def of(cls, spec: JobSpec) -> Locations:
@@ -83,13 +109,21 @@ class Locations:
             root = cloud.output_uri.rstrip("/")
             bucket, default = root.removeprefix("s3://").split("/", 1)[0], False
         else:
-            # The SageMaker SDK's default bucket, named for the account that owns the role
-            # (the caller's own account for nearly everyone), so dry-run needs no AWS call.
+            # The SageMaker SDK's default bucket, sagemaker-<region>-<the caller's account>. Named
+            # here for the role's account, so dry-run needs no AWS call; submit asks STS and
+            # refuses a role of another account (check_role), so the two are always the same.
             bucket, default = f"sagemaker-{cloud.region}-{role_account(cloud.role_arn)}", True
             root = f"s3://{bucket}/launcher"
         checkpoints = f"{(cloud.checkpoint_uri or f'{root}/{spec.recipe_name}/checkpoints').rstrip('/')}/{spec.lineage}"
         output = f"{root}/{spec.recipe_name}"
         return cls(bucket, default, output, checkpoints.rstrip("/"), f"{root}/code", f"{root}/wheels")
+
+    def owned_by(self, account: str) -> Locations:
+        """These locations, with the default bucket required to be `account`'s."""
+        return dataclasses.replace(self, owner=account) if self.default_bucket else self
+
+    def owner_args(self) -> dict[str, str]:
+        return {"ExpectedBucketOwner": self.owner} if self.owner else {}
 
     def code_uri(self, bundle: Bundle) -> str:
         return f"{self.code_prefix}/{bundle.sha256}/{ARCHIVE_NAME}"
@@ -113,15 +147,27 @@ def local_nvme(instance_type: str) -> bool:
 
 
 def request_warnings(spec: JobSpec) -> list[str]:
-    """What the request leaves out of the recipe, and why (printed by dry-run and submit)."""
-    instance = spec.resources.instance_type
-    if settings(spec).kms_key_id and local_nvme(instance):
-        return [
+    """What the request leaves out of the recipe, and what it needs that it cannot check (printed
+    by dry-run and submit)."""
+    cloud, resources = settings(spec), spec.resources
+    instance = resources.instance_type
+    warnings = [f"{placeholder}; submit refuses it"] if (placeholder := placeholder_role(cloud.role_arn)) else []
+    if cloud.kms_key_id and local_nvme(instance):
+        warnings.append(
             f"sagemaker.kms_key_id: not used for the training volumes: {instance} stores them on local NVMe, "
             "which its hardware encrypts, and SageMaker rejects VolumeKmsKeyId for it; the key still encrypts "
             "the output and the code upload"
-        ]
-    return []
+        )
+    if cloud.networking.subnets and resources.instance_count > 1:
+        # EC2 User Guide, "Prepare an EFA-enabled security group"; SageMaker's "Give SageMaker
+        # Training Jobs Access to Resources in Your Amazon VPC". Only a real account can check it.
+        carries = "EFA and NCCL traffic" if resources.has_efa else "NCCL traffic"
+        warnings.append(
+            f"sagemaker.security_group_ids: the {resources.instance_count} instances' {carries} flows through "
+            f"{', '.join(cloud.networking.security_group_ids)}: a group must allow all traffic in from and out to "
+            "itself, or the job stalls at its first collective (docs/sagemaker.md, 'Security groups for EFA')"
+        )
+    return warnings
 
 
 def create_training_job_request(
@@ -161,7 +207,10 @@ def create_training_job_request(
             "EnableSageMakerMetricsTimeSeries": True,
         },
         "InputDataConfig": channels,
-        "OutputDataConfig": {"S3OutputPath": locations.output},
+        # NONE: /opt/ml/model (an export_hf of hundreds of GB) and /opt/ml/output/data are
+        # uploaded as they are, not gzipped into one tar while the whole cluster stays billed
+        # (SageMaker developer guide, "Uncompressed model output").
+        "OutputDataConfig": {"S3OutputPath": locations.output, "CompressionType": "NONE"},
         "ResourceConfig": {
             "InstanceType": resources.instance_type,
             "InstanceCount": resources.instance_count,
@@ -188,6 +237,8 @@ def create_training_job_request(
             "Subnets": list(cloud.networking.subnets),
             "SecurityGroupIds": list(cloud.networking.security_group_ids),
         }
+    if cloud.infra_check:
+        request["InfraCheckConfig"] = {"EnableInfraCheck": True}
     if spec.retries:
         request["RetryStrategy"] = {"MaximumRetryAttempts": spec.retries}
     request["Tags"].append({"Key": SUBMISSION_TAG, "Value": submission_token(request)})
@@ -214,6 +265,7 @@ class SageMakerBackend(Backend):
         return Placement(
             checkpoint_dir=CHECKPOINT_DIR,
             output_dir=OUTPUT_DIR,
+            model_dir=MODEL_DIR,  # checkpoint.export_hf: the model artifact, not output.tar.gz
             s3_data_dir=f"{CHANNELS_DIR}/train",
             s3_model_dir=f"{CHANNELS_DIR}/model",  # model.init_from's channel
             image=training_image(recipe),
@@ -257,7 +309,10 @@ class SageMakerBackend(Backend):
     def _submit(self, rendering: Rendering) -> JobRef:
         spec = rendering.spec
         region = settings(spec).region
-        locations: Locations = rendering.payload["locations"]
+        check_role(spec)
+        caller = aws.caller_account(region)
+        check_role(spec, caller)
+        locations: Locations = rendering.payload["locations"].owned_by(caller)
         upload_bundle(rendering.payload["bundle"], rendering.payload["code_uri"], locations, spec)
         if rendering.payload["wheels"]:
             upload_wheels(rendering.payload["wheels"], locations, spec)
@@ -324,17 +379,32 @@ class SageMakerBackend(Backend):
                 is_done=is_done,
                 poll_s=poll_s,
                 label_hosts=description["ResourceConfig"].get("InstanceCount", 1) > 1,
+                no_streams=lambda: NoLogStreams(status_from_description(description, region=region)),
             )
         except LauncherError:
             raise
         except Exception as error:
             raise aws.explain(error, action=f"reading {LOG_GROUP}/{ref.name}", region=region, job=ref.name) from None
 
+    def _metrics(self, ref: JobRef) -> MetricsHistory:
+        try:
+            return super()._metrics(ref)
+        except NoLogStreams:  # no line yet: no step yet
+            return MetricsHistory.from_lines(ref.name, [])
+
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
+        """StopTrainingJob, unless the job has already ended: SageMaker would refuse that."""
+        status = self._status(ref)
+        if status.terminal:
+            return _already_ended(status)
         region = self._region(ref)
         try:
             aws.client("sagemaker", region).stop_training_job(TrainingJobName=ref.name)
         except Exception as error:
+            # It may have ended between the two calls, and SageMaker then refuses to stop it.
+            status = self._status(ref)
+            if status.terminal:
+                return _already_ended(status)
             raise aws.explain(error, action=f"StopTrainingJob {ref.name}", region=region, job=ref.name) from None
         return self._status(ref)
 
@@ -364,6 +434,33 @@ class SageMakerBackend(Backend):
             )
             for s in summaries[:limit]
         ]
+
+
+class NoLogStreams(LauncherError):
+    """`logs` of a job whose hosts have not written a log stream (yet)."""
+
+    def __init__(self, status: JobStatus):
+        where = f"{LOG_GROUP}/{status.name}"
+        state = status.state + (
+            f", {status.secondary}" if status.secondary and status.secondary != status.state else ""
+        )
+        if status.terminal:
+            super().__init__(
+                f"{status.name}: no log streams in {where}: the job ended ({state}) before any host wrote one; "
+                f"`launcher status {status.name}` shows why"
+            )
+        else:
+            super().__init__(
+                f"{status.name}: no log streams yet in {where} (the job is {state}): each host opens one when "
+                f"its container starts; `launcher logs {status.name} --follow` waits for them"
+            )
+
+
+def _already_ended(status: JobStatus) -> JobStatus:
+    """The status of a job that had ended before `stop`, saying that no stop was sent."""
+    when = f" at {status.ended}" if status.ended else ""
+    note = f"not sent: the job had already ended ({status.state}{when})"
+    return dataclasses.replace(status, details={**status.details, "stop": note})
 
 
 def _already_exists(error: Exception) -> bool:
@@ -442,18 +539,19 @@ def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, 
     region = settings(spec).region
     s3 = aws.client("s3", region)
     bucket, key = uri.removeprefix("s3://").split("/", 1)
+    owner = locations.owner_args()
     try:
         if locations.default_bucket:
-            _ensure_bucket(s3, bucket, region)
+            _ensure_bucket(s3, bucket, region, owner)
         try:
-            head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+            head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED", **owner)
             # A multipart object's ChecksumSHA256 is a digest of part digests ("...-N"): never equal.
             if head.get("ChecksumSHA256") == base64.b64encode(bytes.fromhex(sha256)).decode():
                 return
         except ClientError as error:
             if error.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
                 raise
-        extra = {"ContentType": content_type, "ChecksumAlgorithm": "SHA256"}
+        extra = {"ContentType": content_type, "ChecksumAlgorithm": "SHA256", **owner}
         kms_key_id = settings(spec).kms_key_id
         if kms_key_id:
             extra.update(ServerSideEncryption="aws:kms", SSEKMSKeyId=kms_key_id)
@@ -464,15 +562,25 @@ def _put_once(data: bytes, uri: str, sha256: str, content_type: str, what: str, 
     except LauncherError:
         raise
     except Exception as error:
-        raise aws.explain(error, action=f"uploading {what} to bucket {bucket}", region=region) from None
+        action = f"uploading {what} to bucket {bucket}"
+        if owner and isinstance(error, ClientError) and error.response["Error"]["Code"] in ("403", "AccessDenied"):
+            # What S3 answers when ExpectedBucketOwner is not the bucket's owner ("Verifying
+            # bucket ownership with bucket owner condition", S3 User Guide): a name taken by another.
+            raise UsageError(
+                f"{action}: S3 refused it (403): the bucket is not your account {locations.owner}'s, or does not "
+                "let you in; set sagemaker.output_uri to a bucket of yours; nothing was submitted"
+            ) from None
+        raise aws.explain(error, action=action, region=region) from None
 
 
-def _ensure_bucket(s3, bucket: str, region: str) -> None:
-    """Create the default bucket on first use, as the SageMaker SDK does."""
+def _ensure_bucket(s3, bucket: str, region: str, owner: dict[str, str]) -> None:
+    """Create the default bucket on first use, as the SageMaker SDK does. CreateBucket takes no
+    ExpectedBucketOwner; a bucket of this name that someone else created first answers
+    BucketAlreadyExists, and the upload that follows checks the owner again."""
     from botocore.exceptions import ClientError
 
     try:
-        s3.head_bucket(Bucket=bucket)
+        s3.head_bucket(Bucket=bucket, **owner)
         return
     except ClientError as error:
         if error.response["Error"]["Code"] not in ("404", "NoSuchBucket", "NotFound"):

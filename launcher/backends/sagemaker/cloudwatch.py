@@ -64,12 +64,18 @@ def log_lines(
     poll_s: float,
     label_hosts: bool,
     sleep: Callable[[float], None] = time.sleep,
+    no_streams: Callable[[], Exception] | None = None,
 ) -> Iterator[str]:
+    """The job's lines, oldest first, host-labelled on a multi-host job. Without `follow`, a job
+    with no stream yet raises `no_streams()` rather than print nothing."""
     cursor = _Cursor()
     while True:
         done = (not follow) or is_done()
         events = []
-        for stream in _streams(logs, job):
+        streams = _streams(logs, job)
+        if not streams and not follow and no_streams is not None:
+            raise no_streams()
+        for stream in streams:
             events += _read(logs, stream, cursor)
         for _, stream, message in sorted(events, key=lambda e: e[0]):
             host = stream.split("/", 1)[-1].rsplit("-", 1)[0]

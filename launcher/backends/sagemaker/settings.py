@@ -34,6 +34,8 @@ class SageMakerSettings(EngineSettings):
     """The ML storage volume of each instance (ResourceConfig.VolumeSizeInGB)."""
     training_plan_arn: str | None = None
     """A SageMaker training plan's ARN: the job runs on that plan's reserved capacity."""
+    infra_check: bool = False
+    """InfraCheckConfig.EnableInfraCheck: SageMaker checks the instances and their network first."""
 
     @classmethod
     def of(cls, recipe: Recipe) -> SageMakerSettings:
@@ -54,6 +56,7 @@ class SageMakerSettings(EngineSettings):
             kms_key_id=sm.kms_key_id,
             volume_size_gb=sm.volume_size_gb,
             training_plan_arn=sm.training_plan_arn,
+            infra_check=_infra_check(recipe),
             networking=Networking(
                 subnets=tuple(sm.subnets),
                 security_group_ids=tuple(sm.security_group_ids),
@@ -67,3 +70,13 @@ class SageMakerSettings(EngineSettings):
         networking = {f.name: data["networking"][f.name] for f in fields(Networking)}
         networking = Networking(**{k: tuple(v) if isinstance(v, list) else v for k, v in networking.items()})
         return super().from_dict({**data, "networking": networking})
+
+
+def _infra_check(recipe: Recipe) -> bool:
+    """sagemaker.infra_check, by default on for multi-node GPU jobs on EFA instances: the ones whose
+    hosts must all be healthy and reach each other at full speed for any step to finish."""
+    chosen = recipe.sagemaker.infra_check
+    if chosen is not None:
+        return chosen
+    cluster = recipe.cluster
+    return cluster.instance_count > 1 and cluster.device == "cuda" and recipe.hardware.instance.has_efa
