@@ -40,6 +40,8 @@ class RunForecast:
     """Where the engine stops the job (SageMaker's max_run); None where nothing stops it."""
     longest_job_s: int | None = None
     """The longest one job may run on the engine (its account's quota); None: no such limit."""
+    resumable: bool = True
+    """Whether a next job would continue this one: it saves periodic checkpoints and resumes."""
 
     @property
     def run_s(self) -> float:
@@ -59,7 +61,8 @@ class RunForecast:
     def jobs(self) -> int:
         """How many jobs the run takes: more than one where no single job may run it all."""
         chained = (
-            self.time_limit_s is not None
+            self.resumable
+            and self.time_limit_s is not None
             and self.longest_job_s is not None
             and self.run_s > max(self.time_limit_s, self.longest_job_s)
         )
@@ -86,6 +89,9 @@ class RunForecast:
             fixes.append(f"set cluster.max_run: {limit}")
         if steps_that_fit > 0:
             fixes.append(f"training.steps: {steps_that_fit}")
+        if not self.resumable and self.longest_job_s is not None and self.run_s > self.longest_job_s:
+            # A chain of jobs would start each one from nothing saved: it needs periodic checkpoints.
+            fixes.append("checkpoint.every_minutes: 60 with resume: auto (then a chain of jobs runs it)")
         fix = " or ".join(fixes) if fixes else "a faster layout (launcher plan) or more instances"
         return (
             f"{self.recipe_name}: the predicted run time {duration(self.run_s)} ({self.steps} steps x "
@@ -107,6 +113,7 @@ class RunForecast:
 
 def forecast(recipe: Recipe, *, time_limit_s: int | None, longest_job_s: int | None = None) -> RunForecast | None:
     """The recipe's predicted run time and cost; None where nothing can be predicted (the host CPU)."""
+    checkpoint = recipe.checkpoint
     try:
         speed = predict(Workload.from_recipe(recipe), recipe.hardware)
     except ThroughputUnknown:
@@ -118,4 +125,5 @@ def forecast(recipe: Recipe, *, time_limit_s: int | None, longest_job_s: int | N
         hardware_text=f"{recipe.cluster.instance_count} x {recipe.hardware.instance_key}",
         time_limit_s=time_limit_s,
         longest_job_s=longest_job_s,
+        resumable=bool(checkpoint.every_steps or checkpoint.every_minutes) and checkpoint.resume != "never",
     )

@@ -202,3 +202,17 @@ def test_a_run_longer_than_the_quota_is_a_chain_and_resume_continues_it_without_
         f"chain: continues {name}'s lineage; when {second['TrainingJobName']} ends at its time limit, the same "
         f"`launcher submit` with `--resume {second['TrainingJobName']}` continues it from its last checkpoint"
     )
+
+
+def test_a_run_that_saves_no_periodic_checkpoints_is_no_chain_it_is_refused_with_the_fix(home, fake_bundle, cli):
+    # Each job of a chain would start from nothing: refused as an overrun, naming what would chain.
+    result = cli(
+        "submit", FLAGSHIP, *[a for o in LONG_RUN for a in ("--set", o)], "--set", "checkpoint.every_minutes=0"
+    )
+    assert result.code == 2
+    assert result.err_lines[-1].endswith(
+        "exceeds cluster.max_run 5.0 days, so the job would be stopped before its last step; training.steps: 1518 or "
+        "checkpoint.every_minutes: 60 with resume: auto (then a chain of jobs runs it); nothing was submitted "
+        "(pass --force to submit anyway)"
+    )
+    assert not home.exists()
