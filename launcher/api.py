@@ -217,9 +217,13 @@ def check_memory(resolved: Resolved, *, force: bool, threshold: float = DEFAULT_
     return found
 
 
-def check_run_time(recipe: Recipe, *, time_limited: bool, force: bool) -> RunForecast | None:
-    """The predicted run time and cost; refuses a run that its engine's time limit would cut short."""
-    run = forecast(recipe, time_limit_s=recipe.cluster.max_run if time_limited else None)
+def check_run_time(
+    recipe: Recipe, *, time_limited: bool, force: bool, longest_job_s: int | None = None
+) -> RunForecast | None:
+    """The predicted run time and cost; refuses a run that its engine's time limit would cut short,
+    unless no one job may run it all (`longest_job_s`): then it is planned as a chain of jobs."""
+    limit = recipe.cluster.max_run if time_limited else None
+    run = forecast(recipe, time_limit_s=limit, longest_job_s=longest_job_s if time_limited else None)
     problem = run.overrun() if run else None
     if problem and not force:
         raise WontFit(f"{problem}; nothing was submitted (pass --force to submit anyway)")
@@ -285,11 +289,11 @@ def submit(
         tell(Stage.PLAN, line)
     loaded = resolved.recipe
 
-    memory, run = _check_fit(
-        resolved, time_limited=target.capabilities.time_limit, force=force, threshold=threshold, tell=tell
-    )
+    memory, run = _check_fit(resolved, target, force=force, threshold=threshold, tell=tell)
     spec = target.spec(resolved.concrete, lineage=lineage_of(resume, loaded.name) if resume else None)
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
+    if run is not None and run.jobs > 1:
+        tell(Stage.SPEC, _chain_next(spec, resumed=resume))
 
     rendering = target.render(spec)
     for note in rendering.data.get("notes", ()):
@@ -313,24 +317,39 @@ def submit(
 
 
 def _check_fit(
-    resolved: Resolved, *, time_limited: bool, force: bool, threshold: float, tell: Callable[[Stage, str], None]
+    resolved: Resolved, target, *, force: bool, threshold: float, tell: Callable[[Stage, str], None]
 ) -> tuple[MemoryEstimate, RunForecast | None]:
-    """Submit's checks before anything is built: memory, run time against the limit, checkpoint
-    cost; each says what it found through `tell`. The forecast prices the recipe as given, as
-    the planner does."""
+    """Submit's checks before anything is built: memory, the engine account's quotas, run time
+    against the limit (or the chain of jobs it takes), checkpoint cost; each says what it found
+    through `tell`. The forecast prices the recipe as given, as the planner does."""
     recipe = resolved.recipe
     memory = check_memory(resolved, force=force, threshold=threshold)
     tell(
         Stage.ESTIMATE,
         f"memory: {memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per {recipe.hardware.accelerator_key} ({memory.utilization:.0%})",
     )
-    run = check_run_time(recipe, time_limited=time_limited, force=force)
+    allowance = target.allowance(resolved.concrete)
+    time_limited = target.capabilities.time_limit
+    run = check_run_time(recipe, time_limited=time_limited, force=force, longest_job_s=allowance.longest_run_s)
     if run is not None:
         tell(Stage.ESTIMATE, run.line())
     checkpoints = estimate_recipe_checkpoint(recipe, run.speed.step_time_s if run else None)
     for line in (checkpoints.line(), *checkpoints.warnings) if run else ():
         tell(Stage.ESTIMATE, line)
+    for line in (run.chain_line(),) if run is not None and run.jobs > 1 else ():
+        tell(Stage.ESTIMATE, line)
+    for line in allowance.lines:
+        tell(Stage.ESTIMATE, f"warning: {line}")
     return memory, run
+
+
+def _chain_next(spec: JobSpec, *, resumed: str | None) -> str:
+    """How the next job of a chain continues this one, once it ends at its time limit."""
+    where = f"continues {resumed}'s lineage; " if resumed else ""
+    return (
+        f"chain: {where}when {spec.name} ends at its time limit, the same `launcher submit` with "
+        f"`--resume {spec.name}` continues it from its last checkpoint"
+    )
 
 
 def prepare_data(

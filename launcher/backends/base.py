@@ -99,6 +99,17 @@ class Rendering:
     """Things submit needs that are not printed, such as the bundle bytes."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Allowance:
+    """What the engine lets one job of a recipe have, by its own limits and its account's quotas."""
+
+    longest_run_s: int | None
+    """The longest one job may run; None: as long as cluster.max_run says. A run longer than this
+    goes on in a chain of jobs of one lineage (`submit --resume`)."""
+    lines: tuple[str, ...] = ()
+    """What to tell about the check (e.g. that documented defaults stood in for the account's)."""
+
+
 class Backend(ABC):
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
@@ -185,6 +196,11 @@ class Backend(ABC):
         problems = self.problems(spec)
         if problems:
             raise UsageError("\n".join(problems))
+
+    def allowance(self, recipe: Recipe) -> Allowance:
+        """Refuse a job over the engine account's quotas, before anything is built, uploaded or
+        created; the default: only the engine's own time limit."""
+        return Allowance(longest_run_s=self.capabilities.max_run_s)
 
     # --- the interface -----------------------------------------------------------------------
 

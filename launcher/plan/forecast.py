@@ -9,7 +9,9 @@ steps x step time, and the cost is the run time at the cluster's hourly price (t
 on-demand price, or `cluster.usd_per_hour`). A job whose engine stops it at a time limit
 (SageMaker's MaxRuntimeInSeconds) and whose predicted run time exceeds that limit would be
 killed before its last step: `submit` refuses it unless forced, and says which `max_run` or
-which `training.steps` would fit.
+which `training.steps` would fit. A run longer than one job may run at all (SageMaker: the
+account's quota "Longest run time for a training job") is no overrun: it is planned as a chain of
+`jobs` jobs of one lineage, each a `launcher submit --resume` of the last.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ class RunForecast:
     hardware_text: str
     time_limit_s: int | None
     """Where the engine stops the job (SageMaker's max_run); None where nothing stops it."""
+    longest_job_s: int | None = None
+    """The longest one job may run on the engine (its account's quota); None: no such limit."""
+    resumable: bool = True
+    """Whether a next job would continue this one: it saves periodic checkpoints and resumes."""
 
     @property
     def run_s(self) -> float:
@@ -51,18 +57,41 @@ class RunForecast:
             f"cost about ${self.usd:,.0f} ({self.hardware_text} at ${self.speed.usd_per_hour:,.2f}/h)"
         )
 
+    @property
+    def jobs(self) -> int:
+        """How many jobs the run takes: more than one where no single job may run it all."""
+        chained = (
+            self.resumable
+            and self.time_limit_s is not None
+            and self.longest_job_s is not None
+            and self.run_s > max(self.time_limit_s, self.longest_job_s)
+        )
+        return math.ceil(self.run_s / self.time_limit_s) if chained else 1
+
+    def chain_line(self) -> str | None:
+        """One line when the run is planned as a chain of jobs, None when one job runs it."""
+        if self.jobs == 1:
+            return None
+        return (
+            f"chain: the run takes {self.jobs} jobs of cluster.max_run {duration(self.time_limit_s)}, since one job "
+            f"may run at most {duration(self.longest_job_s)} here; each continues the checkpoints of the one before"
+        )
+
     def overrun(self) -> str | None:
         """One line when the predicted run time exceeds the time limit, with the changes that fit."""
-        if self.time_limit_s is None or self.run_s <= self.time_limit_s:
+        if self.time_limit_s is None or self.run_s <= self.time_limit_s or self.jobs > 1:
             return None
         steps_that_fit = math.floor(self.time_limit_s / self.speed.step_time_s)
         needed_s = self.run_s * TIME_LIMIT_HEADROOM
         limit = f"{math.ceil(needed_s / 86400)}d" if needed_s > 86400 else f"{math.ceil(needed_s / 3600)}h"
         fixes = []
-        if needed_s <= SAGEMAKER_MAX_RUN_S:
+        if needed_s <= (self.longest_job_s or SAGEMAKER_MAX_RUN_S):
             fixes.append(f"set cluster.max_run: {limit}")
         if steps_that_fit > 0:
             fixes.append(f"training.steps: {steps_that_fit}")
+        if not self.resumable and self.longest_job_s is not None and self.run_s > self.longest_job_s:
+            # A chain of jobs would start each one from nothing saved: it needs periodic checkpoints.
+            fixes.append("checkpoint.every_minutes: 60 with resume: auto (then a chain of jobs runs it)")
         fix = " or ".join(fixes) if fixes else "a faster layout (launcher plan) or more instances"
         return (
             f"{self.recipe_name}: the predicted run time {duration(self.run_s)} ({self.steps} steps x "
@@ -78,11 +107,13 @@ class RunForecast:
             "usd": round(self.usd, 2),
             "usd_per_hour": round(self.speed.usd_per_hour, 2),
             "time_limit_s": self.time_limit_s,
+            "jobs": self.jobs,
         }
 
 
-def forecast(recipe: Recipe, *, time_limit_s: int | None) -> RunForecast | None:
+def forecast(recipe: Recipe, *, time_limit_s: int | None, longest_job_s: int | None = None) -> RunForecast | None:
     """The recipe's predicted run time and cost; None where nothing can be predicted (the host CPU)."""
+    checkpoint = recipe.checkpoint
     try:
         speed = predict(Workload.from_recipe(recipe), recipe.hardware)
     except ThroughputUnknown:
@@ -93,4 +124,6 @@ def forecast(recipe: Recipe, *, time_limit_s: int | None) -> RunForecast | None:
         steps=recipe.training.steps,
         hardware_text=f"{recipe.cluster.instance_count} x {recipe.hardware.instance_key}",
         time_limit_s=time_limit_s,
+        longest_job_s=longest_job_s,
+        resumable=bool(checkpoint.every_steps or checkpoint.every_minutes) and checkpoint.resume != "never",
     )

@@ -55,7 +55,7 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
         "S3Uri": f"s3://my-training-bucket/checkpoints/llama70b-128k/{request['TrainingJobName']}",
         "LocalPath": "/opt/ml/checkpoints",
     }
-    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 6 * 86400}
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 4 * 86400}
     assert request["RoleArn"] == PLACEHOLDER_ROLE
     assert request["OutputDataConfig"] == {
         "S3OutputPath": "s3://sagemaker-us-west-2-111122223333/launcher/llama70b-128k",

@@ -164,6 +164,14 @@ QUOTA_MESSAGE = (
             f"CreateTrainingJob llama3-8b-8k-job: SageMaker quota 'ml.p5.48xlarge for training job usage' in {REGION} is too low",
         ),
         (
+            # A limit on run time that quotes no quota name: the hint names the run-time quota,
+            # not the instance quota.
+            "ResourceLimitExceeded",
+            "MaxRuntimeInSeconds 172800 is more than the account's limit on run time for a training job",
+            f"CreateTrainingJob llama3-8b-8k-job: SageMaker quota 'Longest run time for a training job' in {REGION} "
+            "is too low",
+        ),
+        (
             "AccessDeniedException",
             "User: arn:aws:iam::1:user/x is not authorized to perform: sagemaker:CreateTrainingJob",
             "CreateTrainingJob llama3-8b-8k-job: AWS denied access (User: arn:aws:iam::1:user/x is not authorized",

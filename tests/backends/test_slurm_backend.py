@@ -72,7 +72,7 @@ def test_a_cpu_job_asks_for_a_core_per_process_and_a_gpu_job_for_whole_nodes(hom
         "--nodes": "4",
         "--exclusive": "",
         "--gpus-per-node": "8",
-        "--time": "6-00:00:00",
+        "--time": "4-00:00:00",
     }
     assert "--cpus-per-task" not in gpu
 

@@ -41,7 +41,16 @@ FORMAT1_RECORDS = {
             "sagemaker.spot": True,
         },
     ),
-    "k8s": ("llama70b-128k", {"k8s.namespace": "train", "k8s.storage_class": "fsx", "sagemaker.tags": {"team": "ml"}}),
+    # Written when the 70B recipe still said max_run: 6d (now 4d, within SageMaker's default quota).
+    "k8s": (
+        "llama70b-128k",
+        {
+            "k8s.namespace": "train",
+            "k8s.storage_class": "fsx",
+            "sagemaker.tags": {"team": "ml"},
+            "cluster.max_run": "6d",
+        },
+    ),
     "local": ("tiny-cpu", {}),
 }
 # Where $LAUNCHER_HOME was when the local record was written (its paths lie under it); never created.

@@ -19,6 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 FLAGSHIP = REPO / "recipes" / "llama70b-128k.yaml"
 # The flagship as it shipped before the forecast existed: 2000 steps in a 5-day limit.
 TOO_LONG = ["training.steps=2000", "cluster.max_run=5d"]
+# A run one job within SageMaker's 5-day run-time quota could finish, cut short by max_run alone
+# (a run longer than the quota is no overrun: it goes on in a chain of jobs, test_sagemaker_quotas.py).
+CUT_SHORT = ["cluster.max_run=2d"]
 
 
 def test_the_forecast_is_steps_times_the_predicted_step_at_the_clusters_price():
@@ -55,11 +58,11 @@ def test_a_run_longer_than_max_run_says_which_max_run_or_steps_would_fit():
 
 def test_submit_refuses_a_run_that_would_outlast_max_run_and_force_overrides(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
-    with pytest.raises(api.WontFit, match=r"exceeds cluster.max_run 5.0 days.*nothing was submitted \(pass --force"):
-        api.submit(FLAGSHIP, set_options=TOO_LONG, dry_run=True)
+    with pytest.raises(api.WontFit, match=r"exceeds cluster.max_run 2.0 days.*nothing was submitted \(pass --force"):
+        api.submit(FLAGSHIP, set_options=CUT_SHORT, dry_run=True)
     told = []
-    forced = api.submit(FLAGSHIP, set_options=TOO_LONG, dry_run=True, force=True, report=lambda s, m: told.append(m))
-    assert forced.dry_run and any(m.startswith("time: ") and "2000 steps" in m for m in told)
+    forced = api.submit(FLAGSHIP, set_options=CUT_SHORT, dry_run=True, force=True, report=lambda s, m: told.append(m))
+    assert forced.dry_run and any(m.startswith("time: ") and "1000 steps" in m for m in told)
 
 
 def test_the_time_limit_applies_only_where_the_engine_enforces_one(tmp_path, monkeypatch):
@@ -108,7 +111,7 @@ def test_an_expensive_submission_needs_a_yes_and_nothing_is_sent_without_it(tmp_
 
 def test_cli_prints_one_line_and_exits_2_for_a_run_that_would_not_fit(tmp_path):
     env = {"LAUNCHER_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    sets = [arg for s in TOO_LONG for arg in ("--set", s)]
+    sets = [arg for s in CUT_SHORT for arg in ("--set", s)]
     result = subprocess.run(
         [sys.executable, "-m", "launcher", "submit", str(FLAGSHIP), *sets, "--dry-run"],
         capture_output=True, text=True, env=env, cwd=REPO, timeout=120,

@@ -43,16 +43,36 @@ def _session():
 
 
 @cache
-def client(service: str, region: str):
+def client(
+    service: str,
+    region: str,
+    *,
+    attempts: int | None = None,
+    connect_timeout: float | None = None,
+    read_timeout: float | None = None,
+):
+    """A client of `service` in `region`; `attempts` 1 makes botocore retry nothing itself. What
+    is not given follows MAX_ATTEMPTS, CONNECT_TIMEOUT_S and READ_TIMEOUT_S as they are now."""
     from botocore.config import Config
 
     config = Config(
-        retries=retry_config(),
+        retries={**retry_config(), "total_max_attempts": attempts or MAX_ATTEMPTS},
         user_agent_extra="launcher",
-        connect_timeout=CONNECT_TIMEOUT_S,
-        read_timeout=READ_TIMEOUT_S,
+        connect_timeout=connect_timeout or CONNECT_TIMEOUT_S,
+        read_timeout=read_timeout or READ_TIMEOUT_S,
     )
     return _session().client(service, region_name=region, config=config)
+
+
+def credentials_available() -> bool:
+    """Whether boto3 would find credentials now (the environment, a profile, a role). Resolved
+    afresh, not from the process's session, which keeps the first credentials it found."""
+    import botocore.session
+
+    try:
+        return botocore.session.get_session().get_credentials() is not None
+    except Exception:  # a broken profile: no usable credentials, as the calls would find
+        return False
 
 
 def reset_clients() -> None:

@@ -19,10 +19,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from launcher.backends.base import Backend, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.base import Allowance, Backend, JobRef, JobStatus, Rendering, Transition, utc_now
 from launcher.backends.history import MetricsHistory
 from launcher.backends.images import training_image
-from launcher.backends.sagemaker import aws, aws_model
+from launcher.backends.sagemaker import aws, aws_model, quotas
 from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, console_links, log_lines
 from launcher.backends.sagemaker.settings import SageMakerSettings
 from launcher.backends.sagemaker.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
@@ -281,6 +281,21 @@ class SageMakerBackend(Backend):
             )
         return problems
 
+    def allowance(self, recipe) -> Allowance:
+        cloud = self.settings(recipe)
+        needs = quotas.Needs(
+            region=cloud.region,
+            instance_type=recipe.cluster.instance_type,
+            instance_count=recipe.cluster.instance_count,
+            spot=cloud.spot,
+            # A training plan's reserved capacity is the plan's, not the account's instance quota.
+            check_instances=cloud.training_plan_arn is None,
+            max_run_s=recipe.cluster.max_run,
+            recipe_name=recipe.name,
+        )
+        checked = quotas.check(needs)
+        return Allowance(longest_run_s=min(checked.longest_run_s, self.capabilities.max_run_s), lines=checked.lines)
+
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.of(spec)
         locations = Locations.of(spec)
@@ -324,13 +339,15 @@ class SageMakerBackend(Backend):
             if _already_exists(error) and self._is_ours(sm, request):
                 # The create succeeded but its answer was lost (botocore retried it): adopt that job.
                 return JobRef(name=spec.name, backend=self.name, region=region, created=utc_now())
-            r = spec.resources
+            message = str(getattr(error, "response", {}).get("Error", {}).get("Message", ""))
             raise aws.explain(
                 error,
                 action=f"CreateTrainingJob {spec.name}",
                 region=region,
                 job=spec.name,
-                quota_hint=f"{r.instance_type} for {'spot ' if spec.spot else ''}training job usage",
+                quota_hint=quotas.exceeded_quota_name(
+                    message, instance_type=spec.resources.instance_type, spot=spec.spot
+                ),
             ) from None
         return JobRef(name=spec.name, backend=self.name, region=region, created=utc_now())
 
