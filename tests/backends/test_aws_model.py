@@ -79,12 +79,15 @@ def test_every_pattern_of_a_full_request_is_checked():
 # --- the IAM list of docs/sagemaker.md -----------------------------------------------------------
 
 SAGEMAKER_BACKEND = REPO / "launcher" / "backends" / "sagemaker"
-CALLED_SERVICES = ("sagemaker", "s3", "logs", "sts")
+CALLED_SERVICES = ("sagemaker", "s3", "logs", "sts", "service-quotas")
 # The calls whose IAM action is not named after them (the Service Authorization Reference).
 IAM_ACTION = {
     ("s3", "HeadObject"): "s3:GetObject",
     ("s3", "HeadBucket"): "s3:ListBucket",
     ("sts", "GetCallerIdentity"): None,  # needs no permission (STS API reference)
+    # The client is `service-quotas`; IAM's prefix is `servicequotas` (Service Authorization Reference).
+    ("service-quotas", "ListServiceQuotas"): "servicequotas:ListServiceQuotas",
+    ("service-quotas", "ListAWSDefaultServiceQuotas"): "servicequotas:ListAWSDefaultServiceQuotas",
 }
 # boto3's own methods that send an operation of the service (s3transfer's single PUT).
 BOTO3_METHODS = {"upload_fileobj": ("s3", "PutObject")}
@@ -122,7 +125,8 @@ def operations_by_method() -> dict[str, list[tuple[str, str]]]:
 
 def backend_calls() -> set[tuple[str, str]]:
     """(service, operation) of every AWS call in the SageMaker backend's source, read from its AST:
-    each `x.method(...)` whose method is an operation of the services it uses."""
+    each `x.method(...)` whose method is an operation of the services it uses, and each bound
+    method `x.method` handed on to be called elsewhere (quotas.py pages through two listings)."""
     by_method = operations_by_method()
     calls = set()
     for path in sorted(SAGEMAKER_BACKEND.glob("*.py")):
@@ -130,13 +134,13 @@ def backend_calls() -> set[tuple[str, str]]:
         # `re.search(...)` is a module's function, not a client's call.
         modules = {alias.asname or alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            if not isinstance(node, ast.Attribute):
                 continue
-            if isinstance(node.func.value, ast.Name) and node.func.value.id in modules:
+            if isinstance(node.value, ast.Name) and node.value.id in modules:
                 continue
-            if node.func.attr in by_method:
-                candidates = by_method[node.func.attr]
-                assert len(candidates) == 1, f"{path.name}:{node.lineno} {node.func.attr} is ambiguous: {candidates}"
+            if node.attr in by_method:
+                candidates = by_method[node.attr]
+                assert len(candidates) == 1, f"{path.name}:{node.lineno} {node.attr} is ambiguous: {candidates}"
                 calls.add(candidates[0])
     return calls
 

@@ -167,19 +167,19 @@ def _against_defaults(needs: Needs, reason: str) -> QuotaCheck:
 def read(region: str, names: set[str]) -> dict[str, Quota]:
     """The quotas of these names: applied values first, AWS's defaults for the ones not applied."""
     sq = client(region)
-    found = _find(sq, "list_service_quotas", "ListServiceQuotas", names)
+    found = _find(sq, sq.list_service_quotas, "ListServiceQuotas", names)
     missing = names - set(found)
     if missing:
-        found.update(_find(sq, "list_aws_default_service_quotas", "ListAWSDefaultServiceQuotas", missing))
+        found.update(_find(sq, sq.list_aws_default_service_quotas, "ListAWSDefaultServiceQuotas", missing))
     return found
 
 
-def _find(sq, method: str, operation: str, names: set[str]) -> dict[str, Quota]:
+def _find(sq, method, operation: str, names: set[str]) -> dict[str, Quota]:
     """Page through one listing until every name is found or the pages end."""
     found: dict[str, Quota] = {}
     kwargs = {"ServiceCode": SERVICE_CODE, "MaxResults": PAGE_SIZE}
     for _ in range(MAX_PAGES):
-        page = _call(getattr(sq, method), operation, region=sq.meta.region_name, **kwargs)
+        page = _call(method, operation, region=sq.meta.region_name, **kwargs)
         for entry in page.get("Quotas", []):
             quota = _checked(entry)
             if quota is not None and quota.name in names:
