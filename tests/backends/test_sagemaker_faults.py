@@ -222,6 +222,27 @@ def test_an_html_or_xml_error_body_is_one_line_of_its_message(
     assert result.err_lines == [line]
 
 
+CAPTIVE_PORTAL = "<!doctype html><html><title>Sign in to the hotel Wi-Fi</title><p>Accept the terms</p></html>"
+
+
+@pytest.mark.parametrize(
+    "content_type, body",
+    [("text/html", CAPTIVE_PORTAL), ("application/x-amz-json-1.1", json.dumps({"TrainingJobName": "another-job"}))],
+)
+def test_a_200_answer_that_is_not_this_jobs_description_is_one_line(registered, cli, content_type, body):
+    # botocore parses the portal's page into {}: status used to end in a KeyError traceback.
+    aws_clients.reset_clients()
+    hook = answer_with(200, content_type, body)
+    aws_clients.client("sagemaker", REGION).meta.events.register("before-send.sagemaker.DescribeTrainingJob", hook)
+    result = cli("status", NAME)
+    assert result.code == 3
+    assert result.err_lines == [
+        f"DescribeTrainingJob {NAME} in {REGION}: the answer is not a description of this job (no TrainingJobName "
+        f"'{NAME}' with a status of InProgress, Completed, Failed, Stopping, Stopped, Deleting); is a proxy "
+        "answering for SageMaker? Check AWS_ENDPOINT_URL and HTTPS_PROXY"
+    ]
+
+
 def aws_calls() -> list[str]:
     """`service.Operation` of every call the launcher's own clients make from now on."""
     calls: list[str] = []

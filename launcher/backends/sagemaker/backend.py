@@ -30,7 +30,7 @@ from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entr
 from launcher.catalog import instance_types
 from launcher.contract.metrics import METRIC_REGEXES
 from launcher.contract.text import terminal_safe
-from launcher.errors import LauncherError, UsageError
+from launcher.errors import EngineError, LauncherError, UsageError
 from launcher.recipe.region import default_region
 from launcher.recipe.rules import placeholder_role
 from launcher.spec import JobSpec, Placement
@@ -366,12 +366,23 @@ class SageMakerBackend(Backend):
         return JobRef(name=spec.name, backend=self.name, region=settings(spec).region, created=utc_now())
 
     def _describe(self, ref: JobRef) -> dict:
+        client = aws.client("sagemaker", self._region(ref))
         try:
-            return aws.client("sagemaker", self._region(ref)).describe_training_job(TrainingJobName=ref.name)
+            description = client.describe_training_job(TrainingJobName=ref.name)
         except Exception as error:
             raise aws.explain(
                 error, action=f"DescribeTrainingJob {ref.name}", region=self._region(ref), job=ref.name
             ) from None
+        # botocore turns a 200 answer that is not JSON (a proxy's or captive portal's HTML page) into
+        # {}: only the job's own name and a status of the model's enum make it SageMaker's answer.
+        statuses = client.meta.service_model.shape_for("TrainingJobStatus").enum
+        if description.get("TrainingJobName") != ref.name or description.get("TrainingJobStatus") not in statuses:
+            raise EngineError(
+                f"DescribeTrainingJob {ref.name} in {self._region(ref)}: the answer is not a description of "
+                f"this job (no TrainingJobName {ref.name!r} with a status of {', '.join(statuses)}); "
+                "is a proxy answering for SageMaker? Check AWS_ENDPOINT_URL and HTTPS_PROXY"
+            )
+        return description
 
     @staticmethod
     def _region(ref: JobRef) -> str:
