@@ -21,7 +21,7 @@ from launcher.backends import get_backend
 from launcher.errors import UsageError
 
 from .helpers import spec_for
-from .sagemaker_stubs import NAME, stub
+from .sagemaker_stubs import NAME, description, stub
 
 HOSTILE = "x'; touch PWNED_QUOTE; echo \"$(touch PWNED_SUBST)`touch PWNED_TICK`\n---\nkind: Secret\n# ${HOME} \\"
 IMAGE = "repo/img:1$(touch${IFS}PWNED_IMAGE)`touch${IFS}PWNED_IMAGE2`';\"&&"
@@ -169,8 +169,10 @@ def test_a_cloud_error_echoing_escape_sequences_prints_as_one_inert_line(cli):
     message = (
         f"Value '{FORGED}' at 'trainingJobName' failed to satisfy constraint: Member must satisfy regular expression"
     )
-    for _ in range(2):
+    for _ in range(2):  # `stop` asks for the job's state before and after a refused StopTrainingJob
+        sm.add_response("describe_training_job", description("InProgress", "Training"), {"TrainingJobName": NAME})
         sm.add_client_error("stop_training_job", service_error_code="ValidationException", service_message=message)
+        sm.add_response("describe_training_job", description("InProgress", "Training"), {"TrainingJobName": NAME})
     result = cli("stop", NAME)
     assert result.code == 3 and inert(result.err), repr(result.err)
     assert result.err_lines == [
