@@ -32,7 +32,7 @@ from launcher.data.prepare import DEFAULT_SHARD_TOKENS, Prepared, PrepareSetting
 from launcher.display import html
 from launcher.errors import Detached, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
-from launcher.estimate.checkpoint import estimate_recipe_checkpoint
+from launcher.estimate.checkpoint import auto_every_minutes, estimate_recipe_checkpoint
 from launcher.estimate.memory import check_options
 from launcher.jobs import Job, list_jobs, outcome_exit_code
 from launcher.plan import LayoutPlans, Search, SearchOptions, search
@@ -327,8 +327,10 @@ def _check_fit(
     run = check_run_time(recipe, time_limited=time_limited, force=force)
     if run is not None:
         tell(Stage.ESTIMATE, run.line())
-    checkpoints = estimate_recipe_checkpoint(recipe, run.speed.step_time_s if run else None)
-    for line in (checkpoints.line(), *checkpoints.warnings) if run else ():
+    checkpoints = estimate_recipe_checkpoint(resolved.concrete, run.speed.step_time_s if run else None)
+    auto = [auto_every_minutes(recipe).line()] if "checkpoint.every_minutes" in resolved.settled else []
+    stop = [checkpoints.stop_text] if checkpoints.stop_text else []
+    for line in (checkpoints.line(), *auto, *stop, *checkpoints.warnings) if run else ():
         tell(Stage.ESTIMATE, line)
     return memory, run
 

@@ -355,7 +355,7 @@ def test_only_the_resolve_stage_settles_auto(path):
     concrete = resolved.concrete
     assert concrete.unsettled == () and resolve(concrete).concrete is concrete
     assert set(resolved.settled) == set(recipe.unsettled)
-    assert "auto" not in {getattr(concrete.parallel, key.split(".")[1]) for key in SETTLED_AT_RESOLVE}
+    assert "auto" not in {concrete.value_at(key) for key in SETTLED_AT_RESOLVE}
     # A recipe with any one of them left at auto has no job config: only RESOLVE settles it.
     for key in SETTLED_AT_RESOLVE:
         with pytest.raises(UsageError, match=f": {key} still says auto; "):

@@ -422,9 +422,11 @@ class Checkpoint(Section):
     """Where checkpoints go; default /opt/ml/checkpoints on SageMaker, the job directory elsewhere."""
     every_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Save every this many steps (0: only at the end and on SIGTERM)."""
-    every_minutes: float = Field(default=0, ge=0, le=MAX_DURATION_S / 60)
+    every_minutes: Annotated[float, Field(ge=0, le=MAX_DURATION_S / 60)] | Literal["auto"] = 0.0
     """Also save when this many minutes have passed since the last save began (0: off). Bounds the
-    work an interruption can lose whatever the step time; e.g. 30 on spot capacity."""
+    work an interruption can lose whatever the step time; e.g. 30 on spot capacity. auto: the
+    Young/Daly interval from the predicted save time and the cluster's interruption rate
+    (launcher/estimate/checkpoint.py), settled before the job is built."""
     keep: PositiveInt = Field(default=3, le=MAX_CHECKPOINTS_KEPT)
     """Keep the newest this many complete checkpoints."""
     resume: str = "auto"

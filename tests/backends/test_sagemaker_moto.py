@@ -62,7 +62,11 @@ def test_dry_run_prints_request_and_bundle_and_creates_nothing(aws, home, cli):
     result = cli("submit", recipe_path("llama70b-128k"), "--dry-run", "--json")
     assert result.code == 0, result.err
     printed = json.loads(result.out)
-    assert set(printed) == {"request", "bundle", "wheels"}
+    assert set(printed) == {"request", "bundle", "wheels", "notes"}
+    assert printed["notes"] == [
+        f"checkpoints: {printed['request']['CheckpointConfig']['S3Uri']}, synced with /opt/ml/checkpoints on every "
+        "host (CheckpointConfig)"
+    ]
     assert validate("sagemaker", "CreateTrainingJob", printed["request"]) == []
     assert "entrypoints/train.py" in printed["bundle"]["files"] and "resolved.json" in printed["bundle"]["files"]
     assert boto("s3").list_buckets()["Buckets"] == []

@@ -124,6 +124,11 @@ def request_warnings(spec: JobSpec) -> list[str]:
     return []
 
 
+def checkpoint_note(spec: JobSpec, locations: Locations) -> str:
+    """Where the job's checkpoints go, for dry-run and submit to say."""
+    return f"checkpoints: {locations.checkpoints}, synced with {spec.checkpoint_dir} on every host (CheckpointConfig)"
+
+
 def create_training_job_request(
     spec: JobSpec, *, code_uri: str, bundle_sha256: str, locations: Locations, wheels: tuple[Wheel, ...] = ()
 ) -> dict:
@@ -242,7 +247,7 @@ class SageMakerBackend(Backend):
             raise UsageError(
                 "\n".join(f"the CreateTrainingJob request breaks the SageMaker API: {p}" for p in problems)
             )
-        data = {"request": request, "bundle": bundle.describe(code_uri)}
+        data = {"request": request, "bundle": bundle.describe(code_uri), "notes": [checkpoint_note(spec, locations)]}
         if wheels:
             data["wheels"] = {"uri": locations.wheels_uri(wheels), "files": [w.file for w in wheels]}
         if warnings := request_warnings(spec):
