@@ -330,7 +330,8 @@ def _check_fit(
     checkpoints = estimate_recipe_checkpoint(resolved.concrete, run.speed.step_time_s if run else None)
     auto = [auto_every_minutes(recipe).line()] if "checkpoint.every_minutes" in resolved.settled else []
     stop = [checkpoints.stop_text] if checkpoints.stop_text else []
-    for line in (checkpoints.line(), *auto, *stop, *checkpoints.warnings) if run else ():
+    restore = [checkpoints.restore_line()] if checkpoints.restore_line() else []
+    for line in (checkpoints.line(), *auto, *stop, *restore, *checkpoints.warnings) if run else ():
         tell(Stage.ESTIMATE, line)
     return memory, run
 

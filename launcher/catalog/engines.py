@@ -41,6 +41,8 @@ class Capabilities(BaseModel):
     """The job runs on this one machine as it is: one node, `instance_type: local`."""
     uploads_checkpoints: bool = False
     """The engine copies the checkpoint directory to S3 as the job writes it."""
+    restores_whole_checkpoint_prefix: bool = False
+    """At each start the engine copies every checkpoint it holds to every host, not a host's own files."""
     stop_grace_s: PositiveFloat | None = None
     """Seconds between the engine's SIGTERM and its SIGKILL, when it sets them; None: not known."""
     exports_checkpoints: bool = False

@@ -60,6 +60,7 @@ MAX_AUTO_MINUTES = MAX_DURATION_S / 60  # the schema's bound on checkpoint.every
 class CheckpointEstimate:
     size_bytes: int
     instance_count: int
+    kept: int = 1  # complete checkpoints kept (checkpoint.keep)
     write_s: float | None  # per host, to its checkpoint directory; None: bandwidth unknown
     upload_s: float | None  # per host, to S3; None: no upload (not SageMaker) or unknown
     interval_s: float | None  # between checkpoint starts; None: only at the end and on SIGTERM
@@ -67,6 +68,19 @@ class CheckpointEstimate:
     worst_loss_s: float | None  # work an interruption can lose; None: unknown
     warnings: tuple[str, ...]
     stop_text: str | None = None  # what a stop (SIGTERM, then SIGKILL after the grace) loses
+    restore_bytes_per_host: float | None = None  # copied to each host before every start; None: none
+    restore_s: float | None = None  # how long that copy takes; None: bandwidth unknown
+
+    def restore_line(self) -> str | None:
+        """What every start, retry and spot restart copies to each host first, when the engine
+        copies the whole checkpoint prefix (SageMaker's CheckpointConfig)."""
+        if self.restore_bytes_per_host is None:
+            return None
+        took = f", ~{_duration(self.restore_s)}" if self.restore_s is not None else ""
+        return (
+            f"each start, retry or spot restart first copies at least {_gb(self.restore_bytes_per_host)} to every "
+            f"host ({self.kept} x {_gb(self.size_bytes)}: CheckpointConfig restores the whole prefix{took})"
+        )
 
     @property
     def bytes_per_host(self) -> float:
@@ -104,12 +118,15 @@ def estimate_checkpoint(
     step_time_s: float | None,
     uploads_to_s3: bool = True,
     stop_grace_s: float | None = SAGEMAKER_STOP_GRACE_S,
+    keep: int = 1,
+    restores_whole_prefix: bool = False,
 ) -> CheckpointEstimate:
     """Size and timing of one checkpoint of `params` parameters on `instance_count` x `instance`.
 
     `instance` is a catalog InstanceType; `step_time_s` the predicted step time (None when
-    unknown, e.g. on a CPU). `uploads_to_s3` and `stop_grace_s` describe SageMaker; other
-    backends pass False and None.
+    unknown, e.g. on a CPU). `uploads_to_s3`, `stop_grace_s` and `restores_whole_prefix` (every
+    start first copies all `keep` checkpoints to every host) describe SageMaker's CheckpointConfig;
+    other backends pass False, None and False.
     """
     size = checkpoint_bytes(params)
     write_s, upload_s = _save_times(size / instance_count, instance, uploads_to_s3=uploads_to_s3)
@@ -128,7 +145,17 @@ def estimate_checkpoint(
     )
     warnings = _warnings(estimate, every_minutes=every_minutes, step_time_s=step_time_s)
     stop = _stop_text(estimate, step_time_s=step_time_s, stop_grace_s=stop_grace_s)
-    return dataclasses.replace(estimate, warnings=tuple(warnings), stop_text=stop)
+    restore = size * keep if restores_whole_prefix else None
+    # The copy back from S3 is taken at the upload bandwidth: AWS publishes neither.
+    restore_s = None if restore is None else _seconds(restore, instance.checkpoint_upload_gb_per_s)
+    return dataclasses.replace(
+        estimate,
+        kept=keep,
+        warnings=tuple(warnings),
+        stop_text=stop,
+        restore_bytes_per_host=restore,
+        restore_s=restore_s,
+    )
 
 
 def _save_times(per_host_bytes: float, instance, *, uploads_to_s3: bool) -> tuple[float | None, float | None]:
@@ -154,6 +181,8 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
         step_time_s=step_time_s,
         uploads_to_s3=engine.uploads_checkpoints,
         stop_grace_s=engine.stop_grace_s,
+        keep=recipe.checkpoint.keep,
+        restores_whole_prefix=engine.restores_whole_checkpoint_prefix,
     )
 
 

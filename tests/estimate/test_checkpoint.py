@@ -111,6 +111,31 @@ def test_spot_adds_its_reclaim_rate_and_shortens_the_auto_interval():
     assert auto_every_minutes(recipe).minutes == 400
 
 
+@pytest.mark.parametrize(
+    ("name", "restore_bytes", "line"),
+    [
+        # 3 x 846,644,477,952 B, at 2.5 GB/s: 1,016 s.
+        (
+            "llama70b-128k",
+            2_539_933_433_856,
+            "each start, retry or spot restart first copies at least 2540 GB to every host "
+            "(3 x 847 GB: CheckpointConfig restores the whole prefix, ~16.9 min)",
+        ),
+        # 405,853,388,800 parameters x 12 B x keep 2, at 2.5 GB/s: 3,896 s.
+        (
+            "llama405b-128k",
+            9_740_481_331_200,
+            "each start, retry or spot restart first copies at least 9740 GB to every host "
+            "(2 x 4870 GB: CheckpointConfig restores the whole prefix, ~1.1 h)",
+        ),
+    ],
+)
+def test_checkpoint_config_copies_every_kept_checkpoint_to_every_host_at_each_start(name, restore_bytes, line):
+    est = estimate_recipe_checkpoint(Recipe.load(REPO / "recipes" / f"{name}.yaml"), step_time_s=300.0)
+    assert est.restore_bytes_per_host == restore_bytes
+    assert est.restore_line() == line
+
+
 def test_auto_without_a_modelled_save_time_is_hourly():
     recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {"checkpoint.every_minutes": "auto"})
     auto = auto_every_minutes(recipe)
@@ -137,6 +162,7 @@ def test_the_flagship_dry_runs_print_path_bytes_per_host_and_interval_without_a_
     assert per_host in text and interval in text
     assert "checkpoint.every_minutes auto: " in text
     assert sum("a stop or interruption loses at most" in line for line in told) == 1
+    assert sum(line.startswith("each start, retry or spot restart first copies") for line in told) == 1
     assert not any(line.startswith("warning:") or "cannot finish" in line for line in told)
 
 
@@ -174,7 +200,7 @@ def test_off_sagemaker_nothing_is_uploaded_and_there_is_no_stop_grace():
         stop_grace_s=None,
     )
     assert est.upload_s is None and est.durable_s == pytest.approx(52.915, abs=1e-3)
-    assert est.stop_text is None
+    assert est.stop_text is None and est.restore_line() is None
 
 
 def test_the_shipped_70b_recipe():
