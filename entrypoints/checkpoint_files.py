@@ -100,6 +100,11 @@ def is_complete(path: Path) -> bool:
         names = os.listdir(path)
     except OSError:
         return False
+    return has_every_marker(names)
+
+
+def has_every_marker(names) -> bool:
+    """Among file `names` of one step directory, the markers of all hosts of one run."""
     nodes_by_total: dict[int, set[int]] = defaultdict(set)
     for name in names:
         match = MARKER.match(name)
