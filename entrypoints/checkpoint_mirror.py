@@ -139,6 +139,20 @@ class S3Mirror:
         self.downloaded_bytes += total
         return total
 
+    def read_range(self, step: int, relative: str, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset + length) of a file another host owns: DCP reads a replicated
+        tensor (an optimizer's step count) from whichever rank wrote it, maybe on another host."""
+        key = self._key(step, relative)
+        box = []
+        get = lambda: box.append(  # noqa: E731
+            self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}")[
+                "Body"
+            ].read()
+        )
+        self._call("reading", key, get)
+        self.downloaded_bytes += len(box[0])
+        return box[0]
+
     def needed(self, files: dict[str, int]) -> set[str]:
         """The files of one checkpoint this host reads: its own, the shared ones and the markers;
         every file when another number of hosts wrote it (DCP reshards across any ranks)."""
