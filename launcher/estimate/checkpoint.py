@@ -43,9 +43,10 @@ import math
 from dataclasses import dataclass
 
 from launcher.catalog.engines import capabilities
+from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
 from launcher.recipe.schema import MAX_DURATION_S
 
-BYTES_PER_PARAM = 12  # fp32 master weights + fp32 exp_avg + fp32 exp_avg_sq
+BYTES_PER_PARAM = CHECKPOINT_BYTES_PER_PARAM  # fp32 master weights + fp32 exp_avg + fp32 exp_avg_sq
 # SageMaker's SIGTERM-to-SIGKILL time (launcher/catalog/engines.yaml): the final save must be durable within it.
 SAGEMAKER_STOP_GRACE_S = capabilities("sagemaker").stop_grace_s
 # Without every_minutes, warn when an interruption can lose more than this much work.
@@ -77,6 +78,12 @@ class CheckpointEstimate:
         if self.restore_bytes_per_host is None:
             return None
         took = f", ~{_duration(self.restore_s)}" if self.restore_s is not None else ""
+        if self.restore_bytes_per_host < self.size_bytes:  # the host's own share (checkpoint_mirror.py)
+            return (
+                f"each start, retry or spot restart reads back {_gb(self.restore_bytes_per_host)} to each host: its "
+                f"own files of the newest checkpoint{took} (CheckpointConfig would copy {self.kept} x "
+                f"{_gb(self.size_bytes)} to every host)"
+            )
         return (
             f"each start, retry or spot restart first copies at least {_gb(self.restore_bytes_per_host)} to every "
             f"host ({self.kept} x {_gb(self.size_bytes)}: CheckpointConfig restores the whole prefix{took})"
@@ -120,13 +127,15 @@ def estimate_checkpoint(
     stop_grace_s: float | None = SAGEMAKER_STOP_GRACE_S,
     keep: int = 1,
     restores_whole_prefix: bool = False,
+    restores_own_share: bool = False,
 ) -> CheckpointEstimate:
     """Size and timing of one checkpoint of `params` parameters on `instance_count` x `instance`.
 
     `instance` is a catalog InstanceType; `step_time_s` the predicted step time (None when
     unknown, e.g. on a CPU). `uploads_to_s3`, `stop_grace_s` and `restores_whole_prefix` (every
     start first copies all `keep` checkpoints to every host) describe SageMaker's CheckpointConfig;
-    other backends pass False, None and False.
+    other backends pass False, None and False. `restores_own_share`: each host reads back only
+    its own files (entrypoints/checkpoint_mirror.py), where the engine's copy would be too big.
     """
     size = checkpoint_bytes(params)
     write_s, upload_s = _save_times(size / instance_count, instance, uploads_to_s3=uploads_to_s3)
@@ -146,6 +155,8 @@ def estimate_checkpoint(
     warnings = _warnings(estimate, every_minutes=every_minutes, step_time_s=step_time_s)
     stop = _stop_text(estimate, step_time_s=step_time_s, stop_grace_s=stop_grace_s)
     restore = size * keep if restores_whole_prefix else None
+    if restores_own_share:  # each host reads back its own files (entrypoints/checkpoint_mirror.py)
+        restore = size / instance_count
     # The copy back from S3 is taken at the upload bandwidth: AWS publishes neither.
     restore_s = None if restore is None else _seconds(restore, instance.checkpoint_upload_gb_per_s)
     return dataclasses.replace(
@@ -169,6 +180,7 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
     """`estimate_checkpoint` for a recipe's model, cluster and checkpoint settings (an auto
     interval as RESOLVE settles it)."""
     engine = capabilities(recipe.cluster.backend)
+    per_host = engine.per_host_checkpoints(checkpoint_bytes(recipe.arch.num_params()), recipe.checkpoint.keep)
     every_minutes = recipe.checkpoint.every_minutes
     if every_minutes == "auto":
         every_minutes = auto_every_minutes(recipe).minutes
@@ -182,7 +194,8 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
         uploads_to_s3=engine.uploads_checkpoints,
         stop_grace_s=engine.stop_grace_s,
         keep=recipe.checkpoint.keep,
-        restores_whole_prefix=engine.restores_whole_checkpoint_prefix,
+        restores_whole_prefix=engine.restores_whole_checkpoint_prefix and not per_host,
+        restores_own_share=per_host,
     )
 
 

@@ -114,23 +114,31 @@ def test_spot_adds_its_reclaim_rate_and_shortens_the_auto_interval():
 @pytest.mark.parametrize(
     ("name", "restore_bytes", "line"),
     [
-        # 3 x 846,644,477,952 B, at 2.5 GB/s: 1,016 s.
+        # 8B on one p5: 3 x 96,368,037,888 B copied by CheckpointConfig, at 2.5 GB/s: 116 s.
+        (
+            "llama3-8b-8k",
+            3 * 8_030_261_248 * 12,
+            "each start, retry or spot restart first copies at least 289 GB to every host "
+            "(3 x 96 GB: CheckpointConfig restores the whole prefix, ~1.9 min)",
+        ),
+        # 70B: CheckpointConfig would copy 3 x 847 GB = 2,540 GB, past the 500 GB of engines.yaml, so
+        # each host reads back its own quarter, 211,661,119,488 B, at 2.5 GB/s: 85 s.
         (
             "llama70b-128k",
-            2_539_933_433_856,
-            "each start, retry or spot restart first copies at least 2540 GB to every host "
-            "(3 x 847 GB: CheckpointConfig restores the whole prefix, ~16.9 min)",
+            211_661_119_488,
+            "each start, retry or spot restart reads back 212 GB to each host: its own files of the newest "
+            "checkpoint, ~1.4 min (CheckpointConfig would copy 3 x 847 GB to every host)",
         ),
-        # 405,853,388,800 parameters x 12 B x keep 2, at 2.5 GB/s: 3,896 s.
+        # 405B: 405,853,388,800 x 12 B / 16 hosts = 304,390,041,600 B, at 2.5 GB/s: 122 s.
         (
             "llama405b-128k",
-            9_740_481_331_200,
-            "each start, retry or spot restart first copies at least 9740 GB to every host "
-            "(2 x 4870 GB: CheckpointConfig restores the whole prefix, ~1.1 h)",
+            304_390_041_600,
+            "each start, retry or spot restart reads back 304 GB to each host: its own files of the newest "
+            "checkpoint, ~2.0 min (CheckpointConfig would copy 2 x 4870 GB to every host)",
         ),
     ],
 )
-def test_checkpoint_config_copies_every_kept_checkpoint_to_every_host_at_each_start(name, restore_bytes, line):
+def test_each_start_copies_what_the_checkpoint_path_copies_to_each_host(name, restore_bytes, line):
     est = estimate_recipe_checkpoint(Recipe.load(REPO / "recipes" / f"{name}.yaml"), step_time_s=300.0)
     assert est.restore_bytes_per_host == restore_bytes
     assert est.restore_line() == line
@@ -162,7 +170,8 @@ def test_the_flagship_dry_runs_print_path_bytes_per_host_and_interval_without_a_
     assert per_host in text and interval in text
     assert "checkpoint.every_minutes auto: " in text
     assert sum("a stop or interruption loses at most" in line for line in told) == 1
-    assert sum(line.startswith("each start, retry or spot restart first copies") for line in told) == 1
+    assert sum(line.startswith("each start, retry or spot restart reads back") for line in told) == 1
+    assert any(line.startswith("checkpoints: s3://") and "copied there by each host" in line for line in told)
     assert not any(line.startswith("warning:") or "cannot finish" in line for line in told)
 
 

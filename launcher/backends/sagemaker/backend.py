@@ -33,6 +33,7 @@ from launcher.recipe.region import default_region
 from launcher.spec import JobSpec, Placement
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
+CHECKPOINT_PREFIX_ENV = "LAUNCHER_CHECKPOINT_S3"  # what entrypoints/checkpoint_mirror.py reads
 OUTPUT_DIR = "/opt/ml/output/data"
 CHANNELS_DIR = "/opt/ml/input/data"
 CODE_DIR = "/opt/ml/code"
@@ -126,6 +127,11 @@ def request_warnings(spec: JobSpec) -> list[str]:
 
 def checkpoint_note(spec: JobSpec, locations: Locations) -> str:
     """Where the job's checkpoints go, for dry-run and submit to say."""
+    if settings(spec).per_host_checkpoints:
+        return (
+            f"checkpoints: {locations.checkpoints}, written to {spec.checkpoint_dir} and copied there by each host, "
+            "which reads back only its own files (no CheckpointConfig: it would copy every checkpoint to every host)"
+        )
     return f"checkpoints: {locations.checkpoints}, synced with {spec.checkpoint_dir} on every host (CheckpointConfig)"
 
 
@@ -172,7 +178,6 @@ def create_training_job_request(
             "InstanceCount": resources.instance_count,
             "VolumeSizeInGB": cloud.volume_size_gb,
         },
-        "CheckpointConfig": {"S3Uri": locations.checkpoints, "LocalPath": spec.checkpoint_dir},
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run_s},
         "EnableManagedSpotTraining": spec.spot,
         "EnableNetworkIsolation": cloud.networking.isolation,
@@ -180,6 +185,10 @@ def create_training_job_request(
         "Environment": environment,
         "Tags": [{"Key": k, "Value": v} for k, v in (*spec.tags, ("launcher:recipe", spec.recipe_name))],
     }
+    if cloud.per_host_checkpoints:
+        environment[CHECKPOINT_PREFIX_ENV] = locations.checkpoints  # entrypoints/checkpoint_mirror.py
+    else:
+        request["CheckpointConfig"] = {"S3Uri": locations.checkpoints, "LocalPath": spec.checkpoint_dir}
     if spec.spot:
         request["StoppingCondition"]["MaxWaitTimeInSeconds"] = cloud.max_wait_s
     if cloud.kms_key_id:

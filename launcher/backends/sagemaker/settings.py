@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from launcher.catalog.engines import capabilities
+from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
 from launcher.spec import EngineSettings
 
@@ -34,6 +36,9 @@ class SageMakerSettings(EngineSettings):
     """The ML storage volume of each instance (ResourceConfig.VolumeSizeInGB)."""
     training_plan_arn: str | None = None
     """A SageMaker training plan's ARN: the job runs on that plan's reserved capacity."""
+    per_host_checkpoints: bool = False
+    """Each host copies its own checkpoint files to S3 and back (LAUNCHER_CHECKPOINT_S3,
+    entrypoints/checkpoint_mirror.py) instead of CheckpointConfig copying all to every host."""
 
     @classmethod
     def of(cls, recipe: Recipe) -> SageMakerSettings:
@@ -54,6 +59,9 @@ class SageMakerSettings(EngineSettings):
             kms_key_id=sm.kms_key_id,
             volume_size_gb=sm.volume_size_gb,
             training_plan_arn=sm.training_plan_arn,
+            per_host_checkpoints=capabilities("sagemaker").per_host_checkpoints(
+                recipe.arch.num_params() * CHECKPOINT_BYTES_PER_PARAM, recipe.checkpoint.keep
+            ),
             networking=Networking(
                 subnets=tuple(sm.subnets),
                 security_group_ids=tuple(sm.security_group_ids),
