@@ -92,6 +92,8 @@ class S3Mirror:
             self._prune(keep)
         except MirrorFailed as failure:
             self._failure = str(failure)
+        except Exception as error:  # a file gone from under the upload, say: still one line, at wait()
+            self._failure = f"checkpoint: copying {path} to {self.uri} failed: {_one_line(error)}"
 
     def _prune(self, keep: set[int]) -> None:
         for step, files in self.listing().items():
