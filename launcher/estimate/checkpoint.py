@@ -180,7 +180,9 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
     """`estimate_checkpoint` for a recipe's model, cluster and checkpoint settings (an auto
     interval as RESOLVE settles it)."""
     engine = capabilities(recipe.cluster.backend)
-    per_host = engine.per_host_checkpoints(checkpoint_bytes(recipe.arch.num_params()), recipe.checkpoint.keep)
+    per_host = engine.per_host_checkpoints(
+        checkpoint_bytes(recipe.arch.num_params()), recipe.checkpoint.keep, recipe.sagemaker.checkpoint_copy
+    )
     every_minutes = recipe.checkpoint.every_minutes
     if every_minutes == "auto":
         every_minutes = auto_every_minutes(recipe).minutes

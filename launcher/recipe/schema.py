@@ -312,6 +312,11 @@ class SageMaker(Section):
     """s3:// prefix for the job's output; default: the session's default bucket."""
     checkpoint_uri: S3Uri | None = None
     """s3:// prefix that SageMaker syncs with /opt/ml/checkpoints."""
+    checkpoint_copy: Literal["by_size", "checkpoint_config", "per_host"] = "by_size"
+    """How checkpoints reach S3 and come back: checkpoint_config (SageMaker copies every kept
+    checkpoint to every host at each start), per_host (each host copies its own files and reads
+    back only those), or by_size: per_host once CheckpointConfig's copy to each host would pass
+    per_host_checkpoints_above_gb (launcher/catalog/engines.yaml, 500 GB)."""
     spot: bool = False
     """Managed spot training."""
     max_wait: Duration | None = None

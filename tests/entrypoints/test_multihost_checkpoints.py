@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from entrypoints.checkpoint_files import complete_checkpoints, is_complete
+from tests.checkpoint_items import whole_items
 
 REPO = Path(__file__).resolve().parents[2]
 MULTIRUN = REPO / "tests" / "entrypoints" / "multirun.py"
@@ -318,25 +319,8 @@ def test_a_resume_from_s3_reads_each_hosts_own_files_of_the_newest_complete_chec
         # Beyond its own files, a host reads only the byte ranges of the items every rank holds
         # whole (the optimizer's param groups and step counts), which DCP stores once, maybe in
         # the other host's file.
-        replicated = whole_items(mirror_runs["root"] / "new-host0" / "step-00000003", f"__{1 - host}_0.distcp")
+        replicated, _ = whole_items(mirror_runs["root"] / "new-host0" / "step-00000003", f"__{1 - host}_0.distcp")
         assert restored <= int(read[str(host)]) <= restored + replicated, (host, read, own, replicated)
-
-
-def whole_items(checkpoint: Path, file: str) -> int:
-    """Bytes of the items in `file` that are not a shard: bytes objects, and tensors stored whole."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    metadata = FileSystemReader(str(checkpoint)).read_metadata()
-    total = 0
-    for index, info in metadata.storage_data.items():
-        entry = metadata.state_dict_metadata[index.fqn]
-        sharded = isinstance(entry, TensorStorageMetadata) and any(
-            chunk.offsets == index.offset and tuple(chunk.sizes) != tuple(entry.size) for chunk in entry.chunks
-        )
-        if info.relative_path == file and not sharded:
-            total += info.length
-    return total
 
 
 def test_resuming_from_s3_gives_the_losses_of_an_uninterrupted_run(mirror_runs, host_runs):

@@ -60,7 +60,7 @@ class SageMakerSettings(EngineSettings):
             volume_size_gb=sm.volume_size_gb,
             training_plan_arn=sm.training_plan_arn,
             per_host_checkpoints=capabilities("sagemaker").per_host_checkpoints(
-                recipe.arch.num_params() * CHECKPOINT_BYTES_PER_PARAM, recipe.checkpoint.keep
+                recipe.arch.num_params() * CHECKPOINT_BYTES_PER_PARAM, recipe.checkpoint.keep, sm.checkpoint_copy
             ),
             networking=Networking(
                 subnets=tuple(sm.subnets),
