@@ -73,6 +73,7 @@ from entrypoints.checkpoint_files import (
     write_durable,
     write_lease,
 )
+from entrypoints.checkpoint_mirror import MirrorFailed, S3Mirror
 from launcher.contract.config import CheckpointConfig, ConfigError
 
 __all__ = [
@@ -107,6 +108,9 @@ class Checkpointer:
         self.owner = os.environ.get("LAUNCHER_JOB_NAME") or f"{socket.gethostname()}:{os.getppid()}"
         self.leased = self.rank == 0 and os.environ.get("LAUNCHER_CHECKPOINT_LEASE", "1") != "0"
         self._lease_renewed = 0.0
+        # With LAUNCHER_CHECKPOINT_S3 each host copies its own files to S3 and back itself
+        # (checkpoint_mirror.py) instead of SageMaker's CheckpointConfig copying every file.
+        self.mirror = S3Mirror.from_env(rank_hosts)
 
     # --- what goes into a checkpoint -----------------------------------------------------
 
@@ -253,7 +257,13 @@ class Checkpointer:
             # The measured save time: what launcher/catalog/instances.yaml's checkpoint bandwidths model.
             print(f"checkpoint step={step} written_s={self.last_save_s:.3f} dir={path}", flush=True)
         self.complete_steps = sorted({*self.complete_steps, step})
+        if self.mirror is not None and self.rank_hosts.is_node_leader:
+            with self._mirroring(step):
+                self.mirror.wait()  # the previous copy to S3 reads files the pruning may remove
         self._prune()
+        if self.mirror is not None and self.rank_hosts.is_node_leader:
+            with self._mirroring(step):
+                self.mirror.push(path, step, keep=set(self.complete_steps))
 
     def _prune(self) -> None:
         """Every host deletes its own files of checkpoints outside the newest `keep` complete ones."""
@@ -275,9 +285,24 @@ class Checkpointer:
             write_lease(self.directory, self.owner, now)
             self._lease_renewed = now
 
+    @contextmanager
+    def _mirroring(self, step: int):
+        """A failed copy to S3 fails the job in one line; the local checkpoints stay."""
+        try:
+            yield
+        except MirrorFailed as error:
+            raise CheckpointWriteFailed(
+                f"{error}; checkpoint {step_dir_name(step)} is complete in {self.directory} but not in S3, so a "
+                "restart on new instances resumes from the newest one every host finished uploading"
+            ) from None
+
     def close(self) -> None:
-        """Finish a pending save, release the save process group (collective) and the lease."""
+        """Finish a pending save and its copy to S3, release the save process group (collective)
+        and the lease."""
         self.finish_pending()
+        if self.mirror is not None and self.rank_hosts.is_node_leader:
+            with self._mirroring(self.last_saved_step or 0):
+                self.mirror.wait()
         if self._group is not None:
             dist.destroy_process_group(self._group)
             self._group = None
@@ -285,6 +310,11 @@ class Checkpointer:
             release_lease(self.directory, self.owner)
 
     # --- resume ------------------------------------------------------------------------------
+
+    @property
+    def _only_host(self) -> RankHosts | None:
+        """With the S3 mirror a host holds only its own files and the shared ones."""
+        return self.rank_hosts if self.mirror is not None else None
 
     def _resume_plan(self) -> list:
         """Rank 0's decision: [refusal or None, checkpoint paths to try in order, complete steps]."""
@@ -306,7 +336,7 @@ class Checkpointer:
                     [],
                     steps,
                 ]
-            fault = checkpoint_fault(path)
+            fault = checkpoint_fault(path, self._only_host)
             return [f"checkpoint.resume: {path} is damaged: {fault}" if fault else None, [str(path)], steps]
         return self._auto_candidates(complete, steps)
 
@@ -317,7 +347,7 @@ class Checkpointer:
                 print(f"warning: checkpoint {path.name} is incomplete ({missing_markers(path)}); skipped", flush=True)
         candidates = []
         for _, path in reversed(complete):
-            fault = checkpoint_fault(path)
+            fault = checkpoint_fault(path, self._only_host)
             if fault:
                 print(f"warning: checkpoint {path.name} is damaged ({fault}); skipped", flush=True)
             else:
@@ -338,6 +368,8 @@ class Checkpointer:
         reads; a file that differs, or a checkpoint that fails to load, fails on every rank alike
         (DCP's collectives, or `_agree`), and the checkpoint gives way to the previous one with a
         warning naming why."""
+        if self.mirror is not None and self.cfg.resume == "auto":
+            self._restore_from_s3()
         decision = self._resume_plan() if self.rank == 0 else None
         if self.world_size > 1:
             box = [decision]
@@ -348,7 +380,9 @@ class Checkpointer:
             raise ConfigError(refusal)
         for index, chosen in enumerate(candidates):
             try:
-                return self._load(Path(chosen))
+                step = self._load(self._own_copy(Path(chosen)))
+                self._report_downloads()
+                return step
             except (Exception, CheckpointException) as error:  # DCP's is a BaseException
                 damage = _damage(error)
                 if index + 1 == len(candidates):
@@ -367,10 +401,66 @@ class Checkpointer:
                     )
         return 0
 
+    def _restore_from_s3(self) -> None:
+        """Collective: rank 0 picks the newest checkpoint every host finished uploading; each
+        host's first rank downloads what its host reads of it (checkpoint_mirror.py)."""
+        decision = [None, None, {}]  # [failure, step, {file: size}]
+        if self.rank == 0:
+            try:
+                listing = self.mirror.listing()
+                step = self.mirror.newest_complete(listing)
+                decision = [None, step, listing.get(step, {})]
+            except MirrorFailed as error:
+                decision = [str(error), None, {}]
+        if self.world_size > 1:
+            box = [decision]
+            dist.broadcast_object_list(box, src=0)
+            decision = box[0]
+        failure, step, files = decision
+        if failure is None and step is not None and self.rank_hosts.is_node_leader:
+            try:
+                got = self.mirror.restore(self.directory, step, files)
+                print(
+                    f"checkpoint: restored {step_dir_name(step)} from {self.mirror.uri}: {got} bytes to host "
+                    f"{self.rank_hosts.node} of {sum(files.values())} in the checkpoint",
+                    flush=True,
+                )
+            except MirrorFailed as error:
+                failure = str(error)
+        failure = self._agree(failure)
+        if failure:
+            raise ConfigError(f"{failure}; nothing was resumed")
+
+    def _own_copy(self, chosen: Path) -> Path:
+        """Rank 0 names a checkpoint in its own directory; with the S3 mirror each host reads the
+        copy in its own (the same path on SageMaker, where every host has /opt/ml/checkpoints)."""
+        if self.mirror is not None and self.cfg.resume == "auto":
+            return self.directory / chosen.name
+        return chosen
+
+    def _report_downloads(self) -> None:
+        """Collective: rank 0 prints what each host read from S3 to resume (restore and ranges)."""
+        if self.mirror is None:
+            return
+        counts = [self.mirror.downloaded_bytes] * self.world_size
+        if self.world_size > 1:
+            dist.all_gather_object(counts, self.mirror.downloaded_bytes)
+        per_host = [0] * self.rank_hosts.instance_count
+        for rank, count in enumerate(counts):
+            per_host[self.rank_hosts.node_of(rank)] += count
+        if self.rank == 0:
+            read = " ".join(f"host{node}={count}" for node, count in enumerate(per_host))
+            print(f"checkpoint: read from S3 to resume (bytes): {read}", flush=True)
+
     def _load(self, path: Path) -> int:
         recorded = self._verify_small_files(path)
         state = self._state()
-        dcp.load(state, checkpoint_id=str(path), storage_reader=VerifyingReader(path, self.rank_hosts, recorded))
+        read_range = None
+        if self.mirror is not None:
+            step = int(path.name.removeprefix("step-"))
+            read_range = lambda relative, offset, length: self.mirror.read_range(step, relative, offset, length)  # noqa: E731
+        reader = VerifyingReader(path, self.rank_hosts, recorded, read_range=read_range)
+        dcp.load(state, checkpoint_id=str(path), storage_reader=reader)
         self._load_state(state)
         train_state = json.loads((path / "train_state.json").read_text())
         self.data.load_state_dict(train_state["data"])

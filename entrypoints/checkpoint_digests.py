@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,15 +106,44 @@ class DigestingWriter(FileSystemWriter):
         return self.fs.write_error
 
 
+class _Remote:
+    """A file of the checkpoint that is not on this host (entrypoints/checkpoint_mirror.py): DCP
+    reads its items as byte ranges, through `VerifyingReader._slice_file`."""
+
+    def __init__(self, relative: str):
+        self.relative = relative
+
+
+class _RemoteFallbackFileSystem(FileSystem):
+    @contextmanager
+    def create_stream(self, path, mode: str):
+        if "r" in mode and not Path(path).exists():
+            yield _Remote(Path(path).name)
+            return
+        with super().create_stream(path, mode) as stream:
+            yield stream
+
+
 class VerifyingReader(FileSystemReader):
     """DCP's FileSystemReader that verifies, before reading, the files assigned to this rank.
 
     `recorded`: {relative path: (marker, digest)} from the markers this host sees (empty for a
-    checkpoint from before digests: nothing is verified)."""
+    checkpoint from before digests: nothing is verified). `read_range(relative, offset, length)`,
+    where a host has only its own files (checkpoint_mirror.py), reads the items of another host's
+    file from S3; those ranges are not hashed here, since their file is never read whole: its
+    owner verified the file when it was written, and S3 checks each upload's integrity."""
 
-    def __init__(self, path: Path, rank_hosts: RankHosts, recorded: dict[str, tuple[str, str]]):
+    def __init__(self, path: Path, rank_hosts: RankHosts, recorded: dict[str, tuple[str, str]], read_range=None):
         super().__init__(path)
         self.rank_hosts, self.recorded = rank_hosts, recorded
+        self.read_range = read_range
+        if read_range is not None:
+            self.fs = _RemoteFallbackFileSystem()
+
+    def _slice_file(self, file, sinfo):
+        if isinstance(file, _Remote):
+            return io.BytesIO(self.read_range(file.relative, sinfo.offset, sinfo.length))
+        return super()._slice_file(file, sinfo)
 
     def prepare_global_plan(self, plans):
         """Coordinator: give each file a host's ranks read to one of them (the least loaded)."""
@@ -137,6 +167,8 @@ class VerifyingReader(FileSystemReader):
 
     def read_data(self, plan, planner):
         for relative in plan.storage_data or []:
+            if self.read_range is not None and not (Path(self.path) / relative).is_file():
+                continue  # another host's file: read as ranges from S3 (see the class docstring)
             fault = digest_fault(Path(self.path), relative, self.recorded, self.rank_hosts.node)
             if fault:
                 raise CheckpointDamaged(fault)

@@ -100,6 +100,11 @@ def is_complete(path: Path) -> bool:
         names = os.listdir(path)
     except OSError:
         return False
+    return has_every_marker(names)
+
+
+def has_every_marker(names) -> bool:
+    """Among file `names` of one step directory, the markers of all hosts of one run."""
     nodes_by_total: dict[int, set[int]] = defaultdict(set)
     for name in names:
         match = MARKER.match(name)
@@ -235,15 +240,18 @@ def read_markers(path: Path) -> tuple[dict[str, dict], str | None]:
     return records, None
 
 
-def checkpoint_fault(path: Path) -> str | None:
+def checkpoint_fault(path: Path, only_host: RankHosts | None = None) -> str | None:
     """Why a complete checkpoint cannot be trusted (a marker unreadable, a file missing or of
     another size than its host recorded), or None. Reads no file's content: resume verifies the
-    digests of what it loads (`digest_fault`)."""
+    digests of what it loads (`digest_fault`). `only_host`: where a host holds only its own
+    files and the shared ones (checkpoint_mirror.py), only those are looked for."""
     records, fault = read_markers(path)
     if fault:
         return fault
     for name, recorded in records.items():
         for relative, size in recorded.get("files", {}).items():
+            if only_host is not None and only_host.owner(relative) != only_host.node:
+                continue
             file = path / relative
             if not file.is_file():
                 return f"{relative} is missing"

@@ -32,7 +32,7 @@ from launcher.data.prepare import DEFAULT_SHARD_TOKENS, Prepared, PrepareSetting
 from launcher.display import html
 from launcher.errors import Detached, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
-from launcher.estimate.checkpoint import estimate_recipe_checkpoint
+from launcher.estimate.checkpoint import auto_every_minutes, estimate_recipe_checkpoint
 from launcher.estimate.memory import check_options
 from launcher.jobs import Job, list_jobs, outcome_exit_code
 from launcher.plan import LayoutPlans, Search, SearchOptions, search
@@ -333,8 +333,11 @@ def _check_fit(
     run = check_run_time(recipe, time_limited=time_limited, force=force, longest_job_s=allowance.longest_run_s)
     if run is not None:
         tell(Stage.ESTIMATE, run.line())
-    checkpoints = estimate_recipe_checkpoint(recipe, run.speed.step_time_s if run else None)
-    for line in (checkpoints.line(), *checkpoints.warnings) if run else ():
+    checkpoints = estimate_recipe_checkpoint(resolved.concrete, run.speed.step_time_s if run else None)
+    auto = [auto_every_minutes(recipe).line()] if "checkpoint.every_minutes" in resolved.settled else []
+    stop = [checkpoints.stop_text] if checkpoints.stop_text else []
+    restore = [checkpoints.restore_line()] if checkpoints.restore_line() else []
+    for line in (checkpoints.line(), *auto, *stop, *restore, *checkpoints.warnings) if run else ():
         tell(Stage.ESTIMATE, line)
     for line in (run.chain_line(),) if run is not None and run.jobs > 1 else ():
         tell(Stage.ESTIMATE, line)

@@ -1,12 +1,14 @@
 """RESOLVE: every `auto` of a recipe settled once, before anything is built from it.
 
-A recipe may leave three choices to the launcher (`SETTLED_AT_RESOLVE`):
+A recipe may leave four choices to the launcher (`SETTLED_AT_RESOLVE`):
 - parallel.data_shard: the GPUs the other degrees leave (the recipe's layout, filled in when the
   recipe was validated);
 - parallel.cp_attention: the context-parallel attention path the contract's rule picks for that
   layout (`launcher.contract.layout.cp_attention_for`);
 - parallel.grad_accumulation: the mode the job runs; for auto, the estimator's pick, the fastest
-  mode whose memory estimate fits under the threshold (`choose_grad_accumulation`).
+  mode whose memory estimate fits under the threshold (`choose_grad_accumulation`);
+- checkpoint.every_minutes: the Young/Daly interval from the predicted save time and the
+  cluster's interruption rate (`launcher.estimate.checkpoint.auto_every_minutes`).
 With `auto_plan` the planner first switches the recipe to its best layout (`launcher.plan.apply`).
 
 The concrete recipe says auto nowhere: its `resolved()` is the contract's `JobConfig`, and what
@@ -23,6 +25,7 @@ from typing import Any
 
 from launcher.contract.layout import cp_attention_for
 from launcher.estimate import DEFAULT_THRESHOLD, Workload, choose_grad_accumulation
+from launcher.estimate.checkpoint import auto_every_minutes
 from launcher.plan.apply import AutoPlan
 from launcher.plan.apply import auto_plan as best_layout
 from launcher.recipe import Recipe
@@ -60,6 +63,7 @@ def settle(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD) -> dict[str,
         "parallel.data_shard": lambda: recipe.layout.data_shard,
         "parallel.cp_attention": lambda: cp_attention_for(recipe.parallel.cp_attention, recipe.arch, recipe.layout),
         "parallel.grad_accumulation": lambda: grad_accumulation(recipe, threshold=threshold),
+        "checkpoint.every_minutes": lambda: auto_every_minutes(recipe).minutes,
     }
     return {key: choices[key]() for key in recipe.unsettled}
 

@@ -54,17 +54,19 @@ def test_dry_run_stops_after_render_and_creates_nothing(aws, home, fake_bundle):
     report = lambda stage, message: (stages.append(stage), told.append(message))  # noqa: E731
     result = api.submit(recipe_path("llama70b-128k"), dry_run=True, set_options=[MY_ROLE], report=report)
     assert result.dry_run and result.job is None
-    # Memory, then run time and cost, then the checkpoint's size and save time, all before the spec.
-    assert list(dict.fromkeys(stages)) == [api.Stage.ESTIMATE, api.Stage.SPEC]
+    # Memory, then run time and cost, then the checkpoint's size and save time, all before the spec;
+    # the rendering then says where the checkpoints go.
+    assert list(dict.fromkeys(stages)) == [api.Stage.ESTIMATE, api.Stage.SPEC, api.Stage.RENDER]
     assert [m.split(" ")[0] for m in told[:3]] == ["memory:", "time:", "checkpoint"]
-    assert set(result.rendering.data) == {"request", "bundle", "wheels"}  # wheels: FP8 needs torchao
+    assert told[-1].startswith("checkpoints: s3://")
+    assert set(result.rendering.data) == {"request", "bundle", "wheels", "notes"}  # wheels: FP8 needs torchao
     assert nothing_created(home)
 
 
 def test_submit_runs_every_stage_in_order(aws, home, fake_bundle):
     stages = []
     api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE], report=lambda stage, _: stages.append(stage))
-    assert list(dict.fromkeys(stages)) == [api.Stage.ESTIMATE, api.Stage.SPEC, api.Stage.SUBMIT]
+    assert list(dict.fromkeys(stages)) == [api.Stage.ESTIMATE, api.Stage.SPEC, api.Stage.RENDER, api.Stage.SUBMIT]
 
 
 def test_the_job_runs_the_accumulation_mode_whose_memory_submit_checked(home, fake_bundle):

@@ -106,6 +106,21 @@ class Accelerator(BaseModel):
         return self.peak_fp8_tflops is not None
 
 
+class Interruptions(BaseModel):
+    """How often one host ends a job, per day: what `checkpoint.every_minutes: auto` weighs."""
+
+    model_config = _FROZEN
+    failures_per_host_day: float = Field(gt=0)
+    """Unexpected interruptions (hardware, network, software) per host and day."""
+    failures_source: str
+    spot_interruptions_per_host_day: float = Field(ge=0)
+    """With managed spot, reclaims per host and day, on top of the failures."""
+    spot_source: str
+
+    def per_host_day(self, *, spot: bool) -> float:
+        return self.failures_per_host_day + (self.spot_interruptions_per_host_day if spot else 0.0)
+
+
 class InstanceType(BaseModel):
     model_config = _FROZEN
     accelerator: str | None
@@ -124,6 +139,8 @@ class InstanceType(BaseModel):
     checkpoint_upload_gb_per_s: float | None = None
     """GB/s one host's checkpoint directory is uploaded to S3 (SageMaker's checkpoint sync)."""
     checkpoint_bandwidth_source: str = ""
+    interruptions: Interruptions | None = None
+    """Per-host interruption rates; None where none is published (CPU types, this machine)."""
 
     @property
     def has_efa(self) -> bool:

@@ -41,6 +41,20 @@ class Capabilities(BaseModel):
     """The job runs on this one machine as it is: one node, `instance_type: local`."""
     uploads_checkpoints: bool = False
     """The engine copies the checkpoint directory to S3 as the job writes it."""
+    restores_whole_checkpoint_prefix: bool = False
+    """At each start the engine copies every checkpoint it holds to every host, not a host's own files."""
+    per_host_checkpoints_above_gb: PositiveFloat | None = None
+    """Past this copy per host at each start, each host copies its own files instead; None: never."""
+
+    def per_host_checkpoints(self, checkpoint_bytes: int, keep: int, choice: str = "by_size") -> bool:
+        """Whether a job whose checkpoints are this big copies each host's own files to S3 and
+        back itself, rather than the engine copying all `keep` of them to every host. `choice`
+        is the recipe's sagemaker.checkpoint_copy."""
+        limit = self.per_host_checkpoints_above_gb
+        if not self.restores_whole_checkpoint_prefix or choice == "checkpoint_config":
+            return False
+        return choice == "per_host" or (limit is not None and checkpoint_bytes * keep > limit * 1e9)
+
     stop_grace_s: PositiveFloat | None = None
     """Seconds between the engine's SIGTERM and its SIGKILL, when it sets them; None: not known."""
     runs_as_role: bool = False

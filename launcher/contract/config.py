@@ -170,6 +170,11 @@ class DataConfig:
             )
 
 
+CHECKPOINT_BYTES_PER_PARAM = 12
+"""What a checkpoint holds per parameter (entrypoints/checkpoint.py): fp32 master weights, and
+AdamW's fp32 exp_avg and exp_avg_sq."""
+
+
 @_config
 class CheckpointConfig:
     dir: str | None = None

@@ -23,7 +23,12 @@ from launcher.recipe.messages import problems_from_validation
 from launcher.recipe.references import fill_from_manifest, init_from_problems, resolve_model
 from launcher.recipe.schema import DATA_PREPARE_KEYS, RecipeSpec
 
-SETTLED_AT_RESOLVE = ("parallel.data_shard", "parallel.cp_attention", "parallel.grad_accumulation")
+SETTLED_AT_RESOLVE = (
+    "parallel.data_shard",
+    "parallel.cp_attention",
+    "parallel.grad_accumulation",
+    "checkpoint.every_minutes",
+)
 """The recipe keys whose `auto` the launcher settles before a job exists (launcher/resolve.py).
 The other autos of the schema are run-time choices: data.format (how `launcher data prepare`
 reads each raw file) and checkpoint.resume (the newest checkpoint found when the job starts)."""
@@ -196,7 +201,12 @@ class Recipe(RecipeSpec):
     @property
     def unsettled(self) -> tuple[str, ...]:
         """The keys of SETTLED_AT_RESOLVE that still say auto: () for a concrete recipe."""
-        return tuple(key for key in SETTLED_AT_RESOLVE if getattr(self.parallel, key.split(".")[1]) == "auto")
+        return tuple(key for key in SETTLED_AT_RESOLVE if self.value_at(key) == "auto")
+
+    def value_at(self, key: str) -> Any:
+        """The value of a dotted recipe key, e.g. value_at("checkpoint.every_minutes")."""
+        section, field = key.split(".")
+        return getattr(getattr(self, section), field)
 
     @property
     def tokens_per_step(self) -> int:

@@ -312,6 +312,11 @@ class SageMaker(Section):
     """s3:// prefix for the job's output; default: the session's default bucket."""
     checkpoint_uri: S3Uri | None = None
     """s3:// prefix that SageMaker syncs with /opt/ml/checkpoints."""
+    checkpoint_copy: Literal["by_size", "checkpoint_config", "per_host"] = "by_size"
+    """How checkpoints reach S3 and come back: checkpoint_config (SageMaker copies every kept
+    checkpoint to every host at each start), per_host (each host copies its own files and reads
+    back only those), or by_size: per_host once CheckpointConfig's copy to each host would pass
+    per_host_checkpoints_above_gb (launcher/catalog/engines.yaml, 500 GB)."""
     spot: bool = False
     """Managed spot training."""
     max_wait: Duration | None = None
@@ -427,9 +432,11 @@ class Checkpoint(Section):
     """Where checkpoints go; default /opt/ml/checkpoints on SageMaker, the job directory elsewhere."""
     every_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Save every this many steps (0: only at the end and on SIGTERM)."""
-    every_minutes: float = Field(default=0, ge=0, le=MAX_DURATION_S / 60)
+    every_minutes: Annotated[float, Field(ge=0, le=MAX_DURATION_S / 60)] | Literal["auto"] = 0.0
     """Also save when this many minutes have passed since the last save began (0: off). Bounds the
-    work an interruption can lose whatever the step time; e.g. 30 on spot capacity."""
+    work an interruption can lose whatever the step time; e.g. 30 on spot capacity. auto: the
+    Young/Daly interval from the predicted save time and the cluster's interruption rate
+    (launcher/estimate/checkpoint.py), settled before the job is built."""
     keep: PositiveInt = Field(default=3, le=MAX_CHECKPOINTS_KEPT)
     """Keep the newest this many complete checkpoints."""
     resume: str = "auto"

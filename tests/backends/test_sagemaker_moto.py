@@ -41,7 +41,7 @@ def test_submit_uploads_the_bundle_and_creates_the_job(aws, home, fake_bundle):
     job = boto("sagemaker").describe_training_job(TrainingJobName=name)
     assert job["ResourceConfig"]["InstanceType"] == "ml.p5e.48xlarge"
     assert job["ResourceConfig"]["InstanceCount"] == 4
-    assert job["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
+    assert "CheckpointConfig" not in job  # 3 x 847 GB to every host at each start: each host copies its own
     assert job["RoleArn"] == result.spec.engine.role_arn
     record = json.loads((home / "jobs" / name / "job.json").read_text())
     assert record["backend"] == "sagemaker" and record["region"] == REGION
@@ -62,11 +62,16 @@ def test_dry_run_prints_request_and_bundle_and_creates_nothing(aws, home, cli):
     result = cli("submit", recipe_path("llama70b-128k"), "--dry-run", "--json")
     assert result.code == 0, result.err
     printed = json.loads(result.out)
-    assert set(printed) == {"request", "bundle", "wheels", "warnings"}
+    assert set(printed) == {"request", "bundle", "wheels", "warnings", "notes"}
     # The recipe's role is still the documentation's: dry-run prints the request, and says so.
     assert printed["warnings"] == [
         "sagemaker.role_arn: 111122223333 is an example account of AWS's documentation, not yours; set your "
         "execution role, e.g. --set sagemaker.role_arn=arn:aws:iam::<your account>:role/<name>; submit refuses it"
+    ]
+    prefix = printed["request"]["Environment"]["LAUNCHER_CHECKPOINT_S3"]
+    assert printed["notes"] == [
+        f"checkpoints: {prefix}, written to /opt/ml/checkpoints and copied there by each host, which reads back "
+        "only its own files (no CheckpointConfig: it would copy every checkpoint to every host)"
     ]
     assert validate("sagemaker", "CreateTrainingJob", printed["request"]) == []
     assert "entrypoints/train.py" in printed["bundle"]["files"] and "resolved.json" in printed["bundle"]["files"]

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 SUBNET = "10.213.7"
 PREFIX_LEN = 24
+BRIDGE_ADDRESS = f"{SUBNET}.1"
+"""The bridge's own address, in its namespace: where a service the test runs for the hosts
+listens (s3endpoint.py), as a VPC endpoint would serve SageMaker's hosts."""
 _NAME = re.compile(r"^smsim-(\d+)-[0-9a-f]+-(?:sw|h\d+)$")
 
 
@@ -87,6 +90,7 @@ class HostNetwork:
     def _build(self) -> None:
         self._add_namespace(self.switch)
         ip("link", "add", "br0", "type", "bridge", namespace=self.switch)
+        ip("addr", "add", f"{BRIDGE_ADDRESS}/{PREFIX_LEN}", "dev", "br0", namespace=self.switch)
         ip("link", "set", "br0", "up", namespace=self.switch)
         for k, host in enumerate(self.hosts, start=1):
             self._add_namespace(host.namespace)

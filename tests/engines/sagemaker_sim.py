@@ -44,7 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .netns import HostNetwork, NetHost, sweep_stale
+from .netns import BRIDGE_ADDRESS, HostNetwork, NetHost, sweep_stale
+from .s3endpoint import S3Endpoint
 from .s3sync import CheckpointSync, download_channel
 
 OPT_ML = "/opt/ml"
@@ -302,6 +303,7 @@ class Attempt:
         self.network = HostNetwork(self.hostnames, interface=NETWORK_INTERFACE)
         self.hosts: list[Host] = []
         self.outcome: Outcome | None = None
+        self.s3_endpoint: S3Endpoint | None = None
 
     def __enter__(self) -> Attempt:
         return self
@@ -367,6 +369,8 @@ class Attempt:
         if ip is None or unshare is None:
             raise RuntimeError("the simulation needs `ip` (iproute2) and `unshare` (util-linux)")
         env = self.request.environment(image=self.sim.image)
+        if "LAUNCHER_CHECKPOINT_S3" in env:
+            env.update(self._s3_access())
         for host in self.hosts:
             stdout, stderr = (open(host.root / name, "wb") for name in ("stdout.log", "stderr.log"))  # noqa: SIM115
             host._files = [stdout, stderr]
@@ -378,6 +382,17 @@ class Attempt:
             host.process = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
             if host.sync is not None:
                 host.sync.start()
+
+    def _s3_access(self) -> dict[str, str]:
+        """A job that reads and writes S3 itself (per-host checkpoints): moto through the bridge,
+        and credentials as the instance role's would be (this test's fake ones)."""
+        self.s3_endpoint = S3Endpoint(self.network.switch, BRIDGE_ADDRESS, self.sim.s3.meta.endpoint_url)
+        names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+        return {"AWS_ENDPOINT_URL": self.s3_endpoint.url, **{name: os.environ[name] for name in names}}
+
+    def s3_bytes_to(self, name: str) -> int:
+        """What S3 sent host `name` during this attempt (its downloads), measured at the bridge."""
+        return self.s3_endpoint.bytes_to(self.host(name).net.address) if self.s3_endpoint else 0
 
     # --- running -----------------------------------------------------------------------------
 
@@ -466,4 +481,6 @@ class Attempt:
                 if host.sync is not None:
                     host.sync.abandon()
         finally:
+            if self.s3_endpoint is not None:
+                self.s3_endpoint.close()
             self.network.close()

@@ -361,3 +361,83 @@ def test_a_bundle_replaced_in_s3_after_submit_is_refused_before_anything_of_it_r
     )
     assert 2 in [h.exit_code for h in outcome.hosts]
     assert not [h.name for h in outcome.hosts if "FORGED BUNDLE RAN" in h.stdout + h.stderr]
+
+
+# --- per-host checkpoints: no CheckpointConfig, each host copies its own files -----------------
+
+# What moto sends a host beyond the payload: HTTP headers (about 450 bytes a response; at most
+# this much per request) and the prefix's listing, once.
+HEADER_BYTES_PER_REQUEST = 1024
+LISTING_BYTES = 64 * 1024
+_READ_TO_RESUME = re.compile(r"checkpoint: read from S3 to resume \(bytes\): (.*)")
+
+
+def per_step_objects(s3, prefix_uri: str) -> dict[int, dict[str, int]]:
+    bucket, prefix = split_uri(prefix_uri.rstrip("/") + "/")
+    found: dict[int, dict[str, int]] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            step_dir, _, relative = item["Key"].removeprefix(prefix).partition("/")
+            found.setdefault(int(step_dir.removeprefix("step-")), {})[relative] = item["Size"]
+    return found
+
+
+def test_per_host_checkpoints_survive_a_spot_stop_and_each_host_downloads_only_its_own_share(
+    submit, sim, s3, train_data, reference, tmp_path
+):
+    """sagemaker.checkpoint_copy: per_host (what the flagships get by size): a spot stop after
+    step 5, then new hosts resume. Moto is reached through the hosts' bridge, and every byte it
+    sends each host is counted there."""
+    from tests.checkpoint_items import whole_items
+
+    want = reference()
+    request = submit(
+        f"data.source={train_data}",
+        "sagemaker.checkpoint_copy=per_host",
+        "sagemaker.spot=true",
+        "sagemaker.max_wait=2d",
+    )
+    assert "CheckpointConfig" not in request
+    prefix = request["Environment"]["LAUNCHER_CHECKPOINT_S3"]
+    with sim.start(request) as first:
+        wait_for_step(first, 5)
+        interrupted = first.stop()
+    stopped_at = first_match(_INTERRUPTED, interrupted)
+    assert not any(h.exit_code == 137 for h in interrupted.hosts), interrupted.report()
+    stored = per_step_objects(s3, prefix)
+    assert sorted(stored)[-1] == stopped_at and len(stored) == 2, sorted(stored)  # checkpoint.keep: 2, in S3
+
+    with sim.start(request) as second:
+        # What moto has sent each host once every rank has loaded (before the next save's traffic).
+        second.wait_for(
+            lambda a: _READ_TO_RESUME.search(a.hosts[0].stdout()), timeout_s=STARTUP_LIMIT_S, what="the resume"
+        )
+        sent = {name: second.s3_bytes_to(name) for name in ("algo-1", "algo-2")}
+        outcome = wait_to_the_end(second)
+    assert outcome.status == "Completed", outcome.report()
+    assert first_match(_RESUMED, outcome) == stopped_at
+    assert_same_losses(outcome_losses(outcome), want, range(stopped_at + 1, STEPS + 1))
+
+    files = stored[stopped_at]
+    bucket, key = split_uri(f"{prefix}/step-{stopped_at:08d}/.metadata")
+    (tmp_path / "meta").mkdir()
+    s3.download_file(bucket, key, str(tmp_path / "meta" / ".metadata"))
+    shared = sum(
+        size for name, size in files.items() if name in (".metadata", "train_state.json") or "COMPLETE" in name
+    )
+    printed = dict(re.findall(r"host(\d)=(\d+)", _READ_TO_RESUME.search(outcome.hosts[0].stdout).group(1)))
+    for node, name in enumerate(("algo-1", "algo-2")):
+        ranks = (2 * node, 2 * node + 1)
+        own = sum(
+            size for f, size in files.items() if any(f in (f"__{r}_0.distcp", f"rng/rank-{r:05d}.pt") for r in ranks)
+        )
+        others = [f"__{r}_0.distcp" for r in range(4) if r not in ranks]
+        # Each of the host's 2 ranks reads the items every rank holds whole from where DCP stored
+        # them, one ranged GET each; the host's first rank downloads its files with one GET each.
+        items = [whole_items(tmp_path / "meta", other) for other in others]
+        replicated, reads = sum(b for b, _ in items), 2 * sum(c for _, c in items) + len(files)
+        # The job's own count (payload) is what the bridge measured, less headers and the listing.
+        headers = reads * HEADER_BYTES_PER_REQUEST + LISTING_BYTES
+        assert int(printed[str(node)]) <= sent[name] <= int(printed[str(node)]) + headers, (name, sent, reads)
+        assert own + shared <= int(printed[str(node)]) <= own + shared + 2 * replicated, (name, printed, own, shared)
+        assert sent[name] < sum(files.values())  # never the whole checkpoint, let alone every kept one

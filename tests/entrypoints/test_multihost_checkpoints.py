@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import socket
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from entrypoints.checkpoint_files import complete_checkpoints, is_complete
+from tests.checkpoint_items import whole_items
 
 REPO = Path(__file__).resolve().parents[2]
 MULTIRUN = REPO / "tests" / "entrypoints" / "multirun.py"
@@ -59,10 +61,11 @@ def write_config(root: Path, name: str, host: int, checkpoint_dir: Path, **overr
     return {"kind": "train", "config": str(path), "result": str(root / name / "result.json")}
 
 
-def launch_hosts(root: Path, plans: list[list[dict]], name: str, background) -> str:
-    """torchrun once per host (node rank 0 and 1), each with its own plan; returns host 0's stdout."""
+def launch_hosts(root: Path, plans: list[list[dict]], name: str, popen, env: dict[str, str] | None = None) -> str:
+    """torchrun once per host (node rank 0 and 1), each with its own plan (and `env` added to the
+    environment), started by `popen` (`Background.popen`, or `foreground_popen`); returns host 0's stdout."""
     port = _free_port()
-    env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
     torchrun = Path(sys.executable).parent / "torchrun"
     procs = []
     for host, plan in enumerate(plans):
@@ -79,7 +82,7 @@ def launch_hosts(root: Path, plans: list[list[dict]], name: str, background) -> 
             str(plan_path),
         ]
         log = (root / f"log-{name}-host{host}.txt").open("w")
-        procs.append((background.popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append((popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     codes = []
     for proc, log in procs:
         try:
@@ -91,6 +94,11 @@ def launch_hosts(root: Path, plans: list[list[dict]], name: str, background) -> 
     if any(codes):
         pytest.fail(f"{name}: exit codes {codes}\n" + "\n".join(text[-4000:] for text in logs))
     return logs[0]
+
+
+def foreground_popen(argv: list[str], *, cwd: Path, env: dict[str, str], **options) -> subprocess.Popen:
+    """`subprocess.Popen` with this process's environment plus `env`, for a test's own launch."""
+    return subprocess.Popen(argv, cwd=cwd, env={**os.environ, **env}, **options)
 
 
 def _free_port() -> int:
@@ -161,13 +169,13 @@ def host_runs_work(items, tmp_path_factory, background) -> dict:
     ]
 
     def run() -> Path:
-        (root / "stdout-hosts.txt").write_text(launch_hosts(root, per_host, "own-dirs", background))
+        (root / "stdout-hosts.txt").write_text(launch_hosts(root, per_host, "own-dirs", background.popen))
         merge([root / f"split-host{h}" for h in range(HOSTS)], merged)
         shutil.copytree(merged, torn)
         (torn / "step-00000004" / "COMPLETE.node-1-of-2").unlink()
         shutil.copytree(merged, damaged)
         overwrite_1kib_inside(damaged / "step-00000004" / "__1_0.distcp")
-        (root / "stdout-shared.txt").write_text(launch_hosts(root, shared, "shared-dir", background))
+        (root / "stdout-shared.txt").write_text(launch_hosts(root, shared, "shared-dir", background.popen))
         return root
 
     return {HOST_RUNS: run}
@@ -259,3 +267,84 @@ def test_every_minutes_saves_without_every_steps(host_runs):
     stdout = (host_runs / "stdout-hosts.txt").read_text()
     for step in (1, 2, 3):
         assert f"checkpoint step={step} written_s=" in stdout
+
+
+# --- each host's own files in S3 (entrypoints/checkpoint_mirror.py), not CheckpointConfig -------
+
+MIRROR_BUCKET = "mirror-ckpt"
+MIRROR_URI = f"s3://{MIRROR_BUCKET}/tiny-cpu/lineage-1"
+
+
+@pytest.fixture(scope="module")
+def mirror_runs(host_runs, moto_server) -> dict:
+    """Launch 1: each host with its own empty directory, saving every step of 4 (keep 2) through
+    LAUNCHER_CHECKPOINT_S3 at moto. The test then tears step 4 in S3 (host 1's marker gone, as
+    when host 1 dies mid-upload). Launch 2: new hosts, empty directories, resume to step 6."""
+    import boto3
+
+    root = host_runs / "mirror"
+    env = {
+        "AWS_ENDPOINT_URL": moto_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "LAUNCHER_CHECKPOINT_S3": MIRROR_URI,
+    }
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")  # fmt: skip
+    s3.create_bucket(Bucket=MIRROR_BUCKET)
+    split = {"training.steps": 4, "checkpoint.every_steps": 1}
+    plans = [[write_config(root, "split", h, root / f"split-host{h}", **split)] for h in range(HOSTS)]
+    launch_hosts(root, plans, "mirror-split", foreground_popen, env=env)
+    pushed = s3_listing(s3)
+    s3.delete_object(Bucket=MIRROR_BUCKET, Key="tiny-cpu/lineage-1/step-00000004/COMPLETE.node-1-of-2")
+    plans = [[write_config(root, "resumed", h, root / f"new-host{h}", **{"training.steps": 6})] for h in range(HOSTS)]
+    stdout = launch_hosts(root, plans, "mirror-resumed", foreground_popen, env=env)
+    return {"root": root, "pushed": pushed, "stdout": stdout, "after": s3_listing(s3)}
+
+
+def s3_listing(s3) -> dict[str, dict[str, int]]:
+    """{step directory: {file: size}} under MIRROR_URI."""
+    found: dict[str, dict[str, int]] = {}
+    for item in s3.list_objects_v2(Bucket=MIRROR_BUCKET, Prefix="tiny-cpu/lineage-1/").get("Contents", []):
+        step, _, relative = item["Key"].removeprefix("tiny-cpu/lineage-1/").partition("/")
+        found.setdefault(step, {})[relative] = item["Size"]
+    return found
+
+
+def test_each_host_copies_its_own_files_to_s3_and_keep_is_honoured_there(mirror_runs):
+    pushed = mirror_runs["pushed"]
+    assert list(pushed) == ["step-00000003", "step-00000004"]  # keep 2: steps 1 and 2 deleted in S3
+    assert sorted(pushed["step-00000004"]) == [
+        ".metadata", "COMPLETE.node-0-of-2", "COMPLETE.node-1-of-2", "__0_0.distcp", "__1_0.distcp",
+        "rng/rank-00000.pt", "rng/rank-00001.pt", "train_state.json",
+    ]  # fmt: skip
+
+
+def test_a_resume_from_s3_reads_each_hosts_own_files_of_the_newest_complete_checkpoint(mirror_runs):
+    step = mirror_runs["pushed"]["step-00000003"]  # step 4 is torn in S3: skipped
+    logs = [(mirror_runs["root"] / f"log-mirror-resumed-host{h}.txt").read_text() for h in range(HOSTS)]
+    assert "resumed_from_step=3" in mirror_runs["stdout"]
+    shared = sum(size for name, size in step.items() if name in (".metadata", "train_state.json") or "COMPLETE" in name)
+    read = dict(re.findall(r"host(\d)=(\d+)", re.search(r"read from S3 to resume \(bytes\): (.*)", logs[0]).group(1)))
+    for host in range(HOSTS):
+        own = sum(
+            size for name, size in step.items() if re.match(rf"(__{host}_0\.distcp|rng/rank-0000{host}\.pt)$", name)
+        )
+        restored = int(re.search(rf"restored step-00000003 from \S+: (\d+) bytes to host {host} ", logs[host]).group(1))
+        assert restored == own + shared
+        # Beyond its own files, a host reads only the byte ranges of the items every rank holds
+        # whole (the optimizer's param groups and step counts), which DCP stores once, maybe in
+        # the other host's file.
+        replicated, _ = whole_items(mirror_runs["root"] / "new-host0" / "step-00000003", f"__{1 - host}_0.distcp")
+        assert restored <= int(read[str(host)]) <= restored + replicated, (host, read, own, replicated)
+
+
+def test_resuming_from_s3_gives_the_losses_of_an_uninterrupted_run(mirror_runs, host_runs):
+    reference = dict(losses(host_runs, "reference"))
+    resumed = losses(mirror_runs["root"], "resumed")
+    assert [s for s, _ in resumed] == [4, 5, 6]
+    for s, loss in resumed:
+        assert loss == pytest.approx(reference[s], abs=1e-5), s

@@ -6,6 +6,11 @@ Llama 3.1 70B (h 8192, 80 layers, GQA 64/8 heads, ffn 28672, vocab 128256, untie
   checkpoint = 12 B/param (fp32 weights, exp_avg, exp_avg_sq)  = 846,644,477,952 B (847 GB)
 On 4 x ml.p5e.48xlarge: 211,661,119,488 B per host; 52.9 s at 4 GB/s to NVMe, 84.7 s at 2.5 GB/s
 to S3: 137.6 s until durable, beyond SageMaker's 120 s stop grace.
+
+checkpoint.every_minutes: auto (Young 1974, Daly 2006): sqrt(2 x save x MTBF). Per host 0.00379
+failures a day (Llama 3: 419 in 54 days on 2,048 hosts), 4 hosts: MTBF 86400 / (0.00379 x 4) =
+5,699,208 s (1583.1 h); sqrt(2 x 137.58 x 5,699,208) = 39,600.4 s = 660.007 min -> 661 min.
+With spot (+0.00657 a host-day): MTBF 2,084,942 s; sqrt(2 x 137.58 x 2,084,942) / 60 = 399.2 -> 400.
 """
 
 from __future__ import annotations
@@ -15,8 +20,16 @@ from pathlib import Path
 import pytest
 
 from launcher.catalog import instance_types
-from launcher.estimate.checkpoint import checkpoint_bytes, estimate_checkpoint, estimate_recipe_checkpoint
+from launcher.estimate.checkpoint import (
+    auto_every_minutes,
+    checkpoint_bytes,
+    estimate_checkpoint,
+    estimate_recipe_checkpoint,
+    job_mtbf_s,
+    young_daly_interval_s,
+)
 from launcher.recipe import Recipe
+from launcher.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 PARAMS_70B = 70_553_706_496
@@ -49,18 +62,117 @@ def test_200_steps_of_402_s_warns_that_an_interruption_can_lose_22_hours():
     assert est.worst_loss_s == pytest.approx(80_537.58, abs=0.01)
     assert est.warnings[0] == (
         "an interruption can lose up to 22.4 h of training (every 200 steps (22.3 h) + 138 s to save); "
-        "set checkpoint.every_minutes, e.g. 60"
+        "set checkpoint.every_minutes, e.g. auto"
     )
 
 
-def test_a_save_longer_than_the_120_s_stop_grace_is_warned_about():
-    assert any("longer than SageMaker's 120 s stop grace" in w for w in p5e_70b().warnings)
-    # On 8 hosts a host's share is durable in 68.8 s: no stop-grace warning.
+def test_a_save_that_cannot_finish_in_the_stop_grace_is_said_once_and_not_warned_about():
+    est = p5e_70b(every_steps=0, every_minutes=661)
+    assert not any("grace" in w for w in est.warnings)
+    assert est.stop_text == (
+        "a stop or interruption loses at most 11.1 h (every 661 min (11.1 h) + 138 s to save): the step in "
+        "progress (~6.7 min) and a save (~138 s) do not fit in the 120 s between SIGTERM and SIGKILL, so the "
+        "last periodic checkpoint counts"
+    )
+    # On 8 hosts a host's share is durable in 68.8 s, but a 402 s step still cannot end in the grace.
     eight = estimate_checkpoint(
         params=PARAMS_70B, instance_count=8, instance=P5E, every_steps=0, every_minutes=30, step_time_s=402.0
     )
     assert eight.durable_s == pytest.approx(68.790, abs=1e-3)
-    assert not any("stop grace" in w for w in eight.warnings)
+    assert "do not fit in the 120 s between SIGTERM and SIGKILL" in eight.stop_text
+    # A 40 s step and that save fit: a stop saves first.
+    quick = estimate_checkpoint(
+        params=PARAMS_70B, instance_count=8, instance=P5E, every_steps=0, every_minutes=30, step_time_s=40.0
+    )
+    assert (
+        quick.stop_text
+        == "a stop saves first: the step in progress (~40 s) and a save (~69 s) fit in the 120 s stop grace"
+    )
+
+
+def test_auto_interval_is_young_daly_from_the_save_time_and_the_hosts_failure_rate():
+    recipe = Recipe.load(REPO / "recipes" / "llama70b-128k.yaml")
+    assert recipe.checkpoint.every_minutes == "auto" and "checkpoint.every_minutes" in recipe.unsettled
+    assert job_mtbf_s(P5E, 4, spot=False) == pytest.approx(5_699_208.4, abs=0.1)
+    assert young_daly_interval_s(137.5797, 5_699_208.4) == pytest.approx(39_600.4, abs=0.1)
+    auto = auto_every_minutes(recipe)
+    assert auto.minutes == 661
+    assert auto.line() == (
+        "checkpoint.every_minutes auto: 661 = sqrt(2 x 138 s to save x 1583.1 h between interruptions) "
+        "(Young 1974, Daly 2006; rates in launcher/catalog/instances.yaml)"
+    )
+    assert resolve(recipe).settled["checkpoint.every_minutes"] == 661
+    assert resolve(recipe).concrete.resolved().checkpoint.every_minutes == 661
+
+
+def test_spot_adds_its_reclaim_rate_and_shortens_the_auto_interval():
+    recipe = Recipe.load(REPO / "recipes" / "llama70b-128k.yaml", {"sagemaker.spot": True, "sagemaker.max_wait": "7d"})
+    assert job_mtbf_s(P5E, 4, spot=True) == pytest.approx(2_084_942.1, abs=0.1)
+    assert auto_every_minutes(recipe).minutes == 400
+
+
+@pytest.mark.parametrize(
+    ("name", "restore_bytes", "line"),
+    [
+        # 8B on one p5: 3 x 96,368,037,888 B copied by CheckpointConfig, at 2.5 GB/s: 116 s.
+        (
+            "llama3-8b-8k",
+            3 * 8_030_261_248 * 12,
+            "each start, retry or spot restart first copies at least 289 GB to every host "
+            "(3 x 96 GB: CheckpointConfig restores the whole prefix, ~1.9 min)",
+        ),
+        # 70B: CheckpointConfig would copy 3 x 847 GB = 2,540 GB, past the 500 GB of engines.yaml, so
+        # each host reads back its own quarter, 211,661,119,488 B, at 2.5 GB/s: 85 s.
+        (
+            "llama70b-128k",
+            211_661_119_488,
+            "each start, retry or spot restart reads back 212 GB to each host: its own files of the newest "
+            "checkpoint, ~1.4 min (CheckpointConfig would copy 3 x 847 GB to every host)",
+        ),
+        # 405B: 405,853,388,800 x 12 B / 16 hosts = 304,390,041,600 B, at 2.5 GB/s: 122 s.
+        (
+            "llama405b-128k",
+            304_390_041_600,
+            "each start, retry or spot restart reads back 304 GB to each host: its own files of the newest "
+            "checkpoint, ~2.0 min (CheckpointConfig would copy 2 x 4870 GB to every host)",
+        ),
+    ],
+)
+def test_each_start_copies_what_the_checkpoint_path_copies_to_each_host(name, restore_bytes, line):
+    est = estimate_recipe_checkpoint(Recipe.load(REPO / "recipes" / f"{name}.yaml"), step_time_s=300.0)
+    assert est.restore_bytes_per_host == restore_bytes
+    assert est.restore_line() == line
+
+
+def test_auto_without_a_modelled_save_time_is_hourly():
+    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {"checkpoint.every_minutes": "auto"})
+    auto = auto_every_minutes(recipe)
+    assert auto.minutes == 60 and auto.save_s is None
+    assert resolve(recipe).concrete.checkpoint.every_minutes == 60
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "per_host", "interval"),
+    [
+        ("llama70b-128k", "s3://my-training-bucket/checkpoints/llama70b-128k/", "212 GB per host", "every 661 min"),
+        ("llama405b-128k", "s3://my-training-bucket/checkpoints/llama405b-128k/", "304 GB per host", "every 396 min"),
+    ],
+)
+def test_the_flagship_dry_runs_print_path_bytes_per_host_and_interval_without_a_grace_warning(
+    home, name, path, per_host, interval
+):
+    from launcher import api
+
+    told = []
+    api.submit(REPO / "recipes" / f"{name}.yaml", dry_run=True, report=lambda stage, line: told.append(line))
+    text = "\n".join(told)
+    assert f"checkpoints: {path}{name}-" in text
+    assert per_host in text and interval in text
+    assert "checkpoint.every_minutes auto: " in text
+    assert sum("a stop or interruption loses at most" in line for line in told) == 1
+    assert sum(line.startswith("each start, retry or spot restart reads back") for line in told) == 1
+    assert any(line.startswith("checkpoints: s3://") and "copied there by each host" in line for line in told)
+    assert not any(line.startswith("warning:") or "cannot finish" in line for line in told)
 
 
 def test_every_minutes_rounds_up_to_whole_steps_and_silences_the_loss_warning():
@@ -97,7 +209,7 @@ def test_off_sagemaker_nothing_is_uploaded_and_there_is_no_stop_grace():
         stop_grace_s=None,
     )
     assert est.upload_s is None and est.durable_s == pytest.approx(52.915, abs=1e-3)
-    assert not any("stop grace" in w for w in est.warnings)
+    assert est.stop_text is None and est.restore_line() is None
 
 
 def test_the_shipped_70b_recipe():

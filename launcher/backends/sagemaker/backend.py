@@ -36,6 +36,7 @@ from launcher.recipe.rules import placeholder_role
 from launcher.spec import JobSpec, Placement
 
 CHECKPOINT_DIR = "/opt/ml/checkpoints"
+CHECKPOINT_PREFIX_ENV = "LAUNCHER_CHECKPOINT_S3"  # what entrypoints/checkpoint_mirror.py reads
 OUTPUT_DIR = "/opt/ml/output/data"
 # SageMaker uploads /opt/ml/model as the job's model artifact (ModelArtifacts.S3ModelArtifacts);
 # with OutputDataConfig.CompressionType NONE it is uploaded file by file, not gzipped into a tar.
@@ -170,6 +171,16 @@ def request_warnings(spec: JobSpec) -> list[str]:
     return warnings
 
 
+def checkpoint_note(spec: JobSpec, locations: Locations) -> str:
+    """Where the job's checkpoints go, for dry-run and submit to say."""
+    if settings(spec).per_host_checkpoints:
+        return (
+            f"checkpoints: {locations.checkpoints}, written to {spec.checkpoint_dir} and copied there by each host, "
+            "which reads back only its own files (no CheckpointConfig: it would copy every checkpoint to every host)"
+        )
+    return f"checkpoints: {locations.checkpoints}, synced with {spec.checkpoint_dir} on every host (CheckpointConfig)"
+
+
 def create_training_job_request(
     spec: JobSpec, *, code_uri: str, bundle_sha256: str, locations: Locations, wheels: tuple[Wheel, ...] = ()
 ) -> dict:
@@ -216,7 +227,6 @@ def create_training_job_request(
             "InstanceCount": resources.instance_count,
             "VolumeSizeInGB": cloud.volume_size_gb,
         },
-        "CheckpointConfig": {"S3Uri": locations.checkpoints, "LocalPath": spec.checkpoint_dir},
         "StoppingCondition": {"MaxRuntimeInSeconds": spec.max_run_s},
         "EnableManagedSpotTraining": spec.spot,
         "EnableNetworkIsolation": cloud.networking.isolation,
@@ -224,6 +234,10 @@ def create_training_job_request(
         "Environment": environment,
         "Tags": [{"Key": k, "Value": v} for k, v in (*spec.tags, ("launcher:recipe", spec.recipe_name))],
     }
+    if cloud.per_host_checkpoints:
+        environment[CHECKPOINT_PREFIX_ENV] = locations.checkpoints  # entrypoints/checkpoint_mirror.py
+    else:
+        request["CheckpointConfig"] = {"S3Uri": locations.checkpoints, "LocalPath": spec.checkpoint_dir}
     if spec.spot:
         request["StoppingCondition"]["MaxWaitTimeInSeconds"] = cloud.max_wait_s
     if cloud.kms_key_id:
@@ -309,7 +323,7 @@ class SageMakerBackend(Backend):
             raise UsageError(
                 "\n".join(f"the CreateTrainingJob request breaks the SageMaker API: {p}" for p in problems)
             )
-        data = {"request": request, "bundle": bundle.describe(code_uri)}
+        data = {"request": request, "bundle": bundle.describe(code_uri), "notes": [checkpoint_note(spec, locations)]}
         if wheels:
             data["wheels"] = {"uri": locations.wheels_uri(wheels), "files": [w.file for w in wheels]}
         if warnings := request_warnings(spec):

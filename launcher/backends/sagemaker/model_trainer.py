@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 
 from launcher.backends.sagemaker import aws
-from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS, Locations, settings
+from launcher.backends.sagemaker.backend import CHECKPOINT_PREFIX_ENV, METRIC_DEFINITIONS, Locations, settings
 from launcher.backends.sagemaker.settings import SageMakerSettings
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
@@ -94,9 +94,15 @@ def _trainer(spec: JobSpec, locations: Locations, cloud, sagemaker_session, sour
             max_runtime_in_seconds=spec.max_run_s, max_wait_time_in_seconds=cloud.max_wait_s
         ),
         output_data_config=OutputDataConfig(s3_output_path=locations.output, kms_key_id=cloud.kms_key_id),
-        checkpoint_config=CheckpointConfig(s3_uri=locations.checkpoints, local_path=spec.checkpoint_dir),
+        # Above the size where CheckpointConfig's copy to every host costs too much, each host
+        # copies its own files (create_training_job_request does the same).
+        checkpoint_config=None
+        if cloud.per_host_checkpoints
+        else CheckpointConfig(s3_uri=locations.checkpoints, local_path=spec.checkpoint_dir),
         input_data_config=[InputData(channel_name=d.name, data_source=d.source) for d in spec.inputs] or None,
-        environment=spec.env,
+        environment={**spec.env, CHECKPOINT_PREFIX_ENV: locations.checkpoints}
+        if cloud.per_host_checkpoints
+        else spec.env,
         tags=[Tag(key=k, value=v) for k, v in (*spec.tags, ("launcher:recipe", spec.recipe_name))],
     )
     trainer = trainer.with_metric_definitions(

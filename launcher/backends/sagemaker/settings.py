@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from launcher.catalog.engines import capabilities
+from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
 from launcher.spec import EngineSettings
 
@@ -36,6 +38,9 @@ class SageMakerSettings(EngineSettings):
     """A SageMaker training plan's ARN: the job runs on that plan's reserved capacity."""
     infra_check: bool = False
     """InfraCheckConfig.EnableInfraCheck: SageMaker checks the instances and their network first."""
+    per_host_checkpoints: bool = False
+    """Each host copies its own checkpoint files to S3 and back (LAUNCHER_CHECKPOINT_S3,
+    entrypoints/checkpoint_mirror.py) instead of CheckpointConfig copying all to every host."""
 
     @classmethod
     def of(cls, recipe: Recipe) -> SageMakerSettings:
@@ -57,6 +62,9 @@ class SageMakerSettings(EngineSettings):
             volume_size_gb=sm.volume_size_gb,
             training_plan_arn=sm.training_plan_arn,
             infra_check=_infra_check(recipe),
+            per_host_checkpoints=capabilities("sagemaker").per_host_checkpoints(
+                recipe.arch.num_params() * CHECKPOINT_BYTES_PER_PARAM, recipe.checkpoint.keep, sm.checkpoint_copy
+            ),
             networking=Networking(
                 subnets=tuple(sm.subnets),
                 security_group_ids=tuple(sm.security_group_ids),
