@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from .conftest import DATA_BUCKET
+from .conftest import DATA_BUCKET, RANKS_PER_HOST
 from .s3sync import list_keys, split_uri
 
 # Each stage waits on progress with a generous limit of its own: a loaded 2-core machine slows the
@@ -427,17 +427,23 @@ def test_per_host_checkpoints_survive_a_spot_stop_and_each_host_downloads_only_i
     )
     printed = dict(re.findall(r"host(\d)=(\d+)", _READ_TO_RESUME.search(outcome.hosts[0].stdout).group(1)))
     for node, name in enumerate(("algo-1", "algo-2")):
-        ranks = (2 * node, 2 * node + 1)
+        ranks = range(RANKS_PER_HOST * node, RANKS_PER_HOST * (node + 1))
         own = sum(
             size for f, size in files.items() if any(f in (f"__{r}_0.distcp", f"rng/rank-{r:05d}.pt") for r in ranks)
         )
-        others = [f"__{r}_0.distcp" for r in range(4) if r not in ranks]
-        # Each of the host's 2 ranks reads the items every rank holds whole from where DCP stored
+        others = [f"__{r}_0.distcp" for r in range(2 * RANKS_PER_HOST) if r not in ranks]
+        # Each of the host's ranks reads the items every rank holds whole from where DCP stored
         # them, one ranged GET each; the host's first rank downloads its files with one GET each.
         items = [whole_items(tmp_path / "meta", other) for other in others]
-        replicated, reads = sum(b for b, _ in items), 2 * sum(c for _, c in items) + len(files)
+        replicated = sum(b for b, _ in items)
+        reads = RANKS_PER_HOST * sum(c for _, c in items) + len(files)
         # The job's own count (payload) is what the bridge measured, less headers and the listing.
         headers = reads * HEADER_BYTES_PER_REQUEST + LISTING_BYTES
         assert int(printed[str(node)]) <= sent[name] <= int(printed[str(node)]) + headers, (name, sent, reads)
-        assert own + shared <= int(printed[str(node)]) <= own + shared + 2 * replicated, (name, printed, own, shared)
+        assert own + shared <= int(printed[str(node)]) <= own + shared + RANKS_PER_HOST * replicated, (
+            name,
+            printed,
+            own,
+            shared,
+        )
         assert sent[name] < sum(files.values())  # never the whole checkpoint, let alone every kept one
