@@ -18,9 +18,10 @@ from botocore.stub import Stubber
 from launcher import api
 from launcher.backends.sagemaker import aws as aws_clients
 from launcher.backends.sagemaker import quotas
+from launcher.backends.sagemaker.aws_model import validate
 from launcher.registry import JobRef, save
 
-from .helpers import REGION, recipe_path
+from .helpers import MY_ROLE, REGION, REPO, recipe_path
 
 FLAGSHIP = recipe_path("llama70b-128k")  # 4 x ml.p5e.48xlarge in us-west-2, max_run 4d
 INSTANCES = "ml.p5e.48xlarge for training job usage"
@@ -220,3 +221,23 @@ def test_a_run_that_saves_no_periodic_checkpoints_is_no_chain_it_is_refused_with
         "(pass --force to submit anyway)"
     )
     assert not home.exists()
+
+
+GPU_RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml") if p.stem != "tiny-cpu")
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_every_shipped_gpu_recipes_dry_run_is_a_valid_request_within_the_default_quotas(home, recipe):
+    # As a user runs it with no credentials: the botocore model's shapes, and the documented
+    # 5-day default of 'Longest run time for a training job' (no --force, so nothing is waived).
+    told = []
+    submission = api.submit(
+        REPO / "recipes" / f"{recipe}.yaml",
+        set_options=[MY_ROLE],
+        dry_run=True,
+        report=lambda _, line: told.append(line),
+    )
+    request = submission.rendering.data["request"]
+    assert validate("sagemaker", "CreateTrainingJob", request) == []
+    assert request["StoppingCondition"]["MaxRuntimeInSeconds"] <= quotas.RUN_TIME_DEFAULT_S
+    assert not any(line.startswith("chain: ") for line in told)  # each fits in one job
