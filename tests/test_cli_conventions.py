@@ -41,6 +41,9 @@ def ctrl_c_when_a_log_says(text: str, home):
                 return
             time.sleep(0.05)
 
+    # A shell starts a background job with SIGINT ignored (POSIX), and Python then installs no
+    # KeyboardInterrupt handler: a terminal's Ctrl-C reaches a foreground CLI, so give it one here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
@@ -48,6 +51,7 @@ def ctrl_c_when_a_log_says(text: str, home):
     finally:
         done.set()
         watcher.join()
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_version_and_help_show_flags_without_a_bool_type(cli):
