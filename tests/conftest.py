@@ -145,6 +145,19 @@ def shared_wheel_cache(tmp_path_factory):
         os.environ[CACHE_ENV] = previous
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Modules of single-process tests first, then those that start multi-process jobs (a test
+    marked `torchrun` or `engines`), each module kept whole and in its order. The single-process
+    tests leave a core idle, which the background work takes (tests/background.py); the
+    multi-process tests need both cores, and by their turn the background work is done."""
+    heavy = {
+        item.module.__name__
+        for item in items
+        if item.get_closest_marker("torchrun") or item.get_closest_marker("engines")
+    }
+    items.sort(key=lambda item: item.module.__name__ in heavy)  # stable: the order within each part is kept
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _background(request, tmp_path_factory):
     """Before the first test: start the work that selected tests will wait for, beside the
@@ -159,7 +172,8 @@ def _background(request, tmp_path_factory):
     work = Background(os.environ)
     # One after another, in the order their tests run: one piece at a time takes the idle core.
     pieces = {}
-    for starter in (launch_work, cpu_smoke_work, host_runs_work, trace_work):
+    # The traces first: their test runs among the single-process tests (pytest_collection_modifyitems).
+    for starter in (trace_work, launch_work, cpu_smoke_work, host_runs_work):
         pieces.update(starter(items, tmp_path_factory, work))
     if pieces:
         work.begin(pieces)
