@@ -55,9 +55,6 @@ class Background:
 
         threading.Thread(target=run_all, name=f"background: {', '.join(work)}", daemon=True).start()
 
-    def has(self, name: str) -> bool:
-        return name in self._futures
-
     def result(self, name: str, timeout: float | None = None) -> Any:
         """The named work's result once it is done; its exception if it failed."""
         return self._futures[name].result(timeout)
