@@ -25,7 +25,9 @@ from pydantic import (
 from launcher.catalog.engines import capabilities
 from launcher.recipe.region import default_region
 
-MAX_SEQ_LEN = 131072
+MAX_SEQ_LEN = 2**22
+"""Tokens per sequence: 4M, four times the 1M that published context-parallel runs reach (NeMo's
+long-sequence table, docs/source/performance/performance_long_sequence.md, goes to 1024K)."""
 SAGEMAKER_MAX_RUN_S = capabilities("sagemaker").max_run_s  # 28 days (launcher/catalog/engines.yaml)
 
 # Upper bounds of the numeric fields. Each is far above any real job, and each keeps the
@@ -38,7 +40,7 @@ MAX_STEPS = 10**9
 MAX_SEED = 2**32 - 1
 """numpy's seeds are 32-bit."""
 MAX_GLOBAL_BATCH = 2**24
-"""Sequences per step: 16M, i.e. 2^41 tokens of 128K."""
+"""Sequences per step: 16M, i.e. 2^46 tokens at the longest sequence."""
 MAX_CHECKPOINTS_KEPT = 10_000
 MAX_DURATION_S = 365 * 86400
 MAX_MODEL_SHAPE = {
@@ -213,7 +215,7 @@ class Optimizer(Section):
 
 class Training(Section):
     seq_len: PositiveInt = Field(le=MAX_SEQ_LEN)
-    """Tokens per sequence (1 to 131072). Above the model's trained context is a warning."""
+    """Tokens per sequence (1 to 4194304, i.e. 4M). Above the model's trained context is a warning."""
     global_batch_size: PositiveInt = Field(le=MAX_GLOBAL_BATCH)
     """Sequences per optimizer step, over all data-parallel ranks and micro-batches."""
     micro_batch_size: PositiveInt = Field(default=1, le=MAX_GLOBAL_BATCH)

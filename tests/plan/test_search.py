@@ -73,6 +73,20 @@ def test_every_planned_layout_is_a_valid_recipe(path):
         assert estimate(changed).per_gpu_peak_bytes == planned.memory.per_gpu_peak_bytes
 
 
+@pytest.mark.parametrize("seq_len", [262144, 1048576])
+def test_sequences_above_128k_are_planned_and_the_plan_estimates_as_fitting(seq_len):
+    # Published context-parallel runs go to 1M tokens (NeMo's long-sequence table, torchtitan's
+    # 256K rows): the schema, the search and the estimator take them as they take 128K.
+    recipe = Recipe.load(
+        RECIPES / "llama3-8b-128k-cp.yaml", overrides={"training.seq_len": seq_len, "training.global_batch_size": 16}
+    )
+    best = plan(recipe, gpus=128, top=1)[0]
+    assert best.layout.context * best.layout.tensor * 8192 >= seq_len  # at most 8K tokens a GPU
+    planned = recipe.with_changes(best.overrides(recipe))
+    assert planned.training.seq_len == seq_len
+    assert estimate(planned).verdict == "fits"
+
+
 def test_planning_another_budget_changes_the_instance_count():
     recipe = Recipe.load(RECIPES / "llama3-8b-8k.yaml")
     best = plan(recipe, gpus=32, top=1)[0]

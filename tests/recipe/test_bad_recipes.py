@@ -68,8 +68,8 @@ CASES = [
     ),
     case(
         "seq-len-above-limit",
-        BASE.replace("seq_len: 8192", "seq_len: 262144"),
-        r"training.seq_len: expected at most 131072, got 262144",
+        BASE.replace("seq_len: 8192", "seq_len: 4194305"),
+        r"training.seq_len: expected at most 4194304, got 4194305",
         "seq_len:",
     ),
     case(
