@@ -893,7 +893,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if docs/planner.md is out of date")
     args = parser.parse_args()
-    text = render(existing_bench())
+    try:
+        text = render(existing_bench())
+    except BenchmarkError as err:  # one line: which row, what is wrong, what is valid
+        sys.exit(f"docs/{err}")
     if args.check:
         if not DOC.exists() or DOC.read_text() != text:
             sys.exit(f"{DOC.relative_to(ROOT)} is out of date: run python scripts/planner_calibration.py")
