@@ -17,6 +17,8 @@ import json
 import re
 import secrets
 import string
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Self
@@ -155,11 +157,48 @@ class EngineSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        """The settings `to_dict` wrote. A key of another engine's settings is left out, so a
-        format-1 spec's shared keys (the volume size) reach only the engine that reads them."""
+        """The settings `to_dict` wrote, each value checked against its field's type (a record read
+        back from disk is untrusted). A key of another engine's settings is left out, so a format-1
+        spec's shared keys (the volume size) reach only the engine that reads them."""
+        if not isinstance(data, dict):
+            raise TypeError(f"engine: expected a mapping, got {type(data).__name__}")
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        values["tags"] = tuple(sorted(values.get("tags", {}).items()))
+        tags = values.get("tags", {})
+        if not isinstance(tags, dict) or not all(isinstance(v, str) for pair in tags.items() for v in pair):
+            raise TypeError(f"engine.tags: expected a mapping of strings to strings, got {tags!r:.80}")
+        values["tags"] = tuple(sorted(tags.items()))
+        hints = typing.get_type_hints(cls)
+        for name, value in values.items():
+            if not _is_of(value, hints[name]):
+                raise TypeError(f"engine.{name}: expected {_type_name(hints[name])}, got {value!r:.80}")
         return cls(**values)
+
+
+def _is_of(value: Any, hint: Any) -> bool:
+    """Whether `value` is of the type `hint` names: the plain types, unions with None, homogeneous
+    and fixed tuples, and nested settings (dataclasses, already rebuilt by the engine's reader)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_of(value, option) for option in typing.get_args(hint))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_is_of(item, args[0]) for item in value)
+        return len(value) == len(args) and all(_is_of(item, arg) for item, arg in zip(value, args, strict=True))
+    if hint is type(None):
+        return value is None
+    if hint is int:  # bool is an int to Python, not to a reader of retries or a volume size
+        return isinstance(value, int) and not isinstance(value, bool)
+    if dataclasses.is_dataclass(hint):
+        nested = typing.get_type_hints(hint)
+        return isinstance(value, hint) and all(_is_of(getattr(value, f.name), nested[f.name]) for f in fields(hint))
+    return isinstance(value, hint)
+
+
+def _type_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("NoneType", "None") if typing.get_args(hint) else hint.__name__
 
 
 @dataclass(frozen=True, kw_only=True)

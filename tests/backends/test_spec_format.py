@@ -116,3 +116,52 @@ def test_a_spec_missing_its_engine_part_is_one_line_naming_the_file(home):
     with pytest.raises(LauncherError) as raised:
         get_backend("slurm").saved_spec(spec.name)
     assert str(raised.value) == f"{path}: damaged job spec: KeyError 'engine'; move it away"
+
+
+# backend -> (engine key, a value of the wrong type, the type the reader names)
+WRONG_ENGINE_VALUES = [
+    ("slurm", "retries", "3", "int"),
+    ("slurm", "retries", True, "int"),
+    ("slurm", "spot", "yes", "bool"),
+    ("slurm", "signal_before_end_s", 1.5, "int"),
+    ("slurm", "partition", ["gpu"], "str | None"),
+    ("k8s", "storage_size", None, "str"),
+    ("sagemaker", "volume_size_gb", "200", "int"),
+    ("sagemaker", "max_wait_s", "1d", "int | None"),
+]
+
+
+@pytest.mark.parametrize(("backend", "key", "value", "expected"), WRONG_ENGINE_VALUES)
+def test_an_engine_value_of_the_wrong_type_is_one_line_naming_the_key(home, backend, key, value, expected):
+    # A saved spec is read back from disk: a value of the wrong type must not reach the engine's
+    # request or an sbatch line (a retries of "3" would render as RetryStrategy "3").
+    spec = spec_for("tiny-cpu" if backend != "sagemaker" else "llama3-8b-8k", backend)
+    path = job_dir(spec.name) / "spec.json"
+    data = spec.to_dict()
+    data["engine"][key] = value
+    write_json(path, data)
+    with pytest.raises(LauncherError) as raised:
+        get_backend(backend).saved_spec(spec.name)
+    assert str(raised.value) == (
+        f"{path}: damaged job spec: TypeError engine.{key}: expected {expected}, got {value!r}; move it away"
+    )
+
+
+@pytest.mark.parametrize(
+    ("tags", "networking"),
+    [({"team": 1}, None), (["team", "ml"], None), (None, {"isolation": "no"}), (None, {"subnets": [7]})],
+)
+def test_damaged_sagemaker_tags_or_networking_are_one_line(home, tags, networking):
+    spec = spec_for("llama3-8b-8k", "sagemaker")
+    path = job_dir(spec.name) / "spec.json"
+    data = spec.to_dict()
+    if tags is not None:
+        data["engine"]["tags"] = tags
+    if networking is not None:
+        data["engine"]["networking"].update(networking)
+    write_json(path, data)
+    with pytest.raises(LauncherError) as raised:
+        get_backend("sagemaker").saved_spec(spec.name)
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith(f"{path}: damaged job spec: TypeError engine."), line
+    assert line.endswith("; move it away") and ("engine.tags" in line) == (tags is not None), line
