@@ -228,6 +228,8 @@ def test_a_server_that_never_answers_fills_the_bounded_queue_without_blocking(ho
         assert time.monotonic() - began < 1.0
         assert sink.dropped >= 90
         sink.close("FINISHED")
+    sink.thread.join(mlflow_sink.REQUEST_TIMEOUT_S + 5)  # the closed socket ends its request: no warning leaks on
+    assert not sink.thread.is_alive()
     err = capsys.readouterr().err
     assert err.count("is behind by 10 records; dropping steps until it catches up") == 1
     assert "did not take the last records within 0 s" in err
