@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -55,8 +56,11 @@ class MetricsLogger:
         world_size: int,
         flops_per_token: float,
         peak_flops: float | None,
+        sinks: Sequence = (),
     ):
+        """`sinks`: dashboards (entrypoints/tracking.py) that get every record metrics.jsonl gets."""
         self.enabled = enabled
+        self.sinks = list(sinks)
         self.path = output_dir / METRICS_FILE
         self.tokens_per_step, self.world_size = tokens_per_step, world_size
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
@@ -82,10 +86,22 @@ class MetricsLogger:
         self.records.append(record)
         if self.enabled:
             print(metrics_line(record), flush=True)
-            with self.path.open("a") as f:
-                # NaN is not JSON; null says "unknown" to every reader.
-                f.write(json.dumps({k: None if _is_nan(v) else v for k, v in record.items()}) + "\n")
+            self.write(record)
         return record
+
+    def write(self, record: dict) -> None:
+        """One line of metrics.jsonl, and the same record to every sink: the one place a record
+        is kept, so whatever is logged here (training or validation) reaches the dashboards."""
+        with self.path.open("a") as f:
+            # NaN is not JSON; null says "unknown" to every reader.
+            f.write(json.dumps({k: None if _is_nan(v) else v for k, v in record.items()}) + "\n")
+        for sink in self.sinks:
+            sink.add(record)
+
+    def close(self, *, interrupted: bool) -> None:
+        """End the sinks: the MLflow run is FINISHED, or KILLED after SIGTERM."""
+        for sink in self.sinks:
+            sink.close("KILLED" if interrupted else "FINISHED")
 
     def summary(self, total_time_s: float) -> dict:
         records = self.records

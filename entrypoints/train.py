@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # run as a script: make the `entrypoints` package
 import torch
 import torch.distributed as dist
 
-from entrypoints import failure
+from entrypoints import failure, tracking
 from entrypoints.checkpoint import Checkpointer, CheckpointWriteFailed, RankHosts, step_dir_name
 from entrypoints.data import DataLoader
 from entrypoints.export_hf import export_directory, export_hf
@@ -171,6 +171,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     if cfg.checkpoint.export_hf and not interrupted:
         export_hf(parts, stage_ids, mesh, cfg, export_directory(cfg, output_dir(cfg)))
     summary = metrics.summary(time.perf_counter() - began)
+    metrics.close(interrupted=interrupted)
     summary["interrupted"] = interrupted
     return summary
 
@@ -184,6 +185,7 @@ def _metrics_logger(cfg: JobConfig, env: DistEnv) -> MetricsLogger:
         world_size=env.world_size,
         flops_per_token=flops_per_token(cfg.model, t.seq_len),
         peak_flops=cfg.runtime.peak_flops.bf16,
+        sinks=tracking.sinks(cfg, output_dir(cfg)) if env.rank == 0 else (),
     )
 
 

@@ -260,9 +260,14 @@ class JobSpec:
                 DataInput(name="train", source=recipe.data.source, container_path=container, staged_at=staged_at),
             )
         inputs += _model_input(recipe, placement)
+        from launcher.recipe.recipe import JobIdentity  # the recipe layer, below this one
+
         # The recipe is concrete (launcher/resolve.py settled its autos): no estimator here.
         resolved = recipe.resolved(
-            checkpoint_dir=placement.checkpoint_dir, output_dir=placement.output_dir, model_dir=placement.model_dir
+            checkpoint_dir=placement.checkpoint_dir,
+            output_dir=placement.output_dir,
+            model_dir=placement.model_dir,
+            job=JobIdentity(name, backend, lineage or name),
         ).to_dict()
         return cls(
             name=name,

@@ -167,11 +167,13 @@ def _background(request, tmp_path_factory):
     from tests.entrypoints.test_gpu_check import cpu_smoke_work
     from tests.entrypoints.test_multihost_checkpoints import host_runs_work
     from tests.estimate.traced import trace_work
+    from tests.tracking_servers import mlflow_work
 
     items = request.session.items
     work = Background(os.environ)
     # One after another, in the order their tests run: one piece at a time takes the idle core.
     pieces = {}
+    pieces.update(mlflow_work(items, tmp_path_factory, work))  # started now: they come up beside the tests
     # The traces first: their test runs among the single-process tests (pytest_collection_modifyitems).
     for starter in (trace_work, launch_work, cpu_smoke_work, host_runs_work):
         pieces.update(starter(items, tmp_path_factory, work))
@@ -179,6 +181,18 @@ def _background(request, tmp_path_factory):
         work.begin(pieces)
     yield work
     work.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(_background):
+    """A real MLflow tracking server on 127.0.0.1 for the session (tests/tracking_servers.py)."""
+    return _background.result("mlflow_server").wait_ready()
+
+
+@pytest.fixture(scope="session")
+def doomed_mlflow_server(_background):
+    """A real MLflow tracking server that one test kills mid-run."""
+    return _background.result("doomed_mlflow_server").wait_ready()
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,10 @@ IMAGE_PACKAGES = {
         "docker/pytorch/2.13/cuda/pyproject.toml and cpu/pyproject.toml); imported only where "
         "LAUNCHER_CHECKPOINT_S3 is set"
     ),
+    ("entrypoints/mlflow_sink.py", "botocore"): (
+        "the same DLC base dependencies; imported only for a SageMaker MLflow tracking server's ARN, "
+        "to sign its requests (SigV4) and put its artifacts in S3, as the sagemaker-mlflow plugin does"
+    ),
 }
 
 

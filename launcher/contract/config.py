@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 import types
 import typing
@@ -206,6 +207,43 @@ class RuntimeConfig:
     output_dir: str | None = None
 
 
+MLFLOW_ARN_RE = re.compile(
+    r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:[0-9]{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255}"
+)
+"""A SageMaker managed MLflow tracking server's ARN (botocore's TrackingServerArn pattern, with the
+region and the name required: the endpoint and the signature are built from them)."""
+MLFLOW_HTTP_RE = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
+
+
+@_config
+class MlflowConfig:
+    uri: str
+    """An http(s):// tracking server, or a SageMaker managed MLflow tracking server's ARN."""
+    experiment: str
+    run_name: str
+    """The run's name; a resumed lineage continues its run, found by the launcher.lineage tag."""
+
+    def __post_init__(self):
+        if not (MLFLOW_HTTP_RE.fullmatch(self.uri) or MLFLOW_ARN_RE.fullmatch(self.uri)):
+            raise ConfigError(
+                f"tracking.mlflow.uri: {self.uri!r} is neither an http(s):// URL nor a SageMaker MLflow tracking "
+                "server ARN (arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME)"
+            )
+
+
+@_config
+class TrackingConfig:
+    """Dashboards fed from the metrics log (entrypoints/tracking.py); rank 0 writes them."""
+
+    tensorboard: bool = False
+    """Event files under <output_dir>/tensorboard."""
+    mlflow: MlflowConfig | None = None
+    job_name: str | None = None
+    """The job, its backend and its lineage, as the MLflow run's tags (None outside a job spec)."""
+    backend: str | None = None
+    lineage: str | None = None
+
+
 @_config
 class JobConfig:
     name: str
@@ -216,6 +254,7 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self):
         t, p = self.training, self.parallel

@@ -37,6 +37,9 @@ SUMMARY_KEYS = (
 )
 METRICS_FILE = "metrics.jsonl"
 """One JSON object per logged step, in the job's output directory."""
+TENSORBOARD_DIR = "tensorboard"
+"""With tracking.tensorboard: the event files, in the job's output directory (on SageMaker the
+TensorBoardOutputConfig LocalPath, synced to S3 while the job runs)."""
 METRICS_PREFIX = "metrics"
 SUMMARY_PREFIX = "summary"
 

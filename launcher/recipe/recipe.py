@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import PrivateAttr, ValidationError, model_validator
@@ -32,6 +32,14 @@ SETTLED_AT_RESOLVE = (
 """The recipe keys whose `auto` the launcher settles before a job exists (launcher/resolve.py).
 The other autos of the schema are run-time choices: data.format (how `launcher data prepare`
 reads each raw file) and checkpoint.resume (the newest checkpoint found when the job starts)."""
+
+
+class JobIdentity(NamedTuple):
+    """The job a resolved config is for: the MLflow run's tags name it."""
+
+    name: str
+    backend: str
+    lineage: str
 
 
 class RuleViolations(ValueError):
@@ -64,7 +72,7 @@ class Recipe(RecipeSpec):
         arch, problems = resolve_model(self.model)
         hardware, hardware_problems = resolve_hardware(self)
         problems += hardware_problems + rules.sagemaker_problems(self) + rules.slurm_problems(self)
-        problems += rules.training_problems(self)
+        problems += rules.training_problems(self) + rules.tracking_problems(self)
         if arch is not None and hardware is not None:
             world_size = hardware.world_size
             where = (
@@ -244,11 +252,17 @@ class Recipe(RecipeSpec):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def resolved(
-        self, *, checkpoint_dir: str | None = None, output_dir: str | None = None, model_dir: str | None = None
+        self,
+        *,
+        checkpoint_dir: str | None = None,
+        output_dir: str | None = None,
+        model_dir: str | None = None,
+        job: JobIdentity | None = None,
     ) -> JobConfig:
         """The job config that the entrypoints read (`to_dict()` is resolved.json): every name
         replaced by numbers. Backends pass where checkpoints and outputs live on their cluster, and
-        where a relative checkpoint.export_hf goes when not under the outputs (`model_dir`).
+        where a relative checkpoint.export_hf goes when not under the outputs (`model_dir`); a job
+        spec passes the job it is for (`job`), which the trackers name.
 
         Only a concrete recipe has one: a recipe never calls the estimator, so what it leaves to
         the launcher (`unsettled`) is settled first by `launcher.resolve.resolve(recipe)`.
@@ -260,12 +274,16 @@ class Recipe(RecipeSpec):
                 "concrete recipe, launcher.resolve.resolve(recipe).concrete"
             )
         try:
-            return JobConfig.from_dict(self._job_config_data(checkpoint_dir, output_dir, model_dir))
+            return JobConfig.from_dict(self._job_config_data(checkpoint_dir, output_dir, model_dir, job))
         except ConfigError as error:  # the recipe's rules mirror the contract's; still one line, never a traceback
             raise UsageError(f"{self.name}: the entrypoints would refuse this job config: {error}") from None
 
     def _job_config_data(
-        self, checkpoint_dir: str | None, output_dir: str | None, model_dir: str | None = None
+        self,
+        checkpoint_dir: str | None,
+        output_dir: str | None,
+        model_dir: str | None = None,
+        job: JobIdentity | None = None,
     ) -> dict[str, Any]:
         accelerator = self.hardware.accelerator
         layout = self.layout
@@ -309,6 +327,24 @@ class Recipe(RecipeSpec):
                 },
                 "output_dir": output_dir,
             },
+            "tracking": self._tracking_data(job),
+        }
+
+    def _tracking_data(self, job: JobIdentity | None) -> dict[str, Any]:
+        """tracking for the job: MLflow's experiment defaults to the recipe, its run to the job."""
+        mlflow = self.tracking.mlflow
+        return {
+            "tensorboard": self.tracking.tensorboard,
+            "mlflow": None
+            if mlflow is None
+            else {
+                "uri": mlflow.uri,
+                "experiment": mlflow.experiment or self.name,
+                "run_name": mlflow.run_name or (job.name if job else self.name),
+            },
+            "job_name": job.name if job else None,
+            "backend": job.backend if job else None,
+            "lineage": job.lineage if job else None,
         }
 
     def _export_directory(self, model_dir: str | None) -> str | None:

@@ -13,6 +13,7 @@ import re
 from launcher.catalog import ModelArch
 from launcher.catalog.engines import capabilities
 from launcher.contract import layout as contract_layout
+from launcher.contract.config import MLFLOW_ARN_RE, MLFLOW_HTTP_RE
 from launcher.contract.dataset import manifest_problem
 from launcher.contract.layout import Layout, fill_data_shard
 from launcher.errors import Problem
@@ -310,6 +311,20 @@ def training_problems(spec: RecipeSpec) -> list[Problem]:
             Problem("training.optimizer.betas", f"{list(opt.betas)} must each be in [0, 1); use e.g. [0.9, 0.95]")
         )
     return problems
+
+
+def tracking_problems(spec: RecipeSpec) -> list[Problem]:
+    mlflow = spec.tracking.mlflow
+    if mlflow is None or MLFLOW_HTTP_RE.fullmatch(mlflow.uri) or MLFLOW_ARN_RE.fullmatch(mlflow.uri):
+        return []
+    shown = mlflow.uri if len(mlflow.uri) <= 60 else mlflow.uri[:57] + "..."
+    return [
+        Problem(
+            "tracking.mlflow.uri",
+            f"{shown!r} is not an MLflow tracking server; use http(s)://host:port or a SageMaker MLflow tracking "
+            "server ARN, arn:aws:sagemaker:<region>:<account>:mlflow-tracking-server/<name>",
+        )
+    ]
 
 
 def _days(seconds: int) -> str:

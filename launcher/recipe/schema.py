@@ -452,6 +452,33 @@ class Checkpoint(Section):
     the job. Default: those beside a model.init_from checkpoint, if any."""
 
 
+MLFLOW_URI_PATTERN = (
+    r"^(https?://[^\s/?#]+(/[^\s?#]*)?"
+    r"|arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:[0-9]{12}:mlflow-tracking-server/[a-zA-Z0-9](-*[a-zA-Z0-9]){0,255})$"
+)
+
+
+class MlflowTracking(Section):
+    uri: Annotated[str, Field(max_length=2048), WithJsonSchema({"type": "string", "pattern": MLFLOW_URI_PATTERN})]
+    """The tracking server: http(s)://host:port, or a SageMaker managed MLflow tracking server's ARN
+    (arn:aws:sagemaker:REGION:ACCOUNT:mlflow-tracking-server/NAME), which the job reaches with SigV4
+    as the sagemaker-mlflow plugin does (docs/monitoring.md)."""
+    experiment: str | None = Field(default=None, min_length=1, max_length=256)
+    """The experiment, created when missing; default: the recipe's name."""
+    run_name: str | None = Field(default=None, min_length=1, max_length=256)
+    """The run's name; default: the job's name. A `submit --resume` continues its lineage's run."""
+
+
+class Tracking(Section):
+    """Dashboards that rank 0 feeds from the metrics log, never blocking a step."""
+
+    tensorboard: bool = False
+    """Write TensorBoard event files under the job's output (tensorboard/); on SageMaker also
+    TensorBoardOutputConfig, so they reach S3 while the job runs."""
+    mlflow: MlflowTracking | None = None
+    """Log params, per-step metrics, tags and the resolved config to an MLflow tracking server."""
+
+
 class RecipeSpec(Section):
     """A training job: model, data, layout and cluster."""
 
@@ -472,3 +499,4 @@ class RecipeSpec(Section):
     bundle: CodeBundle = CodeBundle()
     data: Data = Data()
     checkpoint: Checkpoint = Checkpoint()
+    tracking: Tracking = Tracking()

@@ -108,11 +108,14 @@ def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_p
     )
 
 
-def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkpoint(tmp_path):
+def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkpoint(tmp_path, mlflow_server):
     """cluster.max_restarts (1 by default on the local backend): torchrun restarts the workers
-    after one dies, and they resume from the newest complete checkpoint instead of failing the job."""
+    after one dies, and they resume from the newest complete checkpoint instead of failing the job.
+    The job also feeds TensorBoard and MLflow (tracking.*): the restarted workers continue the
+    lineage's MLflow run, and both dashboards hold what metrics.jsonl holds."""
     home = tmp_path / "home"
     overrides = ["training.steps=16", "checkpoint.every_steps=2", "cluster.nproc_per_node=2", "parallel.tensor=1"]
+    overrides += ["tracking.tensorboard=true", f"tracking.mlflow.uri={mlflow_server.url}"]
     args = [arg for override in overrides for arg in ("--set", override)]
     submitted = from_checkout("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--json", *args, home=home)
     assert submitted.returncode == 0, submitted.stderr
@@ -139,26 +142,99 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkp
     assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 2, resumed
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps[-1] == 16 and sorted(set(steps)) == list(range(1, 17))
+    assert "warning: mlflow" not in waited.stdout + waited.stderr
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert_tensorboard_holds(directory / "tensorboard", records)
+    assert_mlflow_run_holds(mlflow_server.url, name, records, directory / "spec.json")
 
 
-def test_a_stopped_job_is_stopped_with_no_traceback(tmp_path):
+def test_a_stopped_job_is_stopped_with_no_traceback(tmp_path, doomed_mlflow_server):
     """`launcher stop`: the workers checkpoint, torchrun ends with one line (entrypoints/torchrun.py),
-    and the job is Stopped with 143, not a failure ending in torchrun's SignalException traceback."""
+    and the job is Stopped with 143, not a failure ending in torchrun's SignalException traceback.
+    Before that its MLflow server is killed (SIGKILL) mid-run: one warning, and training goes on."""
     home = tmp_path / "home"
     overrides = ["training.steps=200", "cluster.nproc_per_node=2", "parallel.tensor=1"]
+    overrides.append(f"tracking.mlflow.uri={doomed_mlflow_server.url}")
     args = [arg for override in overrides for arg in ("--set", override)]
     submitted = from_checkout("--quiet", "submit", "recipes/tiny-cpu.yaml", "--backend", "local", *args, home=home)
     assert submitted.returncode == 0, submitted.stderr
     name = submitted.stdout.strip()
     metrics = home / "jobs" / name / "metrics.jsonl"
-    wait_while_growing(
-        lambda: metrics.exists() and metrics.read_text().count("\n") >= 2,
-        metrics.with_name("output.log"),
-        "a second step",
-    )
+    log = metrics.with_name("output.log")
+    wait_while_growing(lambda: mlflow_steps(doomed_mlflow_server.url, name) >= 1, log, "a step in MLflow")
+    doomed_mlflow_server.kill()
+    wait_while_growing(lambda: "warning: mlflow" in log.read_text(), log, "the warning")
+    after_warning = metrics.read_text().count("\n")
+    wait_while_growing(lambda: metrics.read_text().count("\n") >= after_warning + 2, log, "two steps more")
     stopped = json.loads(from_checkout("stop", name, "--json", home=home).stdout)
     assert (stopped["state"], stopped["exit_code"], stopped["failure_reason"]) == ("Stopped", 143, None)
     log = (home / "jobs" / name / "output.log").read_text()
     assert "Traceback" not in log and "SignalException" not in log
     assert log.rstrip().endswith("torchrun: stopped by SIGTERM")
     assert "checkpoint saved" in log
+    (warning,) = [line for line in log.splitlines() if "mlflow" in line]
+    assert re.fullmatch(
+        rf"(\[\S+\]:)?warning: mlflow: POST {doomed_mlflow_server.url}/api/2\.0/mlflow/runs/log-batch: .*"
+        "; training goes on without MLflow logging",
+        warning,
+    ), warning
+
+
+def last_per_step(pairs) -> dict[int, float]:
+    """{step: value}, the later of two values of a step winning (a restarted run logs steps again)."""
+    return dict(pairs)
+
+
+def assert_tensorboard_holds(directory: Path, records: list[dict]) -> None:
+    """tensorboard's own reader finds every finite number of metrics.jsonl, at its step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    events.Reload()
+    keys = sorted(k for k in records[0] if k != "step" and records[0][k] is not None)
+    assert sorted(events.Tags()["scalars"]) == keys
+    for key in keys:
+        drawn = last_per_step((e.step, e.value) for e in events.Scalars(key))
+        assert drawn == pytest.approx(last_per_step((r["step"], r[key]) for r in records), rel=1e-6), key
+
+
+def mlflow_runs(url: str, lineage: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(url)
+    experiment = client.get_experiment_by_name("tiny-cpu")
+    if experiment is None:
+        return []
+    return client.search_runs([experiment.experiment_id], f"tags.`launcher.lineage` = '{lineage}'")
+
+
+def mlflow_steps(url: str, lineage: str) -> int:
+    runs = mlflow_runs(url, lineage)
+    return len(runs[0].data.metrics) if runs else 0
+
+
+def assert_mlflow_run_holds(url: str, name: str, records: list[dict], spec_file: Path) -> None:
+    """One run for the lineage, read back with MLflow's client: its tags, the resolved config as
+    params and artifact, and every metric of metrics.jsonl at its step."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(url)
+    (run,) = mlflow_runs(url, name)
+    resolved = json.loads(spec_file.read_text())["resolved"]
+    assert run.info.status == "FINISHED" and run.info.run_name == name
+    tags = {k: v for k, v in run.data.tags.items() if k.startswith("launcher.")}
+    assert tags == {
+        "launcher.job": name,
+        "launcher.backend": "local",
+        "launcher.lineage": name,
+        "launcher.recipe": "tiny-cpu",
+    }
+    assert run.data.params["training.steps"] == "16"
+    assert run.data.params["tracking.mlflow.uri"] == url
+    assert json.loads(Path(client.download_artifacts(run.info.run_id, "resolved.json")).read_text()) == resolved
+    keys = sorted(k for k in records[0] if k != "step" and records[0][k] is not None)
+    assert sorted(run.data.metrics) == keys
+    for key in keys:
+        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp)
+        logged = last_per_step((m.step, m.value) for m in history)
+        assert logged == pytest.approx(last_per_step((r["step"], r[key]) for r in records), rel=1e-12), key

@@ -28,7 +28,7 @@ from launcher.backends.sagemaker.settings import SageMakerSettings
 from launcher.backends.sagemaker.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
-from launcher.contract.metrics import METRIC_REGEXES
+from launcher.contract.metrics import METRIC_REGEXES, TENSORBOARD_DIR
 from launcher.contract.text import terminal_safe
 from launcher.errors import EngineError, LauncherError, UsageError
 from launcher.recipe.region import default_region
@@ -129,6 +129,11 @@ class Locations:
     def code_uri(self, bundle: Bundle) -> str:
         return f"{self.code_prefix}/{bundle.sha256}/{ARCHIVE_NAME}"
 
+    def tensorboard_uri(self, spec: JobSpec) -> str:
+        """Where SageMaker syncs the event files: one prefix per lineage, so TensorBoard draws a
+        resumed chain of jobs as one run."""
+        return f"{self.output}/tensorboard/{spec.lineage}"
+
     def wheels_uri(self, wheels: tuple[Wheel, ...]) -> str:
         """Content-addressed prefix holding exactly these wheel files (the `wheels` channel)."""
         return f"{self.wheels_prefix}/{wheelhouse_key(wheels)}/"
@@ -179,6 +184,21 @@ def checkpoint_note(spec: JobSpec, locations: Locations) -> str:
             "which reads back only its own files (no CheckpointConfig: it would copy every checkpoint to every host)"
         )
     return f"checkpoints: {locations.checkpoints}, synced with {spec.checkpoint_dir} on every host (CheckpointConfig)"
+
+
+def tensorboard_config(spec: JobSpec, locations: Locations) -> dict | None:
+    """TensorBoardOutputConfig for a job with tracking.tensorboard: the entrypoints write the event
+    files to <output_dir>/tensorboard, which SageMaker uploads to S3 while the job runs."""
+    if not spec.resolved.get("tracking", {}).get("tensorboard"):
+        return None
+    return {"S3OutputPath": locations.tensorboard_uri(spec), "LocalPath": f"{spec.output_dir}/{TENSORBOARD_DIR}"}
+
+
+def tensorboard_note(config: dict) -> str:
+    return (
+        f"tensorboard: {config['S3OutputPath']}, synced from {config['LocalPath']} while the job runs "
+        f"(TensorBoardOutputConfig); open it in SageMaker's TensorBoard app or `tensorboard --logdir {config['S3OutputPath']}`"
+    )
 
 
 def create_training_job_request(
@@ -234,6 +254,8 @@ def create_training_job_request(
         "Environment": environment,
         "Tags": [{"Key": k, "Value": v} for k, v in (*spec.tags, ("launcher:recipe", spec.recipe_name))],
     }
+    if tensorboard := tensorboard_config(spec, locations):
+        request["TensorBoardOutputConfig"] = tensorboard
     if cloud.per_host_checkpoints:
         environment[CHECKPOINT_PREFIX_ENV] = locations.checkpoints  # entrypoints/checkpoint_mirror.py
     else:
@@ -324,6 +346,8 @@ class SageMakerBackend(Backend):
                 "\n".join(f"the CreateTrainingJob request breaks the SageMaker API: {p}" for p in problems)
             )
         data = {"request": request, "bundle": bundle.describe(code_uri), "notes": [checkpoint_note(spec, locations)]}
+        if "TensorBoardOutputConfig" in request:
+            data["notes"].append(tensorboard_note(request["TensorBoardOutputConfig"]))
         if wheels:
             data["wheels"] = {"uri": locations.wheels_uri(wheels), "files": [w.file for w in wheels]}
         if warnings := request_warnings(spec):
@@ -522,6 +546,7 @@ def status_from_description(d: dict, *, region: str) -> JobStatus:
         "log_group": f"{LOG_GROUP}/{d['TrainingJobName']}",
         "billable_seconds": d.get("BillableTimeInSeconds"),
         "model_artifacts": d.get("ModelArtifacts", {}).get("S3ModelArtifacts"),
+        "tensorboard": d.get("TensorBoardOutputConfig", {}).get("S3OutputPath"),
     }
     return JobStatus(
         name=d["TrainingJobName"],

@@ -51,9 +51,16 @@ def pinned(name: str) -> Wheel:
     )
 
 
+TENSORBOARD_WHEELS = ("tensorboard", "absl-py")
+"""torch.utils.tensorboard imports tensorboard, which imports absl; the image has its protobuf and numpy."""
+
+
 def job_wheels(resolved: dict) -> tuple[Wheel, ...]:
-    """The wheels a job needs beyond the image: torchao when the recipe trains in FP8."""
-    return (pinned("torchao"),) if resolved.get("precision", {}).get("fp8") else ()
+    """The wheels a job needs beyond the image: torchao when the recipe trains in FP8, tensorboard
+    (and absl-py) for tracking.tensorboard."""
+    names = ("torchao",) if resolved.get("precision", {}).get("fp8") else ()
+    names += TENSORBOARD_WHEELS if resolved.get("tracking", {}).get("tensorboard") else ()
+    return tuple(pinned(name) for name in names)
 
 
 def wheelhouse_key(wheels: tuple[Wheel, ...]) -> str:
