@@ -291,3 +291,35 @@ def test_head_dim_is_hidden_over_heads_unless_given():
     assert tiny().head_dim == 8 and tiny(head_dim=16).q_dim == 64
     with pytest.raises(ConfigError, match="model: head_dim 7 is odd"):
         tiny(head_dim=7)
+
+
+def test_an_moe_model_over_a_dense_checkpoint_is_refused_naming_the_moe_key():
+    import dataclasses
+
+    from launcher.contract.hf_checkpoint import architecture_mismatch
+
+    ours = dataclasses.asdict(our_config(CASES["mixtral"][1]))
+    dense = {**CASES["mixtral"][1], "model_type": "mistral", "num_local_experts": None}
+    assert architecture_mismatch(ours, dense, "ckpt/config.json") == (
+        "model.moe: the recipe's model routes each token to 2 of 4 experts, but ckpt/config.json is a dense "
+        "checkpoint with no experts; use a dense model, or an MoE checkpoint"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "message"),
+    [
+        ("mixtral", {"num_experts_per_tok": 4}, "model.moe.top_k is 2 in the recipe but 4 in c.json"),
+        ("qwen3_moe", {"num_experts": 8}, "model.moe.num_experts is 4 in the recipe but 8 in c.json"),
+        ("qwen3_moe", {"moe_intermediate_size": 32}, "model.moe.expert_ffn_hidden_size is 24 in the recipe but 32"),
+    ],
+)
+def test_config_json_experts_that_disagree_with_the_recipe_are_one_line_naming_the_key(kind, change, message):
+    import dataclasses
+
+    from launcher.contract.hf_checkpoint import moe_mismatch
+
+    kwargs = CASES[kind][1]
+    ours = dataclasses.asdict(our_config(kwargs))["moe"]
+    assert moe_mismatch(ours, kwargs, "c.json") is None
+    assert moe_mismatch(ours, {**kwargs, **change}, "c.json").startswith(message)
