@@ -323,3 +323,23 @@ def test_config_json_experts_that_disagree_with_the_recipe_are_one_line_naming_t
     ours = dataclasses.asdict(our_config(kwargs))["moe"]
     assert moe_mismatch(ours, kwargs, "c.json") is None
     assert moe_mismatch(ours, {**kwargs, **change}, "c.json").startswith(message)
+
+
+def test_initialisation_zeroes_biases_sets_qk_norms_to_one_and_draws_experts_by_role():
+    from entrypoints.model.init import materialize
+
+    moe = MoeConfig(num_experts=8, top_k=2, expert_ffn_hidden_size=64)
+    cfg = tiny(hidden_size=64, head_dim=16, qk_norm=True, attention_bias=True, moe=moe)
+    model = build_model(cfg, seq_len=8)
+    materialize(model, torch.device("cpu"), seed=0)
+    params = dict(model.named_parameters())
+    assert all(params[f"layers.1.attention.{w}.bias"].eq(0).all() for w in ("wq", "wk", "wv", "wo"))
+    assert (
+        params["layers.1.attention.q_norm.weight"].eq(1).all()
+        and params["layers.1.attention.k_norm.weight"].eq(1).all()
+    )
+    # An expert's w2 writes into the residual stream: 0.02 / sqrt(2 (layer + 1)), like wo and w2.
+    assert params["layers.1.feed_forward.experts.w2"].std().item() == pytest.approx(0.01, rel=0.05)
+    assert params["layers.1.feed_forward.experts.w1"].std().item() == pytest.approx(0.02, rel=0.05)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 8))
+    assert torch.isfinite(model(tokens, targets=tokens))
