@@ -31,13 +31,20 @@ from launcher.contract.metrics import METRICS_FILE, metrics_line, summary_line
 
 
 def matmul_params(cfg: ModelConfig) -> int:
-    d, kv, f = cfg.hidden_size, cfg.kv_dim, cfg.ffn_hidden_size
-    per_layer = 2 * d * d + 2 * d * kv + 3 * d * f
+    """The matmul weights one token goes through: for MoE the router and its top-k (and shared) experts."""
+    d, q, kv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
+    moe = cfg.moe
+    if moe is None:
+        mlp = 3 * d * cfg.ffn_hidden_size
+    else:
+        mlp = moe.num_experts * d + (moe.top_k + moe.shared_experts) * 3 * d * moe.expert_ffn_hidden_size
+    per_layer = 2 * d * q + 2 * d * kv + mlp
     return cfg.num_layers * per_layer + cfg.vocab_size * d
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    return 6.0 * matmul_params(cfg) + 6.0 * cfg.num_layers * cfg.hidden_size * seq_len
+    """6 N + 6 L q s: attention's FLOPs scale with the query width q = num_heads x head_dim."""
+    return 6.0 * matmul_params(cfg) + 6.0 * cfg.num_layers * cfg.q_dim * seq_len
 
 
 def memory_gib() -> tuple[float, float]:

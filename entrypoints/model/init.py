@@ -12,7 +12,8 @@ differ between CPU and CUDA generators, never between layouts on one device type
 Standard deviations follow torchtitan's Llama: 0.02 for the input projections, 0.02 /
 sqrt(2·(layer+1)) for the projections that write into the residual stream (wo, w2), 1.0 for an
 untied embedding, hidden^-0.5 for the output projection (and for a tied embedding), ones for
-the norms.
+the norms (QK-norms included), zeros for biases; experts and the router as linears of their
+role (an expert's w2 writes into the residual stream).
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ def init_std(model: Transformer, name: str) -> float | None:
         return cfg.hidden_size**-0.5 if cfg.tie_embeddings else 1.0
     if name == "output.weight":
         return cfg.hidden_size**-0.5
+    if parts[-1] == "bias":
+        return 0.0
     layer_id = int(parts[1])
-    if parts[-2] in ("wo", "w2"):
+    # Grouped experts are parameters named w1/w2/w3 themselves; linears hold a `weight`.
+    projection = parts[-2] if parts[-1] == "weight" else parts[-1]
+    if projection in ("wo", "w2"):
         return 0.02 / math.sqrt(2 * (layer_id + 1))
     return 0.02
 

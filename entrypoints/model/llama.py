@@ -1,4 +1,10 @@
-"""Llama (and Mistral without sliding window): RMSNorm, RoPE with Llama 3.1 scaling, GQA, SwiGLU.
+"""One decoder for Llama, Mistral (without sliding window), Qwen3 and Qwen3-MoE/Mixtral: RMSNorm,
+RoPE (Llama 3.1 or YaRN scaling), GQA, and a SwiGLU or mixture-of-experts MLP.
+
+The families differ only by the architecture's fields (launcher.contract.config.ModelConfig),
+never by name: `head_dim` (independent of hidden / heads), `qk_norm` (RMSNorm per head of q and
+k before RoPE), `attention_bias`, `tie_embeddings`, `rope_theta`/`rope_scaling`, and `moe` (the
+MLP of every block is then model/moe.py's MoE, and the loss adds its auxiliary losses).
 
     model = Transformer(cfg.model, seq_len=cfg.training.seq_len)   # any device, meta included
     loss = model(tokens, targets=targets)                           # mean cross-entropy
@@ -31,15 +37,18 @@ from torch import nn
 
 from entrypoints.model.documents import DocumentMask, document_positions
 from entrypoints.model.loss import linear_cross_entropy
+from entrypoints.model.moe import MoE, router_losses
 from entrypoints.model.sdpa import causal_attention
 from launcher.contract.config import ModelConfig, RopeScaling
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """Rotary inverse frequencies (float64), with Llama 3.1 "llama3" scaling if given."""
+    """Rotary inverse frequencies (float64), with Llama 3.1 "llama3" or YaRN scaling if given."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     if scaling is None:
         return inv_freq
+    if scaling.type == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
     low_wavelen = scaling.original_max_context / scaling.low_freq_factor
     high_wavelen = scaling.original_max_context / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -53,10 +62,31 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
     return torch.where(in_band, blended, scaled)
 
 
-def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """[2, *positions.shape, head_dim/2] fp32: cos and sin of position x frequency."""
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN (arXiv 2309.00071) as transformers' `_compute_yarn_parameters` (truncate on): dimensions
+    turning more than beta_fast times over the original context keep their frequency, those
+    turning fewer than beta_slow times are interpolated by `factor`, with a linear ramp between."""
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(scaling.original_max_context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(scaling.beta_fast or 32.0)), 0)
+    high = min(math.ceil(correction_dim(scaling.beta_slow or 1.0)), head_dim - 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 0.001)).clamp(0, 1)
+    return inv_freq / scaling.factor * ramp + inv_freq * (1 - ramp)
+
+
+def rope_attention_factor(scaling: RopeScaling | None) -> float:
+    """YaRN scales cos and sin (so both q and k) by 0.1 ln(factor) + 1; other kinds by 1."""
+    if scaling is None or scaling.type != "yarn" or scaling.factor <= 1:
+        return 1.0
+    return 0.1 * math.log(scaling.factor) + 1.0
+
+
+def rope_table(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """[2, *positions.shape, head_dim/2] fp32: cos and sin of position x frequency, times `scale`."""
     angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device)
-    return torch.stack([angles.cos(), angles.sin()]).float()
+    return (torch.stack([angles.cos(), angles.sin()]) * scale).float()
 
 
 def apply_rotary(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -72,10 +102,14 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = cfg.head_dim
         self.gqa = cfg.num_heads != cfg.num_kv_heads
-        self.wq = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.hidden_size, cfg.kv_dim, bias=False)
-        self.wv = nn.Linear(cfg.hidden_size, cfg.kv_dim, bias=False)
-        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        bias = cfg.attention_bias
+        self.wq = nn.Linear(cfg.hidden_size, cfg.q_dim, bias=bias)
+        self.wk = nn.Linear(cfg.hidden_size, cfg.kv_dim, bias=bias)
+        self.wv = nn.Linear(cfg.hidden_size, cfg.kv_dim, bias=bias)
+        self.wo = nn.Linear(cfg.q_dim, cfg.hidden_size, bias=bias)
+        # Qwen3: RMSNorm over each head's dimensions of q and k, before RoPE.
+        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         # Set by apply_context_parallel: a callable (q, k, v) -> out over the cp group.
         self.context_parallel = None
 
@@ -85,6 +119,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, rope[..., :seq, :]), apply_rotary(k, rope[..., :seq, :])
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.context_parallel is not None:
@@ -116,7 +152,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        self.feed_forward = MoE(cfg) if cfg.moe else FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, documents: DocumentMask | None = None) -> torch.Tensor:
         # A keyword: the tensor-parallel plan prepares the positional inputs (x, rope) only.
@@ -152,7 +188,7 @@ class Transformer(nn.Module):
         """Fill the RoPE table (after the model is materialised on its device)."""
         inv_freq = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling)
         with torch.no_grad():
-            self.rope.copy_(rope_table(self.positions, inv_freq))
+            self.rope.copy_(rope_table(self.positions, inv_freq, rope_attention_factor(self.cfg.rope_scaling)))
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -161,7 +197,9 @@ class Transformer(nn.Module):
     def document_rope(self, documents: torch.Tensor) -> torch.Tensor:
         """[2, B, s_local, head_dim/2]: RoPE at each token's position within its document."""
         within = document_positions(documents)[:, self.positions.to(documents.device)]
-        return rope_table(within, rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_scaling))
+        scaling = self.cfg.rope_scaling
+        inv_freq = rope_inv_freq(self.cfg.head_dim, self.cfg.rope_theta, scaling)
+        return rope_table(within, inv_freq, rope_attention_factor(scaling))
 
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, documents: torch.Tensor | None = None
@@ -186,7 +224,14 @@ class Transformer(nn.Module):
         h = self.norm(h)
         if targets is None:
             return F.linear(h, self.output_weight)
-        return linear_cross_entropy(h, self.output_weight, targets, tp_mesh=self.loss_tp_mesh)
+        loss = linear_cross_entropy(h, self.output_weight, targets, tp_mesh=self.loss_tp_mesh)
+        return loss + self.router_loss() if self.cfg.moe else loss
+
+    def router_loss(self) -> torch.Tensor:
+        """The weighted load-balancing and z-losses of the last forward's MoE layers (model/moe.py)."""
+        moe = self.cfg.moe
+        balance, z_loss = router_losses([layer.feed_forward for layer in self.layers.values()], moe)
+        return moe.aux_loss_coef * balance + moe.z_loss_coef * z_loss
 
 
 def build_model(

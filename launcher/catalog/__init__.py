@@ -14,7 +14,7 @@ from importlib.resources import files
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_serializer
 
 from launcher.contract.text import choices  # noqa: F401  (catalog.choices: how messages list valid values)
 
@@ -29,21 +29,54 @@ _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
 class RopeScaling(BaseModel):
-    """Llama 3.1-style RoPE frequency scaling for long context."""
+    """RoPE frequency scaling for long context: Llama 3.1's "llama3", or YaRN (Qwen3)."""
 
     model_config = _FROZEN
-    type: Literal["llama3"] = "llama3"
+    type: Literal["llama3", "yarn"] = "llama3"
     factor: float = Field(gt=0)
-    low_freq_factor: float = Field(gt=0)
-    high_freq_factor: float = Field(gt=0)
     original_max_context: PositiveInt
+    low_freq_factor: float | None = Field(default=None, gt=0)
+    high_freq_factor: float | None = Field(default=None, gt=0)
+    beta_fast: float | None = Field(default=None, gt=0)
+    """yarn only (default 32)."""
+    beta_slow: float | None = Field(default=None, gt=0)
+    """yarn only (default 1)."""
+
+
+class MoeArch(BaseModel):
+    """A mixture-of-experts MLP in every block; the fields are explained on
+    launcher.contract.config.MoeConfig, which the entrypoints read."""
+
+    model_config = _FROZEN
+    num_experts: PositiveInt
+    top_k: PositiveInt
+    expert_ffn_hidden_size: PositiveInt
+    shared_experts: int = Field(default=0, ge=0)
+    router_score: Literal["softmax", "sigmoid"] = "softmax"
+    normalize_top_k: bool = True
+    aux_loss_coef: float = Field(default=0.0, ge=0)
+    z_loss_coef: float = Field(default=0.0, ge=0)
+    dropless: Literal[True] = True
+    """Only dropless routing is implemented."""
+
+    def expert_params(self, hidden_size: int) -> int:
+        """One expert's SwiGLU: gate, up and down projections."""
+        return 3 * hidden_size * self.expert_ffn_hidden_size
+
+    def layer_params(self, hidden_size: int) -> int:
+        """Router, routed experts and shared experts of one layer."""
+        router = self.num_experts * hidden_size
+        return router + (self.num_experts + self.shared_experts) * self.expert_params(hidden_size)
 
 
 class ModelArch(BaseModel):
-    """The shapes of a Llama-family decoder: everything the estimator and trainer need."""
+    """The shapes of a decoder (Llama, Mistral, Qwen3, Mixtral): everything the estimator and
+    trainer need. The families differ only by these fields, never by name in the model code."""
 
-    model_config = _FROZEN
-    family: Literal["llama", "mistral"] = "llama"
+    # `head_dim` in the YAML and the resolved config is `declared_head_dim` here, so that the
+    # `head_dim` property can fill in hidden_size / num_heads for models that do not set it.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, serialize_by_alias=True)
+    family: Literal["llama", "mistral", "qwen3", "qwen3_moe", "mixtral"] = "llama"
     hidden_size: PositiveInt
     num_layers: PositiveInt
     num_heads: PositiveInt
@@ -55,21 +88,42 @@ class ModelArch(BaseModel):
     rope_scaling: RopeScaling | None = None
     tie_embeddings: bool = False
     norm_eps: float = Field(default=1e-5, gt=0)
+    declared_head_dim: PositiveInt | None = Field(default=None, alias="head_dim")
+    qk_norm: bool = False
+    attention_bias: bool = False
+    moe: MoeArch | None = None
     source: str = ""
+
+    @field_serializer("declared_head_dim")
+    def _dump_head_dim(self, _declared: int | None) -> int:
+        # The resolved config states the head_dim the model is built with.
+        return self.head_dim
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.declared_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (num_heads x head_dim; hidden_size for Llama)."""
+        return self.head_dim * self.num_heads
 
     @property
     def kv_dim(self) -> int:
         return self.head_dim * self.num_kv_heads
 
+    def attention_extra_params(self) -> int:
+        """Attention parameters besides the four weight matrices: q/k RMSNorm weights (one head
+        wide each) and projection biases. Zero for Llama and Mistral."""
+        norms = 2 * self.head_dim if self.qk_norm else 0
+        biases = self.q_dim + 2 * self.kv_dim + self.hidden_size if self.attention_bias else 0  # q, k, v, output
+        return norms + biases
+
     def block_params(self) -> int:
-        """Parameters of one transformer block: attention, SwiGLU MLP and two RMSNorms."""
+        """Parameters of one transformer block: attention, MLP (SwiGLU or experts) and two RMSNorms."""
         h = self.hidden_size
-        attention = h * h * 2 + h * self.kv_dim * 2  # wq, wo, wk, wv
-        mlp = 3 * h * self.ffn_hidden_size
+        attention = h * self.q_dim * 2 + h * self.kv_dim * 2 + self.attention_extra_params()  # wq, wo, wk, wv
+        mlp = self.moe.layer_params(h) if self.moe else 3 * h * self.ffn_hidden_size
         return attention + mlp + 2 * h
 
     def embedding_params(self) -> int:
@@ -80,14 +134,23 @@ class ModelArch(BaseModel):
         return self.embedding_params() + self.num_layers * self.block_params() + self.hidden_size + output
 
     def shape_problems(self) -> list[tuple[str, str]]:
-        """(field, message) for shapes no Llama can have."""
+        """(field, message) for shapes no model here can have."""
         problems = []
-        if self.hidden_size % self.num_heads:
+        if self.declared_head_dim is None and self.hidden_size % self.num_heads:
             problems.append(("hidden_size", f"{self.hidden_size} is not divisible by num_heads {self.num_heads}"))
         elif self.head_dim % 2:
-            problems.append(("hidden_size", f"head dimension {self.head_dim} must be even for RoPE"))
+            field = "head_dim" if self.declared_head_dim else "hidden_size"
+            problems.append((field, f"head dimension {self.head_dim} must be even for RoPE"))
         if self.num_heads % self.num_kv_heads:
             problems.append(("num_kv_heads", f"{self.num_kv_heads} does not divide num_heads {self.num_heads}"))
+        if self.moe and self.moe.top_k > self.moe.num_experts:
+            problems.append(
+                (
+                    "moe.top_k",
+                    f"{self.moe.top_k} experts per token, but the model has {self.moe.num_experts}; "
+                    f"use 1 to {self.moe.num_experts}",
+                )
+            )
         return problems
 
 

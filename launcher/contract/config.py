@@ -9,7 +9,7 @@ naming the recipe key to change, and a file of another format is refused with th
 expects.
 
     cfg = load_config("resolved.json")        # or JobConfig.from_dict(cfg.to_dict())
-    cfg.model.head_dim, cfg.parallel.fsdp_shard, cfg.training.seq_len
+    cfg.model.head_dim, cfg.model.moe, cfg.parallel.fsdp_shard, cfg.training.seq_len
 """
 
 from __future__ import annotations
@@ -40,19 +40,80 @@ def _config(cls):
     return dataclass(frozen=True, kw_only=True, slots=True)(cls)
 
 
+ROPE_SCALING_TYPES = ("llama3", "yarn")
+
+
 @_config
 class RopeScaling:
     type: str
-    """Only "llama3" (Llama 3.1's frequency-dependent scaling) is known."""
+    """"llama3" (Llama 3.1's frequency-dependent scaling) or "yarn" (YaRN, as Qwen3 documents
+    for contexts past its 32K: arXiv 2309.00071; transformers' `_compute_yarn_parameters`)."""
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
     original_max_context: int
-    """The context the base model was trained at (8192 for Llama 3.1)."""
+    """The context the base model was trained at (8192 for Llama 3.1, 32768 for Qwen3)."""
+    low_freq_factor: float | None = None
+    """llama3 only: wavelengths longer than original_max_context / low_freq_factor are slowed by `factor`."""
+    high_freq_factor: float | None = None
+    """llama3 only: wavelengths shorter than original_max_context / high_freq_factor are kept."""
+    beta_fast: float | None = None
+    """yarn only (None: 32): rotations per original context above which a dimension keeps its frequency."""
+    beta_slow: float | None = None
+    """yarn only (None: 1): rotations per original context below which a dimension is interpolated by `factor`."""
 
     def __post_init__(self):
-        if self.type != "llama3":
-            raise ConfigError(f"model.rope_scaling.type: '{self.type}' is not supported; use llama3 or none")
+        if self.type not in ROPE_SCALING_TYPES:
+            raise ConfigError(
+                f"model.rope_scaling.type: '{self.type}' is not supported; use {', '.join(ROPE_SCALING_TYPES)} or none"
+            )
+        if self.type == "llama3" and (self.low_freq_factor is None or self.high_freq_factor is None):
+            raise ConfigError("model.rope_scaling: llama3 scaling needs low_freq_factor and high_freq_factor")
+
+
+ROUTER_SCORES = ("softmax", "sigmoid")
+
+
+@_config
+class MoeConfig:
+    """A mixture-of-experts MLP in every block (entrypoints/model/moe.py), in place of the dense SwiGLU."""
+
+    num_experts: int
+    """Routed experts per layer (config.json num_experts / num_local_experts)."""
+    top_k: int
+    """Experts each token is sent to (num_experts_per_tok)."""
+    expert_ffn_hidden_size: int
+    """Intermediate size of one expert's SwiGLU (moe_intermediate_size; Mixtral: intermediate_size)."""
+    shared_experts: int = 0
+    """Experts every token goes through besides the routed ones, as one dense SwiGLU of
+    shared_experts x expert_ffn_hidden_size (DeepSeek-style, ungated)."""
+    router_score: str = "softmax"
+    """softmax over the experts' logits (Mixtral, Qwen3-MoE) or an independent sigmoid per expert (DeepSeek V3)."""
+    normalize_top_k: bool = True
+    """Rescale each token's top-k scores to sum to 1 (norm_topk_prob; Mixtral always does)."""
+    aux_loss_coef: float = 0.0
+    """Weight of the load-balancing loss (router_aux_loss_coef), added to the training loss."""
+    z_loss_coef: float = 0.0
+    """Weight of the router z-loss, mean squared log-sum-exp of the router logits (ST-MoE, arXiv 2202.08906)."""
+    dropless: bool = True
+    """Every token reaches all of its top-k experts (no capacity limit). Only dropless routing is implemented."""
+
+    def __post_init__(self):
+        if self.num_experts < 1:
+            raise ConfigError(f"model.moe.num_experts: {self.num_experts}; use a whole number of at least 1")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ConfigError(
+                f"model.moe.top_k: {self.top_k} experts per token, but the model has {self.num_experts}; "
+                f"use 1 to {self.num_experts}"
+            )
+        if self.expert_ffn_hidden_size < 1:
+            raise ConfigError(f"model.moe.expert_ffn_hidden_size: {self.expert_ffn_hidden_size}; use at least 1")
+        if self.shared_experts < 0:
+            raise ConfigError(f"model.moe.shared_experts: {self.shared_experts}; use 0 or more")
+        if self.router_score not in ROUTER_SCORES:
+            raise ConfigError(f"model.moe.router_score: '{self.router_score}' is not one of {', '.join(ROUTER_SCORES)}")
+        if not self.dropless:
+            raise ConfigError("model.moe.dropless: false (capacity-limited routing) is not implemented; use true")
+        if self.aux_loss_coef < 0 or self.z_loss_coef < 0:
+            raise ConfigError("model.moe: aux_loss_coef and z_loss_coef must be 0 or more")
 
 
 @_config
@@ -70,6 +131,15 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     tie_embeddings: bool = False
     norm_eps: float = 1e-5
+    head_dim: int | None = None
+    """Dimensions per attention head; None: hidden_size / num_heads (Llama). Qwen3 sets it, and
+    then num_heads x head_dim need not equal hidden_size. Filled in on construction."""
+    qk_norm: bool = False
+    """RMSNorm over each head of q and k before RoPE (Qwen3)."""
+    attention_bias: bool = False
+    """Biases on the q, k, v and output projections (config.json attention_bias)."""
+    moe: MoeConfig | None = None
+    """Mixture-of-experts MLPs instead of the dense SwiGLU (None: dense)."""
     source: str | None = None
     """Where the architecture numbers come from (documentation only)."""
     init_from: str | None = None
@@ -77,16 +147,21 @@ class ModelConfig:
     weights replace the random initialisation of a fresh run (entrypoints/hf_weights.py)."""
 
     def __post_init__(self):
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(f"model.num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ConfigError(f"model.num_heads: {self.num_heads} does not divide hidden_size {self.hidden_size}")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.head_dim < 1:
+            raise ConfigError(f"model.head_dim: {self.head_dim}; use a positive even number")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"model.num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"model: head_dim {self.head_dim} is odd; rotary embeddings need an even head_dim")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def q_dim(self) -> int:
+        """Width of the query projection's output (and the output projection's input)."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:

@@ -53,7 +53,12 @@ CHECKED_FIELDS = (
     "rope_theta",
     "rope_scaling",
     "tie_embeddings",
+    "head_dim",
+    "qk_norm",
+    "attention_bias",
 )
+# config.json's model types whose attention has Qwen3's q_norm/k_norm (it has no field saying so).
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 
 def hf_name(name: str) -> str:
@@ -92,6 +97,8 @@ def _scaling_fields(scaling: Any) -> Any:
         "low_freq_factor": scaling.get("low_freq_factor"),
         "high_freq_factor": scaling.get("high_freq_factor"),
         "original_max_context": scaling.get("original_max_position_embeddings"),
+        "beta_fast": scaling.get("beta_fast"),
+        "beta_slow": scaling.get("beta_slow"),
     }
 
 
@@ -109,7 +116,60 @@ def hf_architecture(config: dict) -> dict:
         "rope_scaling": _scaling_fields(scaling),
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
         "norm_eps": config.get("rms_norm_eps", 1e-5),
+        "head_dim": config.get("head_dim") or _default_head_dim(config),
+        "qk_norm": config.get("model_type") in QK_NORM_MODEL_TYPES,
+        "attention_bias": bool(config.get("attention_bias", False)),
     }
+
+
+def _default_head_dim(config: dict) -> Any:
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
+
+
+def hf_experts(config: dict) -> dict | None:
+    """A config.json's experts in our `moe` field names, or None for a dense checkpoint.
+
+    Qwen3-MoE writes num_experts and moe_intermediate_size; Mixtral writes num_local_experts and
+    uses intermediate_size for each expert.
+    """
+    if config.get("num_experts"):
+        return {
+            "num_experts": config["num_experts"],
+            "top_k": config.get("num_experts_per_tok"),
+            "expert_ffn_hidden_size": config.get("moe_intermediate_size"),
+        }
+    if config.get("num_local_experts"):
+        return {
+            "num_experts": config["num_local_experts"],
+            "top_k": config.get("num_experts_per_tok"),
+            "expert_ffn_hidden_size": config.get("intermediate_size"),
+        }
+    return None
+
+
+def moe_mismatch(ours: dict | None, config: dict, where: str) -> str | None:
+    """The first difference between the recipe's `moe` block and a config.json's experts."""
+    theirs = hf_experts(config)
+    if ours and theirs is None:
+        return (
+            f"model.moe: the recipe's model routes each token to {ours['top_k']} of {ours['num_experts']} experts, "
+            f"but {where} is a dense checkpoint with no experts; use a dense model, or an MoE checkpoint"
+        )
+    if theirs and not ours:
+        return (
+            f"model.moe: {where} has {theirs['num_experts']} experts per layer, but the recipe's model is dense; "
+            "use the checkpoint's MoE model"
+        )
+    for key in ("num_experts", "top_k", "expert_ffn_hidden_size") if ours else ():
+        if not _same(ours.get(key), theirs[key]):
+            return (
+                f"model.moe.{key} is {_show(ours.get(key))} in the recipe but {_show(theirs[key])} in {where}; "
+                "make the recipe's model match the checkpoint"
+            )
+    return None
 
 
 def _same(ours: Any, theirs: Any) -> bool:
@@ -140,7 +200,7 @@ def architecture_mismatch(ours: dict, config: dict, where: str) -> str | None:
                 f"model.{key} is {_show(ours.get(key))} in the recipe but {_show(theirs[key])} in {where}; "
                 "make the recipe's model match the checkpoint (model: {hf_config: that config.json})"
             )
-    return None
+    return moe_mismatch(ours.get("moe"), config, where)
 
 
 def sliding_window_problem(config: dict, seq_len: int, where: str) -> str | None:
@@ -180,7 +240,7 @@ def hf_config_json(model: dict, *, dtype: str) -> dict:
         "num_hidden_layers": model["num_layers"],
         "num_attention_heads": model["num_heads"],
         "num_key_value_heads": model["num_kv_heads"],
-        "head_dim": model["hidden_size"] // model["num_heads"],
+        "head_dim": model.get("head_dim") or model["hidden_size"] // model["num_heads"],
         "vocab_size": model["vocab_size"],
         "max_position_embeddings": model["max_context"],
         "rms_norm_eps": model["norm_eps"],

@@ -73,6 +73,7 @@ class _Block:
     def __init__(self, w: Workload, cb: int, *, float8_all_gather: bool):
         arch, layout = w.arch, w.layout
         h, f, kv, heads = arch.hidden_size, arch.ffn_hidden_size, arch.kv_dim, arch.num_heads
+        q = arch.q_dim  # num_heads x head_dim: h for Llama, not for every Qwen3
         t, c = layout.tensor, layout.context
         tokens = w.micro_batch_size * w.seq_len / c
         sharded = tokens / t
@@ -80,11 +81,15 @@ class _Block:
             cb * sharded * h * 2  # block input, residual after attention
             + FP32 * sharded * 2  # rstd of both norms
             + cb * sharded * h * 2  # the two norm outputs, as a sequence shard
-            + cb * tokens * (h + 2 * kv) / t  # q, k, v
-            + cb * tokens * h / t  # attention output
+            + cb * tokens * (q + 2 * kv) / t  # q, k, v
+            + cb * tokens * q / t  # attention output
             + FP32 * tokens * heads / t  # log-sum-exp
             + cb * tokens * 4 * f / t  # SwiGLU intermediates
         )
+        if arch.qk_norm:
+            # Qwen3's q_norm and k_norm (RMSNorm per head, before RoPE) save their inputs, the
+            # projections' outputs, and an fp32 rstd per head and token.
+            local += cb * tokens * (q + kv) / t + FP32 * tokens * (heads + arch.num_kv_heads) / t
         # Sequence parallel keeps the all-gathered norm outputs: (t - 1) more shards of each.
         self.tp_gathered = cb * (tokens - sharded) * h * 2
         # Context parallel keeps K and V of the whole sequence: (c - 1) more chunks of each.
@@ -125,10 +130,12 @@ class _Block:
             self.fp8_cast = fp8_moment - cb * sharded * h
             self.backward_working = cb * sharded * h
             self.weight_grad_w2 = 0.0
-        linear = (2 * h * h + 2 * h * kv + 3 * h * f) / t
-        self.params = linear + 2 * h
+        linear = (2 * h * q + 2 * h * kv + 3 * h * f) / t
+        # Norm weights, and Qwen3's q/k norms and any attention biases (counted unsharded).
+        small = 2 * h + arch.attention_extra_params()
+        self.params = linear + small
         # FSDP all-gathers float8 weights (tensorwise scaling on nccl, entrypoints/fp8.py).
-        self.gathered = (1 if float8_all_gather else cb) * linear + cb * 2 * h
+        self.gathered = (1 if float8_all_gather else cb) * linear + cb * small
 
 
 def _checkpointed_below(mode: str, index: int) -> int:

@@ -26,10 +26,12 @@ def block_params(arch: ModelArch, t: int) -> float:
     """One layer's parameters per GPU: 2h^2(1 + k/a)/t + 3hf/t + 2h.
 
     Attention (wq, wo: h^2 each; wk, wv: h^2*k/a each) and the SwiGLU MLP (three h x f
-    matrices) split over t; the two RMSNorm weights are replicated.
+    matrices) split over t; the two RMSNorm weights are replicated. With a head_dim other than
+    h/a (Qwen3) h^2 is h x q for q = a x head_dim (so k/a is kv/q), and QK-norm weights and
+    attention biases, outside the published formula, are added replicated.
     """
-    h, f, a, k = arch.hidden_size, arch.ffn_hidden_size, arch.num_heads, arch.num_kv_heads
-    return 2 * h * h * (1 + k / a) / t + 3 * h * f / t + 2 * h
+    h, f, q, kv = arch.hidden_size, arch.ffn_hidden_size, arch.q_dim, arch.kv_dim
+    return 2 * h * q * (1 + kv / q) / t + 3 * h * f / t + 2 * h + arch.attention_extra_params()
 
 
 def embedding_params(arch: ModelArch, t: int) -> float:

@@ -420,7 +420,7 @@ class _Step:
     """What every term shares: one micro-batch on one GPU of pipeline rank `rank`."""
 
     __slots__ = (
-        "w", "k", "gen", "accelerator", "h", "kv", "f", "vocab", "t", "c", "p", "v", "shard", "replicas", "b",
+        "w", "k", "gen", "accelerator", "h", "q", "kv", "f", "vocab", "t", "c", "p", "v", "shard", "replicas", "b",
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
         "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
         "accumulation", "grad_bytes", "cp_attention", "machine",
@@ -439,6 +439,7 @@ class _Step:
         arch, layout, accelerator = workload.arch, workload.layout, machine.accelerator
         self.machine, self.w, self.k, self.accelerator, self.gen = machine, workload, k, accelerator, machine.gen
         self.h, self.kv, self.f, self.vocab = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
+        self.q = arch.q_dim  # query width: h for Llama, num_heads x head_dim for Qwen3
         self.t, self.c, self.p, self.v = layout.tensor, layout.context, layout.pipeline, layout.virtual_stages
         self.shard, self.replicas = layout.fsdp_shard, layout.data_replicate
         self.b, self.s = workload.micro_batch_size, workload.seq_len
@@ -457,8 +458,9 @@ class _Step:
         self.node_network, self.inter = machine.node_network, machine.inter
         self.grad_bytes = k.fsdp_grad_bytes[mode(workload, "reduce_dtype")]
         self.cp_attention = mode(workload, "cp_attention")
-        h, kv, f = self.h, self.kv, self.f
-        self.block_params = self.layers * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h)
+        h, q, kv, f = self.h, self.q, self.kv, self.f
+        small = 2 * h + arch.attention_extra_params()  # norms (QK-norms), attention biases
+        self.block_params = self.layers * (2 * h * q + 2 * h * kv + 3 * h * f + small)
         # The last rank also holds the final norm and the output layer.
         self.stage_params = self.block_params + (self.vocab * h + h if self.has_output else 0)
 
@@ -540,7 +542,7 @@ def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]
     checkpointing or accumulation share them."""
     w = step.w
     key = (
-        w.dtype, w.fp8_recipe, w.compile, step.fp8, step.fp8_gather, step.rows, step.s, step.h, step.kv, step.f,
+        w.dtype, w.fp8_recipe, w.compile, step.fp8, step.fp8_gather, step.rows, step.s, step.h, step.q, step.kv, step.f,
         step.vocab, step.t, step.c, step.shard, step.cp_attention,
     )  # fmt: skip
     known = step.machine.layer_terms
@@ -578,7 +580,7 @@ def matmul_time(step: _Step) -> tuple[float, float]:
 
     block_half = k.gemm_half_dim[block_precision]
     row_eff = rows / (rows + block_half)
-    block_gemm_s = 6 * rows * _shaped_block_params(h, kv, f, t, block_half) / (block_peak * block_eff * row_eff)
+    block_gemm_s = 6 * rows * _shaped_block_params(h, step.q, kv, f, t, block_half) / (block_peak * block_eff * row_eff)
     # The fused linear + cross-entropy loss (entrypoints/model/loss.py) works through the tokens in
     # chunks of about rows * h / V_local, and recomputes each chunk's logits in backward: 8, not 6,
     # FLOPs per output weight and token, in GEMMs whose M is the chunk.
@@ -595,7 +597,7 @@ def attention_time(step: _Step) -> float:
     split over TP, queries over CP. Short sequences leave the flash kernel's tiles underused; the
     CP kernels run at their own fraction of plain attention (`cp_attention_factor`)."""
     k, s = step.k, step.s
-    attention_flops = 6 * s * (step.h / step.t) * step.rows
+    attention_flops = 6 * s * (step.q / step.t) * step.rows
     attention_rate = step.bf16_peak * k.attention_efficiency[step.gen] * _dim_eff(s, k.attention_half_seq)
     if step.c > 1:
         attention_rate *= k.cp_attention_factor[step.cp_attention]
@@ -658,7 +660,7 @@ def context_parallel_time(step: _Step) -> float:
         # Each rank keeps 1/c of its s/c tokens' heads and sends the rest: (c - 1)/c of its q, k, v
         # and, on the way back, of the attention output (gradients alike in backward).
         local_rows = step.b * step.s / c
-        one_way = k.activation_bytes * local_rows * (2 * step.h + 2 * step.kv) / step.t
+        one_way = k.activation_bytes * local_rows * (2 * step.q + 2 * step.kv) / step.t
         all_to_all = one_way * (c - 1) / c / bw + 2 * lat
         return step.layers * (2 + step.recompute) * all_to_all * (1 - k.cp_overlap)
     kv_bytes = (
@@ -759,7 +761,7 @@ def _throughput(step: _Step, breakdown: dict[str, float]) -> Throughput:
     tokens_per_step = w.tokens_per_step
     tokens_per_s_per_gpu = tokens_per_step / step_s / world
     # model_flops_per_token(w.arch, w.seq_len, causal=True), from the shapes the step already read
-    flops_per_token = _model_flops(step.h, step.kv, step.f, w.arch.num_layers, step.vocab, w.seq_len, 6)
+    flops_per_token = _model_flops(step.h, step.q, step.kv, step.f, w.arch.num_layers, step.vocab, w.seq_len, 6)
     instances = ceil(world / step.gpus_per_node)
     return Throughput(
         tokens_per_s_per_gpu=tokens_per_s_per_gpu,
@@ -789,13 +791,17 @@ def model_flops_per_token(arch: ModelArch, seq_len: int, *, causal: bool = True)
     attention with a full mask (`causal=False`), so their model TFLOP/s convert with that.
     """
     h, layers = arch.hidden_size, arch.num_layers
-    return _model_flops(h, arch.kv_dim, arch.ffn_hidden_size, layers, arch.vocab_size, seq_len, 6 if causal else 12)
+    q, kv, f, vocab = arch.q_dim, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
+    return _model_flops(h, q, kv, f, layers, vocab, seq_len, 6 if causal else 12)
 
 
 @cache
-def _model_flops(h: int, kv: int, f: int, layers: int, vocab: int, seq_len: int, attention_factor: int) -> float:
-    dense = 6 * (layers * (2 * h * h + 2 * h * kv + 3 * h * f) + h * vocab)
-    return dense + attention_factor * layers * h * seq_len
+def _model_flops(
+    h: int, q: int, kv: int, f: int, layers: int, vocab: int, seq_len: int, attention_factor: int
+) -> float:
+    """q: the query width (num_heads x head_dim), which attention's FLOPs scale with."""
+    dense = 6 * (layers * (2 * h * q + 2 * h * kv + 3 * h * f) + h * vocab)
+    return dense + attention_factor * layers * q * seq_len
 
 
 def _dim_eff(dim: int | float, half: int) -> float:
@@ -803,13 +809,13 @@ def _dim_eff(dim: int | float, half: int) -> float:
 
 
 @cache
-def _shaped_block_params(h: int, kv: int, f: int, t: int, half: int) -> float:
+def _shaped_block_params(h: int, q: int, kv: int, f: int, t: int, half: int) -> float:
     """A block's matmul weights on one TP rank, each divided by its K and N shape efficiency."""
     linears = (
-        (h, h // t),  # wq
+        (h, q // t),  # wq
         (h, kv // t),  # wk
         (h, kv // t),  # wv
-        (h // t, h),  # wo
+        (q // t, h),  # wo
         (h, f // t),  # w1
         (h, f // t),  # w3
         (f // t, h),  # w2

@@ -82,7 +82,9 @@ class Recipe(RecipeSpec):
             )
             layout, layout_problems = rules.resolve_layout(self, world_size, where)
             problems += layout_problems + rules.hardware_problems(self, arch, hardware)
-            problems += init_from_problems(self.model, arch, self.training.seq_len)
+            problems += rules.architecture_problems(self, arch) or init_from_problems(
+                self.model, arch, self.training.seq_len
+            )
             # Without a complete layout, still check the degrees themselves (a TP degree that
             # splits no head count is wrong on any cluster); only the batch rule needs data_shard.
             par = self.parallel

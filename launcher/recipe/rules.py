@@ -15,6 +15,7 @@ from launcher.catalog.engines import capabilities
 from launcher.contract import layout as contract_layout
 from launcher.contract.config import MLFLOW_ARN_RE, MLFLOW_HTTP_RE
 from launcher.contract.dataset import manifest_problem
+from launcher.contract.hf_checkpoint import ARCHITECTURES as HF_ARCHITECTURES
 from launcher.contract.layout import Layout, fill_data_shard
 from launcher.errors import Problem
 from launcher.recipe import schema
@@ -72,6 +73,41 @@ def layout_problems(
         schedule=schedule,
     )
     return [Problem(path, message) for path, message in found]
+
+
+def architecture_problems(spec: RecipeSpec, arch: ModelArch) -> list[Problem]:
+    """What the model code runs but the launcher cannot yet price or carry.
+
+    MoE: the trainer has the layer (entrypoints/model/moe.py), but the estimator and planner do
+    not price experts, routed activations or dispatch buffers, so an estimate would be wrong;
+    issue 24 part 5. Qwen3 and MoE checkpoints: Hugging Face weights in and out cover the
+    llama and mistral layouts only (issue 24 part 6).
+    """
+    problems = []
+    if arch.moe is not None:
+        problems.append(
+            Problem(
+                "model",
+                f"{arch.family} is a mixture-of-experts model ({arch.moe.num_experts} experts, top-{arch.moe.top_k}); "
+                "the estimator and planner do not price experts yet, so no MoE recipe is accepted; "
+                "use a dense model",
+            )
+        )
+    if arch.family not in HF_ARCHITECTURES:
+        weights = [
+            ("model.init_from", getattr(spec.model, "init_from", None)),
+            ("checkpoint.export_hf", spec.checkpoint.export_hf),
+        ]
+        for key, value in weights:
+            if value:
+                problems.append(
+                    Problem(
+                        key,
+                        f"Hugging Face weights in and out cover {', '.join(HF_ARCHITECTURES)} models, not "
+                        f"{arch.family}; train from the random initialisation and without export_hf",
+                    )
+                )
+    return problems
 
 
 def attention_problems(spec: RecipeSpec, arch: ModelArch, layout: Layout) -> list[Problem]:

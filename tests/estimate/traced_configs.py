@@ -186,6 +186,12 @@ CONFIGS: list[TracedConfig] = [
         parallel={"tensor": 2, "grad_accumulation": "sync_last", "reduce_dtype": "bf16"},
         global_batch_size=8,
     ),
+    TracedConfig(  # Qwen3: q_norm and k_norm save the projections' outputs and an rstd per head
+        "Qwen3 8B 16K fsdp8 (4 layers)",
+        {"base": "qwen3-8b", "num_layers": 4},
+        16384,
+        global_batch_size=8,
+    ),
     TracedConfig(
         "Mistral 7B 32K dp4 cp2 fp8 selective (8 layers)",
         {"base": "mistral-7b", "num_layers": 8},

@@ -20,6 +20,8 @@ PUBLISHED_PARAMS_B = {
     "llama3.2-1b": 1.24,
     "llama3.2-3b": 3.21,
     "mistral-7b": 7.25,
+    "qwen3-8b": 8.2,  # "Number of Parameters: 8.2B" (Qwen/Qwen3-8B): QK-norm and head_dim counted
+    "mixtral-8x7b": 46.7,  # "46.7B total parameters" (Mixtral of Experts, arXiv 2401.04088)
 }
 
 
@@ -80,3 +82,19 @@ def test_tensor_choices_divide_both_head_counts():
     assert tensor_choices(catalog.models()["llama3.1-70b"], 8) == [1, 2, 4, 8]
     assert tensor_choices(catalog.models()["llama2-13b"], 8) == [1, 2, 4, 5, 8]
     assert tensor_choices(catalog.models()["llama3.2-3b"], 8) == [1, 2, 4, 8]
+
+
+def test_a_head_dim_of_its_own_counts_its_own_projection_widths():
+    # qwen3-tiny: 8 heads of 32 (256 wide) on a 128 hidden size, QK-norm, tied embeddings.
+    arch = catalog.models()["qwen3-tiny"]
+    attention = 2 * 128 * 256 + 2 * 128 * 4 * 32 + 2 * 32
+    block = attention + 3 * 128 * 352 + 2 * 128
+    assert (arch.head_dim, arch.q_dim) == (32, 256)
+    assert arch.num_params() == 512 * 128 + 4 * block + 128
+
+
+def test_qwen3_moe_counts_every_expert_and_the_router():
+    # The model card: "Number of Parameters: 30.5B in total" (one decimal: within 0.05B).
+    arch = catalog.models()["qwen3-30b-a3b"]
+    assert arch.num_params() / 1e9 == pytest.approx(30.5, abs=0.05)
+    assert arch.moe.layer_params(2048) == 128 * 2048 + 128 * 3 * 2048 * 768

@@ -313,3 +313,18 @@ def test_console_script_is_installed_and_exits_2_on_bad_input(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "YAML syntax error" in result.stderr
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_a_mixture_of_experts_recipe_is_refused_until_the_estimator_prices_experts(cli, model):
+    result = cli("estimate", REPO / "recipes" / "llama3-8b-8k.yaml", "--set", f"model={model}")
+    assert result.code == 2
+    assert "model: " in result.err and "is a mixture-of-experts model" in result.err
+    assert "the estimator and planner do not price experts yet, so no MoE recipe is accepted" in result.err
+    assert result.out == ""
+
+
+def test_hf_weights_of_a_family_without_a_checkpoint_layout_are_refused_by_key(cli):
+    result = cli("validate", REPO / "recipes" / "qwen3-8b-128k.yaml", "--set", "checkpoint.export_hf=true")
+    assert result.code == 2
+    assert "checkpoint.export_hf: Hugging Face weights in and out cover llama, mistral models, not qwen3" in result.err

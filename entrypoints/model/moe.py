@@ -1,0 +1,158 @@
+"""Mixture-of-experts MLP: a top-k router, dropless dispatch, and the experts as one grouped GEMM.
+
+    moe = MoE(cfg)                       # cfg.moe set (launcher.contract.config.MoeConfig)
+    y = moe(x)                           # x [B, S, D] -> [B, S, D]; moe.routing: this forward's statistics
+    router_losses([moe, ...], cfg.moe)   # (load-balancing loss, z-loss) over all MoE layers
+
+Anchor: torchtitan `torchtitan/models/common/moe.py` (router, grouped experts) and
+`token_dispatcher.py`; numerics follow transformers' `Qwen3MoeSparseMoeBlock` and
+`MixtralSparseMoeBlock` (tests/entrypoints/test_moe.py compares logits, loss and gradients).
+
+Dispatch is dropless: each token is copied once per chosen expert, the copies are sorted by
+expert (a stable sort, so the order is deterministic), every expert multiplies its contiguous
+run of rows, and the weighted results are summed back into their tokens. No capacity factor,
+no padding, no token ever dropped.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from launcher.contract.config import ModelConfig, MoeConfig
+
+
+class Routing(NamedTuple):
+    """What one MoE layer's forward leaves for the auxiliary losses."""
+
+    tokens_per_expert: torch.Tensor
+    """[E] float: how many of this forward's token copies went to each expert (no gradient)."""
+    score_sum: torch.Tensor
+    """[E] fp32: the router probabilities of all tokens summed per expert (with gradient)."""
+    squared_logsumexp_sum: torch.Tensor
+    """fp32 scalar: sum over tokens of logsumexp(router logits)^2, for the z-loss."""
+    tokens: int
+
+
+def route(logits: torch.Tensor, moe: MoeConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(top-k weights [N, k] in the logits' dtype, top-k expert ids [N, k], probabilities [N, E] fp32).
+
+    As transformers' Qwen3MoeTopKRouter / MixtralTopKRouter: scores in fp32, top-k of the
+    scores, optionally renormalised to sum to 1. A sigmoid router scores each expert on its own
+    (DeepSeek V3); its probabilities for the balancing loss are the scores normalised per token.
+    """
+    if moe.router_score == "softmax":
+        scores = F.softmax(logits.float(), dim=-1)
+        probabilities = scores
+    else:
+        scores = torch.sigmoid(logits.float())
+        probabilities = scores / scores.sum(dim=-1, keepdim=True)
+    weights, experts = torch.topk(scores, moe.top_k, dim=-1)
+    if moe.normalize_top_k:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), experts, probabilities
+
+
+def _uses_grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """torch's grouped GEMM runs on CUDA in bf16 with rows 16-byte aligned (dims multiple of 8)."""
+    return (
+        x.is_cuda
+        and x.dtype == torch.bfloat16
+        and weight.dtype == torch.bfloat16
+        and x.shape[-1] % 8 == 0
+        and weight.shape[-2] % 8 == 0
+        and hasattr(F, "grouped_mm")
+    )
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Rows of x [M, K], sorted by expert with counts [E] rows each, times weight[e].T ([E, N, K])."""
+    if _uses_grouped_mm(x, weight):
+        offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        return F.grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+    # The exact fallback (CPU, fp32, odd sizes): one matmul per expert's run of rows.
+    runs = torch.split(x, counts.tolist())
+    return torch.cat([run @ weight[e].T for e, run in enumerate(runs)])
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts stored as [E, ...] weights: w2(silu(w1 x) * w3 x) per expert."""
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(num_experts, ffn_hidden_size, hidden_size))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_hidden_size))
+        self.w3 = nn.Parameter(torch.empty(num_experts, ffn_hidden_size, hidden_size))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        gate, up = grouped_linear(x, self.w1, counts), grouped_linear(x, self.w3, counts)
+        return grouped_linear(F.silu(gate) * up, self.w2, counts)
+
+
+class SharedExperts(nn.Module):
+    """The experts every token goes through, as one dense SwiGLU (no gate)."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int):
+        super().__init__()
+        self.w1 = nn.Linear(hidden_size, ffn_hidden_size, bias=False)
+        self.w2 = nn.Linear(ffn_hidden_size, hidden_size, bias=False)
+        self.w3 = nn.Linear(hidden_size, ffn_hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        moe = cfg.moe
+        self.moe = moe
+        self.router = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)
+        self.experts = GroupedExperts(moe.num_experts, cfg.hidden_size, moe.expert_ffn_hidden_size)
+        shared_size = moe.shared_experts * moe.expert_ffn_hidden_size
+        self.shared_experts = SharedExperts(cfg.hidden_size, shared_size) if shared_size else None
+        self.routing: Routing | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        logits = self.router(tokens)
+        weights, experts, probabilities = route(logits, self.moe)
+        flat_experts = experts.reshape(-1)
+        # Stable: copies of one expert keep token order, so the sums below are deterministic.
+        order = torch.argsort(flat_experts, stable=True)
+        counts = torch.bincount(flat_experts, minlength=self.moe.num_experts)
+        source_token = order // self.moe.top_k
+        expert_out = self.experts(tokens[source_token], counts)
+        weighted = expert_out * weights.reshape(-1)[order, None]
+        out = torch.zeros_like(tokens).index_add_(0, source_token, weighted)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
+        self.routing = Routing(
+            tokens_per_expert=counts.detach().float(),
+            score_sum=probabilities.sum(dim=0),
+            squared_logsumexp_sum=torch.logsumexp(logits.float(), dim=-1).square().sum(),
+            tokens=tokens.shape[0],
+        )
+        return out.reshape(shape)
+
+
+def router_losses(layers: list[MoE], moe: MoeConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(load-balancing loss, router z-loss) of the last forward of `layers`, unweighted.
+
+    The balancing loss is Switch Transformer's E x sum_e f_e P_e with f_e the share of token
+    copies and P_e the mean router probability of expert e, both pooled over every MoE layer
+    and token, exactly as transformers' `load_balancing_loss_func` (which Qwen3-MoE and Mixtral
+    train with): f counts copies, so it sums to top_k. The z-loss is the mean over layers and
+    tokens of logsumexp(router logits)^2 (ST-MoE, arXiv 2202.08906, eq. 5).
+    """
+    routings = [layer.routing for layer in layers]
+    rows = sum(r.tokens for r in routings)
+    tokens_per_expert = torch.stack([r.tokens_per_expert for r in routings]).sum(0) / rows
+    probability_per_expert = torch.stack([r.score_sum for r in routings]).sum(0) / rows
+    balance = moe.num_experts * torch.sum(tokens_per_expert * probability_per_expert)
+    z_loss = torch.stack([r.squared_logsumexp_sum for r in routings]).sum() / rows
+    return balance, z_loss
