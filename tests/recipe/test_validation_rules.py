@@ -123,3 +123,11 @@ def test_the_entrypoints_refuse_a_hand_edited_config_in_one_line(tmp_path):
         data["data"]["validation"] = validation
         with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
             JobConfig.from_dict(data)
+
+
+def test_a_relative_validation_source_is_relative_to_the_recipe_file(tmp_path):
+    (tmp_path / "held-out").mkdir()
+    (tmp_path / "held-out" / "a.bin").write_bytes(b"\x01\x00" * 600)
+    (tmp_path / "r.yaml").write_text(LOCAL + "data:\n  dtype: uint32\n  validation: {source: held-out}\n")
+    recipe = Recipe.load(tmp_path / "r.yaml")
+    assert recipe.data.validation.source == str(tmp_path / "held-out")
