@@ -44,7 +44,7 @@ import torch
 from entrypoints.model.documents import document_ids
 from entrypoints.parallel.context import shard_sequence
 from launcher.contract.config import ConfigError, JobConfig
-from launcher.contract.dataset import manifest_problem, read_manifest
+from launcher.contract.dataset import held_out_start, manifest_problem, read_manifest
 
 TOKEN_DTYPES = {"uint16": (torch.uint16, 2), "uint32": (torch.uint32, 4)}
 
@@ -79,7 +79,18 @@ class _Shard:
 class TokenFiles:
     """A concatenated stream of token ids over several binary files."""
 
-    def __init__(self, paths: list[Path], *, dtype: str, seq_len: int, vocab_size: int):
+    def __init__(
+        self,
+        paths: list[Path],
+        *,
+        dtype: str,
+        seq_len: int,
+        vocab_size: int,
+        span: tuple[int, int | None] = (0, None),
+        key: str = "data.source",
+    ):
+        """`span`: the [first, end) tokens of the stream that samples are cut from (end None: all);
+        a held-out validation share is the part of the stream training's span leaves out."""
         self.torch_dtype, self.itemsize = TOKEN_DTYPES[dtype]
         self.seq_len, self.vocab_size = seq_len, vocab_size
         self.shards: list[_Shard] = []
@@ -90,23 +101,25 @@ class TokenFiles:
                 raise ConfigError(f"data.dtype: {path} has {size} bytes, not a whole number of {dtype} tokens")
             self.shards.append(_Shard(path, total, size // self.itemsize))
             total += size // self.itemsize
-        self.total_tokens = total
+        self.first_token = span[0]
+        self.total_tokens = (total if span[1] is None else min(span[1], total)) - span[0]
+        self.key = key
         if len(self) == 0:
             raise ConfigError(
-                f"data.source: {total} tokens in {len(paths)} file(s) do not make one sample of {seq_len + 1} tokens"
+                f"{key}: {self.total_tokens} tokens in {len(paths)} file(s) do not make one sample of {seq_len + 1} tokens"
             )
         self._fds: dict[Path, int] = {}
 
     def __len__(self) -> int:
-        return (self.total_tokens - 1) // self.seq_len
+        return max(0, (self.total_tokens - 1) // self.seq_len)
 
     def sample(self, index: int) -> torch.Tensor:
-        start = (index % len(self)) * self.seq_len
+        start = self.first_token + (index % len(self)) * self.seq_len
         data = self._read(start, self.seq_len + 1)
         tokens = torch.frombuffer(bytearray(data), dtype=self.torch_dtype).to(torch.int64)
         top = int(tokens.max())
         if top >= self.vocab_size:
-            raise ConfigError(f"data.source: token id {top} is outside the model's vocabulary of {self.vocab_size}")
+            raise ConfigError(f"{self.key}: token id {top} is outside the model's vocabulary of {self.vocab_size}")
         return tokens
 
     def _read(self, first: int, count: int) -> bytes:
@@ -192,12 +205,17 @@ class DataLoader:
         if cfg.data.source == "synthetic":
             dataset = SyntheticTokens(vocab_size=m.vocab_size, seq_len=t.seq_len, seed=t.seed, separator=separator)
         else:
-            dataset = TokenFiles(
-                token_files(cfg.data.source, dtype=cfg.data.dtype, vocab_size=m.vocab_size),
-                dtype=cfg.data.dtype,
-                seq_len=t.seq_len,
-                vocab_size=m.vocab_size,
-            )
+            paths = token_files(cfg.data.source, dtype=cfg.data.dtype, vocab_size=m.vocab_size)
+            split = held_out_split(cfg)
+            span = (0, None) if split is None else (0, split)
+            dataset = TokenFiles(paths, dtype=cfg.data.dtype, seq_len=t.seq_len, vocab_size=m.vocab_size, span=span)
+        return DataLoader.over(dataset, cfg, dp_rank=dp_rank, cp_rank=cp_rank, device=device)
+
+    @staticmethod
+    def over(dataset, cfg: JobConfig, *, dp_rank: int, cp_rank: int, device: torch.device) -> DataLoader:
+        """A loader of `dataset` cut into the job's batches for this rank."""
+        t = cfg.training
+        separator = cfg.data.document_separator if cfg.data.document_masking else None
         return DataLoader(
             dataset,
             global_batch_size=t.global_batch_size,
@@ -236,3 +254,21 @@ class DataLoader:
 
     def load_state_dict(self, state: dict) -> None:
         self.samples_seen = int(state["samples_seen"])
+
+
+def held_out_split(cfg: JobConfig) -> int | None:
+    """With data.validation.fraction: the token where the held-out documents of data.source begin
+    (training reads the tokens before it, validation those from it); else None."""
+    validation = cfg.data.validation
+    if validation is None or validation.fraction is None:
+        return None
+    root = (
+        Path(os.environ.get("SM_CHANNEL_TRAIN") or "") if cfg.data.source.startswith("s3://") else Path(cfg.data.source)
+    )
+    try:
+        manifest = read_manifest(root)
+        if manifest is None:
+            raise ValueError(f"{root} is not a prepared dataset (no manifest.json); give data.validation.source")
+        return held_out_start(root, manifest, validation.fraction)[0]
+    except ValueError as error:
+        raise ConfigError(f"data.validation.fraction: {error}") from None

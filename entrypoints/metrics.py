@@ -14,6 +14,8 @@ the launcher's contract (`launcher.contract.metrics`); this module measures the 
   (forward QK^T and PV are 2·s·h each, halved by the mask; backward twice the forward).
   Recomputation from activation checkpointing and the fused loss is not counted.
 - mem_*: torch.cuda.max_memory_allocated / max_memory_reserved since the start, in GiB (0 on CPU).
+- val_loss, val_perplexity (exp of it): after a step that evaluated the held-out data
+  (entrypoints/evaluate.py), on that step's line and record; the summary's final_val_loss is the last.
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ class MetricsLogger:
         if enabled:
             output_dir.mkdir(parents=True, exist_ok=True)
 
-    def log(self, *, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float) -> dict:
+    def log(
+        self, *, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float, val_loss: float | None = None
+    ) -> dict:
         tokens_per_s = self.tokens_per_step / step_time_s / self.world_size
         mfu = tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else math.nan
         alloc, reserved = memory_gib()
@@ -90,6 +94,8 @@ class MetricsLogger:
             "mem_alloc_gib": alloc,
             "mem_reserved_gib": reserved,
         }
+        if val_loss is not None:
+            record.update(val_loss=val_loss, val_perplexity=perplexity(val_loss))
         self.records.append(record)
         if self.enabled:
             print(metrics_line(record), flush=True)
@@ -124,10 +130,18 @@ class MetricsLogger:
             "peak_mem_reserved_gib": memory_gib()[1],
             "total_time_s": total_time_s,
         }
+        evaluated = [r["val_loss"] for r in records if "val_loss" in r]
+        if evaluated:
+            summary["final_val_loss"] = evaluated[-1]
         if self.enabled:
             print(summary_line(summary), flush=True)
             sys.stdout.flush()
         return summary
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss): inf past what a float holds, nan for a nan loss."""
+    return math.exp(loss) if not loss > 709 else math.inf
 
 
 def _is_nan(value) -> bool:

@@ -45,6 +45,7 @@ import torch.distributed as dist
 from entrypoints import failure, tracking
 from entrypoints.checkpoint import Checkpointer, CheckpointWriteFailed, RankHosts, step_dir_name
 from entrypoints.data import DataLoader
+from entrypoints.evaluate import Evaluator
 from entrypoints.export_hf import export_directory, export_hf
 from entrypoints.fp8 import after_optimizer_step, fp8_settings
 from entrypoints.hf_weights import load_hf_weights
@@ -118,6 +119,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     data = DataLoader.from_config(
         cfg, dp_rank=mesh["dp"].get_local_rank(), cp_rank=mesh["cp"].get_local_rank(), device=env.device
     )
+    evaluator = Evaluator.from_config(cfg, parts=parts, pipeline=pipeline, mesh=mesh, device=env.device)
     checkpoints = Checkpointer(
         checkpoint_dir(cfg),
         cfg.checkpoint,
@@ -155,9 +157,11 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             global_loss, stop, time_due, written, norms = _share_step(env, share, grad_norm, sigterm[0], checkpoints)
             step_time = time.perf_counter() - step_start
             diverged = divergence(step, global_loss, norms, resumed_from=start)
+            val_loss = None if diverged or stop else _validate(evaluator, step)
 
-            if step % t.log_every == 0 or step == t.steps or diverged:
-                metrics.log(step=step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time)
+            if step % t.log_every == 0 or step == t.steps or diverged or val_loss is not None:
+                values = {"loss": global_loss, "grad_norm": grad_norm.item(), "lr": lr, "step_time_s": step_time}
+                metrics.log(step=step, **values, val_loss=val_loss)
             _stop_if(diverged, checkpoints)
             if written == env.world_size:
                 checkpoints.finish_pending()
@@ -174,6 +178,12 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     metrics.close(interrupted=interrupted)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _validate(evaluator: Evaluator | None, step: int) -> float | None:
+    """The validation loss after `step` when data.validation asks for one then (every rank
+    decides alike: the step and the config are the same everywhere); else None."""
+    return evaluator.evaluate() if evaluator is not None and evaluator.due(step) else None
 
 
 def _metrics_logger(cfg: JobConfig, env: DistEnv) -> MetricsLogger:

@@ -5,6 +5,7 @@
     ...parallelize and materialise each part...
     pipeline = Pipeline(parts, ids, mesh["pp"], cfg.parallel, device)
     loss = pipeline.step(tokens, targets)                           # None on ranks without the last stage
+    val_loss = pipeline.evaluate(tokens, targets)                   # forward only (validation)
 
 The layers are split into pp x virtual_stages contiguous stages, balanced with the embedding and
 the output layer counted as a layer each unless the config lists `pipeline_layers` (Llama 3.1
@@ -77,3 +78,15 @@ class Pipeline:
         extra = {} if documents is None else {"documents": documents}
         self.schedule.step(*inputs, target=targets, losses=losses, return_outputs=False, targets=targets, **extra)
         return torch.stack(losses).mean().detach() if self.has_last else None
+
+    def evaluate(
+        self, tokens: torch.Tensor, targets: torch.Tensor, documents: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Forward only over the micro-batches (validation, entrypoints/evaluate.py); the mean loss
+        on the last stage. The schedule's own `eval` turns its backward off for this call, and
+        re-plans its stages' buffers when training's next `step` turns it back on."""
+        losses: list[torch.Tensor] = []
+        inputs = (tokens,) if self.has_first else ()
+        extra = {} if documents is None else {"documents": documents}
+        self.schedule.eval(*inputs, target=targets, losses=losses, return_outputs=False, targets=targets, **extra)
+        return torch.stack(losses).mean() if self.has_last else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.contract.metrics import METRIC_KEYS, metric_rows
+from launcher.contract.metrics import METRIC_KEYS, VALIDATION_KEYS, metric_rows
 from launcher.display import html
 from launcher.display.text import metric_cell
 
@@ -76,7 +76,7 @@ class MetricsHistory:
         return {"job": self.job, "steps": len(self.rows), "rows": clean}
 
     def plot(self, path: str | Path) -> Path:
-        """Loss, tokens/s/GPU, MFU and memory against step, as a PNG at `path` (the `plot` extra)."""
+        """Loss (and validation loss), tokens/s/GPU, MFU and memory against step, as a PNG at `path` (the `plot` extra)."""
         from launcher.display.plots import plot_metrics
 
         return plot_metrics(self, path)
@@ -84,7 +84,7 @@ class MetricsHistory:
     def _repr_html_(self) -> str:
         if not self.rows:
             return html.table([("job", self.job), ("steps", "none logged yet")])
-        keys = [k for k in METRIC_KEYS if any(k in row for row in self.rows)]
+        keys = [k for k in (*METRIC_KEYS, *VALIDATION_KEYS) if any(k in row for row in self.rows)]
         shown = list(self.rows)
         if len(shown) > SHOWN_ROWS:
             shown = shown[: SHOWN_ROWS // 2] + shown[-SHOWN_ROWS // 2 :]

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from launcher.contract.metrics import SUMMARY_PREFIX, parse_fields
+from launcher.contract.metrics import SUMMARY_PREFIX, VALIDATION_KEYS, parse_fields
 
 
 def follow_file(path: Path, *, follow: bool, is_done: Callable[[], bool], poll_s: float) -> Iterator[str]:
@@ -36,8 +36,17 @@ def follow_file(path: Path, *, follow: bool, is_done: Callable[[], bool], poll_s
 
 
 def last_metrics(path: Path) -> dict[str, float]:
+    """The newest step's metrics, with the newest validation values of any step before it (a job
+    evaluates every data.validation.every_steps steps, and logs in between)."""
     rows = metrics_file_rows(path)
-    return rows[-1] if rows else {}
+    if not rows:
+        return {}
+    last = dict(rows[-1])
+    for key in VALIDATION_KEYS:
+        evaluated = [row[key] for row in rows if key in row]
+        if evaluated and key not in last:
+            last[key] = evaluated[-1]
+    return last
 
 
 def metrics_file_rows(path: Path) -> list[dict[str, float]]:

@@ -227,6 +227,35 @@ class ParallelConfig(Layout):
 
 
 @_config
+class ValidationConfig:
+    """Held-out data the job evaluates forward-only, under the training layout (entrypoints/evaluate.py)."""
+
+    source: str | None = None
+    """'synthetic' (a seeded stream no training step reads) or a local directory or file of token shards."""
+    fraction: float | None = None
+    """Instead of a source: this share of data.source's documents, the last whole ones of the prepared
+    dataset, is held out (training reads only the documents before them)."""
+    every_steps: int = 0
+    """Evaluate every this many steps (0: only after the last step); always after the last step."""
+    batches: int = 1
+    """Global batches (training.global_batch_size sequences each) per evaluation, the same ones every time."""
+
+    def __post_init__(self):
+        if (self.source is None) == (self.fraction is None):
+            raise ConfigError("data.validation: give exactly one of source (held-out token files) or fraction")
+        if self.fraction is not None and not 0 < self.fraction < 1:
+            raise ConfigError(f"data.validation.fraction: {self.fraction} is not between 0 and 1 (exclusive)")
+        if self.every_steps < 0:
+            raise ConfigError(f"data.validation.every_steps: {self.every_steps} is negative; use 0 or more")
+        if self.batches < 1:
+            raise ConfigError(f"data.validation.batches: {self.batches} is not a positive number of batches")
+
+    def due(self, step: int, last_step: int) -> bool:
+        """Whether the job evaluates after `step`."""
+        return step == last_step or (self.every_steps > 0 and step % self.every_steps == 0)
+
+
+@_config
 class DataConfig:
     source: str = "synthetic"
     """'synthetic', a local directory or file of token shards, or an s3:// URI (read from SM_CHANNEL_TRAIN)."""
@@ -237,6 +266,8 @@ class DataConfig:
     """The token id that ends a document (e.g. EOS); required when document_masking is on."""
     document_positions: Literal["restart", "global"] = "restart"
     """RoPE positions: restart at 0 in each document (as if it ran on its own), or count over the sequence."""
+    validation: ValidationConfig | None = None
+    """Held-out data evaluated during training; None: no validation."""
 
     def __post_init__(self):
         if self.document_masking and self.document_separator is None:

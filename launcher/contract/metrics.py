@@ -3,6 +3,7 @@
 Every logged step prints exactly one line, every run one summary line at the end:
 
     metrics step=12 loss=2.3456 grad_norm=0.8123 lr=0.0003 tokens_per_s_per_gpu=5321.4 mfu=0.3712 step_time_s=1.5394 mem_alloc_gib=61.2 mem_reserved_gib=70.5
+    metrics step=20 loss=2.1 ... mem_reserved_gib=70.5 val_loss=2.2 val_perplexity=9.03   # a step that evaluated
     summary steps=3 final_loss=2.1 mean_tokens_per_s_per_gpu=310.5 ...
 
 `METRIC_REGEXES` are what log scrapers (SageMaker MetricDefinitions) apply to these lines, one
@@ -25,6 +26,8 @@ METRIC_KEYS = (
     "mem_alloc_gib",
     "mem_reserved_gib",
 )
+VALIDATION_KEYS = ("val_loss", "val_perplexity")
+"""Appended to the line (and the JSONL record) of a step after which the job evaluated its held-out data."""
 SUMMARY_KEYS = (
     "steps",
     "final_loss",
@@ -35,6 +38,8 @@ SUMMARY_KEYS = (
     "peak_mem_reserved_gib",
     "total_time_s",
 )
+VALIDATION_SUMMARY_KEYS = ("final_val_loss",)
+"""Appended to the summary of a job that evaluated."""
 METRICS_FILE = "metrics.jsonl"
 """One JSON object per logged step, in the job's output directory."""
 TENSORBOARD_DIR = "tensorboard"
@@ -54,6 +59,12 @@ def metric_regex(key: str) -> str:
 
 
 METRIC_REGEXES = {key: metric_regex(key) for key in METRIC_KEYS}
+VALIDATION_REGEXES = {key: metric_regex(key) for key in VALIDATION_KEYS}
+# What SageMaker calls them: the "validation:<name>" of its built-in algorithms' metrics.
+SAGEMAKER_METRIC_NAMES = {
+    **{key: f"train:{key}" for key in METRIC_KEYS},
+    **{key: f"validation:{key.removeprefix('val_')}" for key in VALIDATION_KEYS},
+}
 
 
 def format_value(value: float) -> str:
@@ -65,11 +76,13 @@ def format_value(value: float) -> str:
 
 
 def metrics_line(record: Mapping[str, float]) -> str:
-    return f"{METRICS_PREFIX} " + " ".join(f"{k}={format_value(record[k])}" for k in METRIC_KEYS)
+    keys = [*METRIC_KEYS, *(k for k in VALIDATION_KEYS if k in record)]
+    return f"{METRICS_PREFIX} " + " ".join(f"{k}={format_value(record[k])}" for k in keys)
 
 
 def summary_line(summary: Mapping[str, float]) -> str:
-    return f"{SUMMARY_PREFIX} " + " ".join(f"{k}={format_value(summary[k])}" for k in SUMMARY_KEYS)
+    keys = [*SUMMARY_KEYS, *(k for k in VALIDATION_SUMMARY_KEYS if k in summary)]
+    return f"{SUMMARY_PREFIX} " + " ".join(f"{k}={format_value(summary[k])}" for k in keys)
 
 
 def parse_fields(line: str) -> dict[str, float | str]:

@@ -116,11 +116,22 @@ def plot_metrics(history: Any, path: str | Path) -> Path:
     steps = history.column("step")
     for axes, (key, label, scale) in zip(grid.flat, METRIC_PANELS, strict=True):
         _curve(axes, steps, [v * scale for v in history.column(key)], label)
+    _validation_curve(grid.flat[0], steps, history.column("val_loss"))
     for axes in grid[1]:
         axes.set_xlabel("step")
     figure.suptitle(f"{history.job}: {len(history)} steps", fontsize=11)
     figure.tight_layout()
     return _save(figure, path)
+
+
+def _validation_curve(axes, steps: list[float], values: list[float]) -> None:
+    """The held-out loss on the loss panel, at the steps that evaluated (none: nothing drawn)."""
+    measured = [(s, v) for s, v in zip(steps, values, strict=True) if not math.isnan(v)]
+    if not measured:
+        return
+    axes.plot([], [], color="C0", label="training")  # the loss curve drawn before, in the first colour
+    axes.plot([s for s, _ in measured], [v for _, v in measured], marker="o", color="#d62728", label="validation")
+    axes.legend(fontsize=8)
 
 
 def _curve(axes, steps: list[float], values: list[float], label: str) -> None:

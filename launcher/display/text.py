@@ -62,7 +62,9 @@ def metric_cell(value: Any) -> str:
     return str(value) if isinstance(value, int) else f"{value:.4g}"
 
 
-_HEADLINE_METRICS = ("loss", "tokens_per_s_per_gpu", "mfu", "step")
+_HEADLINE_METRICS = ("loss", "val_loss", "tokens_per_s_per_gpu", "mfu", "step")
+# SageMaker's names of the metrics (launcher.contract.metrics.SAGEMAKER_METRIC_NAMES) -> the keys.
+_METRIC_KEY_OF = {"validation:loss": "val_loss", "validation:perplexity": "val_perplexity"}
 
 
 def shown(value) -> str:
@@ -97,13 +99,13 @@ def status_text(status: JobStatusFields) -> str:
 def result_text(status: JobStatusFields) -> str:
     """`loss 3.21, tokens/s/GPU 1530, ...`: the job's summary line, else its last metrics."""
     summary = status.details.get("summary") or {}
-    metrics = {key.removeprefix("train:"): value for key, value in status.metrics.items()}
+    metrics = {_METRIC_KEY_OF.get(key, key.removeprefix("train:")): value for key, value in status.metrics.items()}
     parts = []
     for key in _HEADLINE_METRICS:
         candidates = (summary.get(f"final_{key}"), summary.get(f"mean_{key}"), metrics.get(key))
         value = next((v for v in candidates if isinstance(v, int | float) and v == v), None)  # v == v: not NaN
         if value is not None:
-            label = {"tokens_per_s_per_gpu": "tokens/s/GPU"}.get(key, key)
+            label = {"tokens_per_s_per_gpu": "tokens/s/GPU", "val_loss": "validation loss"}.get(key, key)
             parts.append(f"step {int(value)}" if key == "step" else f"{label} {value:.4g}")
     return ", ".join(parts)
 
@@ -129,12 +131,19 @@ _METRICS_COLUMNS = (
 )
 
 
+_VALIDATION_COLUMNS = (("val_loss", "VAL_LOSS"), ("val_perplexity", "VAL_PPL"))
+
+
 def metrics_text(history: MetricRows) -> str:
-    """Every logged step as a table (blank where a value was not measured, such as MFU on a CPU)."""
+    """Every logged step as a table (blank where a value was not measured, such as MFU on a CPU);
+    a job that evaluates held-out data gets its validation columns, filled on the steps that did."""
     if not len(history):
         return f"{history.job}: no steps logged yet"
-    rows = [tuple(title for _, title in _METRICS_COLUMNS)]
+    columns = _METRICS_COLUMNS
+    if any("val_loss" in row for row in history):
+        columns = (*columns[:2], *_VALIDATION_COLUMNS, *columns[2:])
+    rows = [tuple(title for _, title in columns)]
     for row in history:
-        rows.append(tuple(metric_cell(row.get(key)) for key, _ in _METRICS_COLUMNS))
+        rows.append(tuple(metric_cell(row.get(key)) for key, _ in columns))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)

@@ -265,12 +265,32 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
         )
     else:
         found.update(_unpipelined_moments(context, n, base, root_params, grads_full))
+    if w.evaluates:
+        found["evaluation (forward only)"] = _evaluation_moment(context, n, base, root_params, last=last)
     optimizer = dict(base)
     optimizer["gradients"] = grads_full
     if device == "cpu":
         optimizer["optimizer_temp"] = FP32 * stage_params / shard  # foreach AdamW on the CPU
     found["optimizer step"] = optimizer
     return found
+
+
+def _evaluation_moment(context: _Context, n: int, base: dict, root_params: float, *, last: bool) -> dict:
+    """data.validation's pass (entrypoints/evaluate.py) at its largest: inside a block's forward.
+
+    It runs between steps, after zero_grad(set_to_none) freed the gradients, under no_grad, so
+    nothing is saved for a backward: one block's forward set and its input are alive, never the
+    kept activations of every layer a training step holds. Blocks are gathered one at a time
+    with the next one's all-gather prefetched, or all of them where they are not resharded
+    after forward (pipelining, sync_last_gathered). Every term is at most the same term of the
+    training step's moments, so the pass never sets the peak (tests/estimate/test_evaluation.py)."""
+    w, block, cb = context.w, context.block, context.cb
+    gathered = n if w.layout.pipeline > 1 or w.grad_accumulation == "sync_last_gathered" else min(n, 2)
+    moment = dict(base)
+    moment["fsdp_buffers"] = cb * root_params + gathered * block.gathered
+    moment["activations"] = block.saved + block.layer_input + cb * _tokens(w) * w.arch.head_dim + context.documents
+    moment["loss"] = context.loss.forward_working if last else 0.0
+    return moment
 
 
 def _kept(block: _Block, count: int, checkpointed: int) -> tuple[float, float, float]:

@@ -34,6 +34,7 @@ class Workload:
     steps: int | None = None  # optimizer steps of the run, for its time and cost
     cp_attention: str = "auto"  # parallel.cp_attention as written; `cp_attention_path` resolves it per layout
     document_masking: bool = False  # data.document_masking: attention masks per micro-batch
+    evaluates: bool = False  # data.validation: a forward-only pass over held-out data between steps
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Workload:
@@ -55,6 +56,7 @@ class Workload:
             steps=training.steps,
             cp_attention=parallel.cp_attention,
             document_masking=recipe.data.document_masking,
+            evaluates=recipe.data.validation is not None,
         )
 
     @property

@@ -12,6 +12,12 @@ killed before its last step: `submit` refuses it unless forced, and says which `
 which `training.steps` would fit. A run longer than one job may run at all (SageMaker: the
 account's quota "Longest run time for a training job") is no overrun: it is planned as a chain of
 `jobs` jobs of one lineage, each a `launcher submit --resume` of the last.
+
+With data.validation the run also evaluates held-out data (`evaluations` times, each
+data.validation.batches global batches forward-only): `evaluation_s` per batch is the predicted
+step's forward share, a third of its compute and communication (a forward is 2 of the 6 FLOPs per
+parameter and token a step does; FSDP gathers once of its three transfers), without what only a
+training step does: recomputation, the optimizer step and the HSDP gradient all-reduce.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
 # A suggested time limit leaves this much room over the prediction (startup, checkpoints, a
 # slower node), rounded up to whole days (whole hours under a day).
 TIME_LIMIT_HEADROOM = 1.15
+FORWARD_SHARE = 1 / 3
+"""A forward pass's share of a training step's compute and communication (see above)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,18 +50,23 @@ class RunForecast:
     """The longest one job may run on the engine (its account's quota); None: no such limit."""
     resumable: bool = True
     """Whether a next job would continue this one: it saves periodic checkpoints and resumes."""
+    evaluations: int = 0
+    """Held-out batches evaluated over the run (data.validation: evaluations x batches)."""
+    evaluation_s: float = 0.0
+    """Predicted seconds of one evaluated batch (`evaluation_batch_s`)."""
 
     @property
     def run_s(self) -> float:
-        return self.steps * self.speed.step_time_s
+        return self.steps * self.speed.step_time_s + self.evaluations * self.evaluation_s
 
     @property
     def usd(self) -> float:
         return self.speed.usd_per_hour * self.run_s / 3600
 
     def line(self) -> str:
+        evaluating = f" + {self.evaluations} validation batches x {self.evaluation_s:.1f} s" if self.evaluations else ""
         return (
-            f"time: {self.speed.step_time_s:.1f} s/step x {self.steps} steps = {duration(self.run_s)}; "
+            f"time: {self.speed.step_time_s:.1f} s/step x {self.steps} steps{evaluating} = {duration(self.run_s)}; "
             f"cost about ${self.usd:,.0f} ({self.hardware_text} at ${self.speed.usd_per_hour:,.2f}/h)"
         )
 
@@ -81,7 +94,8 @@ class RunForecast:
         """One line when the predicted run time exceeds the time limit, with the changes that fit."""
         if self.time_limit_s is None or self.run_s <= self.time_limit_s or self.jobs > 1:
             return None
-        steps_that_fit = math.floor(self.time_limit_s / self.speed.step_time_s)
+        per_step = self.run_s / self.steps if self.evaluations else self.speed.step_time_s  # with its evaluations
+        steps_that_fit = math.floor(self.time_limit_s / per_step)
         needed_s = self.run_s * TIME_LIMIT_HEADROOM
         limit = f"{math.ceil(needed_s / 86400)}d" if needed_s > 86400 else f"{math.ceil(needed_s / 3600)}h"
         fixes = []
@@ -100,7 +114,7 @@ class RunForecast:
         )
 
     def to_dict(self) -> dict:
-        return {
+        found = {
             "step_time_s": round(self.speed.step_time_s, 4),
             "steps": self.steps,
             "run_s": round(self.run_s, 1),
@@ -109,6 +123,26 @@ class RunForecast:
             "time_limit_s": self.time_limit_s,
             "jobs": self.jobs,
         }
+        if self.evaluations:
+            found.update(validation_batches=self.evaluations, validation_batch_s=round(self.evaluation_s, 4))
+        return found
+
+
+def evaluation_batch_s(speed: Throughput) -> float:
+    """Predicted seconds to evaluate one global batch forward-only under the predicted layout."""
+    training_only = sum(speed.breakdown[k] for k in ("recompute", "optimizer", "data_replicate"))
+    return (speed.step_time_s - training_only) * FORWARD_SHARE
+
+
+def validation_batches(recipe: Recipe) -> int:
+    """Global batches the run evaluates: data.validation.batches after every every_steps-th step
+    and after the last (once, where that is one of them)."""
+    validation, steps = recipe.data.validation, recipe.training.steps
+    if validation is None:
+        return 0
+    every = validation.every_steps
+    evaluations = steps // every + (steps % every != 0) if every else 1
+    return evaluations * validation.batches
 
 
 def forecast(recipe: Recipe, *, time_limit_s: int | None, longest_job_s: int | None = None) -> RunForecast | None:
@@ -126,4 +160,6 @@ def forecast(recipe: Recipe, *, time_limit_s: int | None, longest_job_s: int | N
         time_limit_s=time_limit_s,
         longest_job_s=longest_job_s,
         resumable=bool(checkpoint.every_steps or checkpoint.every_minutes) and checkpoint.resume != "never",
+        evaluations=validation_batches(recipe),
+        evaluation_s=evaluation_batch_s(speed),
     )

@@ -91,10 +91,11 @@ def _make_absolute(data: dict, directory: Path) -> None:
     if isinstance(model, dict) and isinstance(model.get("init_from"), str) and "://" not in model["init_from"]:
         model["init_from"] = _absolute(directory, model["init_from"])
     section = data.get("data") if isinstance(data.get("data"), dict) else {}
-    for key in ("source", "tokenizer"):
-        value = section.get(key)
+    validation = section.get("validation") if isinstance(section.get("validation"), dict) else {}
+    for holder, key in ((section, "source"), (section, "tokenizer"), (validation, "source")):
+        value = holder.get(key)
         if isinstance(value, str) and value != "synthetic" and "://" not in value:
-            section[key] = _absolute(directory, value)
+            holder[key] = _absolute(directory, value)
 
 
 MAX_EXTENDS_DEPTH = 16

@@ -22,6 +22,7 @@ from launcher.recipe import schema
 from launcher.recipe.hardware import Hardware
 from launcher.recipe.references import dataset_manifest
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S, RecipeSpec
+from launcher.recipe.validation import validation_problems
 
 # The SageMaker identifiers' patterns live in the schema (its JSON Schema shows them to editors);
 # matched whole here, with the cross-field rules, so every problem of a recipe is reported at once.
@@ -198,7 +199,7 @@ def hardware_problems(spec: RecipeSpec, arch: ModelArch, hardware: Hardware) -> 
                 f"a local path ({source}) cannot reach a {engine.title} job; upload it and use an s3:// URI",
             )
         )
-    return problems + data_problems(spec, arch)
+    return problems + data_problems(spec, arch) + validation_problems(spec, arch)
 
 
 def data_problems(spec: RecipeSpec, arch: ModelArch) -> list[Problem]:

@@ -396,6 +396,24 @@ class CodeBundle(Section):
     file:line and the kind of secret. Name each file exactly; no globs."""
 
 
+MAX_VALIDATION_BATCHES = 100_000
+
+
+class Validation(Section):
+    """Held-out data the job evaluates forward-only (validation loss and perplexity in its metrics)."""
+
+    source: str | None = Field(default=None, max_length=1024)
+    """A directory (or file) of token shards, as data.source, that no training step reads; 'synthetic'
+    for a seeded synthetic stream (tests). Give this or fraction."""
+    fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Hold out this share of data.source's documents (a prepared dataset), the last whole ones:
+    the same split on every run and layout; training reads only the documents before it."""
+    every_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
+    """Evaluate every this many steps (0: only after the last step); always after the last step."""
+    batches: PositiveInt = Field(default=1, le=MAX_VALIDATION_BATCHES)
+    """Global batches (training.global_batch_size sequences) per evaluation, the same ones each time."""
+
+
 class Data(Section):
     source: str = "synthetic"
     """'synthetic'; token shards: a local directory (e.g. `launcher data prepare`'s output) or file, or an
@@ -423,6 +441,8 @@ class Data(Section):
     """Text files only: split each file into documents at this string (e.g. a blank line, "\n\n")."""
     eos_token: str | None = None
     """The token appended after every document; default: the tokenizer's end-of-text token."""
+    validation: Validation | None = None
+    """Validation on held-out data: {source: DIR} or {fraction: 0.01}, with every_steps and batches."""
 
 
 DATA_PREPARE_KEYS = ("tokenizer", "format", "field", "delimiter", "eos_token")

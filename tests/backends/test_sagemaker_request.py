@@ -206,10 +206,11 @@ METRIC_LINE = (
     "metrics step=12 loss=2.3456 grad_norm=0.8123 lr=0.0003 tokens_per_s_per_gpu=5321.4 mfu=0.3712 "
     "step_time_s=1.5394 mem_alloc_gib=61.2 mem_reserved_gib=70.5"
 )
+EVALUATED = " val_loss=2.5012 val_perplexity=12.198"  # what a step that evaluated held-out data adds
 
 
 def test_metric_definitions_read_every_field_of_the_metric_line():
-    values = {m["Name"]: re.search(m["Regex"], METRIC_LINE).group(1) for m in METRIC_DEFINITIONS}
+    values = {m["Name"]: re.search(m["Regex"], METRIC_LINE + EVALUATED).group(1) for m in METRIC_DEFINITIONS}
     assert values == {
         "train:step": "12",
         "train:loss": "2.3456",
@@ -220,7 +221,18 @@ def test_metric_definitions_read_every_field_of_the_metric_line():
         "train:step_time_s": "1.5394",
         "train:mem_alloc_gib": "61.2",
         "train:mem_reserved_gib": "70.5",
+        "validation:loss": "2.5012",
+        "validation:perplexity": "12.198",
     }
+
+
+def test_validation_definitions_read_nothing_from_a_step_that_did_not_evaluate():
+    validation = [m for m in METRIC_DEFINITIONS if m["Name"].startswith("validation:")]
+    assert [m["Name"] for m in validation] == ["validation:loss", "validation:perplexity"]
+    assert all(re.search(m["Regex"], METRIC_LINE) is None for m in validation)
+    # and `loss` is not read out of val_loss
+    train_loss = next(m for m in METRIC_DEFINITIONS if m["Name"] == "train:loss")
+    assert re.search(train_loss["Regex"], "metrics step=3 grad_norm=1 val_loss=9.5") is None
 
 
 def test_metric_definitions_ignore_other_lines_and_nan():
@@ -234,7 +246,7 @@ def test_metric_definitions_read_every_key_of_the_line_the_entrypoints_print():
     # with the contract's metrics_line, so the definitions read what the entrypoints print.
     import ast
 
-    from launcher.contract.metrics import METRIC_KEYS, metrics_line
+    from launcher.contract.metrics import METRIC_KEYS, SAGEMAKER_METRIC_NAMES, VALIDATION_KEYS, metrics_line
 
     tree = ast.parse((REPO / "entrypoints" / "metrics.py").read_text())
     imported = {
@@ -244,7 +256,8 @@ def test_metric_definitions_read_every_key_of_the_line_the_entrypoints_print():
         for alias in node.names
     }
     assert "metrics_line" in imported
-    record = {key: 7 if key == "step" else 0.25 * (i + 1) for i, key in enumerate(METRIC_KEYS)}
+    keys = (*METRIC_KEYS, *VALIDATION_KEYS)
+    record = {key: 7 if key == "step" else 0.25 * (i + 1) for i, key in enumerate(keys)}
     line = metrics_line(record)
     values = {m["Name"]: float(re.search(m["Regex"], line).group(1)) for m in METRIC_DEFINITIONS}
-    assert values == {f"train:{key}": float(value) for key, value in record.items()}
+    assert values == {SAGEMAKER_METRIC_NAMES[key]: float(value) for key, value in record.items()}

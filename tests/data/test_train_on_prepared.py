@@ -27,7 +27,8 @@ def test_submit_prepares_raw_jsonl_once_and_a_local_job_trains_on_it(corpus, tok
         "parallel: {tensor: 1}\n"
         "cluster: {nproc_per_node: 1}\n"
         "checkpoint: {every_steps: 0}\n"
-        f"data: {{source: corpus/*.jsonl, tokenizer: {tokenizer_file}, format: jsonl}}\n"
+        f"data: {{source: corpus/*.jsonl, tokenizer: {tokenizer_file}, format: jsonl,\n"
+        "       validation: {fraction: 0.1, every_steps: 5}}\n"
     )
     home = tmp_path / "home"
     env = {**os.environ, "LAUNCHER_HOME": str(home)}
@@ -44,6 +45,18 @@ def test_submit_prepares_raw_jsonl_once_and_a_local_job_trains_on_it(corpus, tok
         if line.startswith("metrics ")
     ]
     assert len(losses) == 10 and losses[-1] < losses[0] - 1.0, losses
+    # The last 12 of the 120 documents are held out and evaluated after steps 5 and 10, which
+    # `launcher metrics` and the --wait result line show.
+    evaluated = [int(m.group(1)) for m in re.finditer(r"^metrics step=(\d+) .* val_loss=[\d.]+ ", result.stdout, re.M)]
+    assert evaluated == [5, 10]
+    name, _, outcome = next(line for line in result.stdout.splitlines() if ": Completed." in line).partition(": ")
+    assert re.search(r"loss [\d.]+, validation loss [\d.]+, ", outcome), outcome
+    table = subprocess.run(
+        [sys.executable, "-m", "launcher", "metrics", name], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    header, *rows = table.stdout.splitlines()
+    assert header.split()[:4] == ["STEP", "LOSS", "VAL_LOSS", "VAL_PPL"], table.stdout + table.stderr
+    assert [len(row.split()) for row in rows].count(len(header.split()) - 1) == 2  # MFU blank on a CPU
 
     # The same inputs, tokenizer and settings find the same directory: a later submit reuses it.
     told = []

@@ -8,7 +8,8 @@ one launch per world size for all of them, beside the serial tests (tests/backgr
 `Planned`:
 
 - `plan_runs` (test_multiprocess.py): 1 process: the single-process references; 4 processes:
-  every 4-rank layout (also the source of the checkpoint that is resumed), FSDP's gradient
+  every 4-rank layout (also the source of the checkpoint that is resumed; the reference and
+  the VALIDATED layouts also evaluate held-out data after steps 2 and 3), FSDP's gradient
   accumulation modes, and context-parallel attention at cp 4; 2 processes: resume of the 4-rank
   checkpoint on 2 ranks, FP8, tied embeddings under TP, uneven pipeline stages, context-parallel
   attention at cp 2, the vocab-parallel fused loss, and the collectives of one FP8 and one fp32
@@ -64,6 +65,11 @@ LAYOUTS = {
     },
     "pp2_cp2_gpipe": {"parallel.pipeline": 2, "parallel.context": 2, "parallel.pipeline_schedule": "gpipe"},
 }
+# Validation (entrypoints/evaluate.py) after steps 2 and 3 in the reference and these layouts: dp,
+# tp, cp and pp (1F1B and the interleaved schedule) must give the reference's validation loss, and
+# training after a mid-run evaluation must not change (the jobs without it compare to the reference).
+VALIDATION = {"data.validation.source": "synthetic", "data.validation.every_steps": 2}
+VALIDATED = ("dp_shard2_tp2", "dp_shard2_cp2", "pp2_dp_shard2", "pp2_tp2_interleaved")
 # name -> overrides: FSDP's accumulation modes on 4 ranks, 2 micro-batches each; each must match
 # the sync_each run of the same layout (and the single-process reference).
 ACCUMULATION = {
@@ -249,11 +255,14 @@ def plan_runs(root: Path) -> Planned:
     def cp_attention(tag: str) -> dict:
         return {"kind": "cp_attention", "cases": CP_CASES, "result": str(root / f"cp-attention-{tag}.json")}
 
-    reference = write_job(root, "reference", {}, procs=1)
+    reference = write_job(root, "reference", VALIDATION, procs=1)
     tied_reference = write_job(root, "tied-reference", TIED, procs=1)
     five_layers = write_job(root, "five-layers", FIVE_LAYERS, procs=1)
     uneven = {name: write_job(root, name, overrides, procs=2) for name, overrides in UNEVEN.items()}
-    layouts = {name: write_job(root, name, overrides, procs=4) for name, overrides in LAYOUTS.items()}
+    layouts = {
+        name: write_job(root, name, {**overrides, **(VALIDATION if name in VALIDATED else {})}, procs=4)
+        for name, overrides in LAYOUTS.items()
+    }
     accumulation = {name: write_job(root, name, overrides, procs=4) for name, overrides in ACCUMULATION.items()}
     source = layouts["dp_shard2_tp2"]
     resumed = write_job(

@@ -9,7 +9,9 @@ import re
 import pytest
 import torch
 
-from .entrypoint_jobs import ACCUMULATION, CP_CASES, FP8_STEPS, LAYOUTS, UNEVEN
+from launcher.contract.metrics import SAGEMAKER_METRIC_NAMES
+
+from .entrypoint_jobs import ACCUMULATION, CP_CASES, FP8_STEPS, LAYOUTS, UNEVEN, VALIDATED
 
 pytestmark = pytest.mark.torchrun
 
@@ -33,6 +35,24 @@ def test_reference_trains(runs):
 def test_layout_matches_single_process_losses(runs, layout):
     got, want = runs.layouts[layout].losses(), runs.reference.losses()
     assert got == pytest.approx(want, abs=TOLERANCE)
+
+
+# fp32 on gloo: the same per-micro-batch means, summed over the ranks in another order.
+VALIDATION_TOLERANCE = 1e-6
+
+
+def test_validation_loss_matches_the_single_process_value_under_dp_tp_cp_and_pp(runs):
+    want = {m["step"]: m for m in runs.reference.metrics() if "val_loss" in m}
+    assert sorted(want) == [2, 3]  # every_steps 2, and after the last step
+    assert want[3]["val_loss"] != want[2]["val_loss"]  # the model changed between them
+    for layout in VALIDATED:
+        got = {m["step"]: m for m in runs.layouts[layout].metrics() if "val_loss" in m}
+        assert sorted(got) == [2, 3], layout
+        for step in got:
+            assert abs(got[step]["val_loss"] - want[step]["val_loss"]) <= VALIDATION_TOLERANCE, (layout, step)
+            assert got[step]["val_perplexity"] == pytest.approx(math.exp(got[step]["val_loss"]), rel=1e-12)
+    # The metric lines SageMaker reads: 2 evaluations of each validated 4-rank layout.
+    assert len(re.findall(r"^metrics step=[23] .* val_loss=\S+ val_perplexity=\S+$", runs.stdout, re.M)) == 8
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -159,6 +179,9 @@ def test_vocab_parallel_fused_loss_matches_the_unfused_loss(runs):
     assert max(result["max_abs_error"].values()) <= 1e-5, result
 
 
+KEY_OF_METRIC_NAME = {name: key for key, name in SAGEMAKER_METRIC_NAMES.items()}
+
+
 def test_metrics_lines_parse_with_the_sagemaker_metric_definitions(runs, metric_definitions):
     lines = [line for line in runs.stdout.splitlines() if line.startswith("metrics ")]
     records = [m for job in [*runs.layouts.values(), *runs.accumulation.values()] for m in job.metrics()]
@@ -167,8 +190,11 @@ def test_metrics_lines_parse_with_the_sagemaker_metric_definitions(runs, metric_
     assert len(lines) == len(records) > 20
     for line, record in zip(lines, records, strict=True):
         for definition in metric_definitions:
-            key = definition["Name"].split(":", 1)[1]
+            key = KEY_OF_METRIC_NAME[definition["Name"]]
             match = re.search(definition["Regex"], line)
+            if key not in record:  # validation, on the steps that evaluated only
+                assert match is None, line
+                continue
             if record[key] is None:
                 # mfu=nan (no known peak, CPU): CloudWatch stores no NaN, so no datapoint is right too.
                 assert match is None or match.group(1) == "nan", line

@@ -15,7 +15,7 @@ from entrypoints.model.llama import build_model
 from entrypoints.optim import lr_at
 from launcher.catalog import models
 from launcher.contract.config import ConfigError, ModelConfig, OptimizerConfig
-from launcher.contract.metrics import parse_fields
+from launcher.contract.metrics import SAGEMAKER_METRIC_NAMES, parse_fields
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
@@ -109,9 +109,11 @@ def test_sagemaker_metric_definitions_parse_a_gpu_metrics_line(tmp_path, capsys,
     logger = MetricsLogger(
         tmp_path, enabled=True, tokens_per_step=32768, world_size=1, flops_per_token=8.9e9, peak_flops=989e12
     )
-    record = logger.log(step=12, loss=10.98, grad_norm=0.31, lr=2.7e-4, step_time_s=0.791)
+    record = logger.log(step=12, loss=10.98, grad_norm=0.31, lr=2.7e-4, step_time_s=0.791, val_loss=11.25)
     line = capsys.readouterr().out.strip()
+    key_of = {name: key for key, name in SAGEMAKER_METRIC_NAMES.items()}
     for definition in metric_definitions:
-        key = definition["Name"].split(":", 1)[1]
+        key = key_of[definition["Name"]]
         value = float(re.search(definition["Regex"], line).group(1))
         assert value == pytest.approx(record[key], rel=1e-5), key
+    assert record["val_perplexity"] == pytest.approx(math.exp(11.25))

@@ -28,7 +28,7 @@ from launcher.backends.sagemaker.settings import SageMakerSettings
 from launcher.backends.sagemaker.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
-from launcher.contract.metrics import METRIC_REGEXES, TENSORBOARD_DIR
+from launcher.contract.metrics import METRIC_REGEXES, SAGEMAKER_METRIC_NAMES, TENSORBOARD_DIR, VALIDATION_REGEXES
 from launcher.contract.text import terminal_safe
 from launcher.errors import EngineError, LauncherError, UsageError
 from launcher.recipe.region import default_region
@@ -52,7 +52,10 @@ ROLE_EXAMPLE = "arn:aws:iam::<account>:role/<SageMakerExecutionRole>"
 SUBMISSION_TAG = "launcher:submission"
 
 # SageMaker reads these from the job's log lines (launcher.contract.metrics) into CloudWatch metrics.
-METRIC_DEFINITIONS = [{"Name": f"train:{key}", "Regex": regex} for key, regex in METRIC_REGEXES.items()]
+METRIC_DEFINITIONS = [
+    {"Name": SAGEMAKER_METRIC_NAMES[key], "Regex": regex}
+    for key, regex in {**METRIC_REGEXES, **VALIDATION_REGEXES}.items()
+]
 
 
 # --- where things go ---------------------------------------------------------------------------
