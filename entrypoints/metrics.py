@@ -106,8 +106,9 @@ class MetricsLogger:
         """One line of metrics.jsonl, and the same record to every sink: the one place a record
         is kept, so whatever is logged here (training or validation) reaches the dashboards."""
         with self.path.open("a") as f:
-            # NaN is not JSON; null says "unknown" to every reader.
-            f.write(json.dumps({k: None if _is_nan(v) else v for k, v in record.items()}) + "\n")
+            # NaN and Infinity are not JSON (Python writes them, strict readers refuse them); null
+            # says "unknown" to every reader, and an infinite perplexity keeps its loss beside it.
+            f.write(json.dumps({k: None if _not_finite(v) else v for k, v in record.items()}) + "\n")
         for sink in self.sinks:
             sink.add(record)
 
@@ -144,8 +145,8 @@ def perplexity(loss: float) -> float:
     return math.exp(loss) if not loss > 709 else math.inf
 
 
-def _is_nan(value) -> bool:
-    return isinstance(value, float) and math.isnan(value)
+def _not_finite(value) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _mean(values) -> float:
