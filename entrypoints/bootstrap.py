@@ -1,14 +1,21 @@
-"""The first Python a SageMaker container runs: check, install, rendezvous, run torchrun, report.
+"""The first Python a job's container runs: check, install, rendezvous, run torchrun, report.
 
 Usage (the container's working directory is the unpacked bundle):
 
     python3 entrypoints/bootstrap.py torchrun --nproc-per-node=8 ... entrypoints/train.py --config resolved.json
+    python3 entrypoints/bootstrap.py --exec torchrun --nnodes=2 --rdzv-endpoint=... entrypoints/train.py ...
+
+The first form (SageMaker, docker) does all five steps below. `--exec` (Slurm, Kubernetes, whose
+engines give torchrun its rendezvous and signal its processes themselves) does steps 1 and 2,
+then execs the command as it is: torchrun keeps the engine's rendezvous and receives the
+engine's signals directly, as the container's PID 1 or in Slurm's process tree of the step.
 
 In order:
 1. Check that the image's torch is a release the entrypoints support (read from the package
    metadata, so a wrong image fails in a second, with one line, before torch is imported).
 2. Install the job's pinned wheels (torchao for FP8) offline from the wheelhouse channel,
-   only those the image lacks. `--no-index` makes this work under network isolation.
+   only those the image lacks, into a directory of this process's own that PYTHONPATH hands to
+   torchrun (`install_wheels`). `--no-index` makes this work under network isolation.
 3. Read /opt/ml/input/config/resourceconfig.json and add a static rendezvous to the torchrun
    argv: master = the first of the sorted hosts, node rank = this host's index in that order.
    This is what AWS's own launchers do; a c10d rendezvous would compare this container's
@@ -16,8 +23,11 @@ In order:
    From the same file, `network_interface_name` becomes GLOO_SOCKET_IFNAME and
    NCCL_SOCKET_IFNAME (unless the job's environment sets them): the container's hostname does
    not resolve, so without them gloo binds to loopback and no other host can reach it.
-4. Run torchrun with a shutdown timeout inside SageMaker's grace period, in its own session,
-   and pass SIGTERM/SIGINT on to it once: workers get time to write their last checkpoint.
+4. Run torchrun with a shutdown timeout inside the engine's grace period (the command's own
+   `--shutdown-timeout`, which the launcher sets from the job's stop grace, else SageMaker's),
+   in its own session, and pass SIGTERM/SIGINT on to it once: workers get time to write their
+   last checkpoint. As the container's PID 1 (docker's --entrypoint, SageMaker's
+   ContainerEntrypoint) it gets the engine's SIGTERM because it installs a handler for it.
 5. On failure, write /opt/ml/output/failure (SageMaker's FailureReason) with the first failing
    rank's error, and exit with the workers' exit code.
 
@@ -54,8 +64,10 @@ RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
 FAILURE_FILE = "/opt/ml/output/failure"
 MASTER_PORT = 29500
 # SageMaker sends SIGKILL about 120 s after SIGTERM. torchrun gives workers this long to save
-# and exit before it kills them, leaving itself and this script 20 s to finish.
+# and exit before it kills them, leaving itself and this script 20 s to finish. A command that
+# names its own --shutdown-timeout keeps it (launcher.spec sets it from the job's stop grace).
 SHUTDOWN_TIMEOUT_S = 100
+EXEC = "--exec"
 # SageMaker keeps the first 1024 characters of the failure file as the job's FailureReason.
 MAX_FAILURE_CHARS = 1024
 EXIT_SETUP = 2  # this script refused to start the job (wrong image, bad wheelhouse, bad config)
@@ -105,31 +117,29 @@ def check_torch() -> str:
 # --- 2. offline install from the wheelhouse --------------------------------------------------------
 
 
-def missing(requirements: list[str]) -> list[str]:
-    """The `name==version` pins whose exact version is not installed."""
+def missing(requirements: list[str], path: list[str] | None = None) -> list[str]:
+    """The `name==version` pins whose exact version is not installed (on `path`, default sys.path)."""
     result = []
     for requirement in requirements:
         name, _, version = requirement.partition("==")
-        try:
-            installed = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            installed = None
-        if installed != version:
+        found = next(iter(importlib.metadata.distributions(name=name, path=path or sys.path)), None)
+        if found is None or found.version != version:
             result.append(requirement)
     return result
 
 
-def install_offline(requirements: list[str], wheelhouse: str | None) -> list[str]:
-    """pip-install the missing pins from `wheelhouse` without any index; returns what it installed."""
+def install_offline(requirements: list[str], wheelhouse: str | None, target: str | None = None) -> list[str]:
+    """pip-install the missing pins from `wheelhouse` without any index, into the environment or
+    into the directory `target`; returns what it installed."""
     needed = missing(requirements)
     if not needed:
         return []
     if not wheelhouse or not Path(wheelhouse).is_dir():
         raise SetupError(f"the job needs {' '.join(needed)} but the wheelhouse {wheelhouse!r} is not a directory")
     command = [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", wheelhouse, "--no-deps"]
-    command += ["--disable-pip-version-check", "--no-input", *needed]
+    command += ["--disable-pip-version-check", "--no-input", *(["--target", target] if target else []), *needed]
     result = subprocess.run(command, capture_output=True, text=True)
-    still = missing(needed) if result.returncode == 0 else needed
+    still = missing(needed, [target] if target else None) if result.returncode == 0 else needed
     if still:
         last = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
         raise SetupError(f"offline install of {' '.join(still)} from {wheelhouse} failed: {last}")
@@ -222,7 +232,16 @@ def torchrun_argv(argv: list[str], rendezvous: list[str]) -> list[str]:
     taken = [a for a in argv[1:] if a.split("=")[0] in ("--nnodes", "--standalone", "--rdzv-endpoint", "--node-rank")]
     if taken:
         raise SetupError(f"the rendezvous is the bootstrap's to choose; remove {' '.join(taken)} from the command")
-    return [argv[0], *rendezvous, f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}", *argv[1:]]
+    return [argv[0], *rendezvous, *with_shutdown_timeout(argv[1:])]
+
+
+def with_shutdown_timeout(options: list[str]) -> list[str]:
+    """torchrun's options with a --shutdown-timeout: the command's own, else SHUTDOWN_TIMEOUT_S.
+    torchrun's default is 30 s before it SIGKILLs the workers (torch/distributed/run.py,
+    `--shutdown-timeout`; TORCH_ELASTIC_SHUTDOWN_TIMEOUT), too short for a large final save."""
+    if any(a.split("=")[0] in ("--shutdown-timeout", "--shutdown_timeout") for a in options):
+        return options
+    return [f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}", *options]
 
 
 # --- 4. torchrun, with signals passed on ----------------------------------------------------------
@@ -317,23 +336,37 @@ def write_failure(path: str, text: str) -> None:
         print(f"bootstrap: cannot write {path}: {error}", file=sys.stderr)
 
 
+def install_wheels(environment: dict[str, str]) -> None:
+    """Install the job's missing pins offline into a new directory of this process's own, and
+    put it first on `environment`'s PYTHONPATH (torchrun's, so the workers import from it).
+
+    Not into the image's environment: it may be read-only (a bound or read-only root file
+    system), and on Slurm several nodes may share one environment (slurm.venv) and install at once."""
+    requirements = os.environ.get(ENV_REQUIREMENTS, "").split()
+    if not missing(requirements):
+        return
+    target = tempfile.mkdtemp(prefix="launcher-wheels-")
+    installed = install_offline(requirements, os.environ.get(ENV_WHEELHOUSE), target)
+    print(f"bootstrap: installed {' '.join(installed)} offline into {target}", file=sys.stderr, flush=True)
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (target, environment.get("PYTHONPATH")) if p)
+
+
 def run(argv: list[str]) -> int:
     check_torch()
-    requirements = os.environ.get(ENV_REQUIREMENTS, "").split()
-    installed = install_offline(requirements, os.environ.get(ENV_WHEELHOUSE))
-    if installed:
-        print(f"bootstrap: installed {' '.join(installed)} offline", file=sys.stderr, flush=True)
+    environment: dict[str, str] = dict(os.environ)
+    install_wheels(environment)
     resource_config = os.environ.get(ENV_RESOURCE_CONFIG, RESOURCE_CONFIG)
     hosts, current = read_hosts(resource_config)
     command = torchrun_argv(argv, rendezvous_args(hosts, current))
     sockets = socket_environment(read_interface(resource_config), os.environ)
+    environment.update(sockets)
     print(f"bootstrap: {current} is node {hosts.index(current)} of {len(hosts)}: {' '.join(command)}", flush=True)
     if sockets:
         chosen = " ".join(f"{name}={value}" for name, value in sockets.items())
         print(f"bootstrap: {chosen} (network_interface_name in {resource_config})", flush=True)
     with tempfile.TemporaryDirectory(prefix="launcher-bootstrap-") as scratch:
         error_file = os.path.join(scratch, "error.json")
-        torchrun = Torchrun(command, error_file, sockets)
+        torchrun = Torchrun(command, error_file, environment)
         code = torchrun.wait()
         if code == 0:
             return 0
@@ -347,9 +380,34 @@ def run(argv: list[str]) -> int:
         return worker_code or code
 
 
-def main(argv: list[str] | None = None) -> int:
+def exec_torchrun(argv: list[str]) -> None:
+    """`--exec`: check the image, install the missing pins into a directory of this process's
+    own, then replace this process with the command (its rendezvous as the engine gave it)."""
+    if not argv or Path(argv[0]).name != "torchrun":
+        raise SetupError(f"expected a torchrun command after bootstrap.py {EXEC}, got {' '.join(argv) or 'nothing'}")
+    check_torch()
+    environment = dict(os.environ)
+    install_wheels(environment)
+    command = [argv[0], *with_shutdown_timeout(argv[1:])]
+    sys.stdout.flush()
     try:
-        return run(sys.argv[1:] if argv is None else argv)
+        os.execvpe(command[0], command, environment)
+    except OSError as error:
+        raise SetupError(
+            f"cannot run {command[0]}: {error.strerror}; the image needs torch's torchrun on PATH"
+        ) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [EXEC]:
+        try:
+            exec_torchrun(argv[1:])
+        except SetupError as error:
+            print(f"bootstrap: {error}", file=sys.stderr, flush=True)
+            return EXIT_SETUP
+    try:
+        return run(argv)
     except SetupError as error:
         print(f"bootstrap: {error}", file=sys.stderr, flush=True)
         write_failure(os.environ.get(ENV_FAILURE_FILE, FAILURE_FILE), str(error))

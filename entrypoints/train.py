@@ -13,7 +13,7 @@ A fresh run with model.init_from starts from that Hugging Face checkpoint (hf_we
 Exit status: 0 when every step ran, 2 for a config it cannot run (one line on stderr), 3 when
 the loss or the gradient norm stopped being finite (one line on stderr; nothing is saved after
 the last finite step), 4 when a checkpoint could not be written (one line on stderr naming the
-file and the OS error, e.g. ENOSPC; the newest complete checkpoint is kept), 143 after SIGTERM (a final checkpoint is written first when it fits in STOP_BUDGET_S; spot
+file and the OS error, e.g. ENOSPC; the newest complete checkpoint is kept), 143 after SIGTERM (a final checkpoint is written first when it fits in runtime.stop_budget_s; spot
 interruptions end this way). A failure's message goes to torchrun's TORCHELASTIC_ERROR_FILE
 (failure.py), with the time it was raised, so the launcher can name the first failing rank.
 
@@ -63,9 +63,9 @@ EXIT_CONFIG = 2
 EXIT_DIVERGED = 3
 EXIT_CHECKPOINT_WRITE = 4
 EXIT_SIGTERM = 128 + signal.SIGTERM
-# After SIGTERM SageMaker sends SIGKILL about 120 s later; the final save is skipped when the
-# pending save plus the last measured save time would not fit in this budget.
-STOP_BUDGET_S = 100.0
+# After SIGTERM the engine sends SIGKILL after its grace (SageMaker: about 120 s); the final save
+# is skipped when the pending save plus the last measured save time would not fit in the
+# budget, runtime.stop_budget_s (the job's grace less torchrun's exit, set by the launcher).
 
 
 def output_dir(cfg: JobConfig) -> Path:
@@ -166,7 +166,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             if written == env.world_size:
                 checkpoints.finish_pending()
             if stop:
-                _save_after_sigterm(checkpoints, step, env, sigterm_at=sigterm[1] or time.monotonic())
+                _save_after_sigterm(checkpoints, step, env, sigterm[1] or time.monotonic(), cfg.runtime.stop_budget_s)
                 interrupted = True
                 break
             if checkpoints.due(step) or time_due > 0 or step == t.steps:
@@ -264,15 +264,16 @@ def _share_step(env: DistEnv, loss_share, grad_norm, sigterm: bool, checkpoints:
     return report.tolist()
 
 
-def _save_after_sigterm(checkpoints: Checkpointer, step: int, env: DistEnv, *, sigterm_at: float) -> None:
-    """Finish the pending save, then save `step` if rank 0 judges that it fits in the budget.
+def _save_after_sigterm(checkpoints: Checkpointer, step: int, env: DistEnv, sigterm_at: float, budget_s: float) -> None:
+    """Finish the pending save, then save `step` if rank 0 judges that it fits in `budget_s`
+    (runtime.stop_budget_s: the seconds after SIGTERM until torchrun SIGKILLs the workers).
 
     `sigterm_at`: when this rank got SIGTERM (now, if only another rank did); rank 0's counts.
     """
     checkpoints.finish_pending()
     saved = checkpoints.last_saved_step == step
     if not saved:
-        left = STOP_BUDGET_S - (time.monotonic() - sigterm_at)
+        left = budget_s - (time.monotonic() - sigterm_at)
         fits = torch.tensor(
             [float(checkpoints.last_save_s is None or checkpoints.last_save_s < left)], device=env.device
         )

@@ -32,7 +32,7 @@ from launcher.data.prepare import DEFAULT_SHARD_TOKENS, Prepared, PrepareSetting
 from launcher.display import html
 from launcher.errors import Detached, UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
-from launcher.estimate.checkpoint import auto_every_minutes, estimate_recipe_checkpoint
+from launcher.estimate.checkpoint import auto_every_minutes, estimate_recipe_checkpoint, needed_stop_grace
 from launcher.estimate.memory import check_options
 from launcher.jobs import Job, list_jobs, outcome_exit_code
 from launcher.plan import LayoutPlans, Search, SearchOptions, search
@@ -335,6 +335,9 @@ def _check_fit(
         tell(Stage.ESTIMATE, run.line())
     checkpoints = estimate_recipe_checkpoint(resolved.concrete, run.speed.step_time_s if run else None)
     auto = [auto_every_minutes(recipe).line()] if "checkpoint.every_minutes" in resolved.settled else []
+    if "cluster.stop_grace" in resolved.settled:  # what the engine's grace became (launcher/resolve.py)
+        grace = needed_stop_grace(run.speed.step_time_s if run else None, checkpoints.durable_s)
+        auto.append(grace.line(target.capabilities.title))
     stop = [checkpoints.stop_text] if checkpoints.stop_text else []
     restore = [checkpoints.restore_line()] if checkpoints.restore_line() else []
     for line in (checkpoints.line(), *auto, *stop, *restore, *checkpoints.warnings) if run else ():

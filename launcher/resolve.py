@@ -10,6 +10,11 @@ A recipe may leave four choices to the launcher (`SETTLED_AT_RESOLVE`):
 - checkpoint.every_minutes: the Young/Daly interval from the predicted save time and the
   cluster's interruption rate (`launcher.estimate.checkpoint.auto_every_minutes`).
 With `auto_plan` the planner first switches the recipe to its best layout (`launcher.plan.apply`).
+Then the stop (`settle_stop`): on an engine where the job sets its own grace (docker, Slurm,
+Kubernetes) and the recipe names none, cluster.stop_grace becomes the predicted step plus one
+save, with margin (`launcher.estimate.checkpoint.needed_stop_grace`); where the step and the save
+cannot fit the job's grace and the recipe saves no periodic checkpoint, checkpoint.every_minutes
+becomes the Young/Daly interval, so that a stop loses at most that much.
 
 The concrete recipe says auto nowhere: its `resolved()` is the contract's `JobConfig`, and what
 is built from it (the JobSpec, the bundle, the backends) never calls the estimator or the
@@ -23,11 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.catalog.engines import capabilities
 from launcher.contract.layout import cp_attention_for
 from launcher.estimate import DEFAULT_THRESHOLD, Workload, choose_grad_accumulation
-from launcher.estimate.checkpoint import auto_every_minutes
+from launcher.estimate.checkpoint import auto_every_minutes, estimate_recipe_checkpoint, needed_stop_grace, stop_fits
 from launcher.plan.apply import AutoPlan
 from launcher.plan.apply import auto_plan as best_layout
+from launcher.plan.forecast import forecast
 from launcher.recipe import Recipe
 
 
@@ -40,7 +47,8 @@ class Resolved:
     concrete: Recipe
     """The same recipe with no auto left: what the memory estimate describes and the job runs."""
     settled: dict[str, Any]
-    """What each key that said auto became, e.g. {"parallel.data_shard": 8}."""
+    """What each key that said auto became, e.g. {"parallel.data_shard": 8}, and what the launcher
+    chose for the stop (cluster.stop_grace; checkpoint.every_minutes where a stop cannot save)."""
     plan: AutoPlan | None = None
     """With auto_plan: the planner's best layout and what it changed."""
 
@@ -54,7 +62,30 @@ def resolve(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD, auto_plan: 
         recipe = planned.recipe
     settled = settle(recipe, threshold=threshold)
     concrete = recipe.with_changes(settled) if settled else recipe
+    stop = settle_stop(concrete)
+    if stop:
+        settled = {**settled, **stop}
+        concrete = concrete.with_changes(stop)
     return Resolved(recipe=recipe, concrete=concrete, settled=settled, plan=planned)
+
+
+def settle_stop(recipe: Recipe) -> dict[str, Any]:
+    """cluster.stop_grace where the job sets it and the recipe does not; checkpoint.every_minutes
+    where the step and a save do not fit the grace and nothing else saves periodically."""
+    engine = capabilities(recipe.cluster.backend)
+    if not engine.says_stop_grace():
+        return {}
+    run = forecast(recipe, time_limit_s=None)
+    step_s = run.speed.step_time_s if run else None
+    save_s = estimate_recipe_checkpoint(recipe, step_s).durable_s
+    changes: dict[str, Any] = {}
+    if engine.job_sets_stop_grace and recipe.cluster.stop_grace is None:
+        changes["cluster.stop_grace"] = needed_stop_grace(step_s, save_s).grace_s
+    grace = engine.stop_grace(changes.get("cluster.stop_grace", recipe.cluster.stop_grace))
+    periodic = recipe.checkpoint.every_steps or recipe.checkpoint.every_minutes
+    if not stop_fits(grace, step_s, save_s) and not periodic:
+        changes["checkpoint.every_minutes"] = auto_every_minutes(recipe).minutes
+    return changes
 
 
 def settle(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Self
 
+from launcher.catalog.engines import DEFAULT_STOP_GRACE_S, STOP_EXIT_S
 from launcher.display import html
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ RDZV_PORT = 29500
 CONFIG_FILE = "resolved.json"
 ENTRYPOINT = "entrypoints/train.py"
 BOOTSTRAP = "entrypoints/bootstrap.py"
+BOOTSTRAP_EXEC = "--exec"
+"""entrypoints/bootstrap.py's option: install the job's wheels, then exec the torchrun argv as it is."""
 SPEC_FORMAT = 2
 """The layout of a saved spec (`spec.json`). 2: the engine's settings in one `engine` part.
 1 (no `format` key): a part per engine under its name, with retries, spot, tags and the
@@ -96,9 +99,11 @@ class Placement:
     max_restarts: int = 0
     """torchrun's --max-restarts unless the recipe sets cluster.max_restarts: 0 where the engine
     reruns a failed job itself."""
-    bootstrap: bool = False
+    bootstrap: bool | str = False
     """Run torchrun through entrypoints/bootstrap.py, which picks the rendezvous from the engine's
-    own host list (SageMaker's resourceconfig.json), installs pinned wheels and writes the failure file."""
+    own host list (SageMaker's resourceconfig.json), installs pinned wheels and writes the failure
+    file; "exec": it installs the pinned wheels, then execs torchrun with the rendezvous the command
+    names (engines that rendezvous and signal torchrun themselves: Slurm, Kubernetes)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,6 +231,9 @@ class JobSpec:
     lineage: str = ""
     """The job whose checkpoints this one continues: its own name for a fresh run, the first job's
     name for a `--resume` of it. Checkpoints are kept per lineage, so two runs of one recipe never mix."""
+    stop_grace_s: int = DEFAULT_STOP_GRACE_S
+    """Seconds from the engine's SIGTERM to its SIGKILL (`Recipe.stop_grace_s`): what docker's
+    --stop-timeout, a pod's terminationGracePeriodSeconds and Slurm's --signal lead are set to."""
     resolved_json: str = field(repr=False)
     """The resolved recipe (`Recipe.resolved`) as canonical JSON: the entrypoints' only input."""
 
@@ -281,6 +289,7 @@ class JobSpec:
                 rendezvous_host=placement.rendezvous_host,
                 bootstrap=placement.bootstrap,
                 max_restarts=_pick(recipe.cluster.max_restarts, placement.max_restarts),
+                shutdown_timeout_s=recipe.stop_grace_s - STOP_EXIT_S,
             ),
             environment=tuple(sorted(job_environment(name, resources, inputs).items())),
             resources=resources,
@@ -293,6 +302,7 @@ class JobSpec:
             # are inert, so one recipe renders on every backend.
             engine=engine,
             bundle_allow_secrets=recipe.bundle.allow_secrets_in,
+            stop_grace_s=recipe.stop_grace_s,
             resolved_json=canonical_json(resolved),
         )
 
@@ -423,15 +433,26 @@ def _pick(value: int | None, default: int) -> int:
 
 
 def torchrun_command(
-    resources: Resources, *, name: str, rendezvous_host: str | None, bootstrap: bool = False, max_restarts: int = 0
+    resources: Resources,
+    *,
+    name: str,
+    rendezvous_host: str | None,
+    bootstrap: bool | str = False,
+    max_restarts: int = 0,
+    shutdown_timeout_s: int = DEFAULT_STOP_GRACE_S - STOP_EXIT_S,
 ) -> tuple[str, ...]:
     """The torchrun argv the entrypoints are started with, run from the bundle root.
 
-    With `bootstrap`, entrypoints/bootstrap.py runs it and adds the node count and rendezvous itself."""
-    tail = [f"--max-restarts={max_restarts}", ENTRYPOINT, "--config", CONFIG_FILE]
-    if bootstrap:
+    With `bootstrap`, entrypoints/bootstrap.py runs it and adds the node count and rendezvous
+    itself; with bootstrap="exec" it installs the job's wheels and execs this argv, rendezvous
+    included. `shutdown_timeout_s`: how long torchrun waits for the workers' final save after
+    SIGTERM before it SIGKILLs them (torch/distributed/run.py: 30 s unless told)."""
+    tail = [f"--max-restarts={max_restarts}", f"--shutdown-timeout={shutdown_timeout_s}"]
+    tail += [ENTRYPOINT, "--config", CONFIG_FILE]
+    if bootstrap is True:
         return ("python3", BOOTSTRAP, "torchrun", f"--nproc-per-node={resources.procs_per_node}", *tail)
-    argv = ["torchrun", f"--nnodes={resources.instance_count}", f"--nproc-per-node={resources.procs_per_node}"]
+    front = ("python3", BOOTSTRAP, BOOTSTRAP_EXEC) if bootstrap == "exec" else ()
+    argv = [*front, "torchrun", f"--nnodes={resources.instance_count}", f"--nproc-per-node={resources.procs_per_node}"]
     if resources.instance_count == 1:
         argv.append("--standalone")
     else:

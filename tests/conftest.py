@@ -134,7 +134,7 @@ def aws(moto_server, monkeypatch):
 @pytest.fixture(scope="session", autouse=True)
 def shared_wheel_cache(tmp_path_factory):
     """One wheel cache for the session: FP8 submits fetch the pinned torchao wheel once, not per test."""
-    from launcher.backends.sagemaker.wheelhouse import CACHE_ENV
+    from launcher.backends.wheelhouse import CACHE_ENV
 
     previous = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("wheel-cache"))
@@ -198,7 +198,7 @@ def doomed_mlflow_server(_background):
 @pytest.fixture(scope="session")
 def torchao_wheel(shared_wheel_cache) -> Path:
     """The real pinned torchao wheel (pip download on first use, then the cache)."""
-    from launcher.backends.sagemaker.wheelhouse import ensure, pinned
+    from launcher.backends.wheelhouse import ensure, pinned
 
     return ensure(pinned("torchao"))
 

@@ -43,12 +43,18 @@ def test_names_respect_a_backends_shorter_limit():
 
 def test_single_node_runs_torchrun_standalone_from_the_bundle_root():
     spec = spec_for("llama3-8b-8k", "slurm")
+    # The bootstrap installs the job's wheels, then execs torchrun with this rendezvous; torchrun
+    # waits the job's stop grace less 20 s for the final save (an 8B step and save need less than 120 s).
     assert spec.command == (
+        "python3",
+        "entrypoints/bootstrap.py",
+        "--exec",
         "torchrun",
         "--nnodes=1",
         "--nproc-per-node=8",
         "--standalone",
         "--max-restarts=0",
+        "--shutdown-timeout=100",
         "entrypoints/train.py",
         "--config",
         "resolved.json",
@@ -57,7 +63,10 @@ def test_single_node_runs_torchrun_standalone_from_the_bundle_root():
 
 def test_multi_node_uses_c10d_rendezvous_on_the_first_host():
     spec = spec_for("llama70b-128k", "k8s")
-    assert spec.command[:6] == (
+    assert spec.command[:9] == (
+        "python3",
+        "entrypoints/bootstrap.py",
+        "--exec",
         "torchrun",
         "--nnodes=4",
         "--nproc-per-node=8",
@@ -77,6 +86,7 @@ def test_on_sagemaker_the_bootstrap_runs_torchrun_and_chooses_the_rendezvous():
             "torchrun",
             "--nproc-per-node=8",
             "--max-restarts=0",
+            "--shutdown-timeout=100",  # SageMaker's 120 s grace less 20 s
             "entrypoints/train.py",
             "--config",
             "resolved.json",

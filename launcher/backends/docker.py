@@ -6,9 +6,23 @@ launcher calls plain `docker`; any engine with Docker's CLI works (podman throug
 is tested: tests/engines/test_docker_real.py).
 
 Inside the container entrypoints/bootstrap.py runs torchrun, as on SageMaker: it checks the
-image's torch, passes `docker stop`'s SIGTERM on to the workers (they save a last checkpoint and
-the container exits 143) and writes the first failing rank's error to the output directory,
-where `status` reads it.
+image's torch, installs the job's pinned wheels (torchao for FP8) offline from the wheelhouse
+bound at /opt/launcher/wheels, passes `docker stop`'s SIGTERM on to the workers (they save a
+last checkpoint and the container exits 143) and writes the first failing rank's error to the
+output directory, where `status` reads it.
+
+The bootstrap is the container's PID 1 (`--entrypoint python3`), not the image's entrypoint.
+The PyTorch DLC's is `bash -m start_with_right_hostname.sh` (aws/deep-learning-containers,
+docker/pytorch/Dockerfile.cuda, the sagemaker stage), and that script ends in `eval "$@"`
+without exec (scripts/pytorch/start_with_right_hostname.sh): bash stays PID 1, and the kernel
+delivers to PID 1 only the signals it handles, which bash does not for SIGTERM while it waits
+for a command. `docker stop` would then SIGKILL the job after its grace without a final save.
+The script's other work (telemetry, CUDA compat libraries on old drivers, the hostname preload
+for SageMaker's `train`) the job does not need: the bootstrap names the rendezvous itself.
+
+`--stop-timeout` is the job's stop grace (`JobSpec.stop_grace_s`: the predicted step plus one
+save, with margin), so a `docker stop` without `--time` waits that long, and `launcher stop`
+never waits less.
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ from launcher.backends.images import EcrRegistry, ecr_registry, training_image
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import last_metrics
 from launcher.backends.tools import ToolFailed, run_tool, stream_tool
+from launcher.backends.wheelhouse import fill, job_wheels, requirements
 from launcher.bundle import Bundle
 from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
@@ -45,6 +60,8 @@ LABEL = "launcher.job"
 HOSTS_FILE = f"{ROOT}/config/resourceconfig.json"
 FAILURE_FILE = f"{ROOT}/output/failure"
 BOOTSTRAP_ENV = (("LAUNCHER_RESOURCE_CONFIG", HOSTS_FILE), ("LAUNCHER_FAILURE_FILE", FAILURE_FILE))
+WHEELS_DIR = f"{ROOT}/wheels"
+"""Where the job's pinned wheels are bound (read-only) for the bootstrap's offline install."""
 # NVIDIA's recommended limits for PyTorch GPU containers: pinned memory without a cap, and the
 # deep stacks of compiled graphs. GPU jobs only: pinned memory is a CUDA matter, and an engine
 # that may not raise its own hard limits (no CAP_SYS_RESOURCE, as in unprivileged or nested
@@ -68,9 +85,15 @@ def mount_option(mount: Mount) -> str:
     return out.getvalue()
 
 
+def wheels_mount(spec: JobSpec) -> Mount:
+    """The job's wheelhouse, filled at submit (wheelhouse.fill), bound where the bootstrap reads it."""
+    return Mount(source=str(job_dir(spec.name) / "wheels"), target=WHEELS_DIR, read_only=True)
+
+
 def docker_run_argv(spec: JobSpec) -> list[str]:
     argv = ["docker", "run", "--detach", "--name", spec.name, "--label", f"{LABEL}={spec.name}"]
     argv += ["--label", f"launcher.recipe={spec.recipe_name}"]
+    argv += ["--stop-timeout", str(spec.stop_grace_s)]
     if spec.resources.device == "cuda":
         argv += ["--gpus", "all"]
         for limit in ULIMITS:
@@ -82,13 +105,19 @@ def docker_run_argv(spec: JobSpec) -> list[str]:
     mounts = list(spec.mounts) + [
         Mount(source=data.staged_at or data.source, target=data.container_path, read_only=True) for data in spec.inputs
     ]
+    wheels = job_wheels(spec.resolved)
+    environment = [*spec.environment, *BOOTSTRAP_ENV]
+    if wheels:
+        mounts.append(wheels_mount(spec))
+        environment += [("LAUNCHER_REQUIREMENTS", requirements(wheels)), ("LAUNCHER_WHEELHOUSE", WHEELS_DIR)]
     for mount in mounts:
         argv += ["--mount", mount_option(mount)]
     argv += ["--workdir", f"{ROOT}/code"]
-    for key, value in (*spec.environment, *BOOTSTRAP_ENV):
+    for key, value in environment:
         argv += ["--env", f"{key}={value}"]
-    argv.append(spec.image)
-    argv += spec.command
+    # The image's Python as PID 1, not its entrypoint script (see the module's doc).
+    program, *arguments = spec.command
+    argv += ["--entrypoint", program, spec.image, *arguments]
     return argv
 
 
@@ -136,6 +165,9 @@ class DockerBackend(Backend):
             )
         ensure_image(spec.image)
         directory = job_dir(spec.name)
+        wheels = job_wheels(spec.resolved)
+        if wheels:  # fetched once into the cache (or refused in one line) before anything is created
+            fill(wheels, Path(wheels_mount(spec).source))
         rendering.payload["bundle"].extract(directory / "code")
         write_json(directory / "config" / "resourceconfig.json", {"current_host": spec.name, "hosts": [spec.name]})
         for mount in spec.mounts:
@@ -167,8 +199,11 @@ class DockerBackend(Backend):
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
         _check_owns(ref.name)
-        # docker stop sends SIGTERM and, after the grace period, SIGKILL.
-        _docker(["stop", "--time", str(int(grace_s)), ref.name], action=f"stopping {ref.name}", timeout=grace_s + 60)
+        # docker stop sends SIGTERM and, after the grace period, SIGKILL: never less than the
+        # job's own grace (its --stop-timeout), which the final save was sized for.
+        spec = self.saved_spec(ref.name)
+        grace = max(int(grace_s), spec.stop_grace_s if spec is not None else 0)
+        _docker(["stop", "--time", str(grace), ref.name], action=f"stopping {ref.name}", timeout=grace + 60)
         return self._status(ref)
 
     def _list(self, *, region: str | None, limit: int) -> list[JobStatus]:

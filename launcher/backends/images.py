@@ -1,7 +1,7 @@
 """The default training image: the region's PyTorch Deep Learning Container (dlc_images.yaml), and
 which ECR registry an image lives in (docker logs in there before pulling).
 
-The same file pins the wheels that image lacks (launcher/backends/sagemaker/wheelhouse.py reads them)."""
+The same file pins the wheels that image lacks (launcher/backends/wheelhouse.py reads them)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,14 @@ What the script does, in order (docs/slurm.md tells it for users):
 4. writes its exit code to `<job dir>/exit_code`, because many small clusters keep no
    accounting database: `status` asks `scontrol show job` first and falls back to that file.
 
+Each node's task runs `python3 entrypoints/bootstrap.py --exec torchrun ...`: the bootstrap
+checks the image's torch and installs the job's pinned wheels (torchao for FP8) offline from
+`<shared>/wheelhouse/<key>/`, which submit fills, into a directory of its own, then execs
+torchrun, which keeps the c10d rendezvous and gets Slurm's signals as before. USR1 comes at least
+the job's stop grace (`JobSpec.stop_grace_s`, the predicted step plus one save) before the time
+limit, and torchrun's --shutdown-timeout is that grace less its exit, so the save after USR1
+lands before Slurm's own SIGTERM and SIGKILL at the limit.
+
 The script is built line by line with every value quoted by shlex, and nothing from a recipe
 reaches it except checked names and paths: the recipe travels in resolved.json inside the bundle.
 """
@@ -42,6 +50,7 @@ from launcher.backends.history import MetricsHistory
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
+from launcher.backends.wheelhouse import fill, job_wheels, requirements, wheelhouse_key
 from launcher.bundle import Bundle
 from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
@@ -132,11 +141,34 @@ def directives(spec: JobSpec) -> list[str]:
     if settings.account:
         lines.append(f"--account={settings.account}")
     lines += [
-        f"--signal=B:USR1@{min(settings.signal_before_end_s, MAX_SIGNAL_S)}",
+        f"--signal=B:USR1@{signal_lead_s(spec)}",
         "--requeue" if settings.requeue else "--no-requeue",
         "--open-mode=append",  # a requeued run appends to the same log
     ]
     return [f"#SBATCH {line}" for line in lines]
+
+
+def signal_lead_s(spec: JobSpec) -> int:
+    """USR1's lead before the time limit (sbatch --signal=B:USR1@<lead>): slurm.signal_before_end,
+    and never less than the job's stop grace, which the step in progress and the save need."""
+    return min(max(slurm_settings(spec).signal_before_end_s, spec.stop_grace_s), MAX_SIGNAL_S)
+
+
+def wheelhouse_dir(spec: JobSpec) -> Path:
+    """The job's wheels on the shared file system, by content: jobs with the same pins share it."""
+    return shared_root(slurm_settings(spec)) / "wheelhouse" / wheelhouse_key(job_wheels(spec.resolved))
+
+
+def wheel_exports(spec: JobSpec) -> list[str]:
+    """What entrypoints/bootstrap.py reads to install the job's wheels offline (none: nothing)."""
+    wheels = job_wheels(spec.resolved)
+    if not wheels:
+        return []
+    values = {"LAUNCHER_REQUIREMENTS": requirements(wheels), "LAUNCHER_WHEELHOUSE": str(wheelhouse_dir(spec))}
+    return [
+        "# The job's pinned wheels, installed offline on every node by entrypoints/bootstrap.py.",
+        *(f"export {key}={shlex.quote(value)}" for key, value in values.items()),
+    ]
 
 
 def sbatch_argv(directory: Path) -> list[str]:
@@ -272,6 +304,7 @@ def sbatch_script(spec: JobSpec) -> str:
             "set -u",
         ]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
+    lines += wheel_exports(spec)
     lines += rendezvous_lines(spec.resources.instance_count)
     lines.append(f"cd -- {shlex.quote(str(code_dir))}")
     lines.append(training_srun(spec, code_dir, shared))
@@ -354,6 +387,7 @@ class SlurmBackend(Backend):
             output_dir=str(slurm_job_dir(settings, name)),
             s3_data_dir=staged,
             s3_staging_dir=staged,
+            bootstrap="exec",  # installs the wheels; torchrun keeps the c10d rendezvous and Slurm's signals
         )
 
     def problems(self, spec: JobSpec) -> list[str]:
@@ -373,19 +407,27 @@ class SlurmBackend(Backend):
         script = sbatch_script(spec)
         argv = sbatch_argv(directory)
         data = {"script": script, "command": argv, "job_dir": str(directory), "bundle": bundle.describe()}
-        warnings = []
-        if settings.signal_before_end_s >= spec.max_run_s:
+        warnings, lead = [], signal_lead_s(spec)
+        if lead >= spec.max_run_s:
             warnings.append(
-                f"slurm.signal_before_end ({settings.signal_before_end_s} s) is not shorter than "
+                f"slurm.signal_before_end ({lead} s) is not shorter than "
                 f"cluster.max_run ({spec.max_run_s} s): Slurm sends USR1 as soon as the job starts"
             )
         if warnings:
             data["warnings"] = warnings
+        if lead > settings.signal_before_end_s:
+            data["notes"] = [
+                f"slurm.signal_before_end: USR1 comes {lead} s before the time limit, not "
+                f"{settings.signal_before_end_s} s: the job's stop grace (cluster.stop_grace) needs that long"
+            ]
         return Rendering(spec=spec, data=data, text=script, payload={"bundle": bundle, "argv": argv})
 
     def _submit(self, rendering: Rendering) -> JobRef:
         spec = rendering.spec
         directory = slurm_job_dir(slurm_settings(spec), spec.name)
+        wheels = job_wheels(spec.resolved)
+        if wheels:  # fetched once into the cache (or refused in one line) before anything is written
+            fill(wheels, wheelhouse_dir(spec))
         rendering.payload["bundle"].extract(directory / CODE_DIR)
         (directory / SCRIPT).write_text(rendering.data["script"])
         out = run_tool(rendering.payload["argv"], action=f"submitting {spec.name} with sbatch")

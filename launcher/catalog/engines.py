@@ -13,6 +13,13 @@ from importlib.resources import files
 import yaml
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
 
+DEFAULT_STOP_GRACE_S = 120
+"""A job's seconds from SIGTERM to SIGKILL where neither its engine nor a prediction says more:
+SageMaker's, for which the entrypoints' final-save budget was first set."""
+STOP_EXIT_S = 20
+"""Of the grace, what torchrun and entrypoints/bootstrap.py keep to exit after the workers have:
+torchrun's --shutdown-timeout and the trainer's save budget are the grace less this."""
+
 
 class Capabilities(BaseModel):
     """One engine's entry. The defaults describe an engine that can do little: each entry says
@@ -57,6 +64,21 @@ class Capabilities(BaseModel):
 
     stop_grace_s: PositiveFloat | None = None
     """Seconds between the engine's SIGTERM and its SIGKILL, when it sets them; None: not known."""
+    job_sets_stop_grace: bool = False
+    """The job chooses that time itself (docker --stop-timeout, terminationGracePeriodSeconds,
+    Slurm's --signal lead): cluster.stop_grace, by default from the predicted step and save."""
+
+    def stop_grace(self, chosen: int | None) -> int:
+        """The job's seconds from SIGTERM to SIGKILL: `chosen` (cluster.stop_grace) where the job
+        sets them, else the engine's own, else DEFAULT_STOP_GRACE_S."""
+        if self.job_sets_stop_grace and chosen:
+            return int(chosen)
+        return int(self.stop_grace_s or DEFAULT_STOP_GRACE_S)
+
+    def says_stop_grace(self) -> bool:
+        """Whether a job here has a known grace: the engine's own, or one the job sets."""
+        return self.job_sets_stop_grace or self.stop_grace_s is not None
+
     runs_as_role: bool = False
     """The job runs as an IAM execution role of the caller's account (sagemaker.role_arn)."""
     exports_checkpoints: bool = False

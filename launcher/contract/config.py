@@ -311,6 +311,10 @@ class RuntimeConfig:
     accelerator: str | None = None
     peak_flops: PeakFlops = field(default_factory=PeakFlops)
     output_dir: str | None = None
+    stop_budget_s: float = 100.0
+    """Seconds after SIGTERM within which the final save must end: the engine's grace less what
+    torchrun and the bootstrap keep to exit (launcher.catalog.engines.STOP_EXIT_S); torchrun's
+    --shutdown-timeout is the same. 100: SageMaker's 120 s grace."""
 
 
 MLFLOW_ARN_RE = re.compile(

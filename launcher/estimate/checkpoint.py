@@ -42,7 +42,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from launcher.catalog.engines import capabilities
+from launcher.catalog.engines import DEFAULT_STOP_GRACE_S, STOP_EXIT_S, capabilities
 from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
 from launcher.recipe.schema import MAX_DURATION_S
 
@@ -186,6 +186,7 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
     every_minutes = recipe.checkpoint.every_minutes
     if every_minutes == "auto":
         every_minutes = auto_every_minutes(recipe).minutes
+    grace = engine.stop_grace(recipe.cluster.stop_grace) if engine.says_stop_grace() else None
     return estimate_checkpoint(
         params=recipe.arch.num_params(),
         instance_count=recipe.cluster.instance_count,
@@ -194,11 +195,53 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
         every_minutes=every_minutes,
         step_time_s=step_time_s,
         uploads_to_s3=engine.uploads_checkpoints,
-        stop_grace_s=engine.stop_grace_s,
+        stop_grace_s=grace,
         keep=recipe.checkpoint.keep,
         restores_whole_prefix=engine.restores_whole_checkpoint_prefix and not per_host,
         restores_own_share=per_host,
     )
+
+
+# The grace a job sets itself covers the step in progress and one save with this much to spare
+# (both are predictions), plus what torchrun and the bootstrap need to exit.
+STOP_GRACE_MARGIN = 1.25
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopGrace:
+    """The seconds from SIGTERM to SIGKILL a job sets itself (cluster.stop_grace), and why."""
+
+    grace_s: int
+    step_s: float | None  # predicted; None: not modelled (the host CPU)
+    save_s: float | None  # until durable, per host; None: not modelled
+
+    def line(self, engine_title: str) -> str:
+        if self.step_s is None or self.save_s is None:
+            return (
+                f"cluster.stop_grace: {self.grace_s} s on {engine_title} (no predicted step and save time here; "
+                f"torchrun --shutdown-timeout and the final-save budget {self.grace_s - STOP_EXIT_S} s)"
+            )
+        return (
+            f"cluster.stop_grace: {self.grace_s} s on {engine_title} = {STOP_GRACE_MARGIN:g} x (step ~"
+            f"{_duration(self.step_s)} + save ~{self.save_s:.0f} s) + {STOP_EXIT_S} s for torchrun to exit "
+            f"(torchrun --shutdown-timeout and the final-save budget {self.grace_s - STOP_EXIT_S} s)"
+        )
+
+
+def needed_stop_grace(step_s: float | None, save_s: float | None) -> StopGrace:
+    """The grace that fits the step in progress and a save (the trainer checks SIGTERM between
+    steps, entrypoints/train.py), with STOP_GRACE_MARGIN and STOP_EXIT_S; DEFAULT_STOP_GRACE_S
+    at least, and where either time is unknown."""
+    if step_s is None or save_s is None:
+        return StopGrace(grace_s=DEFAULT_STOP_GRACE_S, step_s=step_s, save_s=save_s)
+    needed = math.ceil(STOP_GRACE_MARGIN * (step_s + save_s)) + STOP_EXIT_S
+    return StopGrace(grace_s=max(DEFAULT_STOP_GRACE_S, needed), step_s=step_s, save_s=save_s)
+
+
+def stop_fits(grace_s: float, step_s: float | None, save_s: float | None) -> bool:
+    """Whether the step in progress and one save end inside the trainer's budget (the grace less
+    STOP_EXIT_S); True where either is unknown (nothing to say)."""
+    return step_s is None or save_s is None or step_s + save_s <= grace_s - STOP_EXIT_S
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,7 @@ import yaml
 from pydantic import PrivateAttr, ValidationError, model_validator
 
 from launcher.catalog import ModelArch
-from launcher.catalog.engines import capabilities
+from launcher.catalog.engines import STOP_EXIT_S, capabilities
 from launcher.contract.config import FORMAT as RESOLVED_FORMAT
 from launcher.contract.config import SYNTHETIC_DOCUMENT_SEPARATOR, ConfigError, JobConfig
 from launcher.contract.layout import Layout
@@ -328,6 +328,7 @@ class Recipe(RecipeSpec):
                     "fp8": accelerator.peak_fp8_tflops * 1e12 if accelerator.peak_fp8_tflops else None,
                 },
                 "output_dir": output_dir,
+                "stop_budget_s": float(self.stop_grace_s - STOP_EXIT_S),
             },
             "tracking": self._tracking_data(job),
         }
@@ -348,6 +349,11 @@ class Recipe(RecipeSpec):
             "backend": job.backend if job else None,
             "lineage": job.lineage if job else None,
         }
+
+    @property
+    def stop_grace_s(self) -> int:
+        """Seconds from the engine's SIGTERM to its SIGKILL for this job (launcher.catalog.engines)."""
+        return capabilities(self.cluster.backend).stop_grace(self.cluster.stop_grace)
 
     def _export_directory(self, model_dir: str | None) -> str | None:
         """checkpoint.export_hf for the job: true is "hf", false is no export; a relative one is

@@ -302,6 +302,12 @@ class Cluster(Section):
     """Times torchrun restarts the workers after one fails; they resume from the newest complete
     checkpoint. Default: 1 on local and docker, 0 where the engine reruns the job itself
     (SageMaker's retries, Slurm's requeue, the PyTorchJob's backoff)."""
+    stop_grace: Duration | None = None
+    """Seconds from the engine's SIGTERM to its SIGKILL, on engines where the job sets them:
+    docker's --stop-timeout, a pod's terminationGracePeriodSeconds, the least Slurm --signal lead.
+    torchrun's --shutdown-timeout and the trainer's budget for its final save are 20 s less.
+    Default: the predicted step plus one save, a quarter more, at least 120 s (settled at submit).
+    SageMaker's grace is its own 120 s."""
 
 
 class SageMaker(Section):

@@ -121,12 +121,38 @@ def test_a_gpu_job_gets_all_gpus_and_nvidias_limits(home):
 def test_the_container_runs_torchrun_through_the_bootstrap_with_its_hosts_file(home):
     argv = argv_of("tiny-cpu")
     image = argv.index(f"{DLC}:2.13.0-cpu-amzn2023-sagemaker")
-    assert argv[image + 1 : image + 4] == ["python3", "entrypoints/bootstrap.py", "torchrun"]
+    # The image's Python is PID 1, not the DLC's `bash -m start_with_right_hostname.sh`, whose
+    # bash would drop docker stop's SIGTERM (tests/engines/test_docker_real.py runs such an image).
+    assert argv[image - 2 : image] == ["--entrypoint", "python3"]
+    assert argv[image + 1 : image + 3] == ["entrypoints/bootstrap.py", "torchrun"]
     assert "--standalone" not in argv  # the bootstrap adds the rendezvous
     assert "LAUNCHER_RESOURCE_CONFIG=/opt/launcher/config/resourceconfig.json" in argv
     assert "LAUNCHER_FAILURE_FILE=/opt/launcher/output/failure" in argv
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "--mount"]
     assert any(m.endswith("target=/opt/launcher/config,readonly") for m in mounts)
+
+
+def test_an_fp8_job_binds_its_wheelhouse_and_names_the_pins_for_the_bootstrap(home):
+    plain, fp8 = argv_of("tiny-cpu"), argv_of("tiny-cpu", **{"precision.fp8": True})
+    wheels = f"type=bind,source={home / 'jobs' / 'tiny-cpu-job' / 'wheels'},target=/opt/launcher/wheels,readonly"
+    assert wheels in fp8 and "LAUNCHER_REQUIREMENTS=torchao==0.18.0" in fp8
+    assert "LAUNCHER_WHEELHOUSE=/opt/launcher/wheels" in fp8
+    assert not [a for a in plain if "wheels" in a or a.startswith("LAUNCHER_REQUIREMENTS")]
+
+
+def test_the_stop_timeout_shutdown_timeout_and_save_budget_follow_the_predicted_step_and_save(home):
+    """70B on one p5e node: a step and a save far past docker's 10 s and torchrun's 30 s."""
+    spec = spec_for("llama70b-128k", "docker", **{"cluster.instance_count": 1, "data.source": "/fsx/tokens"})
+    argv = docker_run_argv(spec)
+    grace = int(argv[argv.index("--stop-timeout") + 1])
+    assert grace == spec.stop_grace_s > 120
+    assert f"--shutdown-timeout={grace - 20}" in argv
+    assert spec.resolved["runtime"]["stop_budget_s"] == grace - 20
+    # Without a predicted step (the host CPU): SageMaker's 120 s, for which the budget was made.
+    small = spec_for("tiny-cpu", "docker")
+    assert (small.stop_grace_s, small.resolved["runtime"]["stop_budget_s"]) == (120, 100)
+    set_by_hand = spec_for("tiny-cpu", "docker", **{"cluster.stop_grace": "5m"})
+    assert set_by_hand.stop_grace_s == 300 and "--shutdown-timeout=280" in set_by_hand.command
 
 
 def test_resubmitting_with_resume_mounts_the_earlier_jobs_checkpoints(home):

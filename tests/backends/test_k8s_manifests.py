@@ -294,3 +294,16 @@ def test_a_bundle_too_big_for_a_config_map_is_one_line(home, monkeypatch, tmp_pa
         UsageError, match=r"^the code bundle is 1\.\d\d MiB, more than the 1 MiB a Kubernetes ConfigMap holds; "
     ):
         api.submit(recipe_path("tiny-cpu"), backend="k8s", dry_run=True)
+
+
+def test_pods_get_the_jobs_stop_grace_and_exec_torchrun_through_the_bootstrap(bundle):
+    """Kubernetes' default terminationGracePeriodSeconds is 30 s; 70B's step and save need ~7 min."""
+    spec = spec_for("llama70b-128k", "k8s")
+    job = build_manifest(spec, bundle, settings(spec), namespace=NAMESPACE, uid=UID).job
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == spec.stop_grace_s > 300
+        args = pod["containers"][0]["args"]
+        assert args[:4] == ["python3", "entrypoints/bootstrap.py", "--exec", "torchrun"]
+        assert f"--shutdown-timeout={spec.stop_grace_s - 20}" in args
+    assert spec.resolved["runtime"]["stop_budget_s"] == spec.stop_grace_s - 20

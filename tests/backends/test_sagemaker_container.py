@@ -16,7 +16,7 @@ from launcher import api
 from launcher.backends import get_backend
 from launcher.backends.sagemaker.aws_model import validate
 from launcher.backends.sagemaker.backend import Locations, create_training_job_request
-from launcher.backends.sagemaker.wheelhouse import pinned
+from launcher.backends.wheelhouse import pinned
 from launcher.bundle import Bundle, unpack_entrypoint
 from launcher.errors import LauncherError
 

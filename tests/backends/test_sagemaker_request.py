@@ -45,6 +45,7 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
         "torchrun",
         "--nproc-per-node=8",
         "--max-restarts=0",
+        "--shutdown-timeout=100",
         "entrypoints/train.py",
         "--config",
         "resolved.json",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -139,8 +140,26 @@ def test_a_venv_is_activated_and_a_container_runs_through_pyxis_with_the_shared_
     assert train.startswith(
         'srun --cpus-per-task="$SLURM_CPUS_ON_NODE" --kill-on-bad-exit=1 --ntasks-per-node=1 '
         f"'--container-image=nvcr.io#nvidia/pytorch:25.01-py3' "
-        f"--container-mounts={home}:{home} --container-workdir={home}/jobs/tiny-cpu-job/code torchrun "
+        f"--container-mounts={home}:{home} --container-workdir={home}/jobs/tiny-cpu-job/code "
+        "python3 entrypoints/bootstrap.py --exec torchrun "
     )
+
+
+def test_an_fp8_job_installs_its_wheels_from_the_shared_dir_and_usr1_leads_by_the_stop_grace(home, fake_bundle):
+    """70B: the step in progress (~4.7 min) and a save (~53 s) take a 442 s grace, inside the
+    default 600 s lead; a 20-minute cluster.stop_grace raises the lead to it."""
+    script = render("llama70b-128k", **{"data.source": FSX, "precision.fp8": True}).text
+    found = directives(script)
+    assert found["--signal"] == "B:USR1@600"  # the default lead already covers the 442 s grace
+    (train,) = [line for line in script.splitlines() if line.startswith("srun --cpus-per-task")]
+    grace = int(re.search(r"--shutdown-timeout=(\d+)", train)[1]) + 20
+    assert 300 < grace < 600, train
+    wheels = re.search(r"^export LAUNCHER_WHEELHOUSE=(\S+)$", script, re.M)[1]
+    assert wheels.startswith(f"{home}/wheelhouse/") and "export LAUNCHER_REQUIREMENTS=torchao==0.18.0" in script
+    longer = render("llama70b-128k", **{"data.source": FSX, "cluster.stop_grace": "20m"})
+    assert directives(longer.text)["--signal"] == "B:USR1@1200"
+    assert longer.data["notes"][0].startswith("slurm.signal_before_end: USR1 comes 1200 s before the time limit")
+    assert "LAUNCHER_WHEELHOUSE" not in render().text  # no FP8, no wheels
 
 
 def test_s3_data_is_staged_on_the_shared_dir_and_the_dry_run_says_where(home, fake_bundle, cli, tmp_path):

@@ -69,7 +69,10 @@ def test_a_format1_record_loads_as_the_spec_and_request_that_submit_builds_today
     old = format1(backend)
     assert "format" not in old and "engine" not in old  # written before either existed
     loaded, today = target.load_spec(old), spec_for(recipe, backend, **overrides)
-    # The resolved config is RESOLVE's, which may grow keys; everything the engine part holds must match.
+    # The resolved config is RESOLVE's, which may grow keys; the command (and the stop grace it
+    # carries) is what that job was started with; everything the engine part holds must match.
+    assert loaded.stop_grace_s == 120  # a spec from before the stop grace: SageMaker's, as it ran
+    loaded = loaded.replace(command=today.command, stop_grace_s=today.stop_grace_s)
     assert loaded.replace(resolved_json=today.resolved_json) == today
     assert type(loaded.engine) is target.settings_type
     assert (loaded.retries, loaded.spot, loaded.tags) == (

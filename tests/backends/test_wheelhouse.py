@@ -1,4 +1,4 @@
-"""launcher/backends/sagemaker/wheelhouse.py: pinned wheels fetched once with pip, checked by sha256, cached by content."""
+"""launcher/backends/wheelhouse.py: pinned wheels fetched once with pip, checked by sha256, cached by content."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from launcher.backends.sagemaker.wheelhouse import ensure, job_wheels, pinned, wheelhouse_key
+from launcher.backends.wheelhouse import ensure, job_wheels, pinned, wheelhouse_key
 from launcher.errors import LauncherError
 
 

@@ -2,7 +2,8 @@
 
 No registry is reachable here, so the image is made on the spot: an empty root filesystem
 (`podman import`) whose PATH starts at a venv of this machine's Python (tests/engines/image.py:
-the test environment's packages without torchao and the launcher, as in a PyTorch DLC). The
+the test environment's packages without torchao and the launcher, as in a PyTorch DLC), with the
+DLC's entrypoint: bash as PID 1 running the command through `eval` (DLC_START_SCRIPT). The
 engine's configuration (containers.conf) binds what that Python needs, read-only and at the same
 paths: /usr, /lib, /lib64, /bin, the venvs and the base Python. So the launcher's exact
 `docker run ...` argv runs unchanged; only `docker` on PATH is this wrapper.
@@ -102,17 +103,35 @@ def write_config(path: Path, volumes: list[str]) -> Path:
     return path
 
 
+# The PyTorch DLC's start script, as it behaves for any command but SageMaker's `train`: it
+# runs the command with `eval "$@"`, without exec, so bash stays PID 1 (aws/deep-learning-containers,
+# scripts/pytorch/start_with_right_hostname.sh, whose other branches need a GPU or `train`).
+# The image runs it as the DLC does, `ENTRYPOINT ["bash", "-m", "start_with_right_hostname.sh"]`
+# (found on PATH, the Dockerfile copies it to /usr/local/bin; /usr here is the host's, so it
+# lives in DLC_BIN). As PID 1 with no handler for SIGTERM, bash never sees docker stop's SIGTERM.
+DLC_BIN = "/opt/dlc/bin"
+DLC_START_SCRIPT = '#!/usr/bin/env bash\n# the DLC start script\'s last branch: no exec\neval "$@"\n'
+DLC_ENTRYPOINT = '["bash", "-m", "start_with_right_hostname.sh"]'
+
+
 def root_filesystem() -> bytes:
-    """An almost empty root: /tmp for temporary files, and root's passwd entry (getpass needs one)."""
+    """An almost empty root: /tmp for temporary files, root's passwd entry (getpass needs one),
+    and the DLC's start script."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, mode in (("tmp", 0o1777), ("etc", 0o755), ("opt", 0o755), ("root", 0o700)):
+        directories = (("tmp", 0o1777), ("etc", 0o755), ("opt", 0o755), ("opt/dlc", 0o755), ("opt/dlc/bin", 0o755))
+        for name, mode in (*directories, ("root", 0o700)):
             info = tarfile.TarInfo(name)
             info.type, info.mode = tarfile.DIRTYPE, mode
             tar.addfile(info)
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"), ("etc/group", "root:x:0:\n")):
+        files = (
+            ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644),
+            ("etc/group", "root:x:0:\n", 0o644),
+            (f"{DLC_BIN.lstrip('/')}/start_with_right_hostname.sh", DLC_START_SCRIPT, 0o755),
+        )
+        for name, text, mode in files:
             info = tarfile.TarInfo(name)
-            info.size, info.mode = len(text), 0o644
+            info.size, info.mode = len(text), mode
             tar.addfile(info, io.BytesIO(text.encode()))
     return buffer.getvalue()
 
@@ -131,15 +150,10 @@ def start_engine(workdir: Path) -> ContainerEngine:
     image = f"localhost/launcher-test-python:{uuid.uuid4().hex[:8]}"  # unique in the shared store
     engine = ContainerEngine(bin_dir, config, image, podman)
     (workdir / "rootfs.tar").write_bytes(root_filesystem())
-    path = f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    path = f"{venv}/bin:{DLC_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    changes = [f"ENV PATH={path}", "ENV HOME=/root", f"ENTRYPOINT {DLC_ENTRYPOINT}", 'CMD ["/bin/bash"]']
     engine.run(
-        "import",
-        "--change",
-        f"ENV PATH={path}",
-        "--change",
-        "ENV HOME=/root",
-        str(workdir / "rootfs.tar"),
-        engine.image,
+        "import", *[a for change in changes for a in ("--change", change)], str(workdir / "rootfs.tar"), engine.image
     )
     return engine
 

@@ -20,7 +20,8 @@ What the harness does, pod by pod (`<job>-master-0`, `<job>-worker-0`, ...):
   (operator_environment: its v1.9 envvar.go and master.go, read from the job itself).
 
 Like the operator with restartPolicy Never: the job Succeeded when every pod exited 0; the
-first pod that fails ends the others and the job is Failed.
+first pod that fails ends the others and the job is Failed. `stop` deletes the pods as the
+kubelet does: SIGTERM to each container's PID 1, SIGKILL after terminationGracePeriodSeconds.
 """
 
 from __future__ import annotations
@@ -112,6 +113,14 @@ class Pod:
             for handle in self._files:
                 handle.close()
         return self.exit_code
+
+    def init_pid(self) -> int | None:
+        """The host's pid of the container's PID 1: unshare's one child (`--fork`), which became
+        the container's command by exec."""
+        if self.process is None or self.process.poll() is not None:
+            return None
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return int(children[0]) if children else None
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -264,6 +273,24 @@ class Run:
             pod.process = subprocess.Popen(
                 argv, env=self.environment(pod), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+
+    def stop(self, *, timeout_s: float) -> Outcome:
+        """Delete the pods as the kubelet does: SIGTERM to each container's PID 1, SIGKILL after the
+        pod's terminationGracePeriodSeconds (30 s when the spec has none: Kubernetes API, PodSpec),
+        then wait for every pod (at most `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        kill_at = {}
+        for pod in self.pods:
+            pid = pod.init_pid()
+            if pid is not None:
+                os.kill(pid, signal.SIGTERM)  # a PID 1 gets it only if it handles it, as in a container
+            kill_at[pod.name] = time.monotonic() + self.template(pod.role).get("terminationGracePeriodSeconds", 30)
+        while self.running() and time.monotonic() < deadline:
+            for pod in self.running():
+                if time.monotonic() > kill_at[pod.name]:
+                    pod.kill()
+            time.sleep(0.1)
+        return self._finish("Failed", timed_out=bool(self.running()))
 
     def running(self) -> list[Pod]:
         return [p for p in self.pods if p.poll() is None]

@@ -1,11 +1,13 @@
 """`launcher submit --backend docker` through a real container engine (podman as `docker`).
 
 The launcher renders and runs its own `docker run ...`; only the image is local (container.py),
-and every command is the CLI run as users run it. tiny-cpu runs as 2 CPU processes (tensor
-parallel 2) with short sequences, on token shards in S3 (a moto server over HTTP), which submit
-stages on this machine and the container reads through a read-only bind. Two jobs keep this
-quick: the first trains to the end; the second resumes from the first one's checkpoints and is
-stopped while it trains.
+and every command is the CLI run as users run it. The image is as unkind as the PyTorch DLC: its
+Python has no torchao, and its entrypoint is bash as PID 1 running the command through `eval`.
+tiny-cpu runs in FP8 as 2 CPU processes (tensor parallel 2) with short sequences, on token
+shards in S3 (a moto server over HTTP), which submit stages on this machine and the container
+reads through a read-only bind; the bootstrap installs torchao from the wheelhouse submit binds.
+Two jobs keep this quick: the first trains to the end; the second resumes from the first one's
+checkpoints and is stopped while it trains, and its final save must land.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoints.checkpoint_files import complete_checkpoints
 from launcher.backends.staging import staging_dir
 from tests import REPO
 from tests.backends.helpers import REGION
@@ -28,6 +31,7 @@ from . import container
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 SMALL = [
+    "precision.fp8=true",  # ~1.3 s a step at this size on CPU
     "cluster.nproc_per_node=2",
     "training.seq_len=64",
     "training.global_batch_size=2",
@@ -105,7 +109,7 @@ def metrics_steps(home: Path, name: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def finished(engine, user_env, train_data) -> tuple[str, str]:
+def finished(engine, user_env, train_data, torchao_wheel) -> tuple[str, str]:
     """(name, log) of a job that trained FIRST_STEPS steps in the container, followed to its end."""
     name = submit(user_env, engine.image, f"training.steps={FIRST_STEPS}")
     return name, launcher(user_env, "logs", name, "--follow")  # returns when the container exits
@@ -114,6 +118,8 @@ def finished(engine, user_env, train_data) -> tuple[str, str]:
 def test_the_rendered_docker_run_trains_to_the_end(finished, user_env, home):
     name, log = finished
     assert f"metrics step={FIRST_STEPS} " in log and "resumed_from_step=0" in log, log
+    # The image has no torchao: the bootstrap installed it from the bound wheelhouse, offline.
+    assert "bootstrap: installed torchao==0.18.0 offline into " in log and " fp8=tensorwise " in log, log
     status = json.loads(launcher(user_env, "status", name, "--json"))
     assert (status["state"], status["exit_code"]) == ("Completed", 0), status
     assert metrics_steps(home, name) == list(range(1, FIRST_STEPS + 1))
@@ -156,11 +162,18 @@ def test_a_resubmit_resumes_from_the_checkpoint_and_stop_ends_it_and_its_logs(fi
         assert f"resumed_from_step={FIRST_STEPS}" in "".join(seen), "".join(seen)
         assert seen[-1].startswith(f"metrics step={FIRST_STEPS + 1} "), "".join(seen)
         stopped = json.loads(launcher(user_env, "stop", name, "--grace", "30", "--json"))
-        # docker stop's SIGTERM reaches the workers through the bootstrap (143); SIGKILL after the grace is 137.
-        assert stopped["state"] == "Stopped" and stopped["exit_code"] in (137, 143), stopped
-        follower.communicate(timeout=30)  # `logs --follow` ends with the container: not completed, exit 1
+        # docker stop's SIGTERM reaches the workers through the bootstrap, PID 1 (143), not past the
+        # image's bash entrypoint, which would drop it until SIGKILL after the grace (137).
+        assert (stopped["state"], stopped["exit_code"]) == ("Stopped", 143), stopped
+        rest, _ = follower.communicate(timeout=30)  # `logs --follow` ends with the container: exit 1
         assert follower.returncode == 1
-        assert metrics_steps(home, name)[0] == FIRST_STEPS + 1
+        steps = metrics_steps(home, name)
+        assert steps[0] == FIRST_STEPS + 1
+        # The final save landed: a complete checkpoint of the last step trained.
+        last = steps[-1]
+        assert f"interrupted by SIGTERM after step {last}; checkpoint saved" in "".join(seen) + rest
+        lineage = home / "checkpoints" / "tiny-cpu" / finished[0]
+        assert complete_checkpoints(lineage)[-1] == (last, lineage / f"step-{last:08d}"), sorted(lineage.iterdir())
     finally:
         if follower.poll() is None:
             follower.kill()

@@ -4,17 +4,21 @@
 it is sent; the ConfigMap and PyTorchJob it received then run on two simulated pods
 (k8s_sim.py): `<job>-master-0` and `<job>-worker-0`, each with its own network, hostname, root
 and the operator's environment for nprocPerNode 2, sharing the checkpoint claim. tiny-cpu
-(2 pods x 2 gloo processes) must train to its last step and write its final checkpoint there.
+(2 pods x 2 gloo processes) trains there until the pods are deleted as the kubelet deletes them
+(SIGTERM to each container's PID 1, SIGKILL after the pod's terminationGracePeriodSeconds): the
+final checkpoint must land on the claim, complete.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from entrypoints.checkpoint_files import complete_checkpoints
 from tests import REPO
 
 from .k8s_sim import PyTorchJobSim, operator_environment
@@ -22,7 +26,7 @@ from .k8s_sim import PyTorchJobSim, operator_environment
 FAKE_KUBECTL = REPO / "tests" / "backends" / "fake_kubectl.py"
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 CLAIM = "tiny-cpu-launcher"
-STEPS = 2
+STEPS = 200  # more than it trains before the stop
 RUN_TIMEOUT_S = 120.0
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.engines]
@@ -87,15 +91,33 @@ def test_the_operator_environment_is_node_level_rank_and_process_level_world_siz
     assert f"--rdzv-endpoint={worker['MASTER_ADDR']}:{worker['MASTER_PORT']}" in args
 
 
-def test_tiny_cpu_trains_to_the_end_on_two_pods(cli, cluster, image, tmp_path):
+def logged_steps(path: Path) -> list[int]:
+    """The steps in metrics.jsonl so far: whole lines only (rank 0 may be writing the next one)."""
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line)["step"] for line in lines if '"step"' in line]
+
+
+def test_tiny_cpu_trains_on_two_pods_and_deleting_them_lands_a_final_checkpoint(cli, cluster, image, tmp_path):
     name, documents = submitted(cli, cluster)
+    (job,) = [d for d in documents if d["kind"] == "PyTorchJob"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    # Not Kubernetes' 30 s default: the job's grace (SageMaker's 120 s with no predicted step here).
+    assert pod["terminationGracePeriodSeconds"] == 120
     claim = tmp_path / "claim"
+    metrics = claim / "jobs" / name / "metrics.jsonl"
     sim = PyTorchJobSim(image=image, workdir=tmp_path / "k8s", claims={CLAIM: claim})
     with sim.start(documents) as run:
-        outcome = run.wait(timeout_s=RUN_TIMEOUT_S)
-    assert outcome.status == "Succeeded", outcome.report()
-    assert outcome.exit_codes == {f"{name}-master-0": 0, f"{name}-worker-0": 0}
-    metrics = [json.loads(line) for line in (claim / "jobs" / name / "metrics.jsonl").read_text().splitlines()]
-    assert max(m.get("step", 0) for m in metrics) == STEPS, metrics[-3:]
-    checkpoints = sorted(p.name for p in (claim / "checkpoints" / name).iterdir())
-    assert f"step-{STEPS:08d}" in checkpoints, checkpoints
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not logged_steps(metrics) and run.running() and time.monotonic() < deadline:
+            time.sleep(0.2)  # until it trains, so the stop interrupts real work
+        assert logged_steps(metrics), run.wait(timeout_s=0).report()
+        outcome = run.stop(timeout_s=RUN_TIMEOUT_S)
+    # torchrun, PID 1 by the bootstrap's exec, passed SIGTERM to the workers, which saved and exited
+    # 143; torchrun itself then ends with its SignalException, exit 1 (torch/distributed/elastic/
+    # multiprocessing/api.py, _terminate_process_handler), before the grace's SIGKILL (137).
+    assert outcome.exit_codes == {f"{name}-master-0": 1, f"{name}-worker-0": 1}, outcome.report()
+    assert "SignalException: Process 1 got signal: 15" in outcome.logs[f"{name}-master-0"]
+    last = logged_steps(metrics)[-1]
+    assert f"interrupted by SIGTERM after step {last}; checkpoint saved" in outcome.logs[f"{name}-master-0"]
+    lineage = claim / "checkpoints" / name
+    assert complete_checkpoints(lineage)[-1] == (last, lineage / f"step-{last:08d}"), sorted(lineage.iterdir())

@@ -1,8 +1,10 @@
 """The Slurm backend against a real Slurm cluster: two slurmd "nodes" on this machine.
 
-`launcher submit --backend slurm` calls the real sbatch; tiny-cpu trains on 2 nodes x 2
-processes (gloo, torchrun's c10d rendezvous on the first node). The job's own Python comes from
-`slurm.venv` (this test's environment), as it would on a cluster without containers.
+`launcher submit --backend slurm` calls the real sbatch; tiny-cpu trains in FP8 on 2 nodes x 1
+process (gloo, torchrun's c10d rendezvous on the first node). The job's own Python comes from
+`slurm.venv`, as it would on a cluster without containers: this test's environment without
+torchao (tests/engines/image.py), so each node's bootstrap installs it from the wheelhouse that
+submit put on the shared directory.
 The cluster (tests/engines/slurm_cluster.py) needs root and Debian's slurm-wlm and munge.
 """
 
@@ -21,6 +23,7 @@ import pytest
 from tests import REPO
 from tests.progress import communicate_while_growing
 
+from .image import build_image
 from .slurm_cluster import SlurmCluster
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
@@ -28,6 +31,13 @@ STEPS = 20  # enough that USR1 lands well before the end, even on a fast machine
 JOB_TIMEOUT_S = 240.0  # the longest a job's log may stay silent (start-up on a loaded machine)
 
 pytestmark = pytest.mark.engines
+
+
+@pytest.fixture(scope="module")
+def venv_without_torchao(tmp_path_factory, torchao_wheel) -> Path:
+    """slurm.venv: this machine's packages without torchao, read by both nodes (shared, as on a
+    cluster); its own, so what the jobs install could not reach the other tests' image."""
+    return build_image(Path(sys.prefix), tmp_path_factory.mktemp("slurm-venv") / "venv")
 
 
 def job_settings(*extra: str) -> list[str]:
@@ -42,20 +52,21 @@ def job_settings(*extra: str) -> list[str]:
         "training.seq_len=32",
         "training.global_batch_size=4",
         "checkpoint.every_steps=2",
-        f"slurm.venv={sys.prefix}",
+        "precision.fp8=true",
         *extra,
     ]
     return [arg for item in sets for arg in ("--set", item)]
 
 
 @pytest.fixture
-def submit(slurm, home, cli):
+def submit(slurm, home, cli, venv_without_torchao):
     """`launcher submit tiny-cpu --backend slurm ...`; returns (job name, Slurm job id, its log).
 
     `home` (a private $LAUNCHER_HOME) is also the cluster's shared directory: both nodes are this host."""
 
     def run(*extra: str) -> tuple[str, str, Path]:
-        result = cli("submit", RECIPE, "--backend", "slurm", "--json", *job_settings(*extra))
+        venv = ["--set", f"slurm.venv={venv_without_torchao}"]
+        result = cli("submit", RECIPE, "--backend", "slurm", "--json", *job_settings(*extra), *venv)
         assert result.code == 0, f"launcher submit failed:\n{result.err}"
         name = json.loads(result.out)["name"]
         job_id = json.loads((home / "jobs" / name / "job.json").read_text())["native_id"]
@@ -118,6 +129,9 @@ def test_a_two_node_job_checkpoints_on_usr1_requeues_resumes_and_trains_to_the_e
     starts = resumed_from(out)
     assert starts == [0, saved_at], f"resumed_from_step per run: {starts}, saved at {saved_at}\n{out[-3000:]}"
     assert "world_size=2" in out and "(run 2)" in out
+    # Each node of each run installed torchao from the shared wheelhouse into a directory of its own.
+    assert out.count("bootstrap: installed torchao==0.18.0 offline into ") == 4, out[-3000:]
+    assert len(re.findall(r"^start job=.* fp8=tensorwise ", out, re.MULTILINE)) == 2
     second_run = out[out.index("(run 2)") :]
     steps = [int(s) for s in re.findall(r"^metrics step=(\d+) ", second_run, re.MULTILINE)]
     assert steps == list(range(starts[1] + 1, STEPS + 1)), f"the second run's steps: {steps}"

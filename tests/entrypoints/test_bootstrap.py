@@ -32,6 +32,7 @@ FAKE_TORCHRUN = f"""#!{sys.executable}
 import json, os, signal, sys, time
 mode = os.environ.get("FAKE_TORCHRUN", "ok")
 record = {{"argv": sys.argv[1:], "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"), "sid": os.getsid(0),
+    "pythonpath": os.environ.get("PYTHONPATH"),
     "ifname": {{k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}}}}
 with open(os.environ["FAKE_TORCHRUN_RECORD"], "w") as f:
     json.dump(record, f)
@@ -344,14 +345,18 @@ def test_the_real_torchao_wheel_installs_offline_with_no_network(sagemaker_host,
     # A network namespace with nothing but a down loopback: pip cannot reach any index.
     result = subprocess.run(["unshare", "--net", *argv], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "bootstrap: installed torchao==0.18.0 offline" in result.stderr
+    assert "bootstrap: installed torchao==0.18.0 offline into " in result.stderr
 
+    # Into a directory of its own, first on torchrun's PYTHONPATH; the image stays as it was
+    # (it may be read-only, or shared by several nodes).
+    target = recorded(tmp_path)["pythonpath"].split(os.pathsep)[0]
     check = "import torchao, torch; print(torchao.__version__, torchao.__file__)"
-    version, location = subprocess.run([python, "-c", check], capture_output=True, text=True).stdout.split()
-    assert version == "0.18.0" and location.startswith(str(tmp_path / "image"))
-
-    again = subprocess.run(["unshare", "--net", *argv], env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and "installed" not in again.stderr  # already importable: nothing to do
+    found = subprocess.run(
+        [python, "-c", check], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": target}
+    )
+    version, location = found.stdout.split()
+    assert version == "0.18.0" and location.startswith(target)
+    assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "True"
 
 
 def test_a_wheelhouse_without_the_pin_stops_the_job_in_one_line(sagemaker_host, tmp_path):
@@ -366,6 +371,46 @@ def test_a_wheelhouse_without_the_pin_stops_the_job_in_one_line(sagemaker_host, 
         result.stderr,
     ), result.stderr
     assert not (tmp_path / "torchrun.json").exists()
+
+
+def make_wheel(directory: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel (one module) that pip installs offline."""
+    import zipfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"])
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    return path
+
+
+def test_exec_keeps_the_engines_rendezvous_and_installs_the_pins_into_a_directory_of_its_own(sagemaker_host, tmp_path):
+    """Slurm and Kubernetes: the bootstrap installs, then becomes torchrun (no session of its own,
+    no forwarding: the engine signals torchrun itself) with the command's rendezvous as it is."""
+    make_wheel(tmp_path / "wheels", "launcher_probe", "1.0")
+    engine_argv = ["--exec", "torchrun", "--nnodes=2", "--rdzv-endpoint=node1:29500", *JOB_ARGV[1:]]
+    argv, env = sagemaker_host(
+        argv=engine_argv, LAUNCHER_REQUIREMENTS="launcher-probe==1.0", LAUNCHER_WHEELHOUSE=str(tmp_path / "wheels")
+    )
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    record = recorded(tmp_path)
+    assert record["argv"] == ["--shutdown-timeout=100", *engine_argv[2:]]
+    assert record["sid"] == os.getsid(0)  # the same process group's session: exec'd, not started
+    target = Path(record["pythonpath"].split(os.pathsep)[0])
+    assert (target / "launcher_probe" / "__init__.py").is_file() and not (tmp_path / "torchrun.json.term").exists()
+    timed = sagemaker_host(argv=[*engine_argv[:2], "--shutdown-timeout=400", *engine_argv[2:]])
+    assert subprocess.run(timed[0], env=timed[1], capture_output=True, timeout=60).returncode == 0
+    assert recorded(tmp_path)["argv"].count("--shutdown-timeout=400") == 1  # the command's own grace is kept
+    assert not [a for a in recorded(tmp_path)["argv"] if a == "--shutdown-timeout=100"]
 
 
 def tiny_resolved(tmp_path: Path, **overrides) -> Path:

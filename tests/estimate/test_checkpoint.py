@@ -231,3 +231,38 @@ def test_a_local_cpu_job_has_a_size_but_no_modelled_save_time():
     est = estimate_recipe_checkpoint(recipe, step_time_s=None)
     assert est.write_s is None and est.warnings == ()
     assert est.line() == f"checkpoint {est.size_bytes / 1e6:.1f} MB (12 B/param); every 10 steps"
+
+
+def test_an_engine_the_job_sets_the_grace_of_gets_the_predicted_step_and_save_with_margin(home):
+    """70B on 4 p5e under Slurm: a ~284.5 s step and a ~53 s save (nothing uploaded) take
+    ceil(1.25 x 337.4) + 20 = 442 s; the trainer and torchrun get 422 s of it."""
+    recipe = Recipe.load(REPO / "recipes" / "llama70b-128k.yaml", {"cluster.backend": "slurm"})
+    resolved = resolve(recipe)
+    assert resolved.settled["cluster.stop_grace"] == 442 == resolved.concrete.stop_grace_s
+    assert resolved.concrete.resolved().runtime.stop_budget_s == 422
+    est = estimate_recipe_checkpoint(resolved.concrete, 284.5)
+    assert est.stop_text.startswith("a stop saves first: the step in progress (~4.7 min) and a save (~53 s) fit")
+    # SageMaker's grace is its own: nothing to settle, and the 120 s it gives leave 100 s.
+    role = {"sagemaker.role_arn": MY_ROLE.partition("=")[2]}
+    on_sagemaker = resolve(Recipe.load(REPO / "recipes" / "llama70b-128k.yaml", role))
+    assert "cluster.stop_grace" not in on_sagemaker.settled and on_sagemaker.concrete.stop_grace_s == 120
+
+
+def test_a_grace_too_short_for_a_step_and_a_save_sets_a_periodic_interval_and_says_what_a_stop_loses(home):
+    from launcher import api
+
+    told = []
+    short = ["cluster.backend=docker", "cluster.instance_count=1", "parallel.context=8", "data.source=/fsx/tokens"]
+    short += ["cluster.stop_grace=30", "checkpoint.every_minutes=0", "checkpoint.every_steps=0"]
+    submission = api.submit(
+        REPO / "recipes" / "llama3-8b-8k.yaml",
+        set_options=short,
+        dry_run=True,
+        report=lambda _, line: told.append(line),
+    )
+    minutes = submission.spec.resolved["checkpoint"]["every_minutes"]
+    assert minutes > 0, "a stop saves nothing, so the periodic interval must bound the loss"
+    stop = [line for line in told if line.startswith("a stop or interruption loses at most")]
+    assert len(stop) == 1 and "do not fit in the 30 s between SIGTERM and SIGKILL" in stop[0], told
+    assert any(line.startswith(f"checkpoint.every_minutes auto: {minutes:g} ") for line in told), told
+    assert not any("no periodic checkpoints" in line for line in told)

@@ -37,6 +37,7 @@ from launcher.backends.k8s.manifest import (
 )
 from launcher.backends.k8s.settings import KubernetesSettings
 from launcher.backends.tools import stream_tool
+from launcher.backends.wheelhouse import job_wheels, requirements
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
 from launcher.spec import JobSpec, Placement
@@ -151,6 +152,7 @@ class KubernetesBackend(Backend):
             rendezvous_host=f"{name}-master-0",
             s3_data_dir=f"{DATA_DIR}/train",  # the Mountpoint for S3 volume of the train data
             image=training_image(recipe),
+            bootstrap="exec",  # checks the image, then torchrun is PID 1 and keeps the operator's rendezvous
         )
 
     def problems(self, spec: JobSpec) -> list[str]:
@@ -164,6 +166,12 @@ class KubernetesBackend(Backend):
         documents = manifest.documents()
         text = submit_steps(spec, settings, manifest) + dump(documents)
         data = {"manifest": documents, "bundle": bundle.describe()}
+        wheels = job_wheels(spec.resolved)
+        if wheels:
+            data["warnings"] = [
+                f"the k8s backend does not ship the job's wheels yet: the image must have {requirements(wheels)} "
+                "(set cluster.image to such an image), or the job stops at start"
+            ]
         return Rendering(spec=spec, data=data, text=text, payload={"bundle": bundle})
 
     def _submit(self, rendering: Rendering) -> JobRef:

@@ -2,7 +2,8 @@
 
 - the PyTorchJob (kubeflow.org/v1, training-operator 1.9): a Master and `instance_count - 1`
   Workers, each pod one container named `pytorch` that unpacks the code bundle and execs the
-  spec's torchrun argv;
+  spec's argv (entrypoints/bootstrap.py --exec, which checks the image and execs torchrun), with
+  the job's stop grace as terminationGracePeriodSeconds;
 - a ConfigMap holding the code bundle, owned by the PyTorchJob so it is deleted with it;
 - the checkpoint claim (ReadWriteMany, mounted at /launcher by every pod), rendered only when
   `k8s.storage_class` lets submit create it; otherwise it must already exist;
@@ -244,7 +245,12 @@ def pod_template(
         "resources": container_resources(spec.resources),
         "volumeMounts": mounts,
     }
-    return {"metadata": {"labels": job_labels(spec)}, "spec": {"containers": [container], "volumes": volumes}}
+    # The kubelet's SIGTERM to PID 1 (torchrun, exec'd by the bootstrap) is followed by SIGKILL
+    # after this long; Kubernetes' default is 30 s (PodSpec.terminationGracePeriodSeconds), too
+    # short for the step in progress and a final save. `kubectl delete --grace-period` on the
+    # PyTorchJob does not reach the pods: the garbage collector deletes them with their own.
+    pod = {"terminationGracePeriodSeconds": spec.stop_grace_s, "containers": [container], "volumes": volumes}
+    return {"metadata": {"labels": job_labels(spec)}, "spec": pod}
 
 
 def pytorch_job(spec: JobSpec, template: dict, namespace: str | None) -> dict:

@@ -25,7 +25,7 @@ from launcher.backends.images import training_image
 from launcher.backends.sagemaker import aws, aws_model, quotas
 from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, console_links, log_lines
 from launcher.backends.sagemaker.settings import SageMakerSettings
-from launcher.backends.sagemaker.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
+from launcher.backends.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
 from launcher.contract.metrics import METRIC_REGEXES, SAGEMAKER_METRIC_NAMES, TENSORBOARD_DIR, VALIDATION_REGEXES

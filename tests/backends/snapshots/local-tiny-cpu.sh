@@ -1,1 +1,1 @@
-cd /home/user/.launcher/jobs/tiny-cpu-job/code && env LAUNCHER_JOB_NAME=tiny-cpu-job OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 /usr/bin/python3 -m entrypoints.torchrun --nnodes=1 --nproc-per-node=4 --standalone --max-restarts=1 entrypoints/train.py --config resolved.json
+cd /home/user/.launcher/jobs/tiny-cpu-job/code && env LAUNCHER_JOB_NAME=tiny-cpu-job OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 /usr/bin/python3 -m entrypoints.torchrun --nnodes=1 --nproc-per-node=4 --standalone --max-restarts=1 --shutdown-timeout=100 entrypoints/train.py --config resolved.json

@@ -1,9 +1,12 @@
 """Pinned wheels the training image lacks (torchao for FP8), fetched once and cached by content.
 
-The pins live in backends/dlc_images.yaml with each wheel's file name and sha256, so a dry run
-names the job's wheelhouse without any download, and `pip download` output is checked against
-them. The cache is `$LAUNCHER_HOME/wheelhouse/<sha256>/<file>`: one download per pinned wheel,
-reused by every job. Inside the container, entrypoints/bootstrap.py installs them with
+Every backend ships them (the wheel channel): SageMaker as the `wheels` channel, docker as a
+read-only bind, Slurm in a directory on `slurm.shared_dir`, Kubernetes on the job's claim. The
+pins live in backends/dlc_images.yaml with each wheel's file name, sha256 and the resolved-config
+key that makes a job need it (`needed_when`), so a dry run names the job's wheelhouse without any
+download, a new wheel is one entry there, and `pip download` output is checked against them. The
+cache is `$LAUNCHER_HOME/wheelhouse/<sha256>/<file>`: one download per pinned wheel, reused by
+every job. Inside the container, entrypoints/bootstrap.py installs them with
 `pip install --no-index`, so this also works under network isolation.
 """
 
@@ -51,16 +54,20 @@ def pinned(name: str) -> Wheel:
     )
 
 
-TENSORBOARD_WHEELS = ("tensorboard", "absl-py")
-"""torch.utils.tensorboard imports tensorboard, which imports absl; the image has its protobuf and numpy."""
+def needed_by(resolved: dict, key: str) -> bool:
+    """Whether the resolved config's dotted `key` (e.g. precision.fp8) is set to something true."""
+    value: object = resolved
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return bool(value)
 
 
 def job_wheels(resolved: dict) -> tuple[Wheel, ...]:
-    """The wheels a job needs beyond the image: torchao when the recipe trains in FP8, tensorboard
-    (and absl-py) for tracking.tensorboard."""
-    names = ("torchao",) if resolved.get("precision", {}).get("fp8") else ()
-    names += TENSORBOARD_WHEELS if resolved.get("tracking", {}).get("tensorboard") else ()
-    return tuple(pinned(name) for name in names)
+    """The wheels a job needs beyond the image, in the catalog's order: each pin whose
+    `needed_when` key the resolved config sets (torchao for precision.fp8, tensorboard and the
+    absl-py it imports for tracking.tensorboard)."""
+    wheels = image_catalog()["wheels"]
+    return tuple(pinned(name) for name, entry in wheels.items() if needed_by(resolved, entry["needed_when"]))
 
 
 def wheelhouse_key(wheels: tuple[Wheel, ...]) -> str:
@@ -126,3 +133,23 @@ def ensure(wheel: Wheel) -> Path:
 def build(wheels: tuple[Wheel, ...]) -> list[Path]:
     """Every wheel of the set, from the cache (fetched where missing)."""
     return [ensure(wheel) for wheel in wheels]
+
+
+def requirements(wheels: tuple[Wheel, ...]) -> str:
+    """LAUNCHER_REQUIREMENTS for entrypoints/bootstrap.py: the pins, space-separated."""
+    return " ".join(wheel.requirement for wheel in wheels)
+
+
+def fill(wheels: tuple[Wheel, ...], directory: Path) -> Path:
+    """`directory` holding exactly these wheel files (from the cache), for a backend whose job
+    reads its wheelhouse from a file system: the bootstrap's `pip --find-links` directory.
+    Each file is checked against its pin and written whole before it gets its name."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for wheel in wheels:
+        target = directory / wheel.file
+        if target.is_file() and _sha256(target) == wheel.sha256:
+            continue
+        partial = target.with_name(target.name + ".partial")
+        shutil.copyfile(ensure(wheel), partial)
+        partial.replace(target)
+    return directory
