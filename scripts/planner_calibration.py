@@ -74,6 +74,7 @@ class Point:
     gpus_per_node: int = 8
     network_gbps: float = 3200  # 400 Gb/s per GPU: p5, DGX H100 and torchtitan's hosts alike
     tflops: bool = False  # measured is model TFLOP/s/GPU (published 12·L·h·s convention)
+    attention_kernel: str = "cudnn"  # the attention kernel the run used (Constants.attention_kernel_factor)
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
     arch_changes: dict = field(default_factory=dict)
@@ -158,6 +159,12 @@ def load_benchmark(path: Path = BENCHMARK) -> tuple[dict[str, dict], list[Point]
             or not (record.get("url") or all(record.get(k) for k in ("repo", "path", "commit")))
         ):
             raise BenchmarkError(f"{path.name}: source {key!r} needs a title and a url, or repo, path and commit")
+        kernel = record.get("attention_kernel", "cudnn")
+        if kernel not in CONSTANTS.attention_kernel_factor:
+            raise BenchmarkError(
+                f"{path.name}: source {key!r} attention_kernel {kernel!r} is not one of "
+                f"{', '.join(CONSTANTS.attention_kernel_factor)}"
+            )
     return sources, [_benchmark_point(i, row, sources, path.name) for i, row in enumerate(data["points"], 1)]
 
 
@@ -205,6 +212,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         schedule=row.get("schedule", "1f1b"),
         accelerator=source["accelerator"],
         tflops=UNITS[row["unit"]],
+        attention_kernel=source.get("attention_kernel", "cudnn"),
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row),
     )
@@ -262,7 +270,10 @@ def run(point: Point) -> tuple[float, float, object]:
         compile=point.compile,
         cp_attention="allgather",  # the published systems' ring attention moves K/V like an all-gather
     )
-    speed = predict(workload, hardware(point), constants=PUBLISHED_CP)
+    constants = PUBLISHED_CP
+    if point.attention_kernel != constants.attention_kernel:
+        constants = dataclasses.replace(constants, attention_kernel=point.attention_kernel)
+    speed = predict(workload, hardware(point), constants=constants)
     measured = point.measured
     if point.tflops:
         measured = point.measured * 1e12 / model_flops_per_token(arch, point.seq_len, causal=False)
@@ -729,7 +740,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | term | model | overlap assumption |
 |---|---|---|
 | matmuls | 6 FLOPs per weight and token (8 for the output layer: the fused loss recomputes logits), at peak x efficiency(GPU, precision) x d/(d+half) for each GEMM dimension M, K, N | - |
-| attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: 0.9 allgather (LSE-merged fused pieces), 1.0 ulysses, 0.58 the masked two-SDPA kernel document masking runs) | - |
+| attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; at the rate of the fused kernel that runs it (`attention_kernel`: cuDNN, which torch's SDPA prefers on Hopper from torch 2.11 and Transformer Engine runs, or FlashAttention-2 at 0.62 of it); efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: 0.9 allgather (LSE-merged fused pieces), 1.0 ulysses, 0.58 the masked two-SDPA kernel document masking runs) | - |
 | elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3 | - |
 | recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | - |
 | TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink | none (no async TP) |
@@ -805,7 +816,10 @@ Where the errors come from (read the tables above for their size):
 - torchtitan's H100s are 96 GB HBM2e parts at 500 W (their footnote: the true peak lies between
   SXM and NVL); at 700 W our H200 already drops a dense GEMM to about 1.4 GHz, so 500 W costs
   more again. Their 64K-256K rows used torch's early ring-attention context parallelism, and
-  Tables 5 and 6 and the async-TP table ran async TP, which the model does not price.
+  Tables 5 and 6 and the async-TP table ran async TP, which the model does not price. Their
+  attention ran FlashAttention-2 (torch SDPA's flash backend), priced at its own rate: before
+  that term (every kernel priced as cuDNN) the error grew with the sequence, +42% at 8K to +76%
+  at 32K for the same 8B FP8 layout; with it, +26% and +35%.
 - NeMo and Megatron-Bridge (Megatron-Core, Transformer Engine, 700 W DGX H100) run kernels
   (TE's fused attention and context parallelism, TP communication overlap, the interleaved
   schedule's overlap) that beat the entrypoints' torch ones that the constants describe; their

@@ -89,6 +89,27 @@ class Constants:
     TFLOP/s at 8K, 466 at 32K (docs/planner_gpu.json); FlashAttention-2 reaches about 60% of an
     A100. Attention stays in BF16 under FP8 training."""
 
+    attention_kernel: str = "cudnn"
+    """The fused attention kernel the step's SDPA runs, a key of `attention_kernel_factor`. The
+    entrypoints call torch's SDPA, which from torch 2.11 prefers cuDNN's fused attention on sm90 and
+    sm100 (pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+    check_prefer_cudnn_attention, gated on the bundled cuDNN > 9.15; earlier builds made cuDNN
+    opt-in after pytorch/pytorch#138522): `attention_efficiency` was measured on that kernel.
+    Published runs that ran another kernel are priced with theirs (scripts/planner_calibration.py)."""
+
+    attention_kernel_factor: dict[str, float] = field(default_factory=lambda: {"cudnn": 1.0, "flash2": 0.62})
+    """Each attention kernel's long-sequence rate as a fraction of cuDNN's, counting 6·s·h FLOPs
+    per token (forward 2, backward 4). From FlashAttention-3 (Shah et al., arXiv 2407.08608,
+    Figures 5 and 6: H100 SXM5, head dim 128, 16K tokens): causal forward FlashAttention-2 335 and
+    cuDNN 539 TFLOP/s, backward 322 and 516, where the paper counts the backward as 2.5 forwards;
+    per 3 forwards of work that is 3/(1/335 + 2.5/322) = 279 against 3/(1/539 + 2.5/516) = 448
+    TFLOP/s, 0.62. flash2 is torch SDPA's FLASH_ATTENTION backend (FlashAttention-2), the default
+    on H100 before cuDNN was preferred (pytorch/pytorch#142132: nightly 2.6.0.dev20241204 runs
+    its default SDPA at 329 TFLOP/s against cuDNN's 631 on one shape) and the backend torchtitan
+    pins on Hopper (pytorch/torchtitan#1196, torchtitan/models/attention.py). cuDNN is also
+    Transformer Engine's fused attention in NeMo and Megatron. Our own measurement agrees: 458-466
+    TFLOP/s at 8K-32K on an H200 with torch 2.11 (0.47 of the peak) against cuDNN's 448 above."""
+
     attention_half_seq: int = 1024
     """Sequence length at which attention runs at half its long-sequence rate (measured: 260 TFLOP/s
     at 2K, 458 at 8K)."""
@@ -594,11 +615,17 @@ def matmul_time(step: _Step) -> tuple[float, float]:
 
 def attention_time(step: _Step) -> float:
     """One block's causal attention, forward and backward: 6 * s * h FLOPs per query token, heads
-    split over TP, queries over CP. Short sequences leave the flash kernel's tiles underused; the
-    CP kernels run at their own fraction of plain attention (`cp_attention_factor`)."""
+    split over TP, queries over CP, at the rate of the kernel that runs it (`attention_kernel`).
+    Short sequences leave the flash kernel's tiles underused; the CP kernels run at their own
+    fraction of plain attention (`cp_attention_factor`)."""
     k, s = step.k, step.s
     attention_flops = 6 * s * (step.q / step.t) * step.rows
-    attention_rate = step.bf16_peak * k.attention_efficiency[step.gen] * _dim_eff(s, k.attention_half_seq)
+    attention_rate = (
+        step.bf16_peak
+        * k.attention_efficiency[step.gen]
+        * k.attention_kernel_factor[k.attention_kernel]
+        * _dim_eff(s, k.attention_half_seq)
+    )
     if step.c > 1:
         attention_rate *= k.cp_attention_factor[step.cp_attention]
     return attention_flops / attention_rate
