@@ -12,8 +12,9 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -110,6 +111,18 @@ def _threshold(value: float | None) -> float:
     return DEFAULT_THRESHOLD if value is None else value
 
 
+# Wider than any table: piped output is printed whole, at the table's own width.
+UNLIMITED_WIDTH = 100_000
+
+
+def _print_table(table_for: Callable[[int | None], Any]) -> None:
+    """A table fitted to the terminal's width; piped, the whole table (no width to fit)."""
+    if out.is_terminal:
+        out.print(table_for(out.width))
+    else:
+        _Console(soft_wrap=True, highlight=False, width=UNLIMITED_WIDTH).print(table_for(None))
+
+
 def _print_json(data) -> None:
     out.print_json(json.dumps(data)) if sys.stdout.isatty() else print(json.dumps(data, indent=2))
 
@@ -178,7 +191,8 @@ def estimate(
     else:
         from launcher.estimate.table import estimate_table
 
-        out.print(estimate_table(result, title=f"{loaded.summary_line()} [{mode}]"))
+        title = f"{loaded.summary_line()} [{mode}]"
+        _print_table(lambda width: estimate_table(result, title=title, width=width))
     if result.verdict == "oom":
         raise typer.Exit(EXIT_USAGE)
 
@@ -214,10 +228,8 @@ def plan(
     else:
         from launcher.plan.table import plan_table
 
-        table = plan_table(found, title=f"{loaded.model_name}, {loaded.training.seq_len} tokens on {found.budget}")
-        # Piped output has no terminal width to fit; do not squeeze the table to rich's 80 columns.
-        wide = out if out.is_terminal else _Console(soft_wrap=True, highlight=False, width=120)
-        wide.print(table)
+        title = f"{loaded.model_name}, {loaded.training.seq_len} tokens on {found.budget}"
+        _print_table(lambda width: plan_table(found, title=title, width=width))
 
 
 # The plot shows every layout that fits, not only the --top rows of the table.

@@ -174,7 +174,7 @@ class Search:
     ranked: LayoutPlans
     considered: int  # valid layouts scored (layout x micro batch x AC x fp8)
     estimated: int  # memory estimates made
-    faster_but_too_big: int  # layouts faster than the last shown that do not fit
+    faster_but_too_big: int  # layouts faster than the best that do not fit (whatever --top is)
     threshold: float
     elapsed_s: float
     current: LayoutPlan | None = None  # the recipe's own layout, when it is in this budget
