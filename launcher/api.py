@@ -238,7 +238,7 @@ def confirm_cost(run: RunForecast | None, *, yes: bool, confirm: Callable[[str],
     if confirm is None:
         raise UsageError(
             f"{run.recipe_name}: predicted cost about ${run.usd:,.0f} is above ${CONFIRM_ABOVE_USD:,.0f}; "
-            "pass --yes (yes=True) to submit without asking; nothing was submitted"
+            "pass --yes to submit without asking; nothing was submitted"
         )
     if not confirm(question):
         raise UsageError(f"{run.recipe_name}: not confirmed; nothing was submitted")

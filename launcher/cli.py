@@ -11,9 +11,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -79,10 +81,18 @@ RecipeArg = Annotated[Path, typer.Argument(help="A YAML recipe file.", show_defa
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
-        "--set", "-s", help="Override a recipe value: --set parallel.context=16 (repeatable).", show_default=False
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help="Override a recipe value: --set parallel.context=16 (repeatable).",
+        show_default=False,
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+NameArg = Annotated[
+    str,
+    typer.Argument(help="The job's name, as submit printed it (`launcher list` shows them).", show_default=False),
+]
 # None means launcher.estimate.DEFAULT_THRESHOLD, read when a verb runs: importing the estimator
 # here would slow down `launcher --help`. A test keeps the help text equal to the constant.
 PlotOpt = Annotated[
@@ -110,6 +120,18 @@ def _threshold(value: float | None) -> float:
     return DEFAULT_THRESHOLD if value is None else value
 
 
+# Wider than any table: piped output is printed whole, at the table's own width.
+UNLIMITED_WIDTH = 100_000
+
+
+def _print_table(table_for: Callable[[int | None], Any]) -> None:
+    """A table fitted to the terminal's width; piped, the whole table (no width to fit)."""
+    if out.is_terminal:
+        out.print(table_for(out.width))
+    else:
+        _Console(soft_wrap=True, highlight=False, width=UNLIMITED_WIDTH).print(table_for(None))
+
+
 def _print_json(data) -> None:
     out.print_json(json.dumps(data)) if sys.stdout.isatty() else print(json.dumps(data, indent=2))
 
@@ -118,22 +140,35 @@ def _print_json(data) -> None:
 def validate(
     recipes: Annotated[list[Path], typer.Argument(help="Recipe files.", show_default=False)],
     set_: SetOpt = None,
+    json_: Annotated[
+        bool, typer.Option("--json", help="One JSON object per recipe: ok, summary, problems, warnings.")
+    ] = False,
 ) -> None:
     """Check recipes against the schema, the catalogs and every layout rule."""
-    failed = False
-    for path in recipes:
-        try:
-            recipe = _load(path, set_)
-        except RecipeError as error:
-            failed = True
-            for line in error.lines():
-                err.print(terminal_safe(line, one_line=True), markup=False)  # a recipe's text, echoed
-            continue
-        for note in recipe.placeholders:
-            err.print(f"[yellow]warning:[/] {recipe.source}: {note}")
-        out.print(f"[green]ok[/] {path}: {recipe.summary_line()}")
-    if failed:
+    reports = [_validate_one(path, set_, quiet=json_) for path in recipes]
+    if json_:
+        _print_json(reports)
+    if not all(report["ok"] for report in reports):
         raise typer.Exit(2)
+
+
+def _validate_one(path: Path, set_options: list[str] | None, *, quiet: bool) -> dict[str, Any]:
+    """One recipe's report; printed (problems on stderr, `ok` on stdout) unless `quiet`."""
+    from launcher import api
+
+    try:
+        recipe = api.load(path, set_options=set_options or [])
+    except RecipeError as error:
+        for line in [] if quiet else error.lines():
+            err.print(terminal_safe(line, one_line=True), markup=False)  # a recipe's text, echoed
+        problems = [{key: terminal_safe(str(value)) for key, value in p.__dict__.items()} for p in error.problems]
+        return {"recipe": str(path), "ok": False, "summary": None, "problems": problems, "warnings": []}
+    warnings = [*recipe.warnings, *recipe.placeholders]
+    for note in [] if quiet else warnings:
+        err.print(f"[yellow]warning:[/] {recipe.source}: {note}")
+    if not quiet:
+        out.print(f"[green]ok[/] {path}: {recipe.summary_line()}")
+    return {"recipe": str(path), "ok": True, "summary": recipe.summary_line(), "problems": [], "warnings": warnings}
 
 
 @app.command()
@@ -178,7 +213,8 @@ def estimate(
     else:
         from launcher.estimate.table import estimate_table
 
-        out.print(estimate_table(result, title=f"{loaded.summary_line()} [{mode}]"))
+        title = f"{loaded.summary_line()} [{mode}]"
+        _print_table(lambda width: estimate_table(result, title=title, width=width))
     if result.verdict == "oom":
         raise typer.Exit(EXIT_USAGE)
 
@@ -214,10 +250,8 @@ def plan(
     else:
         from launcher.plan.table import plan_table
 
-        table = plan_table(found, title=f"{loaded.model_name}, {loaded.training.seq_len} tokens on {found.budget}")
-        # Piped output has no terminal width to fit; do not squeeze the table to rich's 80 columns.
-        wide = out if out.is_terminal else _Console(soft_wrap=True, highlight=False, width=120)
-        wide.print(table)
+        title = f"{loaded.model_name}, {loaded.training.seq_len} tokens on {found.budget}"
+        _print_table(lambda width: plan_table(found, title=title, width=width))
 
 
 # The plot shows every layout that fits, not only the --top rows of the table.
@@ -303,7 +337,7 @@ def submit(
 
 
 @app.command()
-def status(name: str, backend: BackendOpt = None, region: RegionOpt = None, json_: JsonOpt = False) -> None:
+def status(name: NameArg, backend: BackendOpt = None, region: RegionOpt = None, json_: JsonOpt = False) -> None:
     """A job's state, its status transitions, failure reason and latest metrics."""
     from launcher import api
     from launcher.display.text import status_text
@@ -314,7 +348,7 @@ def status(name: str, backend: BackendOpt = None, region: RegionOpt = None, json
 
 @app.command()
 def logs(
-    name: str,
+    name: NameArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
     backend: BackendOpt = None,
     region: RegionOpt = None,
@@ -337,7 +371,7 @@ def logs(
 
 @app.command()
 def stop(
-    name: str,
+    name: NameArg,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL (local jobs).")] = 30.0,
     backend: BackendOpt = None,
     region: RegionOpt = None,
@@ -353,7 +387,7 @@ def stop(
 
 @app.command()
 def metrics(
-    name: str,
+    name: NameArg,
     plot: PlotOpt = None,
     backend: BackendOpt = None,
     region: RegionOpt = None,
@@ -404,7 +438,7 @@ def list_(
 
 @app.command()
 def export(
-    name: str,
+    name: NameArg,
     out_dir: Annotated[Path, typer.Option("--out", help="The directory to write.", show_default=False)],
     step: Annotated[int | None, typer.Option(help="The checkpoint's step (default: the newest).")] = None,
 ) -> None:
@@ -430,7 +464,8 @@ app.add_typer(data_app, name="data", no_args_is_help=True)
 @data_app.command("prepare")
 def data_prepare(
     inputs: Annotated[
-        list[str], typer.Argument(help="Files, directories, globs or s3:// prefixes.", show_default=False)
+        list[str],
+        typer.Argument(help="Files, directories, globs or s3:// prefixes.", show_default=False),
     ],
     tokenizer: Annotated[str, typer.Option(help="A tokenizer.json or a directory holding one.", show_default=False)],
     destination: Annotated[str, typer.Option("--out", help="Output directory or s3:// prefix.", show_default=False)],
@@ -479,10 +514,23 @@ def command():
         for param in command_.params:
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
+            if hasattr(param, "display_type"):
+                param.display_type = _repeated_type(param.display_type)
         if command_.callback is not None:
             command_.callback = _closed_pipe_guard(command_.callback)
         command_.get_help_option = _untyped_help(command_.get_help_option)
     return root
+
+
+def _repeated_type(display_type):
+    """`<path>...` for a value given many times, where typer would show Python's `<list[Path]>`."""
+
+    def shown(ctx):
+        label = display_type(ctx)
+        repeated = re.fullmatch(r"<list\[(\w+)\]>", label)
+        return f"<{repeated.group(1).lower()}>..." if repeated else label
+
+    return shown
 
 
 def _untyped_help(get_help_option):

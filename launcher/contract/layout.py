@@ -111,6 +111,10 @@ def divisors(n: int) -> list[int]:
 # --- the sequence and the pipeline split ---------------------------------------------------------
 
 
+MAX_SEQ_LEN = 131072
+"""The longest training.seq_len a recipe may ask for (the schema's bound): no hint goes past it."""
+
+
 def seq_len_divisor(context: int, tensor: int) -> int:
     """What seq_len must be a multiple of: zigzag context parallelism cuts the sequence into
     2 x context chunks, and sequence parallelism splits each rank's tokens over the tensor group."""
@@ -338,7 +342,7 @@ def _sequence_problems(layout: Layout, seq_len: int) -> list[LayoutProblem]:
         return []
     why = f"2 x context {c} x tensor {t}" if c > 1 else f"tensor {t} (sequence parallel)"
     lower = seq_len - seq_len % divisor
-    hint = f"{lower} or {lower + divisor}" if lower else f"{divisor}"
+    hint = " or ".join(str(n) for n in (lower, lower + divisor) if 0 < n <= MAX_SEQ_LEN) or str(divisor)
     return [LayoutProblem("training.seq_len", f"{seq_len} is not divisible by {why} = {divisor}; use e.g. {hint}")]
 
 

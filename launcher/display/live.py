@@ -7,8 +7,11 @@ text, and its metrics are read with the contract's own parser.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import IO, Any
+
+from rich.text import Text
 
 from launcher.contract.metrics import parse_fields
 from launcher.display.text import duration
@@ -18,7 +21,9 @@ class LiveProgress:
     """A context manager: `line(text)` for each log line, `status(status)` for each state change.
 
     Log lines go to `lines_to`; the live line and the states to `console` (a rich Console), and
-    nothing but the log lines when that console is quiet."""
+    nothing but the log lines when that console is quiet. While the live line is shown, one
+    console draws everything that reaches the terminal: a log line written past it, to a stream
+    captured before the line started, would be glued to its end (`ETA 9 smetrics step=22`)."""
 
     def __init__(self, *, total_steps: int, console: Any, lines_to: IO[str]):
         self.total_steps, self.console, self.lines_to = total_steps, console, lines_to
@@ -29,8 +34,11 @@ class LiveProgress:
         if self.console.is_terminal and not self.console.quiet:
             from rich.live import Live
 
-            # Live redirects print() to above the live line, so log lines and the line do not mix.
-            self.live = Live("", console=self.console, transient=True, refresh_per_second=4)
+            # Live sends other print()s above the live line too; stdout only when it is the terminal,
+            # so `submit --wait > log` still writes the log lines to the file.
+            self.live = Live(
+                "", console=self.console, transient=True, refresh_per_second=4, redirect_stdout=sys.stdout.isatty()
+            )
             self.live.start()
         return self
 
@@ -39,7 +47,9 @@ class LiveProgress:
             self.live.stop()
 
     def line(self, text: str) -> None:
-        if not self.console.quiet:
+        if self.live is not None and self.lines_to.isatty():
+            self.live.console.print(Text(text), soft_wrap=True)  # above the live line
+        elif not self.console.quiet:
             print(text, file=self.lines_to, flush=True)
         if self.live is not None and text.startswith("metrics step="):
             self.live.update(self._progress(parse_fields(text)))

@@ -57,6 +57,17 @@ class MemoryEstimate:
     stages: tuple[StageMemory, ...]
     suggestion: str | None = None
     notes: tuple[str, ...] = field(default=())
+    device: str = "GPU"
+    """What one process runs on, as the units name it: "GPU", or "CPU rank" on the host CPU."""
+
+    @property
+    def per_device(self) -> str:
+        return f"per {self.device}"
+
+    @property
+    def memory_name(self) -> str:
+        """'GPU memory', or 'host memory' on the host CPU."""
+        return "GPU memory" if self.device == "GPU" else "host memory"
 
     @property
     def utilization(self) -> float:
@@ -75,10 +86,16 @@ class MemoryEstimate:
         """One line: verdict, peak against memory, and the largest component."""
         largest = self.largest_component
         return (
-            f"{self.verdict}: {format_bytes(self.per_gpu_peak_bytes)} of {format_bytes(self.gpu_memory_bytes)} "
-            f"per GPU ({self.utilization:.0%}, threshold {self.threshold:.0%}); largest: {largest} "
+            f"{self.verdict}: {format_bytes(self.per_gpu_peak_bytes)} {self._of_capacity()} "
+            f"({self.utilization:.0%}, threshold {self.threshold:.0%}); largest: {largest} "
             f"{format_bytes(self.breakdown[largest])} on pipeline stage {self.peak_stage} ({self.peak_phase})"
         )
+
+    def _of_capacity(self) -> str:
+        # Every CPU rank draws on the one host's memory, which is what the estimate compares with.
+        if self.device == "GPU":
+            return f"of {format_bytes(self.gpu_memory_bytes)} per GPU"
+        return f"{self.per_device}, of {format_bytes(self.gpu_memory_bytes)} of host memory"
 
     def stage_bars(self) -> list[tuple[str, dict[str, int]]]:
         """(label, breakdown) per pipeline stage: what the pictures draw."""
@@ -183,6 +200,7 @@ def _estimate(workload: Workload, hardware: Hardware, mode: Mode, threshold: flo
         breakdown=heaviest.breakdown,
         stages=tuple(stages),
         notes=tuple(accounting.notes(workload)),
+        device="CPU rank" if _device_kind(accelerator) == "cpu" else "GPU",
     )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.estimate import DEFAULT_THRESHOLD
+from launcher.plan.explain import speed_unit
 from launcher.plan.options import SearchOptions
 from launcher.plan.rank import search
 from launcher.plan.result import LayoutPlan
@@ -20,14 +21,23 @@ class AutoPlan:
     before: LayoutPlan | None  # the recipe's own layout, predicted
 
     def lines(self) -> list[str]:
-        speed = f"{self.best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU predicted"
+        speed = f"{self.best.tokens_per_s_per_gpu:,.0f} {speed_unit(self.best)} predicted"
         if not self.changes:
             return [f"auto-plan: the recipe's layout is already the best ({self.best.describe()}, {speed})"]
-        gain = ""
-        if self.before is not None:
-            gain = f", {self.best.tokens_per_s_per_gpu / self.before.tokens_per_s_per_gpu - 1:+.0%} over the recipe's layout"
-        head = f"auto-plan: {self.best.describe()} ({speed}{gain}); changed:"
+        head = f"auto-plan: {self.best.describe()} ({speed}{self._against_before()}); changed:"
         return [head] + [f"  {key}: {_show(old)} -> {_show(new)}" for key, (old, new) in self.changes.items()]
+
+    def _against_before(self) -> str:
+        if self.before is None:
+            return ""
+        gain = self.best.tokens_per_s_per_gpu / self.before.tokens_per_s_per_gpu - 1
+        if gain >= 0:
+            return f", {gain:.0%} faster than the recipe's layout"
+        # Only a layout that does not fit can be faster than the best that does.
+        return (
+            f", {-gain:.0%} slower than the recipe's layout, which needs "
+            f"{self.before.memory.utilization:.0%} of {self.before.memory.memory_name}"
+        )
 
 
 def auto_plan(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD) -> AutoPlan:

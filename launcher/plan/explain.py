@@ -6,11 +6,19 @@ from launcher.plan.result import LayoutPlan, Search
 from launcher.plan.throughput import BREAKDOWN, BREAKDOWN_WORDS
 
 
+def speed_unit(plan: LayoutPlan) -> str:
+    """'tokens/s/GPU', or 'tokens/s per CPU rank' where there is no GPU."""
+    device = plan.memory.device
+    return "tokens/s/GPU" if device == "GPU" else f"tokens/s per {device}"
+
+
 def why(search: Search) -> str:
-    """'<best> is fastest at N tokens/s/GPU (M% MFU): X% ahead of the runner-up (...), which spends ..."."""
+    """'<best> is fastest at N tokens/s/GPU (M% MFU): X% ahead of the runner-up (...), which spends
+    ...; K faster layouts need more than T% of GPU memory' (K: those faster than the best)."""
     best = search.best
     head = (
-        f"{best.describe()} is fastest at {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU ({best.throughput.mfu:.0%} MFU)"
+        f"{best.describe()} is fastest at {best.tokens_per_s_per_gpu:,.0f} {speed_unit(best)} "
+        f"({best.throughput.mfu:.0%} MFU)"
     )
     clauses = []
     if len(search.ranked) > 1:
@@ -18,7 +26,8 @@ def why(search: Search) -> str:
     if search.faster_but_too_big:
         clauses.append(
             f"{search.faster_but_too_big} faster layout{'s' if search.faster_but_too_big > 1 else ''} "
-            f"need more than {search.threshold:.0%} of GPU memory"
+            f"need{'s' if search.faster_but_too_big == 1 else ''} more than {search.threshold:.0%} of "
+            f"{best.memory.memory_name}"
         )
     return head + (": " + "; ".join(clauses) if clauses else "") + "."
 
@@ -30,11 +39,14 @@ def against_recipe(search: Search) -> str | None:
         return None
     if current.settings() == best.settings():
         return "The recipe already uses this layout."
-    fits = "" if current.memory.fits else f", and needs {current.memory.utilization:.0%} of GPU memory"
+    fits = (
+        "" if current.memory.fits else f", and needs {current.memory.utilization:.0%} of {current.memory.memory_name}"
+    )
     slower = 1 - current.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu
+    above_or_below = f"{slower:.0%} below" if slower >= 0 else f"{-slower:.0%} above"
     return (
-        f"The recipe's own layout ({current.describe()}) predicts {current.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-        f"{slower:.0%} below the best{fits}."
+        f"The recipe's own layout ({current.describe()}) predicts {current.tokens_per_s_per_gpu:,.0f} "
+        f"{speed_unit(current)}, {above_or_below} the best{fits}."
     )
 
 

@@ -23,7 +23,15 @@ from launcher.plan.modes import GRAD_ACCUMULATION_MODES
 from launcher.plan.modes import mode as run_mode
 from launcher.plan.options import SearchOptions
 from launcher.plan.result import LayoutPlan, LayoutPlans, Search
-from launcher.plan.throughput import AC_RECOMPUTE, CONSTANTS, Constants, Throughput, predict, predict_many
+from launcher.plan.throughput import (
+    AC_RECOMPUTE,
+    CONSTANTS,
+    Constants,
+    Throughput,
+    predict,
+    predict_many,
+    with_declared_cpu_rates,
+)  # fmt: skip
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
 
@@ -66,9 +74,12 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
         raise UsageError(f"--top {top}: use 1 or more")
     started = time.perf_counter()
     budget = resolve_budget(recipe, gpus=options.gpus, instances=options.instances, instance_type=options.instance_type)
+    # Speeds on the host CPU come from declared rates; its memory stays what the estimator knows.
+    speed_budget, cpu_note = with_declared_cpu_rates(budget)
     scored = score_layouts(
-        recipe, budget, vary_fp8=options.vary_fp8, constants=constants, vary_accumulation=options.vary_accumulation
-    )
+        recipe, budget, vary_fp8=options.vary_fp8, constants=constants, vary_accumulation=options.vary_accumulation,
+        speed_budget=speed_budget,
+    )  # fmt: skip
     if not scored:
         training = recipe.training
         raise UsageError(
@@ -93,11 +104,11 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
         ranked=LayoutPlans(ranked),
         considered=len(scored),
         estimated=found.estimated,
-        faster_but_too_big=found.too_big,
+        faster_but_too_big=found.faster_than_best,
         threshold=threshold,
         elapsed_s=time.perf_counter() - started,
-        current=_current(recipe, budget, threshold, constants),
-        notes=_notes(recipe, ranked[0], budget, constants),
+        current=_current(recipe, budget, threshold, constants, speed_budget),
+        notes=([cpu_note] if cpu_note else []) + _notes(recipe, ranked[0], speed_budget, constants),
     )
 
 
@@ -150,10 +161,12 @@ def score_layouts(
     vary_fp8: bool = False,
     constants: Constants = CONSTANTS,
     vary_accumulation: bool = True,
+    speed_budget: Hardware | None = None,
 ) -> list[Scored]:
-    """Every candidate workload with its predicted speed, unsorted."""
+    """Every candidate workload with its predicted speed, unsorted (predicted on `speed_budget`
+    where given: the budget with declared CPU rates)."""
     workloads = candidate_workloads(recipe, budget, vary_fp8=vary_fp8, vary_accumulation=vary_accumulation)
-    speeds = predict_many(workloads, budget, constants=constants)
+    speeds = predict_many(workloads, speed_budget or budget, constants=constants)
     return [Scored(workload, speed) for workload, speed in zip(workloads, speeds, strict=True)]
 
 
@@ -164,6 +177,7 @@ class Fitting:
     fitting: list[tuple[Scored, MemoryEstimate]]
     estimated: int  # memory estimates made
     too_big: int  # layouts skipped or estimated that do not fit
+    faster_than_best: int  # of those, the ones ranked before the first that fits
     closest: MemoryEstimate | None  # the smallest estimate that did not fit
 
 
@@ -173,7 +187,7 @@ def first_that_fit(
     """The first `top` of `scored` (in its order) that fit, with their estimates."""
     fitting: list[tuple[Scored, MemoryEstimate]] = []
     failed: dict[tuple, list[tuple[int, int, float]]] = {}
-    estimated = too_big = 0
+    estimated = too_big = faster_than_best = 0
     closest: MemoryEstimate | None = None
     for item in scored:
         workload = item.workload
@@ -200,9 +214,11 @@ def first_that_fit(
                 closest = estimate
             continue
         fitting.append((item, estimate))
+        if len(fitting) == 1:
+            faster_than_best = too_big
         if len(fitting) == top:
             break
-    return Fitting(fitting, estimated, too_big, closest)
+    return Fitting(fitting, estimated, too_big, faster_than_best if fitting else too_big, closest)
 
 
 def _as_plan(item: Scored, estimate: MemoryEstimate, budget: Hardware) -> LayoutPlan:
@@ -210,12 +226,14 @@ def _as_plan(item: Scored, estimate: MemoryEstimate, budget: Hardware) -> Layout
     return LayoutPlan(workload=item.workload, hardware=budget, memory=estimate, throughput=item.throughput)
 
 
-def _current(recipe: Recipe, budget: Hardware, threshold: float, constants: Constants) -> LayoutPlan | None:
+def _current(
+    recipe: Recipe, budget: Hardware, threshold: float, constants: Constants, speed_budget: Hardware
+) -> LayoutPlan | None:
     """The recipe's own layout, when the budget is the recipe's own GPUs."""
     if budget.instance_key != recipe.cluster.instance_type or budget.world_size != recipe.world_size:
         return None
     workload = Workload.from_recipe(recipe)
-    speed = predict(workload, budget, constants=constants)
+    speed = predict(workload, speed_budget, constants=constants)
     return _as_plan(Scored(workload, speed), estimate_memory(workload, budget, threshold=threshold), budget)
 
 

@@ -100,6 +100,21 @@ class LayoutPlan:
         """What `Recipe.with_changes` needs to turn `recipe` into this plan."""
         return {key: new for key, (_, new) in self.changes(recipe).items()}
 
+    def _repr_html_(self) -> str:
+        speed = self.throughput
+        unit = "tokens/s/GPU" if self.memory.device == "GPU" else f"tokens/s per {self.memory.device}"
+        rows = [
+            ("layout", self.describe()),
+            ("on", f"{self.instance_count} x {self.instance_type}"),
+            (unit, f"{speed.tokens_per_s_per_gpu:,.0f}"),
+            ("MFU", f"{speed.mfu:.1%}"),
+            ("step (s)", f"{speed.step_time_s:.3g}"),
+            ("peak memory", f"{format_bytes(self.memory.per_gpu_peak_bytes)} ({self.memory.utilization:.0%})"),
+            ("$/h", f"{speed.usd_per_hour:,.2f}"),
+        ]
+        rows += [] if speed.usd_per_run is None else [("$/run", f"{speed.usd_per_run:,.0f}")]
+        return html.table(rows, title="one layout: what the plan predicts")
+
     def to_dict(self) -> dict[str, Any]:
         layout = self.layout
         return {
@@ -174,7 +189,7 @@ class Search:
     ranked: LayoutPlans
     considered: int  # valid layouts scored (layout x micro batch x AC x fp8)
     estimated: int  # memory estimates made
-    faster_but_too_big: int  # layouts faster than the last shown that do not fit
+    faster_but_too_big: int  # layouts faster than the best that do not fit (whatever --top is)
     threshold: float
     elapsed_s: float
     current: LayoutPlan | None = None  # the recipe's own layout, when it is in this budget

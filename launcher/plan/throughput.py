@@ -34,7 +34,7 @@ calibrated set (docs/planner.md: each published measurement, the prediction and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from math import ceil
 from typing import Any, NamedTuple
@@ -298,6 +298,34 @@ class Throughput:
             "bubble_fraction": round(self.bubble_fraction, 4),
             "breakdown_s": {k: round(v, 5) for k, v in self.breakdown.items()},
         }
+
+
+DECLARED_CPU_RATES = {"peak_bf16_tflops": 0.1, "hbm_gbps": 20.0, "nvlink_gbps": 10.0}
+"""What `launcher plan` assumes of one CPU rank, where no datasheet gives a peak: 100 GFLOP/s of
+fp32 matrix multiply (one modern core with AVX2/AVX-512 FMA), 20 GB/s of memory bandwidth and
+10 GB/s between ranks (gloo over loopback, both directions). They rank layouts; they do not
+predict a CPU run's speed well, and the plan says so."""
+
+CPU_NOTE = (
+    "the host CPU has no datasheet peak: speeds assume {tflops:g} TFLOP/s, {gbps:g} GB/s of memory and "
+    "{link:g} GB/s between ranks per CPU rank, so they rank the layouts but are rough; tokens/s are per CPU rank"
+)
+
+
+def has_speed_model(hardware: Hardware) -> bool:
+    accelerator = hardware.accelerator
+    return bool(accelerator.peak_bf16_tflops and accelerator.hbm_gbps)
+
+
+def with_declared_cpu_rates(hardware: Hardware) -> tuple[Hardware, str | None]:
+    """`hardware` as the planner predicts it, and a note: the host CPU with DECLARED_CPU_RATES
+    (its memory is left as it is), any other hardware unchanged with no note."""
+    if has_speed_model(hardware):
+        return hardware, None
+    rates = DECLARED_CPU_RATES
+    declared = replace(hardware, accelerator=hardware.accelerator.model_copy(update=rates))
+    note = CPU_NOTE.format(tflops=rates["peak_bf16_tflops"], gbps=rates["hbm_gbps"], link=rates["nvlink_gbps"])
+    return declared, note
 
 
 def generation(accelerator: Accelerator) -> str:

@@ -13,7 +13,7 @@ import time
 from launcher.display.text import result_text
 from launcher.jobs import Job
 
-from .helpers import alive, recipe_path, submit, wait_for_line
+from .helpers import REPO, alive, recipe_path, submit, wait_for_line
 
 
 def test_a_job_runs_to_completion_with_its_files_in_the_job_directory(no_torchrun):
@@ -165,3 +165,23 @@ def test_without_raise_times_the_reason_is_torchruns_root_cause(tmp_path):
 
     failure_report(tmp_path, [(0, "ValueError: bad", None), (2, "RuntimeError: symptom", None)], root=2)
     assert root_cause(tmp_path) == "rank 2: RuntimeError: symptom"
+
+
+def test_stop_waits_for_workers_that_saved_and_are_exiting_rather_than_killing_them(no_torchrun, monkeypatch):
+    # `stop --grace 5` on the real trainer: SIGTERM, the step ends, the checkpoint is saved and the
+    # stop line printed before the grace ends, but the processes exit after it: that was exit 137.
+    monkeypatch.setenv("FAKE_TRAIN", "hang")
+    monkeypatch.setenv("FAKE_TRAIN_SLOW_EXIT", "1.5")
+    job = submit().job
+    wait_for_line(job, "hanging")
+    pid = int((no_torchrun / "jobs" / job.name / "fake.pid").read_text())
+    stopped = job.stop(grace_s=0.5)
+    assert (stopped.state, stopped.exit_code) == ("Stopped", 143)
+    assert not alive(pid)
+    assert "interrupted by SIGTERM after step 3; checkpoint saved" in list(job.logs())
+
+
+def test_the_stop_line_the_backend_waits_on_is_the_trainers():
+    from launcher.backends.local.backend import STOP_LINE
+
+    assert f'print(f"{STOP_LINE}{{step}}; {{what}}", flush=True)' in (REPO / "entrypoints" / "train.py").read_text()

@@ -109,12 +109,25 @@ def test_bad_plan_input_is_one_line_and_exit_2(cli, args, line):
     assert "Traceback" not in result.err
 
 
-def test_plan_on_the_host_cpu_has_nothing_to_predict(cli):
-    result = cli("plan", RECIPES / "tiny-cpu.yaml")
-    assert result.code == 2
-    assert result.err_lines == [
-        "host CPU has no known peak FLOP/s or memory bandwidth; throughput is predicted for GPUs only"
-    ]
+def test_plan_on_the_host_cpu_ranks_layouts_on_declared_rates_per_cpu_rank_and_says_so(cli):
+    result = cli("plan", RECIPES / "tiny-cpu.yaml", "--top", "3")
+    assert (result.code, result.err) == (0, ""), result.err
+    assert "/CPU rank" in result.out and "/GPU" not in result.out
+    assert " tokens/s per CPU rank (" in result.out and "tokens/s/GPU" not in result.out
+    assert (
+        "note: the host CPU has no datasheet peak: speeds assume 0.1 TFLOP/s, 20 GB/s of memory and 10 GB/s "
+        "between ranks per CPU rank, so they rank the layouts but are rough; tokens/s are per CPU rank"
+    ) in result.out
+    plans = json.loads(cli("plan", RECIPES / "tiny-cpu.yaml", "--top", "3", "--json").out)
+    assert len(plans) == 3 and all(plan["tokens_per_s_per_gpu"] > 0 for plan in plans)
+
+
+def test_the_count_of_faster_layouts_that_do_not_fit_is_of_those_faster_than_the_best_whatever_top_is():
+    from launcher import api
+
+    recipe = api.load(RECIPES / "llama70b-128k.yaml")
+    counts = {api.plan_search(recipe, api.SearchOptions(top=top)).faster_but_too_big for top in (1, 3, 10)}
+    assert len(counts) == 1 and counts.pop() > 0
 
 
 def test_estimate_json_carries_the_predicted_throughput(cli):
@@ -135,11 +148,21 @@ def test_submit_auto_plan_applies_the_best_layout_and_shows_what_changed(cli):
     result = cli("submit", RECIPES / "llama3-8b-8k.yaml", "--auto-plan", "--dry-run", "--json")
     assert result.code == 0, result.err
     lines = result.err_lines
-    assert lines[0].startswith("auto-plan: ") and lines[0].endswith("over the recipe's layout); changed:")
+    assert lines[0].startswith("auto-plan: ") and lines[0].endswith("% faster than the recipe's layout); changed:")
     changes = [line.strip() for line in lines[1:] if line.startswith("  ")]
     assert "parallel.activation_checkpointing: selective -> none" in changes
     assert any(line.startswith("memory: fits") for line in lines)
     assert json.loads(result.out)  # the rendering of the changed recipe
+
+
+def test_auto_plan_says_a_faster_recipe_layout_does_not_fit_rather_than_a_negative_gain(cli):
+    oom = ("--set", "training.micro_batch_size=4", "--set", "parallel.activation_checkpointing=none")
+    result = cli("submit", RECIPES / "llama3-8b-8k.yaml", *oom, "--auto-plan", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    head = result.err_lines[0]
+    assert "-" not in head.split("predicted")[1] and head.endswith(
+        "% slower than the recipe's layout, which needs 250% of GPU memory); changed:"
+    ), head
 
 
 def test_auto_plan_keeps_a_recipe_that_already_has_the_best_layout():

@@ -165,6 +165,12 @@ class LocalBackend(Backend):
             group.signal(signal.SIGTERM)
             while group.alive() and time.monotonic() < deadline:
                 time.sleep(0.1)
+            if group.alive() and _workers_done_after_sigterm(directory):
+                # They did what SIGTERM asks (the line follows their last save): what is left is
+                # their exit, which a short --grace would turn into a SIGKILL and exit 137.
+                exit_deadline = time.monotonic() + EXIT_AFTER_STOP_LINE_S
+                while group.alive() and time.monotonic() < exit_deadline:
+                    time.sleep(0.1)
             if group.alive():
                 (directory / runner.STOP_KILLED).touch()
                 _verified_group(directory, recorded).signal(signal.SIGKILL)
@@ -258,6 +264,24 @@ def _job_group(directory: Path, status: dict) -> JobGroup:
     return JobGroup(
         pgid=status.get("pgid"), leader_start=status.get("pgid_start"), job_dir=runner.job_marker(directory)
     )
+
+
+STOP_LINE = "interrupted by SIGTERM after step "
+"""What rank 0 of entrypoints/train.py prints once it has stopped for SIGTERM, after its last save."""
+EXIT_AFTER_STOP_LINE_S = 10.0
+"""How long a stop waits past its grace for workers that printed STOP_LINE to exit."""
+_LOG_TAIL_BYTES = 65536
+
+
+def _workers_done_after_sigterm(directory: Path) -> bool:
+    """Whether the end of the job's log holds STOP_LINE (a hint to wait, never more: bounded)."""
+    try:
+        with (directory / runner.LOG).open("rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+            tail = log.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith(STOP_LINE) for line in tail.splitlines())
 
 
 def _verified_group(directory: Path, status: dict) -> JobGroup:

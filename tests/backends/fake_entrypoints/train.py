@@ -2,7 +2,8 @@
 
 Reads --config, prints `metrics ...` lines and a `summary ...` line, writes metrics.jsonl to
 runtime.output_dir. FAKE_TRAIN picks the behaviour: ok (default), fail, or hang (until SIGTERM;
-with FAKE_TRAIN_IGNORE_TERM=1 it ignores SIGTERM too, so only SIGKILL ends it). With
+with FAKE_TRAIN_IGNORE_TERM=1 it ignores SIGTERM too, so only SIGKILL ends it; with
+FAKE_TRAIN_SLOW_EXIT=S it prints the trainer's stop line on SIGTERM and exits S seconds later). With
 FAKE_TRAIN_HOLD=1 it prints "holding" after its steps and goes on only once `release` appears in
 the output directory (so a test can act at that point, e.g. kill the runner or fill the disk).
 """
@@ -53,6 +54,14 @@ if mode == "fail":
 if mode == "hang":
     if os.environ.get("FAKE_TRAIN_IGNORE_TERM"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if os.environ.get("FAKE_TRAIN_SLOW_EXIT"):
+        # As entrypoints/train.py: the stop line once the last save is done, then a slow exit.
+        def stop(signum, frame):
+            print("interrupted by SIGTERM after step 3; checkpoint saved", flush=True)
+            time.sleep(float(os.environ["FAKE_TRAIN_SLOW_EXIT"]))
+            sys.exit(128 + signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, stop)
     print("hanging", flush=True)
     while True:
         time.sleep(0.05)

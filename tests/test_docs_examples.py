@@ -1,0 +1,52 @@
+"""Docs that cannot go stale: every command output quoted in README.md and docs/*.md is what the
+command prints now (scripts/docs_examples.py rewrites them), and recipe comments quote no
+predictions (`launcher plan`, `estimate` and `submit --dry-run` print those)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+
+from tests import REPO
+
+
+def docs_examples():
+    spec = importlib.util.spec_from_file_location("docs_examples", REPO / "scripts" / "docs_examples.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_quoted_command_output_is_what_the_command_prints_now():
+    script = docs_examples()
+    quoted = [example.command for path in script.documents() for example in script.examples(path)]
+    assert len(quoted) >= 3, quoted  # the README's validate, out-of-memory and dry-run examples
+    stale = [f"{e.path.name}: $ {e.command}\n--- quoted\n{e.quoted}--- now\n{now}" for e, now in script.stale()]
+    assert stale == [], "run `python scripts/docs_examples.py`:\n" + "\n".join(stale)
+
+
+PREDICTION = re.compile(
+    r"\d[\d.,]*\s*(%|x (faster|slower)|s/step|days?\b|h\b|GiB|tokens/s)|predicted \d|ranks (it|this) (first|second|third)"
+)
+
+
+def test_recipe_comments_quote_no_predictions():
+    quoted = []
+    for recipe in sorted((REPO / "recipes").glob("*.yaml")):
+        for number, line in enumerate(recipe.read_text().splitlines(), 1):
+            comment = line.partition("#")[2]
+            if PREDICTION.search(comment) and "measured" not in comment:
+                quoted.append(f"{recipe.name}:{number}: {comment.strip()}")
+    assert quoted == []
+
+
+def test_the_seq_len_hint_never_passes_the_longest_sequence_a_recipe_may_ask_for(cli):
+    from launcher.contract.layout import MAX_SEQ_LEN
+    from launcher.recipe.schema import MAX_SEQ_LEN as SCHEMA_MAX
+
+    assert MAX_SEQ_LEN == SCHEMA_MAX
+    result = cli("validate", REPO / "recipes" / "llama70b-128k.yaml", "--set", "parallel.tensor=3")
+    hint = next(line for line in result.err_lines if "training.seq_len" in line)
+    assert hint.endswith("= 48; use e.g. 131040"), hint
