@@ -23,11 +23,9 @@ from pydantic import (
 )
 
 from launcher.catalog.engines import capabilities
+from launcher.contract.layout import MAX_SEQ_LEN
 from launcher.recipe.region import default_region
 
-MAX_SEQ_LEN = 2**22
-"""Tokens per sequence: 4M, four times the 1M that published context-parallel runs reach (NeMo's
-long-sequence table, docs/source/performance/performance_long_sequence.md, goes to 1024K)."""
 SAGEMAKER_MAX_RUN_S = capabilities("sagemaker").max_run_s  # 28 days (launcher/catalog/engines.yaml)
 
 # Upper bounds of the numeric fields. Each is far above any real job, and each keeps the
