@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)
-        with process_group(cfg.runtime.device) as env, failure.timed():
+        with process_group(cfg.runtime.device, cfg.runtime.collective_timeout_s) as env, failure.timed():
             summary = train(cfg, env)
     except (ConfigError, TrainingDiverged, CheckpointWriteFailed) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -304,7 +304,7 @@ def submit(
         return Submission(loaded, memory, spec, rendering)
 
     confirm_cost(run, yes=yes, confirm=confirm)
-    ref = _submit_recorded(target, rendering)
+    ref = _submit_recorded(target, rendering, predicted=_predicted_speed(run))
     job = Job(ref)
     tell(Stage.SUBMIT, f"submitted {spec.name} to {target.name}")
     if not wait:
@@ -418,16 +418,24 @@ def prepare_recipe_data(recipe: Recipe, *, dry_run: bool, tell: Callable[[Stage,
     return recipe.with_changes({**defaults, "data.source": str(directory), "data.dtype": opened.tokenizer.dtype})
 
 
-def _submit_recorded(target, rendering: Rendering) -> JobRef:
+def _predicted_speed(run: RunForecast | None) -> dict[str, float] | None:
+    """What the job record keeps of the forecast, for status to compare the live metrics with."""
+    if run is None:
+        return None
+    return {"tokens_per_s_per_gpu": run.speed.tokens_per_s_per_gpu, "mfu": run.speed.mfu}
+
+
+def _submit_recorded(target, rendering: Rendering, *, predicted: dict[str, float] | None = None) -> JobRef:
     """Submit with the job's record written first: if this process dies between the engine's
     create and its answer, `launcher status NAME` still finds the job. Until the backend answers,
     the record names this process (`submitting`), so a record whose submit died is told from one
     under way. A submit that fails, with any exception, takes its record back, so nothing is left
-    that names a job that does not exist; a disk error is one line naming the file."""
+    that names a job that does not exist; a disk error is one line naming the file. The record
+    keeps the `predicted` speed (`_predicted_speed`)."""
     spec = rendering.spec
     try:
-        save(dataclasses.replace(target.pending_ref(spec), submitting=_this_process()), spec)
-        ref = target.submit(rendering)
+        save(dataclasses.replace(target.pending_ref(spec), submitting=_this_process(), predicted=predicted), spec)
+        ref = dataclasses.replace(target.submit(rendering), predicted=predicted)
     except BaseException as error:
         if isinstance(error, Exception):  # Ctrl-C or SIGTERM mid-create: the record stays, marked
             forget(spec.name)

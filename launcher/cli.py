@@ -312,7 +312,7 @@ def submit(
     """Check memory, then start the job on its backend (--backend overrides cluster.backend)."""
     from launcher import api
     from launcher.display.live import LiveProgress
-    from launcher.display.text import result_text
+    from launcher.display.text import wait_text
 
     loaded = api.load(recipe, backend=backend, set_options=set_ or [])
     follow = LiveProgress(total_steps=loaded.training.steps, console=err, lines_to=sys.stderr if json_ else sys.stdout)
@@ -332,7 +332,7 @@ def submit(
     elif result.final is None:
         out.print(f"{result.spec.name}: follow with `launcher logs {result.spec.name} --follow`", markup=False)
     else:
-        out.print(f"{result.spec.name}: {result.final.state}. {result_text(result.final)}", markup=False)
+        out.print(wait_text(result.final), markup=False)
     raise typer.Exit(result.exit_code)
 
 

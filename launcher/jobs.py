@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 import warnings
@@ -17,7 +18,7 @@ from launcher.backends.base import Backend, JobStatus
 from launcher.backends.history import MetricsHistory
 from launcher.backends.processes import process_info
 from launcher.display import html
-from launcher.display.text import result_text
+from launcher.display.text import result_text, speed_text
 from launcher.errors import EXIT_JOB_FAILED, EXIT_OK, EngineError, LauncherError, UsageError
 from launcher.registry import DamagedRecord, JobRef, NoSuchJob, discard, job_dir, launcher_home, load, scan
 
@@ -111,7 +112,14 @@ class Job:
         return self.backend.links(self.ref)
 
     def __repr__(self) -> str:
-        return f"Job({self.name!r}, backend={self.ref.backend!r})"
+        handle = f"Job({self.name!r}, backend={self.ref.backend!r})"
+        if not self.ref.predicted:  # nothing to compare with: no call to the engine
+            return handle
+        try:
+            speed = speed_text(self.status())
+        except LauncherError:  # the handle still prints when the engine is away
+            return handle
+        return f"{handle}: {speed}" if speed else handle
 
     def _repr_html_(self) -> str:
         rows = [("job", self.name), ("backend", self.ref.backend)]
@@ -124,6 +132,8 @@ class Job:
             rows.append(("state", status.state + (f" ({status.secondary})" if status.secondary else "")))
             result = result_text(status)
             rows += [("result", result)] if result else []
+            speed = speed_text(status)
+            rows += [("speed", speed)] if speed else []
         raw = [("links", html.links(self.links))] if self.links else []
         return html.table(rows, title=f"Job {self.name}", raw=raw)
 
@@ -149,10 +159,17 @@ def record_status(ref: JobRef) -> JobStatus:
         detail = f"submit (pid {ref.submitting['pid']}) still under way"
         return JobStatus(name=ref.name, backend=ref.backend, state=SUBMITTING, secondary=detail, created=ref.created)
     try:
-        return get_backend(ref.backend).status(ref)
+        status = get_backend(ref.backend).status(ref)
     except LauncherError as error:
         if submitter != "gone" or not _no_such_job(error):
             raise
+    else:
+        # What the planner predicted at submit, beside the live metrics (launcher.display.text.speed_text).
+        return (
+            dataclasses.replace(status, details={**status.details, "predicted": ref.predicted})
+            if ref.predicted
+            else status
+        )
     detail = f"its submit (pid {ref.submitting['pid']}) ended before {ref.backend} took the job"
     return JobStatus(
         name=ref.name,

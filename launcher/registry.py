@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import shutil
 import stat
@@ -60,6 +61,9 @@ class JobRef:
     submitting: dict[str, Any] | None = None
     """While `submit` has not heard back from the backend: the submitting process (pid, start
     time, host), so that a record whose submit died is told from one still under way."""
+    predicted: dict[str, float] | None = None
+    """The planner's speed for this job's layout, settled at submit (`PREDICTED_KEYS`: tokens/s per
+    GPU, MFU), which status compares with the live metrics; None where nothing predicts it (cpu)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -251,7 +255,9 @@ _REF_TYPES = {f.name: _OPTIONAL_TEXT for f in fields(JobRef)} | {
     "name": (str,),
     "backend": (str,),
     "submitting": (dict, type(None)),
+    "predicted": (dict, type(None)),
 }
+PREDICTED_KEYS = ("tokens_per_s_per_gpu", "mfu")
 
 
 def save(ref: JobRef, spec: JobSpec) -> Path:
@@ -299,7 +305,21 @@ def load(name: str) -> JobRef | None:
     data = checked_object(data, path, "job record", _REF_TYPES, ("name", "backend"))
     if data["name"] != name:
         raise DamagedRecord(f"{path}: damaged job record: it names job {data['name']!r}, not {name}")
+    _check_prediction(data.get("predicted"), path)
     return JobRef(**{key: data.get(key) for key in _REF_TYPES})
+
+
+def _check_prediction(predicted: dict | None, path: Path) -> None:
+    """A record's `predicted` holds a positive finite number under each of PREDICTED_KEYS."""
+    for key in PREDICTED_KEYS if predicted is not None else ():
+        value = predicted.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            found = json_type(value) if key in predicted else "missing"
+        elif 0 < value < math.inf:
+            continue
+        else:
+            found = repr(value)
+        raise DamagedRecord(f"{path}: damaged job record: predicted.{key} is {found}, not a positive number")
 
 
 def lineage_of(name: str, recipe_name: str) -> str:

@@ -15,6 +15,9 @@ Kubernetes) and the recipe names none, cluster.stop_grace becomes the predicted 
 save, with margin (`launcher.estimate.checkpoint.needed_stop_grace`); where the step and the save
 cannot fit the job's grace and the recipe saves no periodic checkpoint, checkpoint.every_minutes
 becomes the Young/Daly interval, so that a stop loses at most that much.
+And a hung collective (`settle_collective_timeout`): where the step is predicted and the recipe
+names none, cluster.collective_timeout becomes a multiple of the predicted step plus one save,
+which the entrypoints pass to init_process_group (runtime.collective_timeout_s).
 
 The concrete recipe says auto nowhere: its `resolved()` is the contract's `JobConfig`, and what
 is built from it (the JobSpec, the bundle, the backends) never calls the estimator or the
@@ -24,6 +27,7 @@ forecast read the recipe as given, since they weigh its autos per candidate layo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +52,8 @@ class Resolved:
     """The same recipe with no auto left: what the memory estimate describes and the job runs."""
     settled: dict[str, Any]
     """What each key that said auto became, e.g. {"parallel.data_shard": 8}, and what the launcher
-    chose for the stop (cluster.stop_grace; checkpoint.every_minutes where a stop cannot save)."""
+    chose for the stop (cluster.stop_grace; checkpoint.every_minutes where a stop cannot save) and
+    for a hung collective (cluster.collective_timeout)."""
     plan: AutoPlan | None = None
     """With auto_plan: the planner's best layout and what it changed."""
 
@@ -62,22 +67,47 @@ def resolve(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD, auto_plan: 
         recipe = planned.recipe
     settled = settle(recipe, threshold=threshold)
     concrete = recipe.with_changes(settled) if settled else recipe
-    stop = settle_stop(concrete)
+    run = forecast(concrete, time_limit_s=None)
+    step_s = run.speed.step_time_s if run else None
+    save_s = estimate_recipe_checkpoint(concrete, step_s).durable_s
+    stop = {**settle_stop(concrete, step_s, save_s), **settle_collective_timeout(concrete, step_s, save_s)}
     if stop:
         settled = {**settled, **stop}
         concrete = concrete.with_changes(stop)
     return Resolved(recipe=recipe, concrete=concrete, settled=settled, plan=planned)
 
 
-def settle_stop(recipe: Recipe) -> dict[str, Any]:
+# A healthy rank waits longest in a collective while another finishes its step and then saves
+# (DCP's save is collective, the durable copy is not); both are predictions, so the timeout is a
+# multiple of them. The floor is NCCL's own default (10 min): what the forecast leaves out, the
+# first step's compile and an init_from load before the first collective, fits in it.
+COLLECTIVE_TIMEOUT_FACTOR = 4
+MIN_COLLECTIVE_TIMEOUT_S = 600
+
+
+def collective_timeout_s(step_s: float | None, save_s: float | None) -> int | None:
+    """The seconds a collective may wait: COLLECTIVE_TIMEOUT_FACTOR x (the step + a save), at
+    least MIN_COLLECTIVE_TIMEOUT_S; None where the step is not predicted (the contract's default)."""
+    if step_s is None:
+        return None
+    return max(MIN_COLLECTIVE_TIMEOUT_S, math.ceil(COLLECTIVE_TIMEOUT_FACTOR * (step_s + (save_s or 0.0))))
+
+
+def settle_collective_timeout(recipe: Recipe, step_s: float | None, save_s: float | None) -> dict[str, Any]:
+    """cluster.collective_timeout where the recipe names none and the step is predicted."""
+    timeout = collective_timeout_s(step_s, save_s)
+    if recipe.cluster.collective_timeout is not None or timeout is None:
+        return {}
+    return {"cluster.collective_timeout": timeout}
+
+
+def settle_stop(recipe: Recipe, step_s: float | None, save_s: float | None) -> dict[str, Any]:
     """cluster.stop_grace where the job sets it and the recipe does not; checkpoint.every_minutes
-    where the step and a save do not fit the grace and nothing else saves periodically."""
+    where the step and a save do not fit the grace and nothing else saves periodically (`step_s`,
+    `save_s`: the predicted step and a save until durable; None: not predicted)."""
     engine = capabilities(recipe.cluster.backend)
     if not engine.says_stop_grace():
         return {}
-    run = forecast(recipe, time_limit_s=None)
-    step_s = run.speed.step_time_s if run else None
-    save_s = estimate_recipe_checkpoint(recipe, step_s).durable_s
     changes: dict[str, Any] = {}
     if engine.job_sets_stop_grace and recipe.cluster.stop_grace is None:
         changes["cluster.stop_grace"] = needed_stop_grace(step_s, save_s).grace_s

@@ -20,9 +20,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from launcher.contract.config import DEFAULT_COLLECTIVE_TIMEOUT_S
 from launcher.contract.fp8 import collective_backend
 
-TIMEOUT = timedelta(minutes=30)
+STORE_TIMEOUT = timedelta(minutes=30)
+"""How long the store waits for every worker to join (rendezvous, not a collective)."""
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,17 @@ def _store(rank: int, world_size: int) -> dist.Store:
         int(os.environ["MASTER_PORT"]),
         world_size=None if agent_store else world_size,
         is_master=not agent_store and rank == 0,
-        timeout=TIMEOUT,
+        timeout=STORE_TIMEOUT,
         wait_for_workers=not agent_store,
     )
     return dist.PrefixStore(f"attempt_{attempt}", store)
 
 
 @contextlib.contextmanager
-def process_group(device_type: str):
-    """Initialise the default process group for `device_type` ("cpu" or "cuda")."""
+def process_group(device_type: str, collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
+    """Initialise the default process group for `device_type` ("cpu" or "cuda"), whose collectives
+    fail after `collective_timeout_s` (runtime.collective_timeout_s: the launcher's multiple of the
+    predicted step, not torch's 10 or 30 minutes)."""
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -66,7 +70,12 @@ def process_group(device_type: str):
         device = torch.device("cpu")
     options = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(
-        backend, store=_store(rank, world_size), rank=rank, world_size=world_size, timeout=TIMEOUT, **options
+        backend,
+        store=_store(rank, world_size),
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=collective_timeout_s),
+        **options,
     )
     clean = False
     try:

@@ -303,6 +303,11 @@ class PeakFlops:
     fp8: float | None = None
 
 
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+"""A collective's timeout where nothing predicts the step (cpu): torch's default for gloo, and what
+the entrypoints used before the launcher predicted one."""
+
+
 @_config
 class RuntimeConfig:
     device: Literal["cpu", "cuda"] = "cuda"
@@ -315,6 +320,9 @@ class RuntimeConfig:
     """Seconds after SIGTERM within which the final save must end: the engine's grace less what
     torchrun and the bootstrap keep to exit (launcher.catalog.engines.STOP_EXIT_S); torchrun's
     --shutdown-timeout is the same. 100: SageMaker's 120 s grace."""
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    """Seconds a rank waits in one collective before the group fails (init_process_group's
+    timeout): the launcher's multiple of the predicted step plus a save, or the default."""
 
 
 MLFLOW_ARN_RE = re.compile(

@@ -62,6 +62,8 @@ def metric_cell(value: Any) -> str:
     return str(value) if isinstance(value, int) else f"{value:.4g}"
 
 
+ENDED_STATES = ("Completed", "Failed", "Stopped")
+"""A job status's terminal states (launcher.backends.base.TERMINAL_STATES; this room imports no backend)."""
 _HEADLINE_METRICS = ("loss", "val_loss", "tokens_per_s_per_gpu", "mfu", "step")
 # SageMaker's names of the metrics (launcher.contract.metrics.SAGEMAKER_METRIC_NAMES) -> the keys.
 _METRIC_KEY_OF = {"validation:loss": "val_loss", "validation:perplexity": "val_perplexity"}
@@ -90,8 +92,11 @@ def status_text(status: JobStatusFields) -> str:
     result = result_text(status)
     if result:
         lines.append(f"  result   {result}")
+    speed = speed_text(status)
+    if speed:
+        lines.append(f"  speed    {speed}")
     for key, value in status.details.items():
-        if value not in (None, {}, "") and key != "summary":
+        if value not in (None, {}, "") and key not in ("summary", "predicted"):
             lines.append(f"  {key:<8} {shown(value)}")
     return "\n".join(lines)
 
@@ -108,6 +113,31 @@ def result_text(status: JobStatusFields) -> str:
             label = {"tokens_per_s_per_gpu": "tokens/s/GPU", "val_loss": "validation loss"}.get(key, key)
             parts.append(f"step {int(value)}" if key == "step" else f"{label} {value:.4g}")
     return ", ".join(parts)
+
+
+def wait_text(status: JobStatusFields) -> str:
+    """The line `submit --wait` ends with: `NAME: Completed. loss 1.67, ...; ran at 62% of predicted`."""
+    speed = speed_text(status)
+    return f"{shown(status.name)}: {shown(status.state)}. {result_text(status)}" + (f"; {speed}" if speed else "")
+
+
+def speed_text(status: JobStatusFields) -> str:
+    """`running at 62% of predicted (MFU 31%)`: the newest step's tokens/s per GPU against what the
+    planner predicted for the layout (details["predicted"], from the job record); "" where nothing
+    was predicted (cpu) or no step has been measured yet."""
+    predicted = status.details.get("predicted") or {}
+    metrics = {key.removeprefix("train:"): value for key, value in status.metrics.items()}
+    expected, live = predicted.get("tokens_per_s_per_gpu"), metrics.get("tokens_per_s_per_gpu")
+    if not (_measured(expected) and expected > 0 and _measured(live)):
+        return ""
+    mfu = metrics.get("mfu")
+    ran = "ran" if status.state in ENDED_STATES else "running"
+    return f"{ran} at {live / expected:.0%} of predicted" + (f" (MFU {mfu:.0%})" if _measured(mfu) else "")
+
+
+def _measured(value: Any) -> bool:
+    """A finite number (metrics files and records are read back: anything may be there)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def list_text(statuses: Sequence[JobStatusFields]) -> str:

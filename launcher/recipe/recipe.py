@@ -11,8 +11,8 @@ from pydantic import PrivateAttr, ValidationError, model_validator
 
 from launcher.catalog import ModelArch
 from launcher.catalog.engines import STOP_EXIT_S, capabilities
+from launcher.contract.config import DEFAULT_COLLECTIVE_TIMEOUT_S, SYNTHETIC_DOCUMENT_SEPARATOR, ConfigError, JobConfig
 from launcher.contract.config import FORMAT as RESOLVED_FORMAT
-from launcher.contract.config import SYNTHETIC_DOCUMENT_SEPARATOR, ConfigError, JobConfig
 from launcher.contract.layout import Layout
 from launcher.display import html
 from launcher.errors import Problem, RecipeError, UsageError
@@ -329,6 +329,7 @@ class Recipe(RecipeSpec):
                 },
                 "output_dir": output_dir,
                 "stop_budget_s": float(self.stop_grace_s - STOP_EXIT_S),
+                "collective_timeout_s": float(self.cluster.collective_timeout or DEFAULT_COLLECTIVE_TIMEOUT_S),
             },
             "tracking": self._tracking_data(job),
         }

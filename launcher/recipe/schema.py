@@ -306,6 +306,10 @@ class Cluster(Section):
     torchrun's --shutdown-timeout and the trainer's budget for its final save are 20 s less.
     Default: the predicted step plus one save, a quarter more, at least 120 s (settled at submit).
     SageMaker's grace is its own 120 s."""
+    collective_timeout: Duration | None = None
+    """How long a rank waits in one collective before the job fails (init_process_group's
+    timeout), e.g. 20m. Default: four times the predicted step plus one save, at least 10 min
+    (settled at submit); 30 min where nothing predicts the step (cpu)."""
 
 
 class SageMaker(Section):
