@@ -335,8 +335,12 @@ class Recipe(RecipeSpec):
         }
 
     def _tracking_data(self, job: JobIdentity | None) -> dict[str, Any]:
-        """tracking for the job: MLflow's experiment defaults to the recipe, its run to the job."""
+        """tracking for the job: MLflow's experiment defaults to the recipe, its run to the job.
+
+        The job's name and lineage are written only for MLflow, which tags its run with them: they
+        differ for every job, and resolved.json is in the code bundle, which an unchanged job reuses."""
         mlflow = self.tracking.mlflow
+        job = job if mlflow is not None else None
         return {
             "tensorboard": self.tracking.tensorboard,
             "mlflow": None

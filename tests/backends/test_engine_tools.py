@@ -67,7 +67,9 @@ def test_docker_submit_runs_the_rendered_command(home, fake_bundle, tools, cli):
     assert version["argv"][0] == "version"
     spec = json.loads(result.out)["spec"]
     assert run["argv"][:4] == ["run", "--detach", "--name", spec["name"]]
-    assert run["argv"][-len(spec["command"]) :] == spec["command"]
+    # The command's program is the container's entrypoint (PID 1), its arguments follow the image.
+    program, *arguments = spec["command"]
+    assert run["argv"][-len(arguments) - 3 :] == ["--entrypoint", program, spec["image"], *arguments]
     assert Path(home / "jobs" / spec["name"] / "code" / "resolved.json").is_file()
 
 

@@ -73,7 +73,8 @@ def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(tmp_path):
     metric_lines = [line for line in lines if line.startswith("metrics ")]
     assert len(metric_lines) == 20
     for definition in METRIC_DEFINITIONS:
-        if definition["Name"] != "train:mfu":  # nan on the CPU
+        # mfu is nan on the CPU; validation: metrics are on the lines of steps that evaluate (none here)
+        if definition["Name"].startswith("train:") and definition["Name"] != "train:mfu":
             assert all(re.search(definition["Regex"], line) for line in metric_lines), definition
     losses = [float(re.search(METRIC_DEFINITIONS[1]["Regex"], line).group(1)) for line in metric_lines]
     assert losses[-1] < losses[0]

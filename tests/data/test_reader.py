@@ -73,6 +73,7 @@ def test_the_recipe_reads_its_dtype_from_the_manifest_and_checks_the_vocabulary(
         "document_masking": False,
         "document_separator": eos_id,  # the manifest's, for document masking
         "document_positions": "restart",
+        "validation": None,  # no data.validation in the recipe
     }
 
     with pytest.raises(RecipeError) as small_model:
