@@ -14,7 +14,10 @@ What the script does, in order (docs/slurm.md tells it for users):
 3. on USR1, which Slurm sends `slurm.signal_before_end` before the time limit, it sends SIGTERM
    to the training step: the workers save a checkpoint and exit; then, with `slurm.requeue`,
    it requeues the job, which resumes from that checkpoint;
-4. writes its exit code to `<job dir>/exit_code`, because many small clusters keep no
+4. after `launcher stop`, which first sends SIGTERM to the training step only and waits up to the
+   job's stop grace, it cancels the job itself once training has saved and ended (never
+   requeueing it); `stop` cancels a job still running after that grace with a plain scancel;
+5. writes its exit code to `<job dir>/exit_code`, because many small clusters keep no
    accounting database: `status` asks `scontrol show job` first and falls back to that file.
 
 Each node's task runs `python3 entrypoints/bootstrap.py --exec torchrun ...`: the bootstrap
@@ -269,6 +272,7 @@ def wait_and_requeue(requeue: bool) -> list[str]:
         '    wait "$training" && { status=0; break; } || status=$?',
         '    kill -0 "$training" 2>/dev/null || break  # else a trap interrupted wait: srun still runs',
         "done",
+        *stopped_by_launcher(),
     ]
     if requeue:
         lines += [
@@ -280,6 +284,26 @@ def wait_and_requeue(requeue: bool) -> list[str]:
         ]
     lines.append('exit "$status"')
     return lines
+
+
+def signal_training_argv(job_id: str) -> list[str]:
+    """`launcher stop`'s first step: SIGTERM to every task of the job's steps, not to the batch
+    shell (scancel man page, --batch: "By default, signals other than SIGKILL are not sent to the
+    batch step"). The USR1 trap sends the same."""
+    return ["scancel", "--signal=TERM", job_id]
+
+
+def stopped_by_launcher() -> list[str]:
+    """After `launcher stop`'s SIGTERM the training has saved and ended: the job ends CANCELLED,
+    as a stop reads, and is never requeued, even if USR1 came meanwhile."""
+    return [
+        f'if [[ -e "$job_dir"/{STOP_FILE} ]]; then',
+        '    echo "launcher: training stopped by launcher stop; cancelling Slurm job $SLURM_JOB_ID"',
+        "    trap '' TERM  # the cancel's own SIGTERM to this shell: exit with the training's status",
+        '    scancel "$SLURM_JOB_ID" || true',
+        '    exit "$status"',
+        "fi",
+    ]
 
 
 def sbatch_script(spec: JobSpec) -> str:
@@ -527,6 +551,9 @@ class SlurmBackend(Backend):
         return self._file_or_log_metrics(ref, directory / METRICS_FILE if directory else None)
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
+        """SIGTERM to the training first, then, if the job is still there after its stop grace,
+        scancel: a plain scancel alone SIGKILLs after the cluster's KillWait (slurm.conf, 30 s
+        by default), too soon for a large model's step and final save."""
         job_id = self._job_id(ref)
         status = self._status(ref)
         if status.terminal:
@@ -534,11 +561,34 @@ class SlurmBackend(Backend):
         self._check_owns(ref, job_id)
         directory = self._directory(ref)
         if directory is not None:
-            (directory / STOP_FILE).touch()
-        # SIGTERM to every step and the script (the workers save a checkpoint), SIGKILL after the
-        # cluster's KillWait.
+            (directory / STOP_FILE).touch()  # before any signal: the script then does not requeue
+        spec = self.saved_spec(ref.name)
+        if status.secondary == "RUNNING":  # a pending job has no steps to signal: it is cancelled at once
+            status = self._signal_training(ref, job_id, grace_s=max(grace_s, spec.stop_grace_s if spec else 0))
+            if status.terminal:
+                return status
+        # SIGTERM to every step and the script, SIGKILL after the cluster's KillWait.
         run_tool(["scancel", job_id], action=f"cancelling Slurm job {job_id}")
-        deadline = time.monotonic() + grace_s
+        return self._wait_until_over(ref, grace_s)
+
+    def _signal_training(self, ref: JobRef, job_id: str, *, grace_s: float) -> JobStatus:
+        """SIGTERM to the tasks of the job's steps, as the USR1 trap sends it, and the job's status
+        once it has ended or `grace_s` has passed. scancel man page, --batch: "By default, signals
+        other than SIGKILL are not sent to the batch step (the shell script)", so neither the
+        script nor its srun is signalled (see `signal_handling`). torchrun passes SIGTERM to the
+        workers, which save and exit; the script then sees stop_requested and cancels the job
+        itself (`stopped_by_launcher`)."""
+        try:
+            run_tool(signal_training_argv(job_id), action=f"signalling Slurm job {job_id}")
+        except ToolFailed:
+            status = self._status(ref)
+            if status.terminal:  # it ended between our look and the signal
+                return status
+            raise
+        return self._wait_until_over(ref, grace_s)
+
+    def _wait_until_over(self, ref: JobRef, seconds: float) -> JobStatus:
+        deadline = time.monotonic() + seconds
         while not (status := self._status(ref)).terminal and time.monotonic() < deadline:
             time.sleep(0.5)
         return status

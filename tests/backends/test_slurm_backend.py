@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -214,6 +216,54 @@ def test_a_node_that_cannot_see_the_shared_dir_fails_the_job_with_one_line(home,
     assert (directory / "exit_code").read_text() == "1\n"
 
 
+def test_a_stopped_job_cancels_itself_after_training_ends_and_is_not_requeued_on_usr1(home, fake_bundle, tmp_path):
+    """The script under bash: `launcher stop` marked the job and USR1 came too; once training has
+    ended, the script cancels the job instead of requeueing it. Stand-in srun, scancel and scontrol:
+    the training task waits for `saved`, as the workers save after SIGTERM."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_ins = {
+        "srun": 'while [[ "$1" == --* ]]; do [[ "$1" == --kill-on-bad-exit=1 ]] && training=1; shift; done\n'
+        '[[ -z "$training" ]] && exec "$@"\n'
+        f"touch {tmp_path}/started; until [[ -e {tmp_path}/saved ]]; do sleep 0.05; done; exit 143\n",
+        "scancel": f'echo "scancel $*" >> {tmp_path}/calls\n',
+        "scontrol": f'echo "scontrol $*" >> {tmp_path}/calls\n',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    directory = home / "jobs" / "tiny-cpu-job"
+    (directory / "code").mkdir(parents=True)
+    (directory / "code" / "resolved.json").write_text("{}")
+    (tmp_path / "job.sbatch").write_text(render().text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node1"}
+    env["SLURM_CPUS_ON_NODE"] = "1"
+    job = subprocess.Popen(
+        ["bash", str(tmp_path / "job.sbatch")], cwd=directory, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_file(tmp_path / "started", job)
+        (directory / "stop_requested").touch()
+        job.send_signal(signal.SIGUSR1)
+        wait_for_file(tmp_path / "calls", job)  # the USR1 trap's SIGTERM to the training
+        (tmp_path / "saved").touch()
+        out, _ = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 143, out
+    assert (tmp_path / "calls").read_text().splitlines() == ["scancel --signal=TERM 7", "scancel 7"]
+    assert "launcher: training stopped by launcher stop; cancelling Slurm job 7" in out
+    assert "requeueing" not in out
+    assert (directory / "exit_code").read_text() == "143\n"
+
+
+def wait_for_file(path: Path, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert process.poll() is None and time.monotonic() < deadline, f"no {path}; the script exited {process.poll()}"
+        time.sleep(0.02)
+
+
 # --- Slurm's answers ---------------------------------------------------------------------------------
 
 
@@ -286,30 +336,59 @@ def test_a_job_slurm_forgot_reads_its_exit_file(
         assert status["failure_reason"].startswith("Slurm no longer knows job 4242 and the job left no exit code")
 
 
-def test_logs_read_the_shared_log_and_stop_marks_then_cancels(home, fake_bundle, tools, cli, tmp_path, fixed_names):
-    tools("sbatch", "4242\n")
+def scontrol_until_cancelled(tools, tmp_path, before: str, *, cancelled_by: list[str]) -> None:
+    """A stand-in scontrol that shows job 4242 (as submitted) `before` until scancel has got
+    `cancelled_by`, CANCELLED after."""
     tools("scancel")
-    # scontrol says RUNNING until scancel has been called, CANCELLED after; the job is the one submitted.
     tools("scontrol")
     scontrol = Path(os.environ["PATH"].split(os.pathsep)[0]) / "scontrol"
-    running, cancelled = (
+    answers = [
         captured(f"scontrol-show-job-{state}.txt").replace("JobName=wrap", "JobName=tiny-cpu-job")
-        for state in ("running", "cancelled")
+        for state in (before, "cancelled")
+    ]
+    calls = str(tmp_path / "scancel.calls")
+    cancelled = (
+        f"import os; cancelled = os.path.exists({calls!r}) and any(json.loads(line)['argv'] == {cancelled_by!r} "
+        f"for line in open({calls!r})); sys.stdout.write({answers[1]!r} if cancelled else {answers[0]!r})"
     )
-    scontrol.write_text(
-        scontrol.read_text().replace(
-            "sys.stdout.write('')",
-            f"import os; sys.stdout.write({cancelled!r} if os.path.exists({str(tmp_path / 'scancel.calls')!r}) else {running!r})",
-        )
-    )
+    scontrol.write_text(scontrol.read_text().replace("sys.stdout.write('')", cancelled))
+
+
+def test_logs_read_the_shared_log_and_stop_signals_the_training_before_cancelling(
+    home, fake_bundle, tools, cli, tmp_path, fixed_names
+):
+    """The job ends on the SIGTERM to its steps (the script then cancels itself): no scancel follows."""
+    tools("sbatch", "4242\n")
+    scontrol_until_cancelled(tools, tmp_path, "running", cancelled_by=["--signal=TERM", "4242"])
     name = json.loads(cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json").out)["name"]
     (home / "jobs" / name / "slurm-4242.out").write_text("metrics step=1 loss=2\nsummary steps=1")
     assert cli("logs", name).out.splitlines() == ["metrics step=1 loss=2", "summary steps=1"]
     assert json.loads(cli("status", name, "--json").out)["state"] == "InProgress"
     stopped = cli("stop", name)
     assert stopped.out.startswith(f"{name}  [slurm]  Stopped (CANCELLED)"), stopped.out
-    assert tools.calls("scancel")[0]["argv"] == ["4242"]
+    assert [call["argv"] for call in tools.calls("scancel")] == [["--signal=TERM", "4242"]]
     assert (home / "jobs" / name / "stop_requested").exists()
+    assert cli("stop", name).out.startswith(f"{name}  [slurm]  Stopped (CANCELLED)")  # over: nothing more is sent
+    assert len(tools.calls("scancel")) == 1
+
+
+@pytest.mark.parametrize(
+    "state, argvs",
+    [
+        ("running", [["--signal=TERM", "4242"], ["4242"]]),  # still running after its stop grace
+        ("pending", [["4242"]]),  # no steps to signal yet
+    ],
+)
+def test_a_job_that_outlasts_its_stop_grace_or_has_not_started_is_cancelled(
+    home, fake_bundle, tools, cli, tmp_path, fixed_names, state, argvs
+):
+    tools("sbatch", "4242\n")
+    scontrol_until_cancelled(tools, tmp_path, state, cancelled_by=["4242"])
+    submitted = cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--json", "--set", "cluster.stop_grace=1s")
+    name = json.loads(submitted.out)["name"]
+    stopped = cli("stop", name, "--grace", "0")
+    assert stopped.out.startswith(f"{name}  [slurm]  Stopped (CANCELLED)"), stopped.out
+    assert [call["argv"] for call in tools.calls("scancel")] == argvs
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoints.checkpoint_files import complete_checkpoints
 from tests import REPO
 from tests.progress import communicate_while_growing
 
@@ -151,16 +152,26 @@ def test_a_two_node_job_checkpoints_on_usr1_requeues_resumes_and_trains_to_the_e
 
 @pytest.mark.timeout(1200)  # a last resort: every wait below is on progress
 def test_stop_cancels_the_job_after_it_saves_a_checkpoint(slurm, submit, cli, home):
-    # One node is enough to show scancel's SIGTERM reaching the workers, and starts faster.
+    """`launcher stop` sends SIGTERM to the training step only, waits for the final save, and the
+    job ends CANCELLED by its own script: the batch shell is never signalled while training runs."""
+    # One node is enough to show the SIGTERM reaching the workers, and starts faster.
     name, job_id, log = submit(f"training.steps={STEPS * 10}", "cluster.instance_count=1")
     wait_for_log(log, r"^metrics step=1 ", cluster=slurm, job_id=job_id)
     stopped = cli("stop", name)
     assert stopped.code == 0, stopped.err
     assert stopped.out.startswith(f"{name}  [slurm]  Stopped (CANCELLED)"), stopped.out
-    text = wait_for_log(log, r"^interrupted by SIGTERM after step \d+; checkpoint saved", cluster=slurm, job_id=job_id)
-    assert "launcher: SIGTERM from Slurm" in text
+    text = log.read_text(errors="replace")  # the job is over: its log is whole
+    (saved_at,) = [
+        int(s) for s in re.findall(r"^interrupted by SIGTERM after step (\d+); checkpoint saved", text, re.M)
+    ]
+    assert f"launcher: training stopped by launcher stop; cancelling Slurm job {job_id}" in text, text[-3000:]
+    assert "launcher: SIGTERM from Slurm" not in text and "requeueing" not in text, text[-3000:]
+    lineage = home / "checkpoints" / "tiny-cpu" / name
+    assert complete_checkpoints(lineage)[-1] == (saved_at, lineage / f"step-{saved_at:08d}"), sorted(lineage.iterdir())
     status = json.loads(cli("status", name, "--json").out)
-    assert (status["state"], status["failure_reason"]) == ("Stopped", None), status
+    assert (status["state"], status["secondary"], status["failure_reason"]) == ("Stopped", "CANCELLED", None), status
+    assert "restarts" not in status["details"], status["details"]
+    assert slurm.job_field(job_id, "JobState") == "CANCELLED"
 
 
 def test_sbatch_refusing_the_job_is_one_line_with_slurms_reason(slurm, home, cli):
