@@ -6,8 +6,9 @@
 - `home`: a private $LAUNCHER_HOME; `fake_bundle`, `fixed_names`, `no_torchrun`: fixed bytes,
   fixed names and a stand-in trainer for the tests that need no torch;
 - one wheel cache per session, and the real pinned torchao wheel in it;
-- `_background`: the shared torchrun launches and the estimator's traces, started before the
-  first test and run beside the serial tests (tests/background.py).
+- `_background`: the shared torchrun launches and the estimator's traces, run beside the other
+  tests (tests/background.py);
+- the suite's order, and how `pytest -n 2` splits it between two workers (tests/lanes.py).
 """
 
 from __future__ import annotations
@@ -145,42 +146,101 @@ def shared_wheel_cache(tmp_path_factory):
         os.environ[CACHE_ENV] = previous
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """Modules of single-process tests first, then those that start multi-process jobs (a test
-    marked `torchrun` or `engines`), each module kept whole and in its order. The single-process
-    tests leave a core idle, which the background work takes (tests/background.py); the
-    multi-process tests need both cores, and by their turn the background work is done."""
-    heavy = {
-        item.module.__name__
-        for item in items
-        if item.get_closest_marker("torchrun") or item.get_closest_marker("engines")
+LANES = pytest.StashKey["Lanes"]()
+
+
+def _starters() -> dict:
+    """The background work (tests/background.py), in the order one process runs it: the traces
+    first, since their test runs among the single-process tests (tests/lanes.py)."""
+    from tests.entrypoints.conftest import launch_work, wants_launches
+    from tests.entrypoints.test_gpu_check import cpu_smoke_work, wants_cpu_smoke
+    from tests.entrypoints.test_multihost_checkpoints import host_runs_work, wants_host_runs
+    from tests.estimate.traced import trace_work, wants_traces
+    from tests.lanes import Starter
+    from tests.tracking_servers import mlflow_work, wants_mlflow
+
+    return {
+        # Started when planned: they come up beside the tests, and the work only hands them over.
+        "mlflow servers": Starter(wants_mlflow, mlflow_work),
+        "traces": Starter(wants_traces, trace_work),
+        "launches": Starter(wants_launches, launch_work),
+        "cpu smoke": Starter(wants_cpu_smoke, cpu_smoke_work),
+        "host runs": Starter(wants_host_runs, host_runs_work),
     }
-    items.sort(key=lambda item: item.module.__name__ in heavy)  # stable: the order within each part is kept
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The suite's order, and under xdist its units of work (tests/lanes.py)."""
+    from tests.lanes import order
+
+    config.stash[LANES] = order(config, items, _starters())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist's controller: tell each worker where to write the units it computes."""
+    from tests.lanes import UNITS_FILE, units_file
+
+    node.workerinput[UNITS_FILE] = str(units_file(node.config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from tests.lanes import make_scheduler
+
+    return make_scheduler(config, log)
+
+
+def pytest_unconfigure(config):
+    from tests.lanes import remove_units_file
+
+    remove_units_file(config)
+
+
+_current_test: list[pytest.Item] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _current_test[:] = [item]  # whose unit a first wait for background work begins
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _background(request, tmp_path_factory):
-    """Before the first test: start the work that selected tests will wait for, beside the
-    serial tests (tests/background.py); at the end, stop what is still running."""
+    """In one process, before the first test: start the work that selected tests will wait for,
+    beside the serial tests (tests/background.py). Under xdist a worker begins a unit's work when
+    it starts the unit (tests/lanes.py). At the end, stop what is still running."""
     from tests.background import Background
-    from tests.entrypoints.conftest import launch_work
-    from tests.entrypoints.test_gpu_check import cpu_smoke_work
-    from tests.entrypoints.test_multihost_checkpoints import host_runs_work
-    from tests.estimate.traced import trace_work
-    from tests.tracking_servers import mlflow_work
+    from tests.lanes import items_of, plan_work, unit_of
 
-    items = request.session.items
+    lanes = request.config.stash[LANES]
+    starters = _starters()
     work = Background(os.environ)
-    # One after another, in the order their tests run: one piece at a time takes the idle core.
-    pieces = {}
-    pieces.update(mlflow_work(items, tmp_path_factory, work))  # started now: they come up beside the tests
-    # The traces first: their test runs among the single-process tests (pytest_collection_modifyitems).
-    for starter in (trace_work, launch_work, cpu_smoke_work, host_runs_work):
-        pieces.update(starter(items, tmp_path_factory, work))
-    if pieces:
-        work.begin(pieces)
+    begun: set[str] = set()
+
+    def begin_current_unit() -> None:
+        unit = unit_of(lanes, _current_test[0]) if _current_test else None
+        if unit in lanes.starters_of_unit and unit not in begun:
+            begun.add(unit)
+            items = items_of(lanes, unit, request.session.items)
+            work.begin(plan_work(starters, lanes.starters_of_unit[unit], items, tmp_path_factory, work))
+
+    if lanes.split:
+        work.before_a_wait = begin_current_unit  # the unit's first test may wait in a session fixture
+    else:
+        pieces = plan_work(starters, starters, request.session.items, tmp_path_factory, work)
+        if pieces:
+            work.begin(pieces)
     yield work
     work.stop()
+
+
+@pytest.fixture(autouse=True)
+def _background_of_unit(_background):
+    """Under xdist: the first test of a unit with background work begins it, so it runs while
+    the unit's first tests do."""
+    if _background.before_a_wait is not None:
+        _background.before_a_wait()
 
 
 @pytest.fixture(scope="session")

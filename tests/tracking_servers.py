@@ -69,6 +69,10 @@ def start(root: Path, background) -> MlflowServer:
     return MlflowServer(f"http://127.0.0.1:{port}", process, log)
 
 
+def wants_mlflow(item) -> bool:
+    return any(name in SERVERS for name in item.fixturenames)
+
+
 def mlflow_work(items, tmp_path_factory, background) -> dict:
     """Start now each server a selected test asks for; the work only hands it over."""
     wanted = [name for name in SERVERS if any(name in item.fixturenames for item in items)]

@@ -20,6 +20,10 @@ SHARED = {"runs": plan_runs, "hf_runs": plan_hf, "attention_paths": plan_attenti
 LAUNCHED = "the entrypoint tests' shared launches"
 
 
+def wants_launches(item: pytest.Item) -> bool:
+    return any(name in SHARED for name in item.fixturenames)
+
+
 def launch_work(items: Iterable[pytest.Item], tmp_path_factory, background) -> dict[str, Callable[[], dict]]:
     """The shared launches the selected tests need, planned now and run when the work runs."""
     wanted = sorted({name for item in items for name in item.fixturenames if name in SHARED})

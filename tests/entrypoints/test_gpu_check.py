@@ -26,9 +26,13 @@ def test_without_nvidia_smi_it_fails_fast_with_the_reason(tmp_path):
 CPU_SMOKE = "scripts/gpu_check.sh --cpu-smoke"
 
 
+def wants_cpu_smoke(item) -> bool:
+    return getattr(item, "originalname", "") == "test_cpu_smoke_trains_and_checks_cp_attention"
+
+
 def cpu_smoke_work(items, tmp_path_factory, background) -> dict:
     """The smoke run, if its test is selected, beside the serial tests (tests/background.py)."""
-    if not any(getattr(item, "originalname", "") == "test_cpu_smoke_trains_and_checks_cp_attention" for item in items):
+    if not any(wants_cpu_smoke(item) for item in items):
         return {}
     out = tmp_path_factory.mktemp("gpu-check")
 

@@ -136,10 +136,14 @@ def overwrite_1kib_inside(file: Path) -> None:
 HOST_RUNS = "the multi-host checkpoint launches"
 
 
+def wants_host_runs(item) -> bool:
+    return "host_runs" in item.fixturenames
+
+
 def host_runs_work(items, tmp_path_factory, background) -> dict:
     """Both launches, if a selected test needs them: every config written now, in the foreground;
     the launches and the merges between them run beside the serial tests (tests/background.py)."""
-    if not any("host_runs" in item.fixturenames for item in items):
+    if not any(wants_host_runs(item) for item in items):
         return {}
     root = tmp_path_factory.mktemp("multihost")
     merged, torn, damaged = root / "merged", root / "torn", root / "damaged"

@@ -19,10 +19,14 @@ def work_name(config: TracedConfig) -> str:
     return f"traced peak of {config.name}"
 
 
+def wants_traces(item: pytest.Item) -> bool:
+    return getattr(item, "originalname", "") == TEST
+
+
 def trace_work(items: Iterable[pytest.Item], tmp_path_factory, background) -> dict[str, Callable[[], Traced]]:
     """The traces of the configs the selected tests check: each resolved here, in the
     foreground, and traced in the tracer process when the work runs."""
-    wanted = {item.callspec.params["config"].name for item in items if getattr(item, "originalname", "") == TEST}
+    wanted = {item.callspec.params["config"].name for item in items if wants_traces(item)}
     work = {}
     for config in CONFIGS:
         if config.name in wanted:
