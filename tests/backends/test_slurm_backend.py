@@ -378,7 +378,7 @@ def test_a_stopped_job_cancels_itself_after_training_ends_and_is_not_requeued_on
 # slow pieces, so a job that read the file while another wrote it would see a part.
 ENROOT = """[[ "$1 $2" == "import --output" ]] || exit 64
 echo "$SLURM_JOB_ID $4" >> {calls}
-[[ -z "$ENROOT_REFUSES" ]] || {{ echo '[ERROR] URL https://nvcr.io/v2/ returned error code: 401 Unauthorized' >&2; exit 1; }}
+[[ -z "$ENROOT_REFUSES" ]] || {{ echo '[ERROR] 401 Unauthorized' >&2; exit 1; }}
 [[ -e "$3" ]] && {{ echo "[ERROR] File already exists: $3" >&2; exit 1; }}
 for piece in 1 2 3 4 5; do printf 'layer%s;' $piece >> "$3"; sleep 0.1; done
 """
