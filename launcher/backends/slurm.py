@@ -34,6 +34,9 @@ reaches it except checked names and paths: the recipe travels in resolved.json i
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
 import shlex
 import time
 from collections.abc import Iterator
@@ -70,6 +73,8 @@ EXIT_FILE = "exit_code"
 STOP_FILE = "stop_requested"
 """Written by `launcher stop` before scancel, so a cancelled job reads as Stopped, not Failed."""
 MAX_SIGNAL_S = 65535  # sbatch --signal's @time is 16 bits
+IMAGES_DIR = "images"
+"""<shared>/images/: slurm.container_image imported once, as squashfs files (`image_file`)."""
 
 # `scontrol show job` JobState values of a job that is not over yet (a requeued job goes
 # REQUEUED -> PENDING -> RUNNING under the same id).
@@ -92,6 +97,8 @@ class SlurmSettings(EngineSettings):
     venv: str | None = None
     signal_before_end_s: int = 600
     requeue: bool = True
+    gpu_request: str = "gpus-per-node"
+    """slurm.gpu_request: how a GPU job asks for its GPUs (`GPU_REQUESTS`)."""
 
     @classmethod
     def of(cls, recipe: Recipe) -> SlurmSettings:
@@ -126,6 +133,33 @@ def time_limit(seconds: int) -> str:
     return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
 
 
+# slurm.gpu_request -> the directives that ask for N GPUs per node (sbatch man page,
+# SchedMD/slurm doc/man/man1/sbatch.1):
+# - --gpus-per-node=N: "the number of GPUs required for the job on each node"; Slurm counts GPUs
+#   as GRES, so a cluster without gres.conf answers "Invalid generic resource (gres)
+#   specification" (ESLURM_INVALID_GRES, src/common/slurm_errno.c);
+# - --gres=gpu:N: "generic consumable resources requested per node", "name[[:type]:count]";
+#   "mutually exclusive with --gpus-per-node";
+# - none: --exclusive alone, as AWS's distributed-training samples do: the job "is allocated all
+#   CPUs and GRES on all nodes in the allocation", and on a cluster without GRES the GPUs come
+#   with the node.
+GPU_REQUESTS = {
+    "gpus-per-node": lambda n: [f"--gpus-per-node={n}"],
+    "gres": lambda n: [f"--gres=gpu:{n}"],
+    "none": lambda n: [],
+}
+
+
+def gpu_directives(request: str, gpus_per_node: int) -> list[str]:
+    """Whole nodes for a GPU job: --exclusive, --mem=0 and slurm.gpu_request's GPU directive.
+    sbatch man page, --exclusive: the job "is only allocated as much memory as it requested ...
+    To request all the memory on a node, use --mem=0"; --mem: "A memory size specification of
+    zero is treated as a special case and grants the job access to all of the memory on each node"."""
+    if request not in GPU_REQUESTS:  # a saved spec read back from disk is untrusted
+        raise UsageError(f"slurm.gpu_request: {request!r} is not one of {', '.join(GPU_REQUESTS)}")
+    return ["--exclusive", "--mem=0", *GPU_REQUESTS[request](gpus_per_node)]
+
+
 def directives(spec: JobSpec) -> list[str]:
     r, settings = spec.resources, slurm_settings(spec)
     lines = [
@@ -134,7 +168,7 @@ def directives(spec: JobSpec) -> list[str]:
         "--ntasks-per-node=1",
     ]
     if r.device == "cuda":
-        lines += ["--exclusive", f"--gpus-per-node={r.procs_per_node}"]
+        lines += gpu_directives(settings.gpu_request, r.procs_per_node)
     else:
         # A CPU job shares its nodes: ask for one core per torchrun worker.
         lines.append(f"--cpus-per-task={r.procs_per_node}")
@@ -222,14 +256,71 @@ def rendezvous_lines(instance_count: int) -> list[str]:
     ]
 
 
+def image_file(settings: SlurmSettings) -> Path | None:
+    """The squashfs file on the shared directory that the job's image is imported to once; None
+    without an image, or where slurm.container_image names a file already (pyxis reads an image
+    that starts with '.' or '/' as a squashfs path: NVIDIA/pyxis pyxis_slurmstepd.c)."""
+    image = settings.container_image
+    if not image or image[0] in "./":
+        return None
+    return shared_root(settings) / IMAGES_DIR / f"{image_file_name(image)}.sqsh"
+
+
+def image_file_name(image: str) -> str:
+    """A file name for an image: its digest when pinned to one (the same bytes under any name),
+    else its name made safe, with a hash of the name so that two names never share a file."""
+    digest = re.search(r"@sha256:([0-9a-f]{64})$", image)
+    if digest:
+        return f"sha256-{digest[1]}"
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", image)[:100].lstrip(".")
+    return f"{safe}-{hashlib.sha256(image.encode()).hexdigest()[:12]}"
+
+
+def enroot_uri(image: str) -> str:
+    """The enroot URI pyxis itself imports for an image: docker:// and dockerd:// as given, any
+    other name as docker://<image> (NVIDIA/pyxis pyxis_slurmstepd.c, enroot_container_create)."""
+    return image if image.startswith(("docker://", "dockerd://")) else f"docker://{image}"
+
+
+def image_import(settings: SlurmSettings) -> list[str]:
+    """The batch script imports the image when its file is missing (NVIDIA/enroot doc/cmd/import.md:
+    `enroot import --output FILE docker://[USER@][REGISTRY#]IMAGE[:TAG]`)."""
+    path = image_file(settings)
+    if path is None:
+        return []
+    uri = enroot_uri(settings.container_image)
+    importing = f"launcher: importing {uri} to {path} once (enroot import); later jobs and requeues reuse it"
+    failed = (
+        f"launcher: enroot import of {uri} failed (its error is above); a private registry (ECR) needs "
+        "its credentials in $ENROOT_CONFIG_PATH/.credentials (by default ~/.config/enroot/.credentials) on the nodes: see docs/slurm.md"
+    )
+    return [
+        "# The image, imported once to a squashfs file on the shared directory: given an image name,",
+        "# pyxis imports it again for every step on every node, and after every requeue, into a",
+        "# file it deletes at the step's end (NVIDIA/pyxis pyxis_slurmstepd.c). enroot import",
+        "# refuses an existing file and writes in place (NVIDIA/enroot src/docker.sh), so it writes",
+        "# a name of this run's own that one rename makes the image: a job or a requeue that finds",
+        "# the image finds all of it, and two jobs importing at once each rename a whole file.",
+        f"image={shlex.quote(str(path))}",
+        'if [[ ! -e "$image" ]]; then',
+        f"    echo {shlex.quote(importing)}",
+        '    mkdir -p -- "${image%/*}"',
+        '    partial="$image.$SLURM_JOB_ID.$$.partial"',
+        f'    enroot import --output "$partial" {shlex.quote(uri)} ||',
+        f'        {{ rm -f -- "$partial"; echo {shlex.quote(failed)} >&2; exit 1; }}',
+        '    mv -f -- "$partial" "$image"',
+        "fi",
+    ]
+
+
 def training_srun(spec: JobSpec, code_dir: Path, shared: Path) -> str:
     """The srun line that starts torchrun on every node, in the background."""
     argv = ["--kill-on-bad-exit=1", "--ntasks-per-node=1"]
-    image = slurm_settings(spec).container_image
-    if image:
+    settings = slurm_settings(spec)
+    if settings.container_image:
         # pyxis/enroot: the shared directory is mounted at the same path inside the container.
         argv += [
-            f"--container-image={image}",
+            f"--container-image={image_file(settings) or settings.container_image}",
             f"--container-mounts={shared}:{shared}",
             f"--container-workdir={code_dir}",
         ]
@@ -329,11 +420,54 @@ def sbatch_script(spec: JobSpec) -> str:
         ]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
     lines += wheel_exports(spec)
+    lines += image_import(settings)
     lines += rendezvous_lines(spec.resources.instance_count)
     lines.append(f"cd -- {shlex.quote(str(code_dir))}")
     lines.append(training_srun(spec, code_dir, shared))
     lines += wait_and_requeue(settings.requeue)
     return "\n".join(lines) + "\n"
+
+
+def checkpoint_room_problem(recipe: Recipe, spec: JobSpec) -> str | None:
+    """Why a GPU job's checkpoints cannot go where they would: a directory under the submitting
+    user's home (by default slurm.shared_dir is $LAUNCHER_HOME, ~/.launcher) is, on ParallelCluster,
+    the head node's NFS export, too small for a large model's checkpoints. Such a directory is
+    refused unless its file system has room for checkpoint.keep complete checkpoints and the one
+    being written (entrypoints/checkpoint.py deletes the oldest only once the newest is complete);
+    None when it has, or the directory is not under the home directory, or the job is a CPU job."""
+    from launcher.estimate.checkpoint import estimate_recipe_checkpoint
+
+    if recipe.cluster.device != "cuda":
+        return None
+    settings = slurm_settings(spec)
+    home = Path(os.path.realpath(Path.home()))
+    directory = Path(os.path.realpath(spec.checkpoint_dir))
+    if home == Path("/") or not directory.is_relative_to(home):
+        return None
+    shared = shared_root(settings)
+    key, path = (
+        ("slurm.shared_dir", shared)
+        if directory.is_relative_to(os.path.realpath(shared))
+        else ("checkpoint.dir", directory)
+    )
+    named = f"{path} (the default, $LAUNCHER_HOME)" if key == "slurm.shared_dir" and not settings.shared_dir else path
+    estimate = estimate_recipe_checkpoint(recipe, None)
+    kept, size = estimate.kept, estimate.size_bytes
+    needed = (kept + 1) * size
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    try:
+        stat = os.statvfs(existing)
+    except OSError as error:
+        return f"{key}: cannot read the free space of {existing} under the home directory {home}: {error.strerror}"
+    free = stat.f_bavail * stat.f_frsize
+    if free >= needed:
+        return None
+    return (
+        f"{key}: {named} is under the home directory {home}, whose file system has {free:,} bytes "
+        f"({_decimal(free)}) free, but this GPU job's checkpoints need {needed:,} bytes ({kept + 1} x "
+        f"{_decimal(size)}: checkpoint.keep {kept} and the one being written); "
+        f"set {key} to a directory on a file system every node mounts with that room (e.g. FSx for Lustre at /fsx)"
+    )
 
 
 # --- reading Slurm's answers ---------------------------------------------------------------------
@@ -423,6 +557,14 @@ class SlurmBackend(Backend):
                 f"not {settings.signal_before_end_s} s; use a shorter one"
             )
         return problems
+
+    def spec(self, recipe: Recipe, *, lineage: str | None = None) -> JobSpec:
+        """The job, once its checkpoints have room where the settings put them (`checkpoint_room_problem`)."""
+        spec = super().spec(recipe, lineage=lineage)
+        problem = checkpoint_room_problem(recipe, spec)
+        if problem:
+            raise UsageError(problem)
+        return spec
 
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.of(spec)
@@ -598,6 +740,11 @@ class SlurmBackend(Backend):
         # when no job was submitted from here.
         run_tool(["squeue", "--noheader", "--format=%i"], action="listing Slurm jobs")
         return [self._status(ref) for ref in [r for r in records() if r.backend == self.name][:limit]]
+
+
+def _decimal(size_bytes: int) -> str:
+    """Bytes as disks are sold and as the checkpoint estimate prints them: 847.0 GB, 10.4 MB."""
+    return f"{size_bytes / 1e9:.1f} GB" if size_bytes >= 1e9 else f"{size_bytes / 1e6:.1f} MB"
 
 
 def _read_exit_file(path: Path) -> int | None:

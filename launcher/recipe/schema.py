@@ -376,6 +376,10 @@ class Slurm(Section):
     requeue: bool = True
     """Requeue the job when it is preempted, its node fails or its time runs out; it resumes from
     its newest checkpoint."""
+    gpu_request: Literal["gpus-per-node", "gres", "none"] = "gpus-per-node"
+    """How a GPU job asks for each node's GPUs besides --exclusive: --gpus-per-node=N, --gres=gpu:N,
+    or none (--exclusive alone, for clusters whose GPUs are not GRES, such as HyperPod's default
+    Slurm, which answers 'Invalid generic resource (gres) specification')."""
 
 
 class Kubernetes(Section):

@@ -7,6 +7,7 @@ and sbatch printed on the test cluster (tests/engines/slurm_cluster.py). Stand-i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -70,14 +71,51 @@ def test_a_cpu_job_asks_for_a_core_per_process_and_a_gpu_job_for_whole_nodes(hom
         "--requeue": "",
         "--open-mode": "append",
     }
-    gpu = directives(render("llama70b-128k", **{"data.source": FSX}).text)
-    assert {k: gpu[k] for k in ("--nodes", "--exclusive", "--gpus-per-node", "--time")} == {
-        "--nodes": "4",
-        "--exclusive": "",
-        "--gpus-per-node": "8",
-        "--time": "4-00:00:00",
-    }
-    assert "--cpus-per-task" not in gpu
+    gpu = render("llama70b-128k", **{"data.source": FSX}).text
+    assert sbatch_lines(gpu)[:6] == [
+        "#SBATCH --job-name=llama70b-128k-job",
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --exclusive",
+        "#SBATCH --mem=0",  # --exclusive alone grants only the memory asked for (sbatch man page)
+        "#SBATCH --gpus-per-node=8",
+    ]
+    assert "--cpus-per-task" not in directives(gpu)
+
+
+def sbatch_lines(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+# tiny-cpu's model on one 8-GPU node: a GPU job whose checkpoint (10.4 MB) is quick to render.
+TINY_GPU = {
+    "cluster.device": "cuda",
+    "cluster.instance_type": "ml.p5.48xlarge",
+    "cluster.nproc_per_node": 8,
+    "precision.dtype": "bf16",
+}
+
+
+@pytest.mark.parametrize(
+    "request_, lines",
+    [
+        ("gpus-per-node", ["#SBATCH --exclusive", "#SBATCH --mem=0", "#SBATCH --gpus-per-node=8"]),
+        ("gres", ["#SBATCH --exclusive", "#SBATCH --mem=0", "#SBATCH --gres=gpu:8"]),
+        ("none", ["#SBATCH --exclusive", "#SBATCH --mem=0"]),  # AWS's samples: the node's GPUs come with it
+    ],
+)
+def test_slurm_gpu_request_picks_how_a_gpu_job_asks_for_its_gpus(home, fake_bundle, request_, lines):
+    script = render("tiny-cpu", **TINY_GPU, **{"slurm.gpu_request": request_}).text
+    assert sbatch_lines(script)[3:-4] == lines
+    assert sbatch_lines(script)[-4].startswith("#SBATCH --time=")
+    cpu = render("tiny-cpu", **{"slurm.gpu_request": request_}).text  # a CPU job asks for cores only
+    assert not {"--exclusive", "--mem", "--gpus-per-node", "--gres"} & directives(cpu).keys()
+
+
+def test_an_unknown_gpu_request_is_one_line_naming_the_key_and_the_choices(home, cli):
+    result = cli("validate", recipe_path("tiny-cpu"), "--set", "slurm.gpu_request=foo")
+    assert result.code == 2
+    assert result.err_lines == ["--set slurm.gpu_request: expected 'gpus-per-node', 'gres' or 'none', got 'foo'"]
 
 
 def test_the_slurm_section_reaches_the_directives(home, fake_bundle):
@@ -138,13 +176,51 @@ def test_a_venv_is_activated_and_a_container_runs_through_pyxis_with_the_shared_
         **{"slurm.venv": "/shared/envs/torch 2.13", "slurm.container_image": "nvcr.io#nvidia/pytorch:25.01-py3"}
     ).text
     assert "source '/shared/envs/torch 2.13/bin/activate'" in script
+    image = home / "images" / f"nvcr.io_nvidia_pytorch_25.01-py3-{NGC_NAME_HASH}.sqsh"
     (train,) = [line for line in script.splitlines() if line.startswith("srun --cpus-per-task")]
     assert train.startswith(
         'srun --cpus-per-task="$SLURM_CPUS_ON_NODE" --kill-on-bad-exit=1 --ntasks-per-node=1 '
-        f"'--container-image=nvcr.io#nvidia/pytorch:25.01-py3' "
+        f"--container-image={image} "
         f"--container-mounts={home}:{home} --container-workdir={home}/jobs/tiny-cpu-job/code "
         "python3 entrypoints/bootstrap.py --exec torchrun "
     )
+
+
+NGC = "nvcr.io#nvidia/pytorch:25.01-py3"
+NGC_NAME_HASH = hashlib.sha256(NGC.encode()).hexdigest()[:12]  # two names never share a file
+
+
+def test_the_batch_script_imports_the_image_once_to_a_squashfs_file_on_the_shared_dir(home, fake_bundle):
+    script = render(**{"slurm.container_image": NGC}).text
+    image = home / "images" / f"nvcr.io_nvidia_pytorch_25.01-py3-{NGC_NAME_HASH}.sqsh"
+    start = script.index(f"image={image}\n")
+    assert script[start:].splitlines()[:9] == [
+        f"image={image}",
+        'if [[ ! -e "$image" ]]; then',
+        f"    echo 'launcher: importing docker://{NGC} to {image} once (enroot import); later jobs and requeues reuse it'",
+        '    mkdir -p -- "${image%/*}"',
+        '    partial="$image.$SLURM_JOB_ID.$$.partial"',
+        f"    enroot import --output \"$partial\" 'docker://{NGC}' ||",
+        f'        {{ rm -f -- "$partial"; echo \'launcher: enroot import of docker://{NGC} failed (its error is '
+        "above); a private registry (ECR) needs its credentials in $ENROOT_CONFIG_PATH/.credentials (by default "
+        "~/.config/enroot/.credentials) on the nodes: see docs/slurm.md' >&2; exit 1; }",
+        '    mv -f -- "$partial" "$image"',
+        "fi",
+    ]
+    assert script.index("enroot import") < script.index("srun --cpus-per-task")
+
+
+@pytest.mark.parametrize(
+    "given, container_image",
+    [
+        ("/fsx/images/pytorch.sqsh", "/fsx/images/pytorch.sqsh"),  # pyxis reads '/' or '.' as a squashfs path
+        ("docker://nvcr.io#nvidia/pytorch@sha256:" + "ab" * 32, "{home}/images/sha256-" + "ab" * 32 + ".sqsh"),
+    ],
+)
+def test_a_squashfs_path_is_used_as_it_is_and_a_pinned_digest_names_its_file(home, fake_bundle, given, container_image):
+    script = render(**{"slurm.container_image": given}).text
+    assert f"--container-image={container_image.format(home=home)} " in script
+    assert ("enroot import" in script) == (not given.startswith("/"))
 
 
 def test_an_fp8_job_installs_its_wheels_from_the_shared_dir_and_usr1_leads_by_the_stop_grace(home, fake_bundle):
@@ -192,6 +268,46 @@ def test_a_signal_not_before_the_time_limit_is_a_warning(home, fake_bundle, cli)
         "warning: slurm.signal_before_end (600 s) is not shorter than cluster.max_run (300 s): "
         "Slurm sends USR1 as soon as the job starts"
     ) in result.err_lines
+
+
+def gpu_submit(cli, *sets: str):
+    """`launcher submit` of tiny-cpu's model as a GPU job on Slurm, as a dry run."""
+    options = [arg for key, value in TINY_GPU.items() for arg in ("--set", f"{key}={value}")]
+    return cli("submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--dry-run", *options, *sets)
+
+
+def test_a_gpu_job_refuses_a_shared_dir_under_home_whose_disk_cannot_hold_its_checkpoints(
+    home, fake_bundle, cli, tmp_path, monkeypatch
+):
+    """ParallelCluster's home is the head node's NFS export; here a real 1 MiB tmpfs under $HOME.
+    tiny-cpu's model (869,504 parameters x 12 B = 10.4 MB a checkpoint) keeps 3 checkpoints and
+    writes a fourth before it deletes the oldest: 41.7 MB."""
+    from tests.disks import small_disk
+
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    with small_disk(tmp_path / "user" / "nfs", size="1m") as nfs:
+        free = os.statvfs(nfs).f_bavail * os.statvfs(nfs).f_frsize
+        shared = nfs / "launcher"
+        result = gpu_submit(cli, "--set", f"slurm.shared_dir={shared}")
+        assert result.code == 2, result.err
+        (line,) = [line for line in result.err_lines if line.startswith("slurm.shared_dir")]
+        assert line == (
+            f"slurm.shared_dir: {shared} is under the home directory {tmp_path / 'user'}, whose file system has "
+            f"{free:,} bytes ({free / 1e6:.1f} MB) free, but this GPU job's checkpoints need 41,736,192 bytes "
+            "(4 x 10.4 MB: checkpoint.keep 3 and the one being written); set slurm.shared_dir to a directory on a "
+            "file system every node mounts with that room (e.g. FSx for Lustre at /fsx)"
+        )
+        assert not shared.exists()  # nothing written
+        cpu = cli(
+            "submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--dry-run", "--set", f"slurm.shared_dir={shared}"
+        )
+        assert cpu.code == 0, cpu.err  # CPU jobs (tiny-cpu, the tests) are not checked
+        keep_none = gpu_submit(
+            cli, "--set", f"slurm.shared_dir={shared}", "--set", f"checkpoint.dir={tmp_path / 'fsx'}"
+        )
+        assert keep_none.code == 0, keep_none.err  # the checkpoints go elsewhere: code and logs fit
+    roomy = gpu_submit(cli, "--set", f"slurm.shared_dir={tmp_path / 'user' / 'launcher'}")  # /tmp's disk: room
+    assert roomy.code == 0, roomy.err
 
 
 def test_a_node_that_cannot_see_the_shared_dir_fails_the_job_with_one_line(home, fake_bundle, tmp_path):
@@ -255,6 +371,74 @@ def test_a_stopped_job_cancels_itself_after_training_ends_and_is_not_requeued_on
     assert "launcher: training stopped by launcher stop; cancelling Slurm job 7" in out
     assert "requeueing" not in out
     assert (directory / "exit_code").read_text() == "143\n"
+
+
+# A stand-in `enroot import --output FILE URI` as NVIDIA/enroot src/docker.sh (docker::import) does
+# it: "File already exists" for an existing FILE, else the image written in place, here in five
+# slow pieces, so a job that read the file while another wrote it would see a part.
+ENROOT = """[[ "$1 $2" == "import --output" ]] || exit 64
+echo "$SLURM_JOB_ID $4" >> {calls}
+[[ -z "$ENROOT_REFUSES" ]] || {{ echo '[ERROR] 401 Unauthorized' >&2; exit 1; }}
+[[ -e "$3" ]] && {{ echo "[ERROR] File already exists: $3" >&2; exit 1; }}
+for piece in 1 2 3 4 5; do printf 'layer%s;' $piece >> "$3"; sleep 0.1; done
+"""
+# A stand-in srun: the training step copies the image it was given (what pyxis would start);
+# any other step runs its command here.
+SRUN = """training=''; image=''
+while [[ "$1" == --* ]]; do
+    [[ "$1" == --kill-on-bad-exit=1 ]] && training=1
+    [[ "$1" == --container-image=* ]] && image="${{1#--container-image=}}"
+    shift
+done
+[[ -z "$training" ]] && exec "$@"
+cp -- "$image" {seen}/$SLURM_JOB_ID.$$
+"""
+WHOLE_IMAGE = "layer1;layer2;layer3;layer4;layer5;"
+
+
+def test_two_jobs_and_a_requeue_import_the_image_once_and_start_only_from_a_whole_file(home, fake_bundle, tmp_path):
+    """The script under bash, twice at once and then again (a requeue), with a stand-in enroot."""
+    bin_dir, seen = tmp_path / "bin", tmp_path / "seen"
+    bin_dir.mkdir(), seen.mkdir()
+    for name, body in {"enroot": ENROOT.format(calls=tmp_path / "calls"), "srun": SRUN.format(seen=seen)}.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    directory = home / "jobs" / "tiny-cpu-job"
+    (directory / "code").mkdir(parents=True)
+    (directory / "code" / "resolved.json").write_text("{}")
+    (tmp_path / "job.sbatch").write_text(render(**{"slurm.container_image": NGC}).text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node1"}
+    env["SLURM_CPUS_ON_NODE"] = "1"
+
+    def job(job_id: str, **extra: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            ["bash", str(tmp_path / "job.sbatch")],
+            cwd=directory,
+            env={**env, "SLURM_JOB_ID": job_id, **extra},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    first, second = job("7"), job("8")
+    assert [p.wait(timeout=60) for p in (first, second)] == [0, 0], [p.communicate() for p in (first, second)]
+    requeued = job("7")
+    out, err = requeued.communicate(timeout=60)
+    assert requeued.returncode == 0, err
+    images = home / "images"
+    image = images / f"nvcr.io_nvidia_pytorch_25.01-py3-{NGC_NAME_HASH}.sqsh"
+    assert sorted(images.iterdir()) == [image] and image.read_text() == WHOLE_IMAGE  # no part left behind
+    assert {p.read_text() for p in seen.iterdir()} == {WHOLE_IMAGE} and len(list(seen.iterdir())) == 3
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert 1 <= len(calls) <= 2 and all(call.endswith(f" docker://{NGC}") for call in calls)  # not on requeue
+    assert "importing" not in out
+
+    image.unlink()
+    refused = job("9", ENROOT_REFUSES="1")
+    out, err = refused.communicate(timeout=60)
+    assert refused.returncode == 1
+    assert err.splitlines()[-1].startswith(f"launcher: enroot import of docker://{NGC} failed (its error is above)")
+    assert list(images.iterdir()) == [] and len(list(seen.iterdir())) == 3  # no part left, no training started
 
 
 def wait_for_file(path: Path, process: subprocess.Popen, timeout_s: float = 60.0) -> None:

@@ -174,11 +174,37 @@ def test_stop_cancels_the_job_after_it_saves_a_checkpoint(slurm, submit, cli, ho
     assert slurm.job_field(job_id, "JobState") == "CANCELLED"
 
 
-def test_sbatch_refusing_the_job_is_one_line_with_slurms_reason(slurm, home, cli):
+# tiny-cpu's model as a GPU job on one 8-GPU node (rendered and handed to sbatch; it never runs).
+GRES_REFUSED = "sbatch: error: Invalid generic resource (gres) specification"
+GPU_JOB = [
+    "cluster.device=cuda",
+    "cluster.instance_type=ml.p5.48xlarge",
+    "cluster.nproc_per_node=8",
+    "precision.dtype=bf16",
+]
+
+
+def test_sbatch_refusing_the_job_is_one_line_with_slurms_reason(slurm, home, cli, tmp_path):
     result = cli("submit", RECIPE, "--backend", "slurm", *job_settings("slurm.partition=nosuch"))
     assert result.code == 3  # the engine refused it
     assert result.err_lines[-1].startswith("submitting tiny-cpu-"), result.err
     assert "sbatch failed: sbatch: error: invalid partition specified: nosuch" in result.err_lines[-1]
+    # A GPU job's script (gpu_request: none) against this cluster, which has no GRES, as HyperPod's
+    # default Slurm: sbatch --test-only checks a job against the cluster and submits nothing.
+    # --exclusive --mem=0 alone is a job it takes; the directive gpus-per-node or gres adds
+    # (tests/backends/test_slurm_backend.py) gets HyperPod's answer.
+    gpu = [arg for item in GPU_JOB for arg in ("--set", item)]
+    dry = cli("submit", RECIPE, "--backend", "slurm", "--dry-run", "--json", *gpu, "--set", "slurm.gpu_request=none")
+    script = tmp_path / "job.sbatch"
+    script.write_text(json.loads(dry.out)["script"])
+    assert "#SBATCH --exclusive\n#SBATCH --mem=0\n#SBATCH --time=" in script.read_text()
+    for added, answer in [
+        ((), " to start at "),
+        (("--gpus-per-node=8",), GRES_REFUSED),
+        (("--gres=gpu:8",), GRES_REFUSED),
+    ]:
+        tried = slurm.run("sbatch", "--test-only", "--output=/dev/null", *added, str(script), check=False)
+        assert (tried.returncode == 0, answer in tried.stderr) == (not added, True), (added, tried.stderr)
 
 
 def test_status_of_a_job_id_slurm_does_not_know_is_one_line(slurm, home, cli):
