@@ -553,3 +553,32 @@ def test_what_a_trainjob_cannot_do_is_one_line_before_anything_is_rendered(cli):
         "k8s.auto_resume: HyperPod's job auto-resume reads PyTorchJob annotations (training operator 1.7 to 1.8.1); "
         "use k8s.api: pytorchjob with it, or auto_resume: false with trainjob"
     ), result.err
+
+
+def test_the_k8s_settings_read_back_from_a_saved_spec_and_a_damaged_toleration_is_one_line(home):
+    from launcher.errors import LauncherError
+    from launcher.registry import job_dir, write_json
+
+    overrides = {
+        "k8s.auto_resume": True,
+        "k8s.retries": 2,
+        "k8s.node_selector": {"pool": "gpu"},
+        "k8s.tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "k8s.hugepages": True,
+        "sagemaker.region": "eu-west-1",
+    }
+    spec = spec_for("llama70b-128k", "k8s", **overrides)
+    assert spec.engine.tolerations == (Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),)
+    path = job_dir(spec.name) / "spec.json"
+    write_json(path, spec.to_dict())
+    backend = get_backend("k8s")
+    assert backend.saved_spec(spec.name) == spec
+    data = spec.to_dict()
+    data["engine"]["tolerations"] = [{"key": "a", "sudo": True}]
+    write_json(path, data)
+    with pytest.raises(LauncherError) as raised:
+        backend.saved_spec(spec.name)
+    assert str(raised.value).startswith(f"{path}: ") and "engine.tolerations: expected Toleration mappings" in str(
+        raised.value
+    )
+    assert "\n" not in str(raised.value)
