@@ -397,12 +397,13 @@ def job_pods(job: dict) -> list[dict]:
     return [pod for _, pod in templates(job).values()]
 
 
-def test_hyperpod_auto_resume_annotates_the_job_and_restarts_its_pods_on_failure(bundle):
+def test_hyperpod_auto_resume_annotates_the_job_and_restarts_its_pods_on_failure(bundle, fake_bundle):
     """HyperPod reads the two annotations (aws/sagemaker-hyperpod-cli command_constants.py) and
     needs restartPolicy OnFailure, which the operator counts against backoffLimit."""
     plain = spec_for("llama70b-128k", "k8s")
     job = build_manifest(plain, bundle, settings(plain)).job
     assert "annotations" not in job["metadata"] and job["spec"]["runPolicy"]["backoffLimit"] == 0
+    assert all("affinity" not in pod for pod in job_pods(job))
     assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"Never"}
     for overrides, retries in (({}, 1), ({"k8s.retries": 4}, 4)):
         spec = spec_for("llama70b-128k", "k8s", **{"k8s.auto_resume": True, **overrides})
@@ -413,7 +414,21 @@ def test_hyperpod_auto_resume_annotates_the_job_and_restarts_its_pods_on_failure
         }
         assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"OnFailure"}
         assert job["spec"]["runPolicy"]["backoffLimit"] == retries
+        for pod in job_pods(job):  # only nodes HyperPod's health agents call Schedulable
+            (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                "nodeSelectorTerms"
+            ]
+            assert term["matchExpressions"] == [
+                {"key": "sagemaker.amazonaws.com/node-health-status", "operator": "In", "values": ["Schedulable"]}
+            ]
         assert [p for p in schema_problems(job)] == []
+    for namespace, warned in (("team-a", True), ("kubeflow", False), ("hyperpod-ns-team", False)):
+        spec = spec_for("llama70b-128k", "k8s", **{"k8s.auto_resume": True, "k8s.namespace": namespace})
+        warnings = get_backend("k8s").render(spec).data.get("warnings", [])
+        assert (
+            any(w.startswith("k8s.auto_resume: HyperPod resumes only jobs in the namespace kubeflow") for w in warnings)
+            == warned
+        )
 
 
 def test_a_finished_job_deletes_its_running_pods():

@@ -83,6 +83,12 @@ def settings_of(spec: JobSpec) -> JobSettings:
     )
 
 
+def hyperpod_namespace(namespace: str) -> bool:
+    """Where HyperPod's job auto-resume acts: the kubeflow namespace or one prefixed hyperpod
+    (docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-eks-run-jobs-hyperpod-cli.html)."""
+    return namespace == "kubeflow" or namespace.startswith("hyperpod")
+
+
 def settings_problems(spec: JobSpec) -> list[str]:
     """What the k8s: section asks that the chosen API cannot do, one line each."""
     k8s = settings_of(spec)
@@ -208,12 +214,20 @@ class KubernetesBackend(Backend):
         documents = manifest.documents()
         text = submit_steps(spec, settings, manifest) + dump(documents)
         data = {"manifest": documents, "bundle": bundle.describe()}
+        warnings = []
         wheels = job_wheels(spec.resolved)
         if wheels:
-            data["warnings"] = [
+            warnings.append(
                 f"the k8s backend does not ship the job's wheels yet: the image must have {requirements(wheels)} "
                 "(set cluster.image to such an image), or the job stops at start"
-            ]
+            )
+        if settings.auto_resume and settings.namespace and not hyperpod_namespace(settings.namespace):
+            warnings.append(
+                f"k8s.auto_resume: HyperPod resumes only jobs in the namespace kubeflow or one starting with hyperpod, "
+                f"not {settings.namespace}; set k8s.namespace to such a namespace, or the job is not resumed"
+            )
+        if warnings:
+            data["warnings"] = warnings
         return Rendering(spec=spec, data=data, text=text, payload={"bundle": bundle})
 
     def _submit(self, rendering: Rendering) -> JobRef:

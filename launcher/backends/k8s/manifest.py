@@ -279,9 +279,48 @@ def pod_storage(spec: JobSpec, settings: ClaimSettings, data_mounts: list, data_
     return mounts, volumes
 
 
+# HyperPod's node-health labels, as the HyperPod CLI's jobs use them (aws/sagemaker-hyperpod-cli
+# src/sagemaker/hyperpod/cli/constants/command_constants.py NODE_AFFINITY_DICT): only nodes that
+# HyperPod's health agents call Schedulable, preferring those whose deep health check passed.
+HYPERPOD_NODE_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "sagemaker.amazonaws.com/node-health-status",
+                            "operator": "In",
+                            "values": ["Schedulable"],
+                        }
+                    ]
+                }
+            ]
+        },
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "preference": {
+                    "matchExpressions": [
+                        {
+                            "key": "sagemaker.amazonaws.com/deep-health-check-status",
+                            "operator": "In",
+                            "values": ["Passed"],
+                        }
+                    ]
+                },
+            }
+        ],
+    }
+}
+
+
 def placement(settings: JobSettings) -> dict:
-    """The pod spec's nodeSelector and tolerations (tainted GPU pools), when the recipe sets them."""
+    """The pod spec's nodeSelector and tolerations (tainted GPU pools), when the recipe sets them,
+    and with HyperPod auto-resume its node-health affinity."""
     found: dict = {}
+    if settings.auto_resume:
+        found["affinity"] = HYPERPOD_NODE_AFFINITY
     if settings.node_selector:
         found["nodeSelector"] = dict(settings.node_selector)
     if settings.tolerations:
