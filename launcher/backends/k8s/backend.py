@@ -1,7 +1,7 @@
 """The Kubernetes backend: a Kubeflow PyTorchJob (training-operator v1.9), or with `k8s.api:
 trainjob` a Kubeflow Trainer v2 TrainJob, and what it mounts.
 
-The objects are built in k8s_manifest.py and dumped with PyYAML, so recipe strings stay string
+The objects are built in manifest.py and dumped with PyYAML, so recipe strings stay string
 values. Submit creates them in an order that leaves nothing behind when a step fails:
 1. the checkpoint claim: created when missing with `k8s.storage_class`; otherwise it must exist
    and, for a multi-node job, be ReadWriteMany (one line says what to create);

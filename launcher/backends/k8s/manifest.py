@@ -3,14 +3,18 @@
 - the PyTorchJob (kubeflow.org/v1, training-operator 1.9): a Master and `instance_count - 1`
   Workers, each pod one container named `pytorch` that unpacks the code bundle and execs the
   spec's argv (entrypoints/bootstrap.py --exec, which checks the image and execs torchrun), with
-  the job's stop grace as terminationGracePeriodSeconds;
-- a ConfigMap holding the code bundle, owned by the PyTorchJob so it is deleted with it;
+  the job's stop grace as terminationGracePeriodSeconds, the recipe's node selector and
+  tolerations, and with `k8s.auto_resume` HyperPod's annotations, OnFailure and node-health affinity;
+- or with `k8s.api: trainjob` a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) on
+  the ClusterTrainingRuntime `k8s.runtime`: the same container in its `trainer`, the same pod
+  fields, volumes and mounts in a runtime patch;
+- a ConfigMap holding the code bundle, owned by the job so it is deleted with it;
 - the checkpoint claim (ReadWriteMany, mounted at /launcher by every pod), rendered only when
   `k8s.storage_class` lets submit create it; otherwise it must already exist;
 - for s3:// data: a Mountpoint-for-S3 CSI PersistentVolume (static provisioning, read-only) and
   the claim bound to it, mounted where the training processes read SM_CHANNEL_TRAIN.
 
-Two values exist only at submit time: the PyTorchJob's uid (owner of the ConfigMap and data
+Two values exist only at submit time: the job's uid (owner of the ConfigMap and data
 claims) and, when `k8s.namespace` is unset, kubectl's current namespace (a data volume's
 claimRef names it). A render without them shows placeholders; submit builds the manifest again
 with the real values, so what it creates is exactly what a dry-run printed, filled in.
