@@ -20,6 +20,7 @@ from pydantic import (
     PositiveInt,
     Tag,
     WithJsonSchema,
+    model_validator,
 )
 
 from launcher.catalog.engines import capabilities
@@ -354,6 +355,60 @@ class SageMaker(Section):
 
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Kubernetes label keys and values (apimachinery validation.IsQualifiedName, IsValidLabelValue):
+# an optional DNS-subdomain prefix and a slash, then a name of at most 63 characters.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY_RE = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_LABEL_NAME}")
+_LABEL_VALUE_RE = re.compile(rf"({_LABEL_NAME})?")
+
+
+def _label_key(value: str) -> str:
+    if len(value) > 317 or not _LABEL_KEY_RE.fullmatch(value) or len(value.rpartition("/")[0]) > 253:
+        raise ValueError(
+            f"{value[:80]!r} is not a Kubernetes label key: an optional DNS-subdomain prefix and '/', then up to "
+            "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def _label_value(value: str) -> str:
+    if len(value) > 63 or not _LABEL_VALUE_RE.fullmatch(value):
+        raise ValueError(
+            f"{value[:80]!r} is not a Kubernetes label value: empty, or up to 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+LabelKey = Annotated[str, AfterValidator(_label_key)]
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+
+
+class Toleration(Section):
+    """A Kubernetes Toleration (core/v1), with its field names."""
+
+    key: LabelKey | None = None
+    """The taint key; empty with operator Exists: every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: LabelValue | None = None
+    """With Equal: the taint's value; none with Exists."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """The taint effect matched; empty: every effect."""
+    tolerationSeconds: int | None = Field(default=None, ge=0, le=MAX_DURATION_S)  # noqa: N815 (Kubernetes' name)
+    """With effect NoExecute: how long the pod stays bound after the taint appears."""
+
+    @model_validator(mode="after")
+    def _as_the_api_server_validates(self) -> Toleration:
+        # core/v1 validation (ValidateTolerations): Exists takes no value, an empty key needs
+        # Exists, and tolerationSeconds only applies to NoExecute.
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists takes no value; use operator Equal or drop value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key must have operator Exists (it then tolerates every taint)")
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
 
 
 class Slurm(Section):
@@ -394,6 +449,26 @@ class Kubernetes(Section):
     checkpoint claim with it when missing. Without it the claim must already exist."""
     storage_size: str = Field(default="1Ti", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
     """Requested size of a created checkpoint claim."""
+    api: Literal["pytorchjob", "trainjob"] = "pytorchjob"
+    """pytorchjob: a Kubeflow PyTorchJob (training operator v1.7 to v1.9, what HyperPod installs);
+    trainjob: a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) that references k8s.runtime."""
+    runtime: str = Field(default="torch-distributed", pattern=_DNS_SUBDOMAIN, max_length=253)
+    """With api: trainjob, the ClusterTrainingRuntime the TrainJob runs on (Trainer's own torch-distributed by default)."""
+    auto_resume: bool = False
+    """SageMaker HyperPod EKS: annotate the PyTorchJob for HyperPod's job auto-resume (restartPolicy
+    OnFailure): after a node fault HyperPod replaces the node and restarts the job, which resumes
+    from its newest checkpoint. Needs training operator 1.7 to 1.8.1 and the namespace kubeflow or hyperpod-*."""
+    retries: int | None = Field(default=None, ge=0, le=100)
+    """Times the job is restarted after a failure: the PyTorchJob's backoffLimit and, with auto_resume,
+    HyperPod's job-max-retry-count. Default: 1 with auto_resume (the HyperPod CLI's --max-retry), else 0."""
+    node_selector: dict[LabelKey, LabelValue] = Field(default={}, max_length=64)
+    """Node labels every pod must match, e.g. {node.kubernetes.io/instance-type: ml.p5.48xlarge}."""
+    tolerations: list[Toleration] = Field(default=[], max_length=64)
+    """Taints of the GPU nodes that the pods tolerate, as Kubernetes Toleration objects, e.g.
+    [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]."""
+    hugepages: bool = False
+    """Request 5 GiB of 2 MiB huge pages per pod on EFA instance types (the nodes must pre-allocate
+    them, or no pod schedules); off: libfabric's EFA provider uses regular pages, as AWS's samples do."""
 
 
 class CodeBundle(Section):

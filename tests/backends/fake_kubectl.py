@@ -24,9 +24,11 @@ KINDS = {
     "pvc": "PersistentVolumeClaim", "persistentvolumeclaim": "PersistentVolumeClaim",
     "pv": "PersistentVolume", "persistentvolume": "PersistentVolume",
     "configmap": "ConfigMap", "configmaps": "ConfigMap",
+    "trainjobs.trainer.kubeflow.org": "TrainJob", "trainjob": "TrainJob",
 }  # fmt: skip
 PLURAL = {"PyTorchJob": "pytorchjobs.kubeflow.org", "PersistentVolumeClaim": "persistentvolumeclaims",
-          "PersistentVolume": "persistentvolumes", "ConfigMap": "configmaps"}  # fmt: skip
+          "PersistentVolume": "persistentvolumes", "ConfigMap": "configmaps",
+          "TrainJob": "trainjobs.trainer.kubeflow.org"}  # fmt: skip
 CLUSTER_SCOPED = {"PersistentVolume"}
 UNREACHABLE = (
     'E1130 07:57:04.883126   24727 memcache.go:265] "Unhandled Error" err="couldn\'t get current server API group list: '
@@ -144,7 +146,7 @@ def config(objects, rest, args, namespace, stdin) -> int:
 
 
 def logs(objects, rest, args, namespace, stdin) -> int:
-    print(os.environ.get("FAKE_KUBECTL_LOGS") or f"logs of {rest[0]}")
+    print(os.environ.get("FAKE_KUBECTL_LOGS") or f"logs of {rest[0] if rest else option(args, '--selector', '-l')}")
     return 0
 
 

@@ -153,7 +153,8 @@ def test_a_storage_class_creates_the_claim_once(cluster, cli):
 
 def test_s3_data_is_a_read_only_mountpoint_volume_owned_by_the_job(cluster, cli):
     cluster.add("PersistentVolumeClaim", "default", CLAIM, {"accessModes": ["ReadWriteMany"]})
-    result, name = submit(cli, "--set", "data.source=s3://bucket/tokens/tiny", *TWO_NODES)
+    result, name = submit(cli, "--set", "data.source=s3://bucket/tokens/tiny", "--set", "sagemaker.region=eu-west-1",
+                          *TWO_NODES)  # fmt: skip
     assert result.code == 0, result.err
     objects = cluster.objects
     volume, claim = objects[f"PersistentVolume//{name}-data-0"], objects[f"PersistentVolumeClaim/default/{name}-data-0"]
@@ -162,7 +163,7 @@ def test_s3_data_is_a_read_only_mountpoint_volume_owned_by_the_job(cluster, cli)
         "volumeHandle": f"{name}-data-0",
         "volumeAttributes": {"bucketName": "bucket"},
     }
-    assert volume["spec"]["mountOptions"] == ["read-only", "prefix tokens/tiny/"]
+    assert volume["spec"]["mountOptions"] == ["read-only", "prefix tokens/tiny/", "region eu-west-1"]
     assert volume["spec"]["claimRef"] == {"namespace": "default", "name": f"{name}-data-0"}
     assert claim["spec"]["volumeName"] == f"{name}-data-0" and claim["spec"]["storageClassName"] == ""
     assert claim["metadata"]["ownerReferences"][0]["uid"] == objects[f"PyTorchJob/default/{name}"]["metadata"]["uid"]
@@ -191,6 +192,27 @@ def test_status_logs_and_stop_use_the_jobs_namespace(cluster, cli):
     assert cluster.kinds() == ["PersistentVolumeClaim/team-a"]  # the job, its ConfigMap and data volume are gone
     reads = [c["argv"] for c in cluster.calls() if "persistentvolume" not in c["argv"]][-4:]
     assert all(argv[:2] == ["--namespace", "team-a"] for argv in reads)
+
+
+def test_a_trainjob_is_created_read_and_stopped_as_a_trainjob(cluster, cli, home):
+    cluster.add("PersistentVolumeClaim", "team-a", CLAIM, {"accessModes": ["ReadWriteMany"]})
+    result, name = submit(cli, "--set", "k8s.api=trainjob", "--set", "k8s.namespace=team-a", *TWO_NODES)
+    assert result.code == 0, result.err
+    job, code = cluster.objects[f"TrainJob/team-a/{name}"], cluster.objects[f"ConfigMap/team-a/{name}-code"]
+    assert code["metadata"]["ownerReferences"] == [
+        {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name, "uid": job["metadata"]["uid"]}
+    ]
+    assert json.loads((home / "jobs" / name / "job.json").read_text())["native_id"] == f"trainjob/team-a/{name}"
+    objects = cluster.objects  # the controller's status when it ends: Complete (trainer v2.3.0 trainjob_types.go)
+    objects[f"TrainJob/team-a/{name}"]["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    (cluster.state / "objects.json").write_text(json.dumps(objects))
+    assert json.loads(cli("status", name, "--json").out)["state"] == "Completed"
+    assert cli("logs", name).out.splitlines() == [
+        f"logs of jobset.sigs.k8s.io/jobset-name={name},batch.kubernetes.io/job-completion-index=0"
+    ]
+    assert cli("stop", name).code == 0
+    assert cluster.kinds() == ["PersistentVolumeClaim/team-a"]
+    assert [positional(c["argv"])[:2] for c in cluster.calls()][-2] == ["delete", "trainjobs.trainer.kubeflow.org"]
 
 
 def test_an_unknown_job_is_one_line(cluster, cli):

@@ -1,16 +1,18 @@
-"""The Kubernetes backend: a Kubeflow PyTorchJob (training-operator v1.9) and what it mounts.
+"""The Kubernetes backend: a Kubeflow PyTorchJob (training-operator v1.9), or with `k8s.api:
+trainjob` a Kubeflow Trainer v2 TrainJob, and what it mounts.
 
-The objects are built in k8s_manifest.py and dumped with PyYAML, so recipe strings stay string
+The objects are built in manifest.py and dumped with PyYAML, so recipe strings stay string
 values. Submit creates them in an order that leaves nothing behind when a step fails:
 1. the checkpoint claim: created when missing with `k8s.storage_class`; otherwise it must exist
    and, for a multi-node job, be ReadWriteMany (one line says what to create);
-2. the PyTorchJob; its uid is read back from the create;
+2. the PyTorchJob (or TrainJob); its uid is read back from the create;
 3. with that uid as owner: the code ConfigMap and the claims of s3:// data (plus their
    cluster-scoped volumes), so deleting the job deletes them. Pods that start before step 3
    wait: the kubelet retries a missing ConfigMap volume and the scheduler a missing claim.
    If step 3 fails the PyTorchJob is deleted again.
 Every kubectl call names the namespace: k8s.namespace, else kubectl's current one, which the
-job's record keeps (native_id `namespace/name`) for status, logs and stop.
+job's record keeps (native_id `namespace/name`, `trainjob/namespace/name` for a TrainJob) for
+status, logs and stop.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from launcher.backends.k8s.manifest import (
     DATA_DIR,
     MANAGED_BY,
     MAX_NAME,
+    TRAINJOB_NODE,
     VOLUME_ROOT,
     ClaimSettings,
+    JobSettings,
     Manifest,
     build_manifest,
     claim_name,
@@ -54,16 +58,52 @@ def dump(documents: list[dict]) -> str:
     return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=120)
 
 
-def settings_of(spec: JobSpec) -> ClaimSettings:
+# How kubectl names the job kinds, and the prefix a TrainJob's native_id carries.
+RESOURCES = {"pytorchjob": "pytorchjob", "trainjob": "trainjobs.trainer.kubeflow.org"}
+TRAINJOB_ID = "trainjob/"
+
+
+def settings_of(spec: JobSpec) -> JobSettings:
     """The recipe's k8s: section as the manifest reads it (the claim named after the recipe by default)."""
     # A spec of another engine has no k8s part: the section's defaults, as for a recipe without one.
     k8s = spec.engine if isinstance(spec.engine, KubernetesSettings) else KubernetesSettings()
-    return ClaimSettings(
+    return JobSettings(
         namespace=k8s.namespace,
         checkpoint_claim=k8s.checkpoint_claim or claim_name(spec.recipe_name),
         storage_class=k8s.storage_class,
         storage_size=k8s.storage_size,
+        region=k8s.region,
+        api=k8s.api,
+        runtime=k8s.runtime,
+        auto_resume=k8s.auto_resume,
+        retries=k8s.retries,
+        node_selector=k8s.node_selector,
+        tolerations=k8s.tolerations,
+        hugepages=k8s.hugepages,
     )
+
+
+def hyperpod_namespace(namespace: str) -> bool:
+    """Where HyperPod's job auto-resume acts: the kubeflow namespace or one prefixed hyperpod
+    (docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-hyperpod-eks-run-jobs-hyperpod-cli.html)."""
+    return namespace == "kubeflow" or namespace.startswith("hyperpod")
+
+
+def settings_problems(spec: JobSpec) -> list[str]:
+    """What the k8s: section asks that the chosen API cannot do, one line each."""
+    k8s = settings_of(spec)
+    problems = []
+    if k8s.api == "trainjob" and k8s.auto_resume:
+        problems.append(
+            "k8s.auto_resume: HyperPod's job auto-resume reads PyTorchJob annotations (training operator 1.7 to "
+            "1.8.1); use k8s.api: pytorchjob with it, or auto_resume: false with trainjob"
+        )
+    elif k8s.api == "trainjob" and k8s.retries:
+        problems.append(
+            f"k8s.retries: {k8s.retries} cannot be set on a TrainJob (its restarts are the runtime's JobSet "
+            f"failurePolicy.maxRestarts); set them in the ClusterTrainingRuntime {k8s.runtime}, or use k8s.api: pytorchjob"
+        )
+    return problems
 
 
 def submit_steps(spec: JobSpec, settings: ClaimSettings, manifest: Manifest) -> str:
@@ -80,7 +120,7 @@ def submit_steps(spec: JobSpec, settings: ClaimSettings, manifest: Manifest) -> 
     lines = [
         f"launcher submit, in namespace {where}:",
         f"1. {first}",
-        f"2. creates the PyTorchJob {spec.name}",
+        f"2. creates the {settings.kind[1]} {spec.name}",
         f"3. creates {owned} owned by it (deleted with the job)",
     ]
     if manifest.data_volumes:
@@ -92,8 +132,13 @@ def submit_steps(spec: JobSpec, settings: ClaimSettings, manifest: Manifest) -> 
 
 def job_location(ref: JobRef) -> tuple[str | None, str]:
     """(namespace or None for kubectl's current one, name) of a job."""
-    namespace, _, name = (ref.native_id or "").rpartition("/")
+    namespace, _, name = (ref.native_id or "").removeprefix(TRAINJOB_ID).rpartition("/")
     return namespace or None, name or ref.name
+
+
+def job_resource(ref: JobRef) -> str:
+    """kubectl's name for the kind of the job: pytorchjob, or the TrainJob's resource."""
+    return RESOURCES["trainjob" if (ref.native_id or "").startswith(TRAINJOB_ID) else "pytorchjob"]
 
 
 def ensure_checkpoint_claim(spec: JobSpec, settings: ClaimSettings, manifest: Manifest, namespace: str) -> None:
@@ -124,9 +169,10 @@ def ensure_checkpoint_claim(spec: JobSpec, settings: ClaimSettings, manifest: Ma
 
 
 def create_job(spec: JobSpec, bundle: Bundle, settings: ClaimSettings, namespace: str) -> None:
-    """Steps 2 and 3 of submit: the PyTorchJob, then what it owns (undone if that fails)."""
+    """Steps 2 and 3 of submit: the PyTorchJob (or TrainJob), then what it owns (undone if that fails)."""
     manifest = build_manifest(spec, bundle, settings, namespace=namespace)
-    created = kubectl(["create", "--filename", "-", "--output", "json"], action=f"creating the PyTorchJob {spec.name}",
+    kind = manifest.job["kind"]
+    created = kubectl(["create", "--filename", "-", "--output", "json"], action=f"creating the {kind} {spec.name}",
                       namespace=namespace, input=dump([manifest.job]))  # fmt: skip
     uid = json.loads(created)["metadata"]["uid"]
     owned = build_manifest(spec, bundle, settings, namespace=namespace, uid=uid)
@@ -134,8 +180,8 @@ def create_job(spec: JobSpec, bundle: Bundle, settings: ClaimSettings, namespace
         kubectl(["create", "--filename", "-"], action=f"creating the code and data of {spec.name}",
                 namespace=namespace, input=dump([*owned.data_volumes, owned.config_map]))  # fmt: skip
     except Exception:
-        kubectl(["delete", "pytorchjob", spec.name, "--ignore-not-found"], action=f"removing {spec.name} again",
-                namespace=namespace)  # fmt: skip
+        kubectl(["delete", RESOURCES[settings.api], spec.name, "--ignore-not-found"],
+                action=f"removing {spec.name} again", namespace=namespace)  # fmt: skip
         raise
 
 
@@ -145,11 +191,13 @@ class KubernetesBackend(Backend):
     settings_type = KubernetesSettings
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
+        # The operator gives each replica a headless Service named after its pod; Trainer v2's
+        # JobSet gives node 0 the hostname <job>-node-0-0 under a headless Service named <job>.
+        trainjob = recipe.k8s.api == "trainjob"
         return Placement(
             checkpoint_dir=f"{VOLUME_ROOT}/checkpoints/{lineage or name}",
             output_dir=f"{VOLUME_ROOT}/jobs/{name}",
-            # The operator gives each replica a headless Service named after its pod.
-            rendezvous_host=f"{name}-master-0",
+            rendezvous_host=f"{name}-{TRAINJOB_NODE}-0-0.{name}" if trainjob else f"{name}-master-0",
             s3_data_dir=f"{DATA_DIR}/train",  # the Mountpoint for S3 volume of the train data
             image=training_image(recipe),
             bootstrap="exec",  # checks the image, then torchrun is PID 1 and keeps the operator's rendezvous
@@ -157,7 +205,7 @@ class KubernetesBackend(Backend):
 
     def problems(self, spec: JobSpec) -> list[str]:
         problem = name_problem(spec.name)
-        return [*super().problems(spec), *([problem] if problem else [])]
+        return [*super().problems(spec), *([problem] if problem else []), *settings_problems(spec)]
 
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.of(spec)
@@ -166,12 +214,20 @@ class KubernetesBackend(Backend):
         documents = manifest.documents()
         text = submit_steps(spec, settings, manifest) + dump(documents)
         data = {"manifest": documents, "bundle": bundle.describe()}
+        warnings = []
         wheels = job_wheels(spec.resolved)
         if wheels:
-            data["warnings"] = [
+            warnings.append(
                 f"the k8s backend does not ship the job's wheels yet: the image must have {requirements(wheels)} "
                 "(set cluster.image to such an image), or the job stops at start"
-            ]
+            )
+        if settings.auto_resume and settings.namespace and not hyperpod_namespace(settings.namespace):
+            warnings.append(
+                f"k8s.auto_resume: HyperPod resumes only jobs in the namespace kubeflow or one starting with hyperpod, "
+                f"not {settings.namespace}; set k8s.namespace to such a namespace, or the job is not resumed"
+            )
+        if warnings:
+            data["warnings"] = warnings
         return Rendering(spec=spec, data=data, text=text, payload={"bundle": bundle})
 
     def _submit(self, rendering: Rendering) -> JobRef:
@@ -180,17 +236,17 @@ class KubernetesBackend(Backend):
         bundle = rendering.payload["bundle"]
         ensure_checkpoint_claim(spec, settings, build_manifest(spec, bundle, settings, namespace=namespace), namespace)
         create_job(spec, bundle, settings, namespace)
-        return JobRef(name=spec.name, backend=self.name, native_id=f"{namespace}/{spec.name}", created=utc_now())
+        native_id = f"{TRAINJOB_ID if settings.api == 'trainjob' else ''}{namespace}/{spec.name}"
+        return JobRef(name=spec.name, backend=self.name, native_id=native_id, created=utc_now())
 
     def _get(self, ref: JobRef) -> dict:
         namespace, name = job_location(ref)
+        resource = job_resource(ref)
         try:
-            out = kubectl(
-                ["get", "pytorchjob", name, "--output", "json"], action=f"reading {name}", namespace=namespace
-            )
+            out = kubectl(["get", resource, name, "--output", "json"], action=f"reading {name}", namespace=namespace)
         except KubectlFailed as failure:
             if failure.not_found:
-                raise missing("PyTorchJob", name, namespace) from None
+                raise missing("TrainJob" if resource != "pytorchjob" else "PyTorchJob", name, namespace) from None
             raise
         return json.loads(out)
 
@@ -200,9 +256,15 @@ class KubernetesBackend(Backend):
     def _logs(self, ref: JobRef, *, follow: bool, poll_s: float) -> Iterator[str]:
         self._get(ref)  # an unknown job or an unreachable cluster: one line, before any streaming
         namespace, name = job_location(ref)
-        # `kubectl logs --follow` returns when the master container exits.
+        # `kubectl logs --follow` returns when the first node's container exits. A TrainJob's pods
+        # have generated names: JobSet's labels select node 0 (jobset.sigs.k8s.io, batch/v1 Indexed Job).
+        if job_resource(ref) == "pytorchjob":
+            pod = [f"{name}-master-0", "--container", "pytorch"]
+        else:
+            selector = f"jobset.sigs.k8s.io/jobset-name={name},batch.kubernetes.io/job-completion-index=0"
+            pod = ["--selector", selector, "--container", TRAINJOB_NODE]
         argv = ["kubectl", *(["--namespace", namespace] if namespace else []), "logs",
-                *(["--follow"] if follow else []), f"{name}-master-0", "--container", "pytorch"]  # fmt: skip
+                *(["--follow"] if follow else []), *pod]  # fmt: skip
         return stream_tool(argv, action=f"reading the logs of {name}")
 
     def _stop(self, ref: JobRef, *, grace_s: float) -> JobStatus:
@@ -210,7 +272,7 @@ class KubernetesBackend(Backend):
         namespace, name = job_location(ref)
         # The ConfigMap and data claims are owned by the job and go with it; the data volumes
         # are cluster-scoped and cannot be owned by it.
-        kubectl(["delete", "pytorchjob", name, f"--grace-period={int(grace_s)}"], action=f"deleting {name}",
+        kubectl(["delete", job_resource(ref), name, f"--grace-period={int(grace_s)}"], action=f"deleting {name}",
                 namespace=namespace)  # fmt: skip
         kubectl(["delete", "persistentvolume", "--selector", f"launcher/job={name}", "--ignore-not-found"],
                 action=f"deleting the data volumes of {name}")  # fmt: skip
@@ -226,7 +288,8 @@ def status_from_pytorchjob(job: dict) -> JobStatus:
     conditions = job.get("status", {}).get("conditions", [])
     current = [c for c in conditions if c.get("status") == "True"]
     last = current[-1]["type"] if current else "Created"
-    state = {"Succeeded": "Completed", "Failed": "Failed"}.get(last, "InProgress")
+    # A PyTorchJob ends Succeeded or Failed; a TrainJob Complete or Failed (trainer v2.3.0 trainjob_types.go).
+    state = {"Succeeded": "Completed", "Complete": "Completed", "Failed": "Failed"}.get(last, "InProgress")
     failure = current[-1].get("message") if state == "Failed" else None
     return JobStatus(
         name=job["metadata"]["name"],

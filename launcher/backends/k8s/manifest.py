@@ -3,14 +3,18 @@
 - the PyTorchJob (kubeflow.org/v1, training-operator 1.9): a Master and `instance_count - 1`
   Workers, each pod one container named `pytorch` that unpacks the code bundle and execs the
   spec's argv (entrypoints/bootstrap.py --exec, which checks the image and execs torchrun), with
-  the job's stop grace as terminationGracePeriodSeconds;
-- a ConfigMap holding the code bundle, owned by the PyTorchJob so it is deleted with it;
+  the job's stop grace as terminationGracePeriodSeconds, the recipe's node selector and
+  tolerations, and with `k8s.auto_resume` HyperPod's annotations, OnFailure and node-health affinity;
+- or with `k8s.api: trainjob` a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) on
+  the ClusterTrainingRuntime `k8s.runtime`: the same container in its `trainer`, the same pod
+  fields, volumes and mounts in a runtime patch;
+- a ConfigMap holding the code bundle, owned by the job so it is deleted with it;
 - the checkpoint claim (ReadWriteMany, mounted at /launcher by every pod), rendered only when
   `k8s.storage_class` lets submit create it; otherwise it must already exist;
 - for s3:// data: a Mountpoint-for-S3 CSI PersistentVolume (static provisioning, read-only) and
   the claim bound to it, mounted where the training processes read SM_CHANNEL_TRAIN.
 
-Two values exist only at submit time: the PyTorchJob's uid (owner of the ConfigMap and data
+Two values exist only at submit time: the job's uid (owner of the ConfigMap and data
 claims) and, when `k8s.namespace` is unset, kubectl's current namespace (a data volume's
 claimRef names it). A render without them shows placeholders; submit builds the manifest again
 with the real values, so what it creates is exactly what a dry-run printed, filled in.
@@ -24,6 +28,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from launcher.backends.k8s.settings import Toleration
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
 from launcher.errors import UsageError
@@ -52,7 +57,19 @@ OPERATOR_PORT_NAME = "pytorchjob-port"
 # Mountpoint ignores a static volume's size, but Kubernetes requires one (and claim <= volume).
 S3_VOLUME_SIZE = "1Ti"
 S3_DRIVER = "s3.csi.aws.com"
-OWNER_UID_AT_SUBMIT = "<uid of the PyTorchJob, set by submit>"
+PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+TRAINJOB = ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+# Kubeflow Trainer v2.3.0: the torch runtime's replicated job and container are both named `node`
+# (manifests/base/runtimes/torch_distributed.yaml), and its torch plugin points PET_MASTER_ADDR at
+# <trainjob>-node-0-0.<trainjob>, port 29500 (pkg/runtime/framework/plugins/torch/torch.go).
+TRAINJOB_NODE = "node"
+# SageMaker HyperPod's job auto-resume, read from the PyTorchJob's annotations (aws/sagemaker-hyperpod-cli
+# src/sagemaker/hyperpod/cli/constants/command_constants.py; docs.aws.amazon.com/sagemaker/latest/dg/
+# sagemaker-hyperpod-eks-run-jobs-kubectl.html); the CLI refuses auto-resume without restartPolicy
+# OnFailure (validators/job_validator.py).
+AUTO_RESUME_ANNOTATION = "sagemaker.amazonaws.com/enable-job-auto-resume"
+MAX_RETRY_ANNOTATION = "sagemaker.amazonaws.com/job-max-retry-count"
+OWNER_UID_AT_SUBMIT = "<uid of the job, set by submit>"
 NAMESPACE_AT_SUBMIT = "<kubectl's current namespace, set by submit>"
 
 
@@ -66,6 +83,24 @@ class ClaimSettings:
     storage_size: str
     region: str | None = None
     """AWS region of s3:// data, for Mountpoint's `region` option (None: Mountpoint finds it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSettings(ClaimSettings):
+    """What the manifest needs of the recipe's k8s: section beyond the claims: the API and the pods' placement."""
+
+    api: str = "pytorchjob"
+    runtime: str = "torch-distributed"
+    auto_resume: bool = False
+    retries: int = 0
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    hugepages: bool = False
+
+    @property
+    def kind(self) -> tuple[str, str]:
+        """(apiVersion, kind) of the job object."""
+        return TRAINJOB if self.api == "trainjob" else PYTORCHJOB
 
 
 @dataclass(frozen=True)
@@ -107,12 +142,15 @@ def metadata(name: str, labels: dict, namespace: str | None, **extra) -> dict:
     return {"name": name, **({"namespace": namespace} if namespace else {}), "labels": labels, **extra}
 
 
-def owner_reference(job_name: str, uid: str | None) -> dict:
+def owner_reference(job_name: str, settings: ClaimSettings, uid: str | None) -> dict:
     # No blockOwnerDeletion: it needs update rights on pytorchjobs/finalizers, which users often lack.
-    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job_name, "uid": uid or OWNER_UID_AT_SUBMIT}
+    api_version, kind = settings.kind if isinstance(settings, JobSettings) else PYTORCHJOB
+    return {"apiVersion": api_version, "kind": kind, "name": job_name, "uid": uid or OWNER_UID_AT_SUBMIT}
 
 
-def config_map(spec: JobSpec, bundle: Bundle, labels: dict, namespace: str | None, uid: str | None) -> dict:
+def config_map(
+    spec: JobSpec, bundle: Bundle, settings: ClaimSettings, labels: dict, namespace: str | None, uid: str | None
+) -> dict:
     if len(bundle.data) > MAX_CONFIG_MAP_BYTES:
         raise UsageError(
             f"the code bundle is {len(bundle.data) / 2**20:.2f} MiB, more than the 1 MiB a Kubernetes ConfigMap holds; "
@@ -121,19 +159,24 @@ def config_map(spec: JobSpec, bundle: Bundle, labels: dict, namespace: str | Non
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata(f"{spec.name}-code", labels, namespace, ownerReferences=[owner_reference(spec.name, uid)]),
+        "metadata": metadata(
+            f"{spec.name}-code", labels, namespace, ownerReferences=[owner_reference(spec.name, settings, uid)]
+        ),
         "binaryData": {ARCHIVE_NAME: base64.b64encode(bundle.data).decode()},
     }
 
 
-def container_resources(r: Resources) -> dict:
+def container_resources(r: Resources, hugepages: bool = False) -> dict:
     """Requests sized from the instance catalog; devices and huge pages with requests == limits."""
     limits: dict[str, str | int] = {}
     if r.device == "cuda":
         limits["nvidia.com/gpu"] = r.procs_per_node
     if r.has_efa:
         limits["vpc.amazonaws.com/efa"] = r.efa_interfaces
-        limits["hugepages-2Mi"] = EFA_HUGEPAGES
+        # Only on request: a pod asking for huge pages never schedules on nodes that did not
+        # pre-allocate them, and AWS's EKS samples request none (the EFA provider falls back).
+        if hugepages:
+            limits["hugepages-2Mi"] = EFA_HUGEPAGES
     instance = instance_types().get(r.instance_type)
     if instance is not None and instance.vcpus and instance.host_memory_gib:
         cpu = math.floor(instance.vcpus * ALLOCATABLE_SHARE)
@@ -179,7 +222,7 @@ def s3_volume(spec: JobSpec, index: int, source: str, settings: ClaimSettings, n
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": metadata(name, labels, namespace, ownerReferences=[owner_reference(spec.name, uid)]),
+        "metadata": metadata(name, labels, namespace, ownerReferences=[owner_reference(spec.name, settings, uid)]),
         "spec": {
             "accessModes": ["ReadOnlyMany"],
             "storageClassName": "",
@@ -212,16 +255,18 @@ def job_labels(spec: JobSpec) -> dict:
     return {**MANAGED_BY, "launcher/recipe": dns_label(spec.recipe_name), "launcher/job": spec.name}
 
 
-def pod_template(
-    spec: JobSpec, settings: ClaimSettings, data_mounts: list, data_pod_volumes: list, bundle_sha256: str
-) -> dict:
+def container_environment(spec: JobSpec, bundle_sha256: str) -> list[dict]:
     env = [{"name": k, "value": v} for k, v in spec.environment]
-    env += [
+    return env + [
         {"name": "LAUNCHER_BUNDLE", "value": f"{BUNDLE_DIR}/{ARCHIVE_NAME}"},
         {"name": "LAUNCHER_CODE", "value": CODE_DIR},
         # The pod runs nothing from a ConfigMap whose bundle has other bytes (launcher.bundle).
         {"name": ENV_BUNDLE_SHA256, "value": bundle_sha256},
     ]
+
+
+def pod_storage(spec: JobSpec, settings: ClaimSettings, data_mounts: list, data_pod_volumes: list):
+    """(the container's volumeMounts, the pod's volumes): the bundle, the claim, /dev/shm and the data."""
     mounts = [
         {"name": "bundle", "mountPath": BUNDLE_DIR, "readOnly": True},
         {"name": "launcher", "mountPath": VOLUME_ROOT},
@@ -235,44 +280,166 @@ def pod_template(
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
         *data_pod_volumes,
     ]
+    return mounts, volumes
+
+
+# HyperPod's node-health labels, as the HyperPod CLI's jobs use them (aws/sagemaker-hyperpod-cli
+# src/sagemaker/hyperpod/cli/constants/command_constants.py NODE_AFFINITY_DICT): only nodes that
+# HyperPod's health agents call Schedulable, preferring those whose deep health check passed.
+HYPERPOD_NODE_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "sagemaker.amazonaws.com/node-health-status",
+                            "operator": "In",
+                            "values": ["Schedulable"],
+                        }
+                    ]
+                }
+            ]
+        },
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "preference": {
+                    "matchExpressions": [
+                        {
+                            "key": "sagemaker.amazonaws.com/deep-health-check-status",
+                            "operator": "In",
+                            "values": ["Passed"],
+                        }
+                    ]
+                },
+            }
+        ],
+    }
+}
+
+
+def placement(settings: JobSettings) -> dict:
+    """The pod spec's nodeSelector and tolerations (tainted GPU pools), when the recipe sets them,
+    and with HyperPod auto-resume its node-health affinity."""
+    found: dict = {}
+    if settings.auto_resume:
+        found["affinity"] = HYPERPOD_NODE_AFFINITY
+    if settings.node_selector:
+        found["nodeSelector"] = dict(settings.node_selector)
+    if settings.tolerations:
+        found["tolerations"] = [t.to_kubernetes() for t in settings.tolerations]
+    return found
+
+
+def pod_template(
+    spec: JobSpec, settings: JobSettings, data_mounts: list, data_pod_volumes: list, bundle_sha256: str
+) -> dict:
+    mounts, volumes = pod_storage(spec, settings, data_mounts, data_pod_volumes)
     container = {
         "name": "pytorch",  # the training operator finds the container by this name
         "image": spec.image,
         "command": unpack_entrypoint(),
         "args": list(spec.command),
-        "env": env,
+        "env": container_environment(spec, bundle_sha256),
         "ports": [{"name": OPERATOR_PORT_NAME, "containerPort": RDZV_PORT, "protocol": "TCP"}],
-        "resources": container_resources(spec.resources),
+        "resources": container_resources(spec.resources, settings.hugepages),
         "volumeMounts": mounts,
     }
     # The kubelet's SIGTERM to PID 1 (torchrun, exec'd by the bootstrap) is followed by SIGKILL
     # after this long; Kubernetes' default is 30 s (PodSpec.terminationGracePeriodSeconds), too
     # short for the step in progress and a final save. `kubectl delete --grace-period` on the
     # PyTorchJob does not reach the pods: the garbage collector deletes them with their own.
-    pod = {"terminationGracePeriodSeconds": spec.stop_grace_s, "containers": [container], "volumes": volumes}
+    pod = {
+        "terminationGracePeriodSeconds": spec.stop_grace_s,
+        **placement(settings),
+        "containers": [container],
+        "volumes": volumes,
+    }
     return {"metadata": {"labels": job_labels(spec)}, "spec": pod}
 
 
-def pytorch_job(spec: JobSpec, template: dict, namespace: str | None) -> dict:
+def job_metadata(spec: JobSpec, settings: JobSettings, namespace: str | None, annotations: dict) -> dict:
+    if spec.tags:
+        annotations = {**annotations, "launcher/tags": json.dumps(dict(spec.tags), sort_keys=True)}
+    return metadata(spec.name, job_labels(spec), namespace, **({"annotations": annotations} if annotations else {}))
+
+
+def pytorch_job(spec: JobSpec, settings: JobSettings, template: dict, namespace: str | None) -> dict:
     r = spec.resources
-    replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+    # HyperPod restarts an auto-resumed job's pods in place: restartPolicy OnFailure, which the
+    # operator counts against backoffLimit (training-operator v1.9 pkg/core/job.go PastBackoffLimit;
+    # with Never it counts nothing, and backoffLimit 0 fails the job at its first restart).
+    restart = "OnFailure" if settings.auto_resume else "Never"
+    replicas = {"Master": {"replicas": 1, "restartPolicy": restart, "template": template}}
     if r.instance_count > 1:
-        replicas["Worker"] = {"replicas": r.instance_count - 1, "restartPolicy": "Never", "template": template}
-    annotations = {"launcher/tags": json.dumps(dict(spec.tags), sort_keys=True)} if spec.tags else {}
+        replicas["Worker"] = {"replicas": r.instance_count - 1, "restartPolicy": restart, "template": template}
+    annotations = {}
+    if settings.auto_resume:
+        annotations = {AUTO_RESUME_ANNOTATION: "true", MAX_RETRY_ANNOTATION: str(settings.retries)}
     return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": metadata(
-            spec.name, job_labels(spec), namespace, **({"annotations": annotations} if annotations else {})
-        ),
+        "apiVersion": PYTORCHJOB[0],
+        "kind": PYTORCHJOB[1],
+        "metadata": job_metadata(spec, settings, namespace, annotations),
         "spec": {
             "runPolicy": {
-                "cleanPodPolicy": "None",
-                "backoffLimit": spec.retries,
+                # Once the job has finished (one pod failed, or activeDeadlineSeconds passed), the
+                # operator deletes its still Running and Pending pods and leaves the finished ones
+                # for their logs; None would keep the healthy pods' GPUs (training-operator v1.9
+                # pkg/controller.v1/common/job.go DeletePodsAndServices).
+                "cleanPodPolicy": "Running",
+                "backoffLimit": settings.retries,
                 "activeDeadlineSeconds": spec.max_run_s,
             },
             "nprocPerNode": str(r.procs_per_node),
             "pytorchReplicaSpecs": replicas,
+        },
+    }
+
+
+def train_job(spec: JobSpec, settings: JobSettings, template: dict, namespace: str | None) -> dict:
+    """A Kubeflow Trainer v2 TrainJob on `settings.runtime`, its pods patched to the same spec as a PyTorchJob's."""
+    r = spec.resources
+    (container,) = template["spec"]["containers"]
+    pod = {k: v for k, v in template["spec"].items() if k != "containers"}
+    # The runtime owns the container; a patch may add only env, volumeMounts and securityContext to it.
+    pod["containers"] = [{"name": TRAINJOB_NODE, "volumeMounts": container["volumeMounts"]}]
+    patch = {
+        "manager": "launcher",
+        "trainingRuntimeSpec": {
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": TRAINJOB_NODE,
+                            "template": {"spec": {"template": {"metadata": template["metadata"], "spec": pod}}},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    return {
+        "apiVersion": TRAINJOB[0],
+        "kind": TRAINJOB[1],
+        "metadata": job_metadata(spec, settings, namespace, {}),
+        "spec": {
+            "runtimeRef": {
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+                "name": settings.runtime,
+            },
+            "activeDeadlineSeconds": spec.max_run_s,
+            "trainer": {
+                "image": spec.image,
+                "command": container["command"],
+                "args": container["args"],
+                "env": container["env"],
+                "numNodes": r.instance_count,
+                "numProcPerNode": r.procs_per_node,
+                "resourcesPerNode": container["resources"],
+            },
+            "runtimePatches": [patch],
         },
     }
 
@@ -300,11 +467,13 @@ def build_manifest(
 ) -> Manifest:
     """Every object of the job; `namespace` and `uid` as far as they are known (see the module doc)."""
     namespace = namespace or settings.namespace
+    settings = settings if isinstance(settings, JobSettings) else JobSettings(**vars(settings))
     mounts, pod_volumes, volume_documents = data_volumes(spec, settings, namespace, uid)
     template = pod_template(spec, settings, mounts, pod_volumes, bundle.sha256)
+    render = train_job if settings.api == "trainjob" else pytorch_job
     return Manifest(
-        config_map=config_map(spec, bundle, job_labels(spec), namespace, uid),
-        job=pytorch_job(spec, template, namespace),
+        config_map=config_map(spec, bundle, settings, job_labels(spec), namespace, uid),
+        job=render(spec, settings, template, namespace),
         checkpoint_claim=checkpoint_claim(spec, settings, namespace),
         data_volumes=tuple(volume_documents),
     )
