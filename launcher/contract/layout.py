@@ -330,6 +330,8 @@ def expert_problems(layout: Layout, model: ModelShape) -> list[LayoutProblem]:
     if e == 1:
         return []
     key = "parallel.expert"
+    if e < 1:
+        return [LayoutProblem(key, f"{e} is not a degree; use {choices(expert_choices(model, layout))}")]
     if model.moe is None:
         return [LayoutProblem(key, f"{e} splits experts, but the model is dense (no moe block); use 1")]
     experts = model.moe.num_experts

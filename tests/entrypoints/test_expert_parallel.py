@@ -59,6 +59,13 @@ def test_rejects_an_expert_degree_that_does_not_divide_dp_shard_x_cp_naming_the_
     assert expert_choices(moe_model(), Layout(data_shard=4, context=2)) == [1, 2, 4, 8]
 
 
+@pytest.mark.parametrize("expert", [0, -2])
+def test_the_entrypoints_refuse_a_hostile_expert_degree_in_one_line(expert):
+    with pytest.raises(ConfigError) as raised:
+        JobConfig.from_dict(resolved_moe_config(expert=expert))
+    assert str(raised.value) == f"parallel.expert: {expert} is not a degree; use 1, 2 or 4"
+
+
 def test_rejects_expert_parallelism_of_a_dense_model():
     (problem,) = expert_problems(Layout(data_shard=2, expert=2), tiny())
     assert problem == ("parallel.expert", "2 splits experts, but the model is dense (no moe block); use 1")
