@@ -1,7 +1,7 @@
 """The expert-parallel jobs of test_expert_parallel.py, in the shared 1- and 4-rank launches.
 
-A Qwen3-MoE-like tiny model (QK-norm, head_dim 32 x 8 heads != hidden 128, 8 experts, top-2,
-with a load-balancing and a z-loss) trains 2 steps under each expert-parallel layout, and once
+A Qwen3-MoE-like tiny model (2 layers, QK-norm, head_dim 32 x 8 heads != hidden 128, 8 experts,
+top-2, with a load-balancing and a z-loss) trains 2 steps under each expert-parallel layout, and once
 in one process. The launcher refuses MoE recipes until the estimator prices experts (issue 24
 part 5), so each job is the dense job's resolved config (write_job) with the model's moe block
 and parallel.expert written in, checked by the entrypoints' own parser.
@@ -15,7 +15,8 @@ from pathlib import Path
 from .entrypoint_jobs import Job, Planned, write_job
 
 MOE = {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 64, "aux_loss_coef": 0.01, "z_loss_coef": 0.001}
-MOE_MODEL = {"qk_norm": True, "head_dim": 32, "moe": MOE}
+# Two layers: one per pipeline stage under pp 2, and half the work of the dense jobs' four.
+MOE_MODEL = {"num_layers": 2, "qk_norm": True, "head_dim": 32, "moe": MOE}
 # The auxiliary losses pool every layer's routing, which pipeline stages cannot (the contract
 # refuses them under pipeline > 1), so the pipelined job trains the model without them.
 MOE_MODEL_NO_AUX = {**MOE_MODEL, "moe": {**MOE, "aux_loss_coef": 0.0, "z_loss_coef": 0.0}}
