@@ -1,5 +1,5 @@
 """Expert parallelism (issue 24 part 3): one layout rule on both sides, and EP layouts on several
-gloo processes that train as one process does (fixture `runs`, entrypoint_jobs.py)."""
+gloo processes that train as one process does (fixture `expert_runs`, expert_jobs.py)."""
 
 from __future__ import annotations
 
