@@ -4,7 +4,11 @@
     norm = clip_grad_norm(parts, max_norm, pp_mesh)
     optimizers.step(); optimizers.zero_grad()
 
-One AdamW per model part (pipeline stages of a rank have their own), stepped together. The
+One AdamW per model part (pipeline stages of a rank have their own), stepped together, with one
+parameter group per device mesh: under expert parallelism the experts' shards live on the
+expert mesh and the rest on the main one, and DTensor's foreach kernels take one mesh at a time
+(torchtitan's `_clip_grad_norm_with_ep`, torchtitan/distributed/utils.py, splits the norm the
+same way). The
 parameters are FSDP's fp32 shards, so the states are fp32 too: 8 bytes per parameter per
 rank's shard (exp_avg, exp_avg_sq), plus the fp32 gradient shard. On CUDA the fused
 implementation runs (no parameter-sized temporaries); on CPU the foreach one.
@@ -57,7 +61,7 @@ class Optimizers:
         fused = next(parts[0].parameters()).device.type == "cuda"
         self.optimizers = [
             torch.optim.AdamW(
-                part.parameters(),
+                [{"params": group} for group in by_mesh(list(part.parameters()))],
                 lr=lr_at(0, cfg, total_steps),
                 betas=cfg.betas,
                 eps=cfg.eps,
@@ -101,17 +105,30 @@ class Optimizers:
         self.set_lr()
 
 
+def by_mesh(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """`params` grouped by DTensor mesh (plain tensors together), in first-seen order."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    return list(groups.values())
+
+
+def _group_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    # Partial over the FSDP/TP (or expert) shards: full_tensor() all-reduces the squares.
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
 def clip_grad_norm(parts: list[torch.nn.Module], max_norm: float | None, pp_mesh) -> torch.Tensor:
     """The global L2 norm of all gradients (over every shard and stage); clips if max_norm is set."""
     params = [p for part in parts for p in part.parameters() if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
-    if isinstance(norm, DTensor):
-        # Partial over the FSDP/TP shards: full_tensor() all-reduces the squares.
-        norm = norm.full_tensor()
+    norms = [_group_norm(group) for group in by_mesh([p.grad for p in params])] or [torch.tensor(0.0)]
+    norm = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
     if pp_mesh.size() > 1:
         squared = norm**2
         dist.all_reduce(squared, group=pp_mesh.get_group())
         norm = squared.sqrt()
     if max_norm is not None:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        for group in by_mesh(params):
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm

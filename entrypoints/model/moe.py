@@ -12,6 +12,12 @@ Dispatch is dropless: each token is copied once per chosen expert, the copies ar
 expert (a stable sort, so the order is deterministic), every expert multiplies its contiguous
 run of rows, and the weighted results are summed back into their tokens. No capacity factor,
 no padding, no token ever dropped.
+
+Under expert parallelism (entrypoints/parallel/expert.py sets `expert_group`) this rank holds
+num_experts / ep of the experts, as DTensor shards of the [E, ...] weights, and the sorted copies
+travel to their experts' ranks and back by all-to-all (model/dispatch.py). Under context
+parallelism (`routing_group`, the cp group) the auxiliary losses pool the routing of the whole
+sequence, as one process would.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.nn.functional import all_reduce
+from torch.distributed.tensor import DTensor
 
+from entrypoints.model.dispatch import dispatch_to_experts
 from launcher.contract.config import ModelConfig, MoeConfig
 
 
@@ -86,10 +95,35 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(num_experts, ffn_hidden_size, hidden_size))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_hidden_size))
         self.w3 = nn.Parameter(torch.empty(num_experts, ffn_hidden_size, hidden_size))
+        self.grad_scale = 1.0
+        """Set to 1/ep under expert parallelism. Each rank's expert gradients then sum the tokens
+        of the whole EP group, and FSDP divides them by the expert_fsdp ranks alone; the scale
+        makes that the mean over all data ranks, as torchtitan's `fsdp_gradient_divide_factor`
+        (torchtitan/distributed/parallel_dims.py) does with FSDP's divide factor, whose
+        PREMUL_SUM reduction gloo lacks."""
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        gate, up = grouped_linear(x, self.w1, counts), grouped_linear(x, self.w3, counts)
-        return grouped_linear(F.silu(gate) * up, self.w2, counts)
+        # Under expert parallelism the weights are DTensors sharded by expert: this rank's rows
+        # are its own experts, which `counts` describes.
+        w1, w2, w3 = (_local(w, self.grad_scale) for w in (self.w1, self.w2, self.w3))
+        gate, up = grouped_linear(x, w1, counts), grouped_linear(x, w3, counts)
+        return grouped_linear(F.silu(gate) * up, w2, counts)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+def _local(weight: torch.Tensor, grad_scale: float) -> torch.Tensor:
+    local = weight.to_local() if isinstance(weight, DTensor) else weight
+    return local if grad_scale == 1.0 else _ScaleGrad.apply(local, grad_scale)
 
 
 class SharedExperts(nn.Module):
@@ -115,6 +149,10 @@ class MoE(nn.Module):
         shared_size = moe.shared_experts * moe.expert_ffn_hidden_size
         self.shared_experts = SharedExperts(cfg.hidden_size, shared_size) if shared_size else None
         self.routing: Routing | None = None
+        # Set by apply_expert_parallel: the EP group the experts are split over, and the cp
+        # group whose ranks hold the other parts of this rank's sequences.
+        self.expert_group = None
+        self.routing_group = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -126,7 +164,10 @@ class MoE(nn.Module):
         order = torch.argsort(flat_experts, stable=True)
         counts = torch.bincount(flat_experts, minlength=self.moe.num_experts)
         source_token = order // self.moe.top_k
-        expert_out = self.experts(tokens[source_token], counts)
+        if self.expert_group is None:
+            expert_out = self.experts(tokens[source_token], counts)
+        else:
+            expert_out = dispatch_to_experts(self.experts, tokens[source_token], counts, self.expert_group)
         weighted = expert_out * weights.reshape(-1)[order, None]
         out = torch.zeros_like(tokens).index_add_(0, source_token, weighted)
         if self.shared_experts is not None:
@@ -150,9 +191,24 @@ def router_losses(layers: list[MoE], moe: MoeConfig) -> tuple[torch.Tensor, torc
     tokens of logsumexp(router logits)^2 (ST-MoE, arXiv 2202.08906, eq. 5).
     """
     routings = [layer.routing for layer in layers]
-    rows = sum(r.tokens for r in routings)
-    tokens_per_expert = torch.stack([r.tokens_per_expert for r in routings]).sum(0) / rows
-    probability_per_expert = torch.stack([r.score_sum for r in routings]).sum(0) / rows
-    balance = moe.num_experts * torch.sum(tokens_per_expert * probability_per_expert)
-    z_loss = torch.stack([r.squared_logsumexp_sum for r in routings]).sum() / rows
+    experts = moe.num_experts
+    rows = torch.tensor([float(sum(r.tokens for r in routings))], device=routings[0].score_sum.device)
+    pooled = torch.cat(
+        [
+            torch.stack([r.tokens_per_expert for r in routings]).sum(0),
+            torch.stack([r.score_sum for r in routings]).sum(0),
+            torch.stack([r.squared_logsumexp_sum for r in routings]).sum().reshape(1),
+            rows,
+        ]
+    )
+    group = layers[0].routing_group
+    if group is not None:
+        # Context parallel: the sequences' other tokens are on the cp ranks. The sum's backward
+        # sums the gradients of every rank's copy of the loss; FSDP's mean over cp undoes that.
+        pooled = all_reduce(pooled, group=group)
+    rows = pooled[-1].detach()
+    tokens_per_expert = pooled[:experts].detach() / rows
+    probability_per_expert = pooled[experts : 2 * experts] / rows
+    balance = experts * torch.sum(tokens_per_expert * probability_per_expert)
+    z_loss = pooled[2 * experts] / rows
     return balance, z_loss

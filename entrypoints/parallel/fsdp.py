@@ -16,6 +16,9 @@ What is gathered when (the estimator models this):
 - the root unit holds the embedding, the final norm and the output weight. FSDP2 never
   reshards the root after forward, so these stay gathered from the start of forward to the
   end of backward.
+- under expert parallelism each MoE layer's experts are a unit of their own on the expert mesh
+  (expert.py), sharded over expert_fsdp (FSDP divides their gradients by that mesh's size; the
+  experts scale them by 1/ep first, see `GroupedExperts.grad_scale`);
 - Float8 all-gather (torchao, tensorwise) is switched on in fp8.py only where the backend has
   float8 collectives (nccl).
 """
@@ -23,13 +26,27 @@ What is gathered when (the estimator models this):
 from __future__ import annotations
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from entrypoints.model.moe import MoE
 
 
 def apply_fsdp(
-    model, mesh, *, param_dtype: torch.dtype, reshard_after_forward: bool, reduce_dtype: torch.dtype = torch.float32
+    model,
+    mesh,
+    *,
+    param_dtype: torch.dtype,
+    reshard_after_forward: bool,
+    reduce_dtype: torch.dtype = torch.float32,
+    expert_mesh: DeviceMesh | None = None,
 ) -> None:
+    """`expert_mesh`: the experts' FSDP mesh under expert parallelism, else None (the experts are
+    then part of their block's unit)."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.layers.values():
+        if expert_mesh is not None and isinstance(block.feed_forward, MoE):
+            experts = block.feed_forward.experts
+            fully_shard(experts, mesh=expert_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)

@@ -2,6 +2,7 @@
 
     mesh = build_mesh(cfg.parallel, "cpu")
     parts = build_model_parts(cfg, mesh)          # meta model -> fp8 -> pipeline split -> parallelize
+                                                  # (and the expert mesh, under parallel.expert > 1)
     parallelize(model, mesh, cfg)                 # the same steps for a model you built yourself
 
 Both work under FakeTensorMode with a fake process group (the memory estimator traces them);
@@ -16,6 +17,7 @@ from entrypoints.fp8 import Fp8Settings, convert_to_float8
 from entrypoints.model.llama import Transformer, build_model
 from entrypoints.parallel.activation import apply_activation_checkpointing
 from entrypoints.parallel.context import apply_context_parallel
+from entrypoints.parallel.expert import apply_expert_parallel, apply_routing_group, build_expert_mesh, expert_fsdp_mesh
 from entrypoints.parallel.fsdp import apply_fsdp
 from entrypoints.parallel.mesh import fsdp_mesh
 from entrypoints.parallel.pipeline import split_model
@@ -28,8 +30,9 @@ PARAM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 REDUCE_DTYPES = PARAM_DTYPES
 
 
-def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | None = None) -> None:
-    """Apply TP -> CP -> AC -> compile -> FSDP to `model` in place (torchtitan's order)."""
+def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | None = None, expert_mesh=None) -> None:
+    """Apply TP -> CP -> EP -> AC -> compile -> FSDP to `model` in place (torchtitan's order;
+    `expert_mesh`: build_expert_mesh's, under expert parallelism)."""
     par = cfg.parallel
 
     # 1. Tensor + sequence parallel first: it turns weights into TP-sharded DTensors, which
@@ -43,17 +46,26 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
         ulysses = UlyssesAttention(mesh["cp"]) if par.cp_attention == "ulysses" else None
         apply_context_parallel(model, mesh["cp"], ulysses)
 
-    # 3. Activation checkpointing wraps whole blocks, after TP/CP have edited their insides.
+    # 3. Expert parallel after TP (which leaves the MoE layers whole) and before AC and FSDP,
+    #    as torchtitan's llama4 parallelize_llama does: experts become ep-sharded DTensors, which
+    #    FSDP shards again over expert_fsdp. MoE layers pool routing statistics over cp.
+    cp_mesh = mesh["cp"] if par.context > 1 else None
+    if expert_mesh is not None:
+        apply_expert_parallel(model, expert_mesh, cp_mesh)
+    elif cp_mesh is not None:
+        apply_routing_group(model, cp_mesh)
+
+    # 4. Activation checkpointing wraps whole blocks, after TP/CP have edited their insides.
     if par.activation_checkpointing != "none":
         apply_activation_checkpointing(model, par.activation_checkpointing)
 
-    # 4. Compile each block after AC, so the recomputation is compiled with it, and before
+    # 5. Compile each block after AC, so the recomputation is compiled with it, and before
     #    FSDP, so FSDP's all-gather/reduce-scatter hooks stay outside the compiled graphs.
     if cfg.training.compile:
         for block in model.layers.values():
             block.compile()
 
-    # 5. FSDP last: it shards whatever the steps above left, block by block, then the root.
+    # 6. FSDP last: it shards whatever the steps above left, block by block, then the root.
     #    Under pipeline parallelism and sync_last_gathered, blocks stay gathered between
     #    micro-batches (the last micro-batch's backward reshards them: accumulate.py).
     apply_fsdp(
@@ -62,6 +74,7 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
         param_dtype=PARAM_DTYPES[cfg.precision.dtype],
         reshard_after_forward=par.pipeline == 1 and par.grad_accumulation != "sync_last_gathered",
         reduce_dtype=REDUCE_DTYPES[par.reduce_dtype],
+        expert_mesh=None if expert_mesh is None else expert_fsdp_mesh(expert_mesh),
     )
 
 
@@ -74,11 +87,12 @@ def build_model_parts(cfg: JobConfig, mesh, *, fp8: Fp8Settings | None = None) -
     if fp8 is not None:
         convert_to_float8(model, fp8)
     par = cfg.parallel
+    expert_mesh = build_expert_mesh(par, mesh.device_type) if par.expert > 1 else None
     if par.pipeline > 1:
         ids = rank_stages(mesh["pp"].get_local_rank(), par)
         parts = [split_model(model, i, par) for i in ids]
     else:
         ids, parts = [0], [model]
     for part in parts:
-        parallelize(part, mesh, cfg, fp8=fp8)
+        parallelize(part, mesh, cfg, fp8=fp8, expert_mesh=expert_mesh)
     return parts, ids

@@ -12,6 +12,13 @@ The embedding is RowwiseParallel over the vocabulary with a Shard(1) output; the
 SequenceParallel; the output weight is ColwiseParallel (vocab rows split over tp) and the loss
 is vocab-parallel (model/loss.py), so no rank holds logits for the whole vocabulary.
 
+A mixture-of-experts block keeps its MLP whole on every tp rank (experts are not TP-sharded; the
+issue's layout keeps TP on attention and the dense layers): the MoE gathers the sequence as the
+dense MLP does, every tp rank routes and runs the same tokens, and its output is cut back to the
+rank's sequence slice. Backward gathers the output gradient first, so every tp rank computes the
+same MoE gradients and no extra reduction is needed (torchtitan's llama4 `apply_moe_ep_tp` uses
+the same Shard(1) -> Replicate input and a sequence-sharded output).
+
 `float8_styles` swaps in torchao's Float8 Colwise/Rowwise styles, which all-gather activations
 in float8; only backends with float8 collectives (nccl) take them.
 """
@@ -22,10 +29,13 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
+
+from entrypoints.model.llama import FeedForward
 
 
 def apply_tensor_parallel(model, tp_mesh, *, float8_styles: bool = False) -> None:
@@ -55,6 +65,7 @@ def apply_tensor_parallel(model, tp_mesh, *, float8_styles: bool = False) -> Non
         parallelize_module(model, tp_mesh, root_plan)
 
     for block in model.layers.values():
+        dense = isinstance(block.feed_forward, FeedForward)
         parallelize_module(
             block,
             tp_mesh,
@@ -66,9 +77,29 @@ def apply_tensor_parallel(model, tp_mesh, *, float8_styles: bool = False) -> Non
                 "attention.wv": Colwise(),
                 "attention.wo": Rowwise(output_layouts=Shard(1)),
                 "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "feed_forward.w1": Colwise(),
-                "feed_forward.w2": Rowwise(output_layouts=Shard(1)),
-                "feed_forward.w3": Colwise(),
+                **(_dense_mlp_plan(Colwise, Rowwise, PrepareInput) if dense else _moe_plan()),
             },
         )
+
+
+def _dense_mlp_plan(Colwise, Rowwise, PrepareInput) -> dict:
+    return {
+        "feed_forward": PrepareInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": Colwise(),
+        "feed_forward.w2": Rowwise(output_layouts=Shard(1)),
+        "feed_forward.w3": Colwise(),
+    }
+
+
+def _moe_plan() -> dict:
+    """The whole sequence in as a plain tensor, the rank's slice out (Replicate -> Shard(1))."""
+    return {
+        "feed_forward": PrepareModuleInputOutput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=True,
+            output_layouts=(Replicate(),),
+            desired_output_layouts=(Shard(1),),
+            use_local_output=True,
+        )
+    }

@@ -5,6 +5,13 @@ pp (pipeline) x dp_replicate (HSDP replicas) x dp_shard (FSDP) x cp (context) x 
 TP is innermost so it stays on NVLink inside a node; CP next, because its K/V all-gathers are
 the next most frequent collective. The entrypoints build their DeviceMesh in this same order.
 
+Expert parallelism (`expert`, ep) adds no GPUs: as torchtitan's `ParallelDims`
+(torchtitan/distributed/parallel_dims.py, "EP would borrow all cp and some dp_shard degree")
+it borrows its ranks from dp_shard x cp. Those ranks, flattened, are cut into groups of ep
+consecutive ranks; each group holds every expert once (num_experts / ep per rank) and trades
+tokens by all-to-all, and FSDP shards the experts over the dp_shard x cp / ep groups
+(`expert_fsdp`). The MoE layers' other weights and every other layer keep the 5-D mesh.
+
 The launcher (recipe validation, the planner, the estimator) and the entrypoints (the resolved
 config, the pipeline split) both read the rules here, so a layout one side accepts is one the
 other runs. Rules return `LayoutProblem(path, message)`: a recipe key path and one line.
@@ -29,6 +36,9 @@ class Layout:
     pipeline: int = 1
     data_replicate: int = 1
     data_shard: int = 1
+    expert: int = 1
+    """Expert-parallel degree: ranks of dp_shard x cp that split each MoE layer's experts
+    (1: every rank holds all experts). Not a factor of world_size."""
     virtual_stages: int = 1
     pipeline_layers: tuple[int, ...] | None = None
     """Layers per pipeline stage (pipeline x virtual_stages of them), or None for the balanced
@@ -49,6 +59,11 @@ class Layout:
         return self.data_shard * self.context
 
     @property
+    def expert_fsdp(self) -> int:
+        """Ranks that shard each expert-parallel rank's experts: dp_shard x cp / expert."""
+        return self.fsdp_shard // self.expert
+
+    @property
     def num_stages(self) -> int:
         return self.pipeline * self.virtual_stages
 
@@ -62,9 +77,11 @@ class Layout:
         )
 
     def as_dict(self) -> dict[str, int | list[int]]:
-        """The six degrees, and pipeline_layers when set (subclasses such as the entrypoints'
-        ParallelConfig add more fields)."""
-        found = {f.name: getattr(self, f.name) for f in fields(Layout) if f.name != "pipeline_layers"}
+        """The six degrees, expert when above 1, and pipeline_layers when set (subclasses such
+        as the entrypoints' ParallelConfig add more fields). Dense layouts read back unchanged."""
+        found = {f.name: getattr(self, f.name) for f in fields(Layout) if f.name not in _WRITTEN_WHEN_SET}
+        if self.expert > 1:
+            found["expert"] = self.expert
         if self.pipeline_layers is not None:
             found["pipeline_layers"] = list(self.pipeline_layers)
         return found
@@ -73,7 +90,12 @@ class Layout:
         parts = [f"{name}{size}" for name, size in self.mesh_shape().items() if size > 1]
         if self.virtual_stages > 1:
             parts.append(f"v{self.virtual_stages}")
+        if self.expert > 1:
+            parts.append(f"ep{self.expert}")
         return "x".join(parts) or "single"
+
+
+_WRITTEN_WHEN_SET = ("pipeline_layers", "expert")
 
 
 def fill_data_shard(*, world_size: int, tensor: int, context: int, pipeline: int, data_replicate: int) -> int | None:
@@ -225,6 +247,14 @@ class LayoutProblem(NamedTuple):
     message: str
 
 
+class ExpertShape(Protocol):
+    """What the rules read of a model's `moe` block (the catalog's MoeArch, the config's MoeConfig)."""
+
+    num_experts: int
+    aux_loss_coef: float
+    z_loss_coef: float
+
+
 class ModelShape(Protocol):
     """What the rules read of a model: the catalog's ModelArch and the entrypoints' ModelConfig."""
 
@@ -232,6 +262,7 @@ class ModelShape(Protocol):
     num_heads: int
     num_kv_heads: int
     tie_embeddings: bool
+    moe: ExpertShape | None
 
 
 def tensor_choices(model: ModelShape, gpus_per_node: int) -> list[int]:
@@ -252,6 +283,7 @@ def layout_problems(
     """Every rule a parallel layout must satisfy for this model and batch."""
     return [
         *_tensor_problems(layout, model, gpus_per_node),
+        *expert_problems(layout, model),
         *_pipeline_problems(layout, model, schedule),
         *_sequence_problems(layout, seq_len),
         *_batch_problems(layout, global_batch_size, micro_batch_size, schedule),
@@ -271,6 +303,47 @@ def _tensor_problems(layout: Layout, model: ModelShape, gpus_per_node: int) -> l
             LayoutProblem(
                 "parallel.tensor",
                 f"{t} exceeds the {gpus_per_node} GPUs of one node; tensor parallelism needs NVLink, use {valid}",
+            )
+        ]
+    return []
+
+
+def expert_choices(model: ModelShape, layout: Layout) -> list[int]:
+    """The `parallel.expert` degrees this model and layout can run: divisors of the expert count
+    that also divide dp_shard x cp (1 alone for a dense model)."""
+    if model.moe is None:
+        return [1]
+    return [e for e in divisors(model.moe.num_experts) if layout.fsdp_shard % e == 0]
+
+
+def expert_problems(layout: Layout, model: ModelShape) -> list[LayoutProblem]:
+    """Expert parallelism: every rank of an EP group holds the same number of whole experts, and
+    the group is made of dp_shard x cp ranks.
+
+    torchtitan's `ParallelDims._validate` (torchtitan/distributed/parallel_dims.py) asks
+    `ep % cp == 0 and (dp_shard * cp) % ep == 0`, since its mesh splits dp_shard into
+    dp_shard_mod_ep x dp_shard_in_ep and puts all of cp inside EP. The entrypoints here flatten
+    dp_shard x cp first and cut that into (dp_shard x cp / ep, ep) (entrypoints/parallel/expert.py),
+    so any ep dividing dp_shard x cp is a valid grouping, an ep smaller than cp included.
+    """
+    e = layout.expert
+    if e == 1:
+        return []
+    key = "parallel.expert"
+    if e < 1:
+        return [LayoutProblem(key, f"{e} is not a degree; use {choices(expert_choices(model, layout))}")]
+    if model.moe is None:
+        return [LayoutProblem(key, f"{e} splits experts, but the model is dense (no moe block); use 1")]
+    experts = model.moe.num_experts
+    valid = choices(expert_choices(model, layout))
+    if experts % e:
+        return [LayoutProblem(key, f"{e} does not divide the model's {experts} experts; use {valid}")]
+    if layout.fsdp_shard % e:
+        return [
+            LayoutProblem(
+                key,
+                f"{e} does not divide data_shard {layout.data_shard} x context {layout.context} = "
+                f"{layout.fsdp_shard}, the ranks expert parallelism borrows; use {valid}",
             )
         ]
     return []
@@ -304,6 +377,18 @@ def _pipeline_problems(layout: Layout, model: ModelShape, schedule: str) -> list
         # need a cross-stage gradient all-reduce the entrypoints do not do.
         problems.append(
             LayoutProblem("parallel.pipeline", f"{p} splits a model with tied embeddings over stages; use pipeline: 1")
+        )
+    moe = model.moe
+    if moe is not None and p > 1 and (moe.aux_loss_coef or moe.z_loss_coef):
+        # The load-balancing loss pools the routing of every MoE layer (transformers'
+        # load_balancing_loss_func, entrypoints/model/moe.py); a stage sees only its own layers.
+        problems.append(
+            LayoutProblem(
+                "parallel.pipeline",
+                f"{p} splits the MoE layers whose auxiliary losses pool every layer's routing "
+                f"(aux_loss_coef {moe.aux_loss_coef}, z_loss_coef {moe.z_loss_coef}); "
+                "use pipeline: 1, or a model with both coefficients 0",
+            )
         )
     return problems
 

@@ -93,6 +93,7 @@ class Recipe(RecipeSpec):
                 context=par.context,
                 pipeline=par.pipeline,
                 data_replicate=par.data_replicate,
+                expert=par.expert,
                 virtual_stages=par.virtual_stages,
                 pipeline_layers=None if par.pipeline_layers is None else tuple(par.pipeline_layers),
             )
@@ -105,7 +106,9 @@ class Recipe(RecipeSpec):
                 gpus_per_node=hardware.procs_per_node,
                 schedule=par.pipeline_schedule,
             )
-            problems += found if layout else [p for p in found if p.path != "training.global_batch_size"]
+            # The batch and expert rules read data_shard, which only a complete layout has.
+            unresolved = ("training.global_batch_size", "parallel.expert")
+            problems += found if layout else [p for p in found if p.path not in unresolved]
             problems += rules.attention_problems(self, arch, probe)
             if layout is not None:
                 self._layout = layout

@@ -163,6 +163,7 @@ def resolve_layout(spec: RecipeSpec, world_size: int, hardware_text: str) -> tup
         pipeline=par.pipeline,
         data_replicate=par.data_replicate,
         data_shard=shard,
+        expert=par.expert,
         virtual_stages=par.virtual_stages,
         pipeline_layers=None if par.pipeline_layers is None else tuple(par.pipeline_layers),
     )

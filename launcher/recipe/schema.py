@@ -261,6 +261,10 @@ class Parallel(Section):
     """Replicas of the FSDP-sharded model (HSDP); gradients are all-reduced between them."""
     data_shard: Annotated[PositiveInt, Field(le=MAX_GPUS)] | Literal["auto"] = "auto"
     """FSDP shard degree; 'auto' fills the GPUs the other degrees leave."""
+    expert: PositiveInt = Field(default=1, le=MAX_GPUS)
+    """Expert-parallel degree of a mixture-of-experts model: each MoE layer's experts are split
+    over this many of the data_shard x context ranks (it adds no GPUs), tokens reach them by
+    all-to-all. It must divide the expert count and data_shard x context."""
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     """Recompute activations in backward: none, selective (every other block), or full (every block)."""
     cp_attention: Literal["auto", "allgather", "ulysses"] = "auto"

@@ -1,7 +1,7 @@
 """The multi-process runs shared by this directory's tests (entrypoint_jobs.py).
 
 `launch_work` plans the jobs of every selected test that needs one of the shared results (`runs`,
-`hf_runs`, `attention_paths`) and runs them all in one torchrun launch per world size, so a
+`hf_runs`, `attention_paths`, `expert_runs`) and runs them all in one torchrun launch per world size, so a
 module that runs alone launches only its own jobs, and the whole directory launches three times.
 The root conftest starts them before the first test, beside the serial tests (tests/background.py).
 """
@@ -14,9 +14,10 @@ import pytest
 
 from .attention_jobs import plan_attention
 from .entrypoint_jobs import Runs, launch_together, plan_runs, plan_together
+from .expert_jobs import plan_experts
 from .hf_jobs import HFRuns, plan_hf
 
-SHARED = {"runs": plan_runs, "hf_runs": plan_hf, "attention_paths": plan_attention}
+SHARED = {"runs": plan_runs, "hf_runs": plan_hf, "attention_paths": plan_attention, "expert_runs": plan_experts}
 LAUNCHED = "the entrypoint tests' shared launches"
 
 
@@ -52,6 +53,11 @@ def hf_runs(launched) -> HFRuns:
 @pytest.fixture(scope="session")
 def attention_paths(launched) -> dict:
     return launched["attention_paths"]
+
+
+@pytest.fixture(scope="session")
+def expert_runs(launched) -> dict:
+    return launched["expert_runs"]
 
 
 @pytest.fixture(scope="session")

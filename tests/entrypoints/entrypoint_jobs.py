@@ -17,7 +17,9 @@ one launch per world size for all of them, beside the serial tests (tests/backgr
 - `plan_hf` (test_hf_weights.py): 4 processes: Hugging Face checkpoints loaded and exported
   under each layout;
 - `plan_attention` (test_attention_paths.py): 2 processes: Ulysses, document masking and the
-  training jobs of attention_paths_run.py.
+  training jobs of attention_paths_run.py;
+- `plan_experts` (test_expert_parallel.py, expert_jobs.py): 1 process: two tiny MoE references;
+  4 processes: expert parallelism alone and with CP, TP and PP.
 """
 
 from __future__ import annotations

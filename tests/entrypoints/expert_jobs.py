@@ -1,0 +1,76 @@
+"""The expert-parallel jobs of test_expert_parallel.py, in the shared 1- and 4-rank launches.
+
+A Qwen3-MoE-like tiny model (2 layers, QK-norm, head_dim 32 x 8 heads != hidden 128, 8 experts,
+top-2, with a load-balancing and a z-loss) trains 2 steps under each expert-parallel layout, and once
+in one process. The launcher refuses MoE recipes until the estimator prices experts (issue 24
+part 5), so each job is the dense job's resolved config (write_job) with the model's moe block
+and parallel.expert written in, checked by the entrypoints' own parser.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .entrypoint_jobs import Job, Planned, write_job
+
+MOE = {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 64, "aux_loss_coef": 0.01, "z_loss_coef": 0.001}
+# Two layers: one per pipeline stage under pp 2, and half the work of the dense jobs' four.
+MOE_MODEL = {"num_layers": 2, "qk_norm": True, "head_dim": 32, "moe": MOE}
+# The auxiliary losses pool every layer's routing, which pipeline stages cannot (the contract
+# refuses them under pipeline > 1), so the pipelined job trains the model without them.
+MOE_MODEL_NO_AUX = {**MOE_MODEL, "moe": {**MOE, "aux_loss_coef": 0.0, "z_loss_coef": 0.0}}
+REFERENCES = {"moe": MOE_MODEL, "moe-no-aux": MOE_MODEL_NO_AUX}
+# name -> (overrides, parallel.expert, its reference), each on 4 ranks. "no_ep_dp_shard4" is
+# ep2/ep4's layout without expert parallelism: EP must not move them from it by more than float
+# rounding, whatever the data-parallel layout itself does to the order of sums.
+LAYOUTS = {
+    "ep2_dp_shard4": ({}, 2, "moe"),
+    "ep4_dp_shard4": ({}, 4, "moe"),
+    "ep2_cp2_dp_shard2": ({"parallel.context": 2}, 2, "moe"),
+    "ep2_tp2_dp_shard2": ({"parallel.tensor": 2}, 2, "moe"),
+    "ep2_pp2_dp_shard2": ({"parallel.pipeline": 2, "parallel.pipeline_schedule": "1f1b"}, 2, "moe-no-aux"),
+    "no_ep_dp_shard4": ({}, 1, "moe"),
+}
+# Two steps of 64 tokens (2 x cp 2 x 16, or tp 2 x 32) keep the jobs to seconds. A peak lr of
+# 1e-4: AdamW moves every weight by about lr whatever the size of its gradient, so the order of
+# float sums (which each layout changes) shows in the next step in proportion to lr.
+TRAINING = {
+    "training.seq_len": 64,
+    "training.steps": 2,
+    "training.optimizer.lr": 1e-4,
+    "training.optimizer.min_lr": 1e-5,
+}
+
+
+def write_moe_job(root: Path, name: str, overrides: dict, *, procs: int, model: dict, expert: int = 1) -> Job:
+    """The dense job's resolved config with `model`'s fields and parallel.expert written in."""
+    from launcher.contract.config import JobConfig
+
+    job = write_job(root, name, {**TRAINING, **overrides}, procs=procs)
+    config = json.loads(job.config.read_text())
+    config["model"] = {**config["model"], **model}
+    config["parallel"]["expert"] = expert
+    JobConfig.from_dict(config)
+    job.config.write_text(json.dumps(config, indent=2))
+    return job
+
+
+def plan_experts(root: Path) -> Planned:
+    """Every job of test_expert_parallel.py; {"references": ..., "layouts": ...} once run."""
+    root.mkdir(parents=True)
+    references = {name: write_moe_job(root, name, {}, procs=1, model=model) for name, model in REFERENCES.items()}
+    layouts = {
+        name: write_moe_job(root, name, changes, procs=4, model=REFERENCES[reference], expert=expert)
+        for name, (changes, expert, reference) in LAYOUTS.items()
+    }
+
+    def train(job: Job) -> dict:
+        return {"kind": "train", "config": str(job.config), "result": str(job.result)}
+
+    def finish(stdout: dict[int, str]) -> dict:
+        return {"references": references, "layouts": layouts, "stdout": stdout[4]}
+
+    return Planned(
+        jobs={1: [train(j) for j in references.values()], 4: [train(j) for j in layouts.values()]}, finish=finish
+    )
