@@ -38,8 +38,6 @@ class Background:
         self._processes: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self._stopped = False
-        # Called before each wait: under xdist it begins the running test's unit of work (tests/lanes.py).
-        self.before_a_wait: Callable[[], None] | None = None
 
     def begin(self, work: Mapping[str, Callable[[], Any]]) -> None:
         """Run each named piece of work, in order, in one new thread (a piece that fails fails
@@ -59,8 +57,6 @@ class Background:
 
     def result(self, name: str, timeout: float | None = None) -> Any:
         """The named work's result once it is done; its exception if it failed."""
-        if self.before_a_wait is not None:
-            self.before_a_wait()
         return self._futures[name].result(timeout)
 
     def popen(

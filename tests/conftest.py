@@ -197,50 +197,21 @@ def pytest_unconfigure(config):
     remove_units_file(config)
 
 
-_current_test: list[pytest.Item] = []
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    _current_test[:] = [item]  # whose unit a first wait for background work begins
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _background(request, tmp_path_factory):
-    """In one process, before the first test: start the work that selected tests will wait for,
-    beside the serial tests (tests/background.py). Under xdist a worker begins a unit's work when
-    it starts the unit (tests/lanes.py). At the end, stop what is still running."""
+    """Before the first test: start the work that selected tests will wait for, beside the
+    other tests (tests/background.py); under xdist, only on the worker their modules run on
+    (tests/lanes.py). At the end, stop what is still running."""
     from tests.background import Background
-    from tests.lanes import items_of, plan_work, unit_of
+    from tests.lanes import plan_work
 
-    lanes = request.config.stash[LANES]
-    starters = _starters()
     work = Background(os.environ)
-    begun: set[str] = set()
-
-    def begin_current_unit() -> None:
-        unit = unit_of(lanes, _current_test[0]) if _current_test else None
-        if unit in lanes.starters_of_unit and unit not in begun:
-            begun.add(unit)
-            items = items_of(lanes, unit, request.session.items)
-            work.begin(plan_work(starters, lanes.starters_of_unit[unit], items, tmp_path_factory, work))
-
-    if lanes.split:
-        work.before_a_wait = begin_current_unit  # the unit's first test may wait in a session fixture
-    else:
-        pieces = plan_work(starters, starters, request.session.items, tmp_path_factory, work)
+    if request.config.stash[LANES].runs_background:
+        pieces = plan_work(_starters(), request.session.items, tmp_path_factory, work)
         if pieces:
             work.begin(pieces)
     yield work
     work.stop()
-
-
-@pytest.fixture(autouse=True)
-def _background_of_unit(_background):
-    """Under xdist: the first test of a unit with background work begins it, so it runs while
-    the unit's first tests do."""
-    if _background.before_a_wait is not None:
-        _background.before_a_wait()
 
 
 @pytest.fixture(scope="session")

@@ -8,16 +8,17 @@ background work is done. All the background work is begun before the first test.
 
 Two workers (`pytest -n 2`, the default in pyproject.toml): every module is one unit that runs
 whole on one worker, so its module- and session-scoped fixtures (a Slurm cluster, a container
-image, a launch) are made once and its tests keep their order. The modules that wait for the
-same piece of background work join one unit, and the worker that runs the unit begins the
-piece when it starts it, so no piece runs twice. The units are handed out in this order: those
-with background work, then the modules of multi-process jobs, engines first, then the
-single-process modules, many and short, which fill the end of the run on whichever worker is
-free.
+image, a launch) are made once and its tests keep their order. Every module that waits for
+background work runs on the first worker (gw0), which begins all that work before its first
+test, as one process does; no other worker begins any. The units are queued longest first: the
+engines' modules, the other multi-process modules, the modules waiting for background work,
+then the single-process modules, many and short. The other workers take units from the front
+of the queue (the long ones first), gw0 from the back: the short ones first, while its
+background work runs, then the modules waiting for it, by when most of it is done.
 
 xdist's own `--dist loadgroup` names units by rewriting each test's node id, which pytest 9
-no longer allows, so `UnitScheduling` (xdist's loadscope scheduler, told the units) does it:
-each worker writes the units it computed at collection to a file the controller names
+no longer allows, so `UnitScheduling` (xdist's loadscope scheduler by module) does it: each
+worker writes the waiting modules it found at collection to a file the controller names
 (`configure_node`), and the controller reads it when it schedules.
 """
 
@@ -26,13 +27,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 UNITS_FILE = "launcher_units_file"  # the key of xdist's workerinput that names the file
+BACKGROUND_WORKER = "gw0"  # xdist's first worker, there whenever -n is 1 or more
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,7 @@ class Starter:
 @dataclass
 class Lanes:
     split: bool  # run by an xdist worker
-    unit_of_module: dict[str, str] = field(default_factory=dict)
-    starters_of_unit: dict[str, list[str]] = field(default_factory=dict)
+    runs_background: bool = True  # one process, or the worker every waiting module runs on
 
 
 def _heavy(item: pytest.Item) -> bool:
@@ -58,30 +59,6 @@ def _module_path(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def _units(items: list[pytest.Item], starters: Mapping[str, Starter]) -> Lanes:
-    """Each module its own unit, except that modules waiting for a common piece of work share one."""
-    wanted: dict[str, set[str]] = {}
-    for item in items:
-        names = wanted.setdefault(_module_path(item.nodeid), set())
-        names.update(name for name, starter in starters.items() if starter.wants(item))
-    groups: list[set[str]] = []  # starters that share a module run on one worker: join them
-    for names in wanted.values():
-        joined = set(names)
-        for group in [group for group in groups if group & joined]:
-            groups.remove(group)
-            joined |= group
-        if joined:
-            groups.append(joined)
-    lanes = Lanes(split=True)
-    for group in groups:
-        ordered = [name for name in starters if name in group]
-        lanes.starters_of_unit["background: " + ", ".join(ordered)] = ordered
-    for module, names in wanted.items():
-        unit = next((unit for unit, members in lanes.starters_of_unit.items() if names & set(members)), None)
-        lanes.unit_of_module[module] = unit or module
-    return lanes
-
-
 def order(config: pytest.Config, items: list[pytest.Item], starters: Mapping[str, Starter]) -> Lanes:
     """Sort `items` in place for this process, and under xdist tell the controller the units."""
     heavy = {_module_path(item.nodeid) for item in items if _heavy(item)}
@@ -89,48 +66,46 @@ def order(config: pytest.Config, items: list[pytest.Item], starters: Mapping[str
     if workerinput is None:
         items.sort(key=lambda item: _module_path(item.nodeid) in heavy)  # stable: each part keeps its order
         return Lanes(split=False)
-    lanes = _units(items, starters)
+    lanes = Lanes(split=True, runs_background=workerinput["workerid"] == BACKGROUND_WORKER)
     engines = {_module_path(item.nodeid) for item in items if item.get_closest_marker("engines")}
-    first_starter = {unit: list(starters).index(names[0]) for unit, names in lanes.starters_of_unit.items()}
+    # The background work runs in `starters` order; gw0 takes the waiting modules from the back,
+    # so they are queued in the reverse of it: the first piece's modules are taken first.
+    first_wanted: dict[str, int] = {}
+    for item in items:
+        for index, starter in enumerate(starters.values()):
+            if starter.wants(item):
+                module = _module_path(item.nodeid)
+                first_wanted[module] = min(first_wanted.get(module, index), index)
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         module = _module_path(item.nodeid)
-        unit = lanes.unit_of_module[module]
-        if unit in first_starter:
-            return (0, first_starter[unit])
-        return (1 if module in engines else 2 if module in heavy else 3, 0)
+        if module in first_wanted:
+            return (2, -first_wanted[module])
+        return (0 if module in engines else 1 if module in heavy else 3, 0)
 
     items.sort(key=rank)
-    _write_atomically(Path(workerinput[UNITS_FILE]), json.dumps(lanes.unit_of_module))
+    _write_atomically(Path(workerinput[UNITS_FILE]), json.dumps(sorted(first_wanted)))
     return lanes
 
 
-def unit_of(lanes: Lanes, item: pytest.Item) -> str | None:
-    return lanes.unit_of_module.get(_module_path(item.nodeid)) if lanes.split else None
-
-
-def items_of(lanes: Lanes, unit: str, items: Iterable[pytest.Item]) -> list[pytest.Item]:
-    return [item for item in items if lanes.unit_of_module.get(_module_path(item.nodeid)) == unit]
-
-
-def plan_work(starters: Mapping[str, Starter], names: Iterable[str], items, tmp_path_factory, background) -> dict:
+def plan_work(starters: Mapping[str, Starter], items, tmp_path_factory, background) -> dict:
     pieces: dict = {}
-    for name in names:
-        pieces.update(starters[name].plan(items, tmp_path_factory, background))
+    for starter in starters.values():
+        pieces.update(starter.plan(items, tmp_path_factory, background))
     return pieces
 
 
 def _write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(f"{path.name}.{os.getpid()}")
     partial.write_text(text)
-    partial.replace(path)  # both workers write the same units; the controller reads a whole file
+    partial.replace(path)  # every worker writes the same units; the controller reads a whole file
 
 
 # The controller's side.
 
 
 def units_file(config: pytest.Config) -> Path:
-    """The file the workers write their units to, made once by the controller."""
+    """The file the workers write the waiting modules to, made once by the controller."""
     if not hasattr(config, "_launcher_units_dir"):
         config._launcher_units_dir = Path(tempfile.mkdtemp(prefix="launcher-test-units-"))
     return config._launcher_units_dir / "units.json"
@@ -148,16 +123,28 @@ def make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class UnitScheduling(LoadScopeScheduling):
-        """xdist's loadscope scheduling, with the units the workers computed as its scopes,
-        handed out in the collection's order."""
+        """xdist's loadscope scheduling with modules as its scopes: the modules waiting for
+        background work go to its worker alone, which takes modules from the back of the
+        queue; the others take them from the front."""
 
-        _units: dict[str, str] | None = None
+        _waiting: set[str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            if self._units is None:
-                self._units = json.loads(units_file(self.config).read_text())
-            module = _module_path(nodeid)
-            return self._units.get(module, module)
+            return _module_path(nodeid)
 
-    config.option.loadscopereorder = False  # by number of tests: not their length; keep ours
+        def _assign_work_unit(self, node) -> None:
+            background_worker = node.gateway.id == BACKGROUND_WORKER
+            queue = reversed(self.workqueue) if background_worker else iter(self.workqueue)
+            if self._waiting is None:  # the workers wrote it at collection, before scheduling
+                self._waiting = set(json.loads(units_file(self.config).read_text()))
+            waiting = self._waiting
+            scope = next((s for s in queue if background_worker or s not in waiting), None)
+            if scope is None:
+                return  # what is left waits for the background worker; xdist ends this one at the end
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
+    config.option.loadscopereorder = False  # by number of tests, not their length: keep ours
     return UnitScheduling(config, log)

@@ -58,6 +58,7 @@ from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
 from launcher.backends.wheelhouse import fill, job_wheels, requirements, wheelhouse_key
 from launcher.bundle import Bundle
+from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
 from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
 from launcher.registry import checkpoint_home, job_dir, launcher_home, records
@@ -435,8 +436,6 @@ def checkpoint_room_problem(recipe: Recipe, spec: JobSpec) -> str | None:
     refused unless its file system has room for checkpoint.keep complete checkpoints and the one
     being written (entrypoints/checkpoint.py deletes the oldest only once the newest is complete);
     None when it has, or the directory is not under the home directory, or the job is a CPU job."""
-    from launcher.estimate.checkpoint import estimate_recipe_checkpoint
-
     if recipe.cluster.device != "cuda":
         return None
     settings = slurm_settings(spec)
@@ -451,8 +450,8 @@ def checkpoint_room_problem(recipe: Recipe, spec: JobSpec) -> str | None:
         else ("checkpoint.dir", directory)
     )
     named = f"{path} (the default, $LAUNCHER_HOME)" if key == "slurm.shared_dir" and not settings.shared_dir else path
-    estimate = estimate_recipe_checkpoint(recipe, None)
-    kept, size = estimate.kept, estimate.size_bytes
+    # A checkpoint's size is the contract's, the estimator's too (launcher/estimate/checkpoint.py).
+    kept, size = recipe.checkpoint.keep, recipe.arch.num_params() * CHECKPOINT_BYTES_PER_PARAM
     needed = (kept + 1) * size
     existing = next(p for p in (directory, *directory.parents) if p.exists())
     try:
