@@ -33,7 +33,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the `entrypoints` package importable
@@ -57,6 +57,7 @@ from entrypoints.parallel.mesh import build_mesh
 from entrypoints.parallel.parallelize import build_model_parts
 from entrypoints.parallel.pipeline import Pipeline
 from entrypoints.parallel.process_group import DistEnv, process_group
+from entrypoints.watchdog import Watchdog
 from launcher.contract.config import ConfigError, JobConfig, load_config
 
 EXIT_CONFIG = 2
@@ -140,9 +141,12 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
 
     interrupted = False
     began = time.perf_counter()
-    with sigterm_flag() as sigterm:
+    watchdog = _watchdog(cfg, env)
+    paused = watchdog.paused
+    with sigterm_flag() as sigterm, closing(watchdog):
         for step in range(start + 1, t.steps + 1):
             step_start = time.perf_counter()
+            watchdog.step_began()
             if pipeline is None:
                 loss = accumulate(parts[0], list(data.next_step()), par.grad_accumulation)
             else:
@@ -156,21 +160,27 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             share = loss * loss_share if holds_loss else None
             global_loss, stop, time_due, written, norms = _share_step(env, share, grad_norm, sigterm[0], checkpoints)
             step_time = time.perf_counter() - step_start
+            watchdog.step_done(step, step_time)
+            watchdog.straggler(step, env.device)
             diverged = divergence(step, global_loss, norms, resumed_from=start)
-            val_loss = None if diverged or stop else _validate(evaluator, step)
+            with paused():
+                val_loss = None if diverged or stop else _validate(evaluator, step)
 
             if step % t.log_every == 0 or step == t.steps or diverged or val_loss is not None:
                 values = {"loss": global_loss, "grad_norm": grad_norm.item(), "lr": lr, "step_time_s": step_time}
                 metrics.log(step=step, **values, val_loss=val_loss)
             _stop_if(diverged, checkpoints)
-            if written == env.world_size:
-                checkpoints.finish_pending()
-            if stop:
-                _save_after_sigterm(checkpoints, step, env, sigterm[1] or time.monotonic(), cfg.runtime.stop_budget_s)
-                interrupted = True
-                break
-            if checkpoints.due(step) or time_due > 0 or step == t.steps:
-                checkpoints.save(step, blocking=step == t.steps)
+            with paused():  # saves are slow and not steps: the watchdog holds them to its long limit
+                if written == env.world_size:
+                    checkpoints.finish_pending()
+                if stop:
+                    _save_after_sigterm(
+                        checkpoints, step, env, sigterm[1] or time.monotonic(), cfg.runtime.stop_budget_s
+                    )
+                    interrupted = True
+                    break
+                if checkpoints.due(step) or time_due > 0 or step == t.steps:
+                    checkpoints.save(step, blocking=step == t.steps)
     checkpoints.close()
     if cfg.checkpoint.export_hf and not interrupted:
         export_hf(parts, stage_ids, mesh, cfg, export_directory(cfg, output_dir(cfg)))
@@ -178,6 +188,18 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     metrics.close(interrupted=interrupted)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _watchdog(cfg: JobConfig, env: DistEnv) -> Watchdog:
+    """This rank's watchdog (training.watchdog); before the first step the collective timeout
+    bounds a stall, since that step compiles and may follow a long model load."""
+    return Watchdog.start(
+        cfg.training.watchdog,
+        rank=env.rank,
+        world_size=env.world_size,
+        stacks_dir=output_dir(cfg) / "stacks",
+        first_step_limit_s=cfg.runtime.collective_timeout_s,
+    )
 
 
 def _validate(evaluator: Evaluator | None, step: int) -> float | None:

@@ -1,0 +1,333 @@
+"""The watchdog: a thread on every rank that notices a stalled job and names the stuck ranks.
+
+    watchdog = Watchdog.start(cfg.training.watchdog, rank=r, world_size=n, stacks_dir=out / "stacks",
+                              first_step_limit_s=cfg.runtime.collective_timeout_s)
+    watchdog.step_done(step, step_time_s)      # the main loop, after each step (no I/O: it sets numbers)
+    with watchdog.paused(): checkpoints.save(step)   # saves and evaluations do not count as stalls
+    watchdog.straggler(step)                   # one all_gather every straggler_every steps
+
+**Stall.** When no step completes within max(stall_factor x the running median step time,
+min_stall_s) (before the first step: `first_step_limit_s`, the collective timeout, which covers
+a compile and a model load; during a save or an evaluation the same long limit), the rank
+dumps its Python stacks with faulthandler to <stacks_dir>/rank-<r>.txt, records the failure in
+torchrun's error file (entrypoints/failure.py, so the launcher and the SageMaker bootstrap name
+it) and exits with EXIT_STALLED, and the engine's restart (torchrun --max-restarts, SageMaker
+retries, Slurm requeue) resumes from the newest checkpoint.
+
+**Which rank is stuck.** A stuck rank cannot say so (a SIGSTOPped process runs no thread), and
+the others are blocked in a collective that waits for it, so no collective can carry the news.
+Every watchdog thread instead writes a heartbeat (its rank's last step, host and pid, and a
+counter) every HEARTBEAT_S to the rendezvous store torchrun's agent serves, through a client of
+its own: the store is outside the process group, reachable from every host, and alive while
+any worker is stopped. A rank whose heartbeat has not changed for STALE_S is stuck (its whole
+process stopped, or the interpreter is wedged); where none is stale, the ranks whose step is
+behind; where every rank is at the same step, every rank waits (a collective that never
+completes). The first rank to fire posts its report under `fired`; every other watchdog sees
+it, dumps its own stacks and exits with the same report, and the firing rank waits up to
+DUMP_WAIT_S for their dumps before it exits, so the stacks of every live rank are on disk.
+
+**Straggler.** A rank's compute time for a step is the CPU time its process used plus the
+time it did not run at all (the thread measures how late its own wake-ups are: a stopped,
+starved or swapping host); a wait for a peer counts in neither, so the slow rank stands out even
+though every rank's step lasts as long as the slowest's. Every straggler_every steps each rank
+contributes its mean over those steps (one float, all_gather), and rank 0 prints
+`straggler step=N rank=R host=H ...` when the slowest is more than straggler_margin above the
+median. On a GPU the CPU time includes waits on the device (the CUDA sync spins), so there the
+measure finds slow hosts and stopped processes rather than slow GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from entrypoints import failure
+from launcher.contract.config import WatchdogConfig
+
+EXIT_STALLED = 5
+TICK_S = 0.1
+"""How often the thread wakes: the resolution of the not-running time and of the stall clock."""
+HEARTBEAT_S = 1.0
+STALE_S = 10.0
+"""A heartbeat unchanged for this long belongs to a process that does not run."""
+DUMP_WAIT_S = 10.0
+STORE_TIMEOUT_S = 10.0
+MEDIAN_WINDOW = 100
+
+
+class WatchdogStall(Exception):
+    """No step completed within the watchdog's limit (the message names the stuck ranks)."""
+
+
+class _StepClock:
+    """When the last step completed, the recent step times, and whether a save or evaluation runs."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.progress_at = time.monotonic()
+        self.paused_at: float | None = None
+        self.step = 0
+        self.step_times: deque[float] = deque(maxlen=MEDIAN_WINDOW)
+
+    def idle_s(self, now: float) -> float:
+        return now - (self.paused_at if self.paused_at is not None else self.progress_at)
+
+
+class Watchdog:
+    def __init__(self, cfg: WatchdogConfig, *, rank: int, world_size: int, stacks_dir: Path, first_step_limit_s: float):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.stacks_dir = stacks_dir
+        self.first_step_limit_s = max(first_step_limit_s, cfg.min_stall_s)
+        self.clock = _StepClock()
+        self.host = socket.gethostname()
+        self.not_running_s = 0.0
+        self._step_started: tuple[float, float] | None = None  # (process time, not-running time)
+        self._window_compute_s, self._window_steps = 0.0, 0
+        self._stop = threading.Event()
+        self._store = None
+        self._beats: dict[int, tuple[str, float]] = {}  # rank -> (heartbeat text, when it last changed)
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+
+    @classmethod
+    def start(cls, cfg: WatchdogConfig, **kwargs) -> Watchdog:
+        """A started watchdog; with training.watchdog.enabled false one that watches nothing."""
+        watchdog = cls(cfg, **kwargs)
+        if cfg.enabled:
+            watchdog._store = _store_client()
+            watchdog._thread.start()
+        return watchdog
+
+    # --- the main loop's side: numbers only, no I/O -------------------------------------------
+
+    def step_began(self) -> None:
+        self._step_started = self.compute_s()
+
+    def step_done(self, step: int, step_time_s: float) -> None:
+        if self._step_started is not None:
+            now, began = self.compute_s(), self._step_started
+            self._window_compute_s += now[0] - began[0] + now[1] - began[1]
+            self._window_steps += 1
+        with self.clock.lock:
+            self.clock.progress_at = time.monotonic()
+            self.clock.step = step
+            self.clock.step_times.append(step_time_s)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """A save or an evaluation: slow, and not a step; it is held to the long limit only."""
+        with self.clock.lock:
+            self.clock.paused_at = time.monotonic()
+        try:
+            yield
+        finally:
+            with self.clock.lock:
+                self.clock.progress_at += time.monotonic() - self.clock.paused_at
+                self.clock.paused_at = None
+
+    def limit_s(self) -> float:
+        clock = self.clock
+        if clock.paused_at is not None or not clock.step_times:
+            return self.first_step_limit_s
+        return max(self.cfg.stall_factor * statistics.median(clock.step_times), self.cfg.min_stall_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * TICK_S + 1)
+
+    # --- stragglers ---------------------------------------------------------------------------
+
+    def compute_s(self) -> tuple[float, float]:
+        """(CPU seconds of this process, seconds it did not run): their sum grows only while it computes or is held."""
+        return time.process_time(), self.not_running_s
+
+    def straggler(self, step: int, device: torch.device) -> str | None:
+        """Every straggler_every steps: gather each rank's mean compute time per step since the
+        last gather; rank 0 prints and returns the straggler line (None elsewhere, or when none).
+        Every rank calls it after every step (the collective runs at the same steps everywhere)."""
+        every = self.cfg.straggler_every
+        if not self.cfg.enabled or not every or step % every or not self._window_steps:
+            return None
+        spent = self._window_compute_s / self._window_steps
+        self._window_compute_s, self._window_steps = 0.0, 0
+        gathered = [torch.zeros(1, device=device) for _ in range(self.world_size)]
+        dist.all_gather(gathered, torch.tensor([spent], device=device))
+        times = [t.item() for t in gathered]
+        return self._straggler_line(step, times) if self.rank == 0 else None
+
+    def _straggler_line(self, step: int, times: list[float]) -> str | None:
+        median = statistics.median(times)
+        slowest = max(range(len(times)), key=times.__getitem__)
+        if median <= 0 or times[slowest] <= median * (1 + self.cfg.straggler_margin):
+            return None
+        host = self._heartbeat(slowest).get("host", "?")
+        line = (
+            f"straggler step={step} rank={slowest} host={host} compute_s={times[slowest]:.3f} "
+            f"median_s={median:.3f} above_median={times[slowest] / median - 1:.0%}"
+        )
+        print(line, flush=True)
+        return line
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_tick = last_beat = time.monotonic()
+        beat = 0
+        while not self._stop.wait(TICK_S):
+            now = time.monotonic()
+            self.not_running_s += max(0.0, now - last_tick - TICK_S)
+            last_tick = now
+            if now - last_beat >= HEARTBEAT_S:
+                beat += 1
+                last_beat = now
+                self._write_heartbeat(beat)
+                fired = self._fired_report()
+                if fired is not None:
+                    self._fire(fired, first=False)
+            with self.clock.lock:
+                idle, limit = self.clock.idle_s(now), self.limit_s()
+            if idle > limit:
+                self._fire(self._report(idle, limit), first=True)
+
+    def _report(self, idle: float, limit: float) -> dict:
+        clock = self.clock
+        if clock.step_times and clock.paused_at is None:
+            median = statistics.median(clock.step_times)
+            rule = (
+                f"max({self.cfg.stall_factor:g} x median step {median:.3g} s, min_stall_s {self.cfg.min_stall_s:g} s)"
+            )
+        else:
+            rule = "the first step's or a save's limit, runtime.collective_timeout_s"
+        stuck, why = self._stuck_ranks()
+        named = ", ".join(f"rank {r} on {self._heartbeat(r).get('host', 'an unknown host')}" for r in stuck)
+        message = (
+            f"watchdog: no step completed for {idle:.0f} s after step {clock.step} on rank {self.rank} "
+            f"(limit {limit:.0f} s: {rule}); stuck: {named or 'no rank'} ({why}); "
+            f"Python stacks of the live ranks in {self.stacks_dir}"
+        )
+        return {"message": message, "stuck": stuck, "raised_at": time.time(), "by": self.rank}
+
+    def _stuck_ranks(self) -> tuple[list[int], str]:
+        """The ranks whose heartbeat is oldest: not updated for STALE_S, else the lowest step."""
+        if self._store is None or self.world_size == 1:
+            return ([self.rank], "this rank's own step") if self.world_size == 1 else ([], "no store to read")
+        now = time.monotonic()
+        ages = {r: now - self._beats[r][1] if r in self._beats else float("inf") for r in range(self.world_size)}
+        stale = [r for r, age in ages.items() if age > STALE_S]
+        if stale:
+            return stale, f"heartbeat older than {STALE_S:g} s: the process does not run"
+        steps = {r: self._heartbeat(r).get("step", 0) for r in range(self.world_size)}
+        behind = [r for r, s in steps.items() if s < max(steps.values())]
+        if behind:
+            return behind, "its last step is behind the others'"
+        return [], f"every rank is alive at step {max(steps.values())}: a collective that never completes"
+
+    def _fire(self, report: dict, *, first: bool) -> None:
+        """Dump this rank's stacks, record the failure, wait for the live ranks' dumps, exit."""
+        self._dump_stacks(report)
+        store = self._store
+        with contextlib.suppress(Exception):
+            if store is not None:
+                if first and not store.check(["fired"]):
+                    store.set("fired", json.dumps(report))
+                store.set(f"dumped/{self.rank}", "1")
+        print(f"error: {report['message']}", file=sys.stderr, flush=True)
+        try:  # raised, so the error file's call stack is this thread's
+            raise WatchdogStall(report["message"])
+        except WatchdogStall as stall:
+            failure.HANDLER.record_exception(stall)
+        if first and store is not None:
+            self._wait_for_dumps(report["stuck"])
+        sys.stdout.flush()
+        os._exit(EXIT_STALLED)
+
+    def _wait_for_dumps(self, stuck: list[int]) -> None:
+        live = [f"dumped/{r}" for r in range(self.world_size) if r not in stuck and r != self.rank]
+        deadline = time.monotonic() + DUMP_WAIT_S
+        with contextlib.suppress(Exception):
+            while live and time.monotonic() < deadline and not self._store.check(live):
+                time.sleep(TICK_S)
+
+    def _dump_stacks(self, report: dict) -> None:
+        self.stacks_dir.mkdir(parents=True, exist_ok=True)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        with open(self.stacks_dir / f"rank-{self.rank}.txt", "a") as f:
+            f.write(f"# rank {self.rank} on {self.host} (pid {os.getpid()}), attempt {attempt}, at step ")
+            f.write(f"{self.clock.step}, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+            f.write(f"# {report['message']}\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+
+    # --- the store ----------------------------------------------------------------------------
+
+    def _write_heartbeat(self, beat: int) -> None:
+        if self._store is None:
+            return
+        text = json.dumps({"step": self.clock.step, "host": self.host, "pid": os.getpid(), "beat": beat})
+        try:
+            self._store.set(f"beat/{self.rank}", text)
+            self._read_heartbeats()
+        except Exception as error:  # a store that went away: the local stall check still runs
+            print(f"warning: watchdog: the rendezvous store stopped answering ({error})", file=sys.stderr, flush=True)
+            self._store = None
+
+    def _read_heartbeats(self) -> None:
+        keys = [f"beat/{r}" for r in range(self.world_size)]
+        now = time.monotonic()
+        for r, key in enumerate(keys):
+            if not self._store.check([key]):
+                continue
+            text = self._store.get(key).decode()
+            if r not in self._beats or self._beats[r][0] != text:
+                self._beats[r] = (text, now)
+
+    def _heartbeat(self, rank: int) -> dict:
+        if rank == self.rank:
+            return {"step": self.clock.step, "host": self.host, "pid": os.getpid()}
+        try:
+            data = json.loads(self._beats[rank][0])
+        except (KeyError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _fired_report(self) -> dict | None:
+        try:
+            if self._store is None or not self._store.check(["fired"]):
+                return None
+            report = json.loads(self._store.get("fired").decode())
+        except Exception:
+            return None
+        return report if isinstance(report, dict) and isinstance(report.get("message"), str) else None
+
+
+def _store_client():
+    """A client of its own to the rendezvous store (None without one: a single process), under a
+    prefix per elastic attempt, as the process group's (entrypoints/parallel/process_group.py)."""
+    if "MASTER_ADDR" not in os.environ:
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=STORE_TIMEOUT_S),
+            wait_for_workers=False,
+        )
+    except Exception as error:
+        print(f"warning: watchdog: no rendezvous store ({error}); stuck ranks go unnamed", file=sys.stderr, flush=True)
+        return None
+    return dist.PrefixStore(f"watchdog/attempt_{attempt}", store)
