@@ -2,17 +2,19 @@
 
     watchdog = Watchdog.start(cfg.training.watchdog, rank=r, world_size=n, stacks_dir=out / "stacks",
                               first_step_limit_s=cfg.runtime.collective_timeout_s)
-    watchdog.step_done(step, step_time_s)      # the main loop, after each step (no I/O: it sets numbers)
+    watchdog.step_began(); ...; watchdog.step_done(step, step_time_s)   # the main loop (no I/O: numbers)
     with watchdog.paused(): checkpoints.save(step)   # saves and evaluations do not count as stalls
-    watchdog.straggler(step)                   # one all_gather every straggler_every steps
+    watchdog.straggler(step, device)                 # one all_gather every straggler_every steps
 
 **Stall.** When no step completes within max(stall_factor x the running median step time,
-min_stall_s) (before the first step: `first_step_limit_s`, the collective timeout, which covers
-a compile and a model load; during a save or an evaluation the same long limit), the rank
-dumps its Python stacks with faulthandler to <stacks_dir>/rank-<r>.txt, records the failure in
+min_stall_s) of the rank's own time (time its training thread waited for a CPU, or the process
+did not run, does not count: a loaded machine makes a rank slow, not stalled), the rank dumps
+its Python stacks with faulthandler to <stacks_dir>/rank-<r>.txt, records the failure in
 torchrun's error file (entrypoints/failure.py, so the launcher and the SageMaker bootstrap name
 it) and exits with EXIT_STALLED, and the engine's restart (torchrun --max-restarts, SageMaker
-retries, Slurm requeue) resumes from the newest checkpoint.
+retries, Slurm requeue) resumes from the newest checkpoint. Before the first step, and during a
+save or an evaluation, the limit is `first_step_limit_s` (the collective timeout, which covers a
+compile and a model load).
 
 **Which rank is stuck.** A stuck rank cannot say so (a SIGSTOPped process runs no thread), and
 the others are blocked in a collective that waits for it, so no collective can carry the news.
@@ -26,8 +28,8 @@ completes). The first rank to fire posts its report under `fired`; every other w
 it, dumps its own stacks and exits with the same report, and the firing rank waits up to
 DUMP_WAIT_S for their dumps before it exits, so the stacks of every live rank are on disk.
 
-**Straggler.** A rank's compute time for a step is the CPU time its process used plus the
-time it did not run at all (the thread measures how late its own wake-ups are: a stopped,
+**Straggler.** A rank's compute time for a step is the CPU time its training thread used plus
+the time the process did not run at all (the thread measures how late its own wake-ups are: a stopped,
 starved or swapping host); a wait for a peer counts in neither, so the slow rank stands out even
 though every rank's step lasts as long as the slowest's. Every straggler_every steps each rank
 contributes its mean over those steps (one float, all_gather), and rank 0 prints
@@ -82,8 +84,19 @@ class _StepClock:
         self.step = 0
         self.step_times: deque[float] = deque(maxlen=MEDIAN_WINDOW)
 
-    def idle_s(self, now: float) -> float:
-        return now - (self.paused_at if self.paused_at is not None else self.progress_at)
+    def mark(self) -> float:
+        """When the clock last started: the last step's end, or the start of a save."""
+        return self.paused_at if self.paused_at is not None else self.progress_at
+
+
+def runqueue_wait_s(thread_id: int) -> float:
+    """Seconds the thread waited for a CPU while runnable (/proc/self/task/TID/schedstat, its
+    second field, in ns; 0 where the kernel does not keep it)."""
+    try:
+        fields = Path(f"/proc/self/task/{thread_id}/schedstat").read_text().split()
+        return int(fields[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 class Watchdog:
@@ -94,12 +107,13 @@ class Watchdog:
         self.clock = _StepClock()
         self.host = socket.gethostname()
         self.not_running_s = 0.0
-        self._step_started: tuple[float, float] | None = None  # (process time, not-running time)
+        self._step_started: tuple[float, float] | None = None  # (training thread CPU time, not-running time)
         self._window_compute_s, self._window_steps = 0.0, 0
         self._stop = threading.Event()
         self._store = None
         self._beats: dict[int, tuple[str, float]] = {}  # rank -> (heartbeat text, when it last changed)
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        self._training_thread = threading.get_native_id()
 
     @classmethod
     def start(cls, cfg: WatchdogConfig, **kwargs) -> Watchdog:
@@ -151,8 +165,12 @@ class Watchdog:
     # --- stragglers ---------------------------------------------------------------------------
 
     def compute_s(self) -> tuple[float, float]:
-        """(CPU seconds of this process, seconds it did not run): their sum grows only while it computes or is held."""
-        return time.process_time(), self.not_running_s
+        """(CPU seconds of the calling thread, seconds the process did not run): their sum grows
+        only while the training thread computes or the process is held. The training thread's
+        own CPU time, not the process's: an asynchronous checkpoint save's thread works unevenly
+        across ranks (measured: +57% and +96% on ranks that saved). On a CPU the matmuls run on it
+        (torchrun sets OMP_NUM_THREADS=1 for several processes a node)."""
+        return time.thread_time(), self.not_running_s
 
     def straggler(self, step: int, device: torch.device) -> str | None:
         """Every straggler_every steps: gather each rank's mean compute time per step since the
@@ -173,7 +191,7 @@ class Watchdog:
         slowest = max(range(len(times)), key=times.__getitem__)
         if median <= 0 or times[slowest] <= median * (1 + self.cfg.straggler_margin):
             return None
-        host = self._heartbeat(slowest).get("host", "?")
+        host = self._host(slowest)
         line = (
             f"straggler step={step} rank={slowest} host={host} compute_s={times[slowest]:.3f} "
             f"median_s={median:.3f} above_median={times[slowest] / median - 1:.0%}"
@@ -183,9 +201,15 @@ class Watchdog:
 
     # --- the thread ---------------------------------------------------------------------------
 
+    def _held_s(self) -> float:
+        """Seconds this process could not work: the training thread waiting for a CPU (a
+        machine loaded past its cores), or the whole process not running (stopped)."""
+        return runqueue_wait_s(self._training_thread) + self.not_running_s
+
     def _run(self) -> None:
         last_tick = last_beat = time.monotonic()
         beat = 0
+        mark, held_at_mark = None, 0.0
         while not self._stop.wait(TICK_S):
             now = time.monotonic()
             self.not_running_s += max(0.0, now - last_tick - TICK_S)
@@ -198,7 +222,12 @@ class Watchdog:
                 if fired is not None:
                     self._fire(fired, first=False)
             with self.clock.lock:
-                idle, limit = self.clock.idle_s(now), self.limit_s()
+                limit, started = self.limit_s(), self.clock.mark()
+            if started != mark:
+                mark, held_at_mark = started, self._held_s()
+            # A starved or stopped rank is slow, not stalled: time it could not run does not count
+            # (a machine loaded past its cores, such as CI's background launches at nice 10).
+            idle = now - mark - (self._held_s() - held_at_mark)
             if idle > limit:
                 self._fire(self._report(idle, limit), first=True)
 
@@ -212,7 +241,7 @@ class Watchdog:
         else:
             rule = "the first step's or a save's limit, runtime.collective_timeout_s"
         stuck, why = self._stuck_ranks()
-        named = ", ".join(f"rank {r} on {self._heartbeat(r).get('host', 'an unknown host')}" for r in stuck)
+        named = ", ".join(f"rank {r} on {self._host(r)}" for r in stuck)
         message = (
             f"watchdog: no step completed for {idle:.0f} s after step {clock.step} on rank {self.rank} "
             f"(limit {limit:.0f} s: {rule}); stuck: {named or 'no rank'} ({why}); "
@@ -229,7 +258,7 @@ class Watchdog:
         stale = [r for r, age in ages.items() if age > STALE_S]
         if stale:
             return stale, f"heartbeat older than {STALE_S:g} s: the process does not run"
-        steps = {r: self._heartbeat(r).get("step", 0) for r in range(self.world_size)}
+        steps = {r: _whole(self._heartbeat(r).get("step")) for r in range(self.world_size)}
         behind = [r for r, s in steps.items() if s < max(steps.values())]
         if behind:
             return behind, "its last step is behind the others'"
@@ -262,6 +291,12 @@ class Watchdog:
                 time.sleep(TICK_S)
 
     def _dump_stacks(self, report: dict) -> None:
+        try:
+            self._write_stacks(report)
+        except OSError as error:  # a full or read-only output: the job must still fail and restart
+            print(f"warning: watchdog: cannot write the stacks to {self.stacks_dir}: {error}", file=sys.stderr)
+
+    def _write_stacks(self, report: dict) -> None:
         self.stacks_dir.mkdir(parents=True, exist_ok=True)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         with open(self.stacks_dir / f"rank-{self.rank}.txt", "a") as f:
@@ -303,6 +338,11 @@ class Watchdog:
             return {}
         return data if isinstance(data, dict) else {}
 
+    def _host(self, rank: int) -> str:
+        """The host a rank's heartbeat names (read back from the store: checked, and kept short)."""
+        host = self._heartbeat(rank).get("host")
+        return host[:255] if isinstance(host, str) and host.isprintable() and host else "an unknown host"
+
     def _fired_report(self) -> dict | None:
         try:
             if self._store is None or not self._store.check(["fired"]):
@@ -311,6 +351,10 @@ class Watchdog:
         except Exception:
             return None
         return report if isinstance(report, dict) and isinstance(report.get("message"), str) else None
+
+
+def _whole(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _store_client():
