@@ -57,7 +57,7 @@ from entrypoints.parallel.mesh import build_mesh
 from entrypoints.parallel.parallelize import build_model_parts
 from entrypoints.parallel.pipeline import Pipeline
 from entrypoints.parallel.process_group import DistEnv, process_group
-from entrypoints.watchdog import Watchdog
+from entrypoints.watchdog import Watchdog, speed_causes
 from launcher.contract.config import ConfigError, JobConfig, load_config
 
 EXIT_CONFIG = 2
@@ -147,10 +147,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         for step in range(start + 1, t.steps + 1):
             step_start = time.perf_counter()
             watchdog.step_began()
-            if pipeline is None:
-                loss = accumulate(parts[0], list(data.next_step()), par.grad_accumulation)
-            else:
-                loss = pipeline.step(*data.rank_batch())
+            loss, data_wait = _forward_backward(parts, pipeline, data, par)
             grad_norm = clip_grad_norm(parts, t.grad_clip, mesh["pp"])
             lr = optimizers.lr
             optimizers.step()
@@ -168,7 +165,8 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
 
             if step % t.log_every == 0 or step == t.steps or diverged or val_loss is not None:
                 values = {"loss": global_loss, "grad_norm": grad_norm.item(), "lr": lr, "step_time_s": step_time}
-                metrics.log(step=step, **values, val_loss=val_loss)
+                causes = speed_causes(data_wait, step_time, watchdog.named_straggler)
+                metrics.log(step=step, **values, val_loss=val_loss, causes=causes)
             _stop_if(diverged, checkpoints)
             with paused():  # saves are slow and not steps: the watchdog holds them to its long limit
                 if written == env.world_size:
@@ -188,6 +186,16 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     metrics.close(interrupted=interrupted)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _forward_backward(parts, pipeline: Pipeline | None, data: DataLoader, par) -> tuple[torch.Tensor, float]:
+    """The step's loss, gradients accumulated, and the seconds it waited for its batch."""
+    began = time.perf_counter()
+    batch = list(data.next_step()) if pipeline is None else data.rank_batch()
+    data_wait = time.perf_counter() - began
+    if pipeline is None:
+        return accumulate(parts[0], batch, par.grad_accumulation), data_wait
+    return pipeline.step(*batch), data_wait
 
 
 def _watchdog(cfg: JobConfig, env: DistEnv) -> Watchdog:

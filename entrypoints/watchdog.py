@@ -109,6 +109,8 @@ class Watchdog:
         self.not_running_s = 0.0
         self._step_started: tuple[float, float] | None = None  # (training thread CPU time, not-running time)
         self._window_compute_s, self._window_steps = 0.0, 0
+        self.named_straggler: tuple[int, float] | None = None
+        """Rank 0's latest comparison, when it named a straggler: (rank, share above the median)."""
         self._stop = threading.Event()
         self._store = None
         self._beats: dict[int, tuple[str, float]] = {}  # rank -> (heartbeat text, when it last changed)
@@ -190,7 +192,9 @@ class Watchdog:
         median = statistics.median(times)
         slowest = max(range(len(times)), key=times.__getitem__)
         if median <= 0 or times[slowest] <= median * (1 + self.cfg.straggler_margin):
+            self.named_straggler = None
             return None
+        self.named_straggler = (slowest, times[slowest] / median - 1)
         host = self._host(slowest)
         line = (
             f"straggler step={step} rank={slowest} host={host} compute_s={times[slowest]:.3f} "
@@ -351,6 +355,22 @@ class Watchdog:
         except Exception:
             return None
         return report if isinstance(report, dict) and isinstance(report.get("message"), str) else None
+
+
+DATA_WAIT_RECORDED = 0.2
+"""A step's data wait enters its metrics record when it is at least this share of the step."""
+
+
+def speed_causes(data_wait_s: float, step_time_s: float, straggler: tuple[int, float] | None) -> dict:
+    """What may slow the job, for its metrics record (launcher.contract.metrics.SPEED_CAUSE_KEYS):
+    the step's wait for its batch where it is DATA_WAIT_RECORDED of the step or more, and the
+    straggler rank 0 last named; {} for a job that nothing slows (its lines stay as they were)."""
+    causes: dict = {}
+    if step_time_s > 0 and data_wait_s >= DATA_WAIT_RECORDED * step_time_s:
+        causes["data_wait_s"] = data_wait_s
+    if straggler is not None:
+        causes.update(straggler_rank=straggler[0], straggler_above_median=straggler[1])
+    return causes
 
 
 def _whole(value) -> int:

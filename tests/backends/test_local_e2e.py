@@ -345,6 +345,8 @@ def test_a_stalled_rank_is_named_the_live_ranks_dump_stacks_and_the_restart_ends
     resumed = [int(m) for m in re.findall(r"resumed_from_step=(\d+)", waited.stdout)]
     assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 2, resumed
     records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    # ... and the metrics record it, for `status`'s likely-cause line (launcher.display.text.slow_cause_text).
+    assert 1 in {r.get("straggler_rank") for r in records}
     readme_stdout, readme_home = readme_main_job(tmp_path)
     readme_job = readme_home / "jobs" / readme_stdout.splitlines()[-1].split(":")[0]
     uninterrupted = [json.loads(x) for x in (readme_job / "metrics.jsonl").read_text().splitlines()]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.watchdog import EXIT_STALLED, HEARTBEAT_S, TICK_S, Watchdog
+from entrypoints.watchdog import EXIT_STALLED, HEARTBEAT_S, TICK_S, Watchdog, speed_causes
 from launcher.contract.config import ConfigError, WatchdogConfig
 from launcher.errors import LauncherError
 from launcher.recipe import Recipe
@@ -119,3 +119,9 @@ def test_allows_the_watchdog_off_and_the_contract_refuses_what_the_recipe_does()
     assert recipe.training.watchdog.enabled is False
     with pytest.raises(ConfigError, match=r"^training\.watchdog\.stall_factor: 0\.5; use 1 or more$"):
         WatchdogConfig(stall_factor=0.5)
+
+
+def test_a_step_records_its_data_wait_only_when_it_is_a_fifth_of_the_step_and_the_named_straggler():
+    assert speed_causes(0.01, 1.0, None) == {}  # a job nothing slows: its metrics lines stay as they were
+    assert speed_causes(0.25, 1.0, None) == {"data_wait_s": 0.25}
+    assert speed_causes(0.0, 1.0, (2, 0.9)) == {"straggler_rank": 2, "straggler_above_median": 0.9}
