@@ -11,8 +11,8 @@ min_stall_s) of the rank's own time (time its training thread waited for a CPU, 
 did not run, does not count: a loaded machine makes a rank slow, not stalled), the rank dumps
 its Python stacks with faulthandler to <stacks_dir>/rank-<r>.txt, records the failure in
 torchrun's error file (entrypoints/failure.py, so the launcher and the SageMaker bootstrap name
-it) and exits with EXIT_STALLED, and the engine's restart (torchrun --max-restarts, SageMaker
-retries, Slurm requeue) resumes from the newest checkpoint. Before the first step, and during a
+it) and exits with EXIT_STALLED, and the restart (torchrun --max-restarts, or the engine's
+rerun of a failed job: Slurm's requeue) resumes from the newest checkpoint. Before the first step, and during a
 save or an evaluation, the limit is `first_step_limit_s` (the collective timeout, which covers a
 compile and a model load).
 
