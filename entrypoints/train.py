@@ -142,7 +142,6 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     interrupted = False
     began = time.perf_counter()
     watchdog = _watchdog(cfg, env)
-    paused = watchdog.paused
     with sigterm_flag() as sigterm, closing(watchdog):
         for step in range(start + 1, t.steps + 1):
             step_start = time.perf_counter()
@@ -160,7 +159,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             watchdog.step_done(step, step_time)
             watchdog.straggler(step, env.device)
             diverged = divergence(step, global_loss, norms, resumed_from=start)
-            with paused():
+            with watchdog.paused():
                 val_loss = None if diverged or stop else _validate(evaluator, step)
 
             if step % t.log_every == 0 or step == t.steps or diverged or val_loss is not None:
@@ -168,17 +167,10 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
                 causes = speed_causes(data_wait, step_time, watchdog.named_straggler)
                 metrics.log(step=step, **values, val_loss=val_loss, causes=causes)
             _stop_if(diverged, checkpoints)
-            with paused():  # saves are slow and not steps: the watchdog holds them to its long limit
-                if written == env.world_size:
-                    checkpoints.finish_pending()
-                if stop:
-                    _save_after_sigterm(
-                        checkpoints, step, env, sigterm[1] or time.monotonic(), cfg.runtime.stop_budget_s
-                    )
-                    interrupted = True
-                    break
-                if checkpoints.due(step) or time_due > 0 or step == t.steps:
-                    checkpoints.save(step, blocking=step == t.steps)
+            with watchdog.paused():  # saves are slow and not steps: the watchdog holds them to its long limit
+                interrupted = _save_if_due(cfg, env, checkpoints, step, written, time_due, sigterm if stop else None)
+            if interrupted:
+                break
     checkpoints.close()
     if cfg.checkpoint.export_hf and not interrupted:
         export_hf(parts, stage_ids, mesh, cfg, export_directory(cfg, output_dir(cfg)))
@@ -186,6 +178,20 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     metrics.close(interrupted=interrupted)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _save_if_due(cfg: JobConfig, env: DistEnv, checkpoints: Checkpointer, step: int, written, time_due, sigterm):
+    """After `step`: finish the pending save once every rank has written it, then save, either
+    the final one after SIGTERM (`sigterm`: the flag, when any rank got it; returns True) or a
+    periodic or last one when due."""
+    if written == env.world_size:
+        checkpoints.finish_pending()
+    if sigterm is not None:
+        _save_after_sigterm(checkpoints, step, env, sigterm[1] or time.monotonic(), cfg.runtime.stop_budget_s)
+        return True
+    if checkpoints.due(step) or time_due > 0 or step == cfg.training.steps:
+        checkpoints.save(step, blocking=step == cfg.training.steps)
+    return False
 
 
 def _forward_backward(parts, pipeline: Pipeline | None, data: DataLoader, par) -> tuple[torch.Tensor, float]:
