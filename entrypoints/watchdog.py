@@ -25,8 +25,9 @@ any worker is stopped. A rank whose heartbeat has not changed for STALE_S is stu
 process stopped, or the interpreter is wedged); where none is stale, the ranks whose step is
 behind; where every rank is at the same step, every rank waits (a collective that never
 completes). The first rank to fire posts its report under `fired`; every other watchdog sees
-it, dumps its own stacks and exits with the same report, and the firing rank waits up to
-DUMP_WAIT_S for their dumps before it exits, so the stacks of every live rank are on disk.
+it within HEARTBEAT_S, dumps its own stacks and fails with the same report, and no rank exits
+before every live rank has dumped (or DUMP_WAIT_S passed): the first to exit ends its peers'
+collectives, and a peer whose collective fails would exit before its dump.
 
 **Straggler.** A rank's compute time for a step is the CPU time its training thread used plus
 the time the process did not run at all (the thread measures how late its own wake-ups are: a stopped,
@@ -65,6 +66,9 @@ TICK_S = 0.1
 HEARTBEAT_S = 1.0
 STALE_S = 10.0
 """A heartbeat unchanged for this long belongs to a process that does not run."""
+OBSERVE_S = STALE_S + 2 * HEARTBEAT_S
+HOSTS_EVERY = 30
+"""Rank 0 reads every rank's host from the heartbeats every this many beats."""
 DUMP_WAIT_S = 10.0
 STORE_TIMEOUT_S = 10.0
 MEDIAN_WINDOW = 100
@@ -114,6 +118,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._store = None
         self._beats: dict[int, tuple[str, float]] = {}  # rank -> (heartbeat text, when it last changed)
+        self._hosts: dict[int, str] = {}  # rank -> its host, as its heartbeat says (checked, at most 255 characters)
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         self._training_thread = threading.get_native_id()
 
@@ -169,9 +174,10 @@ class Watchdog:
     def compute_s(self) -> tuple[float, float]:
         """(CPU seconds of the calling thread, seconds the process did not run): their sum grows
         only while the training thread computes or the process is held. The training thread's
-        own CPU time, not the process's: an asynchronous checkpoint save's thread works unevenly
-        across ranks (measured: +57% and +96% on ranks that saved). On a CPU the matmuls run on it
-        (torchrun sets OMP_NUM_THREADS=1 for several processes a node)."""
+        own CPU time, not the process's: with the process's, the tiny CPU job saving every 2
+        steps (asynchronous saves, in threads of their own) named false stragglers at +57% and
+        +96%. On a CPU the matmuls run on it (torchrun sets OMP_NUM_THREADS=1 for several
+        processes a node)."""
         return time.thread_time(), self.not_running_s
 
     def straggler(self, step: int, device: torch.device) -> str | None:
@@ -218,13 +224,6 @@ class Watchdog:
             now = time.monotonic()
             self.not_running_s += max(0.0, now - last_tick - TICK_S)
             last_tick = now
-            if now - last_beat >= HEARTBEAT_S:
-                beat += 1
-                last_beat = now
-                self._write_heartbeat(beat)
-                fired = self._fired_report()
-                if fired is not None:
-                    self._fire(fired, first=False)
             with self.clock.lock:
                 limit, started = self.limit_s(), self.clock.mark()
             if started != mark:
@@ -232,6 +231,18 @@ class Watchdog:
             # A starved or stopped rank is slow, not stalled: time it could not run does not count
             # (a machine loaded past its cores, such as CI's background launches at nice 10).
             idle = now - mark - (self._held_s() - held_at_mark)
+            if now - last_beat >= HEARTBEAT_S:
+                beat += 1
+                last_beat = now
+                # The others' heartbeats are read only from OBSERVE_S before the limit: long enough
+                # to see which have gone stale, and no store traffic of world_size reads per rank
+                # per second while the job is healthy.
+                # Rank 0 also reads them now and then for the hosts its straggler line names.
+                hosts_due = self.rank == 0 and beat % HOSTS_EVERY == 2
+                self._write_heartbeat(beat, read_others=idle > limit - OBSERVE_S or hosts_due)
+                fired = self._fired_report()
+                if fired is not None:
+                    self._fire(fired, first=False)
             if idle > limit:
                 self._fire(self._report(idle, limit), first=True)
 
@@ -282,12 +293,13 @@ class Watchdog:
             raise WatchdogStall(report["message"])
         except WatchdogStall as stall:
             failure.HANDLER.record_exception(stall)
-        if first and store is not None:
-            self._wait_for_dumps(report["stuck"])
+        if store is not None:  # every rank waits: one that exits ends its peers' collectives, and
+            self._wait_for_dumps(report.get("stuck"))  # a peer whose collective fails exits before its dump
         sys.stdout.flush()
         os._exit(EXIT_STALLED)
 
-    def _wait_for_dumps(self, stuck: list[int]) -> None:
+    def _wait_for_dumps(self, stuck) -> None:
+        stuck = stuck if isinstance(stuck, list) else []  # read back from the store
         live = [f"dumped/{r}" for r in range(self.world_size) if r not in stuck and r != self.rank]
         deadline = time.monotonic() + DUMP_WAIT_S
         with contextlib.suppress(Exception):
@@ -312,13 +324,16 @@ class Watchdog:
 
     # --- the store ----------------------------------------------------------------------------
 
-    def _write_heartbeat(self, beat: int) -> None:
+    def _write_heartbeat(self, beat: int, *, read_others: bool) -> None:
         if self._store is None:
             return
         text = json.dumps({"step": self.clock.step, "host": self.host, "pid": os.getpid(), "beat": beat})
         try:
             self._store.set(f"beat/{self.rank}", text)
-            self._read_heartbeats()
+            if read_others:
+                self._read_heartbeats()
+            else:
+                self._beats.clear()  # a step completed: what was seen before says nothing now
         except Exception as error:  # a store that went away: the local stall check still runs
             print(f"warning: watchdog: the rendezvous store stopped answering ({error})", file=sys.stderr, flush=True)
             self._store = None
@@ -332,6 +347,9 @@ class Watchdog:
             text = self._store.get(key).decode()
             if r not in self._beats or self._beats[r][0] != text:
                 self._beats[r] = (text, now)
+            host = self._heartbeat(r).get("host")
+            if isinstance(host, str) and host.isprintable() and host:
+                self._hosts[r] = host[:255]
 
     def _heartbeat(self, rank: int) -> dict:
         if rank == self.rank:
@@ -344,8 +362,7 @@ class Watchdog:
 
     def _host(self, rank: int) -> str:
         """The host a rank's heartbeat names (read back from the store: checked, and kept short)."""
-        host = self._heartbeat(rank).get("host")
-        return host[:255] if isinstance(host, str) and host.isprintable() and host else "an unknown host"
+        return self.host if rank == self.rank else self._hosts.get(rank, "an unknown host")
 
     def _fired_report(self) -> dict | None:
         try:

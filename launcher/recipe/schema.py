@@ -231,7 +231,8 @@ class Watchdog(Section):
     """Every this many steps the ranks gather their compute time and rank 0 names the slowest
     rank and host when it is above the median by more than straggler_margin (0: never)."""
     straggler_margin: float = Field(default=DEFAULT_STRAGGLER_MARGIN, gt=0, le=1e6)
-    """The share above the median compute time that makes a rank a straggler (0.5: 50% above the median)."""
+    """The share above the median compute time that makes a rank a straggler (1.0: twice the median;
+    on a loaded 2-core machine healthy ranks measured up to 54% above it)."""
 
 
 class Training(Section):
