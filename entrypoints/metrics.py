@@ -16,6 +16,8 @@ the launcher's contract (`launcher.contract.metrics`); this module measures the 
 - mem_*: torch.cuda.max_memory_allocated / max_memory_reserved since the start, in GiB (0 on CPU).
 - val_loss, val_perplexity (exp of it): after a step that evaluated the held-out data
   (entrypoints/evaluate.py), on that step's line and record; the summary's final_val_loss is the last.
+- data_wait_s, straggler_rank, straggler_above_median: what may slow the job, where measured
+  (entrypoints/watchdog.py `speed_causes`); `launcher status` names the likely cause from them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 
 from launcher.contract.config import ModelConfig
-from launcher.contract.metrics import METRICS_FILE, metrics_line, summary_line
+from launcher.contract.metrics import METRICS_FILE, SPEED_CAUSE_KEYS, metrics_line, summary_line
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -78,8 +80,17 @@ class MetricsLogger:
             output_dir.mkdir(parents=True, exist_ok=True)
 
     def log(
-        self, *, step: int, loss: float, grad_norm: float, lr: float, step_time_s: float, val_loss: float | None = None
+        self,
+        *,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        lr: float,
+        step_time_s: float,
+        val_loss: float | None = None,
+        causes: dict | None = None,
     ) -> dict:
+        """`causes`: what may slow the job (SPEED_CAUSE_KEYS, entrypoints/watchdog.speed_causes), appended."""
         tokens_per_s = self.tokens_per_step / step_time_s / self.world_size
         mfu = tokens_per_s * self.flops_per_token / self.peak_flops if self.peak_flops else math.nan
         alloc, reserved = memory_gib()
@@ -96,6 +107,7 @@ class MetricsLogger:
         }
         if val_loss is not None:
             record.update(val_loss=val_loss, val_perplexity=perplexity(val_loss))
+        record.update({key: causes[key] for key in SPEED_CAUSE_KEYS if key in (causes or {})})
         self.records.append(record)
         if self.enabled:
             print(metrics_line(record), flush=True)

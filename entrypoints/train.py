@@ -33,7 +33,7 @@ import os
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the `entrypoints` package importable
@@ -57,6 +57,7 @@ from entrypoints.parallel.mesh import build_mesh
 from entrypoints.parallel.parallelize import build_model_parts
 from entrypoints.parallel.pipeline import Pipeline
 from entrypoints.parallel.process_group import DistEnv, process_group
+from entrypoints.watchdog import Watchdog, speed_causes
 from launcher.contract.config import ConfigError, JobConfig, load_config
 
 EXIT_CONFIG = 2
@@ -140,13 +141,12 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
 
     interrupted = False
     began = time.perf_counter()
-    with sigterm_flag() as sigterm:
+    watchdog = _watchdog(cfg, env)
+    with sigterm_flag() as sigterm, closing(watchdog):
         for step in range(start + 1, t.steps + 1):
             step_start = time.perf_counter()
-            if pipeline is None:
-                loss = accumulate(parts[0], list(data.next_step()), par.grad_accumulation)
-            else:
-                loss = pipeline.step(*data.rank_batch())
+            watchdog.step_began()
+            loss, data_wait = _forward_backward(parts, pipeline, data, par)
             grad_norm = clip_grad_norm(parts, t.grad_clip, mesh["pp"])
             lr = optimizers.lr
             optimizers.step()
@@ -156,21 +156,21 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             share = loss * loss_share if holds_loss else None
             global_loss, stop, time_due, written, norms = _share_step(env, share, grad_norm, sigterm[0], checkpoints)
             step_time = time.perf_counter() - step_start
+            watchdog.step_done(step, step_time)
+            watchdog.straggler(step, env.device)
             diverged = divergence(step, global_loss, norms, resumed_from=start)
-            val_loss = None if diverged or stop else _validate(evaluator, step)
+            with watchdog.paused():
+                val_loss = None if diverged or stop else _validate(evaluator, step)
 
             if step % t.log_every == 0 or step == t.steps or diverged or val_loss is not None:
                 values = {"loss": global_loss, "grad_norm": grad_norm.item(), "lr": lr, "step_time_s": step_time}
-                metrics.log(step=step, **values, val_loss=val_loss)
+                causes = speed_causes(data_wait, step_time, watchdog.named_straggler)
+                metrics.log(step=step, **values, val_loss=val_loss, causes=causes)
             _stop_if(diverged, checkpoints)
-            if written == env.world_size:
-                checkpoints.finish_pending()
-            if stop:
-                _save_after_sigterm(checkpoints, step, env, sigterm[1] or time.monotonic(), cfg.runtime.stop_budget_s)
-                interrupted = True
+            with watchdog.paused():  # saves are slow and not steps: the watchdog holds them to its long limit
+                interrupted = _save_if_due(cfg, env, checkpoints, step, written, time_due, sigterm if stop else None)
+            if interrupted:
                 break
-            if checkpoints.due(step) or time_due > 0 or step == t.steps:
-                checkpoints.save(step, blocking=step == t.steps)
     checkpoints.close()
     if cfg.checkpoint.export_hf and not interrupted:
         export_hf(parts, stage_ids, mesh, cfg, export_directory(cfg, output_dir(cfg)))
@@ -178,6 +178,42 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     metrics.close(interrupted=interrupted)
     summary["interrupted"] = interrupted
     return summary
+
+
+def _save_if_due(cfg: JobConfig, env: DistEnv, checkpoints: Checkpointer, step: int, written, time_due, sigterm):
+    """After `step`: finish the pending save once every rank has written it, then save, either
+    the final one after SIGTERM (`sigterm`: the flag, when any rank got it; returns True) or a
+    periodic or last one when due."""
+    if written == env.world_size:
+        checkpoints.finish_pending()
+    if sigterm is not None:
+        _save_after_sigterm(checkpoints, step, env, sigterm[1] or time.monotonic(), cfg.runtime.stop_budget_s)
+        return True
+    if checkpoints.due(step) or time_due > 0 or step == cfg.training.steps:
+        checkpoints.save(step, blocking=step == cfg.training.steps)
+    return False
+
+
+def _forward_backward(parts, pipeline: Pipeline | None, data: DataLoader, par) -> tuple[torch.Tensor, float]:
+    """The step's loss, gradients accumulated, and the seconds it waited for its batch."""
+    began = time.perf_counter()
+    batch = list(data.next_step()) if pipeline is None else data.rank_batch()
+    data_wait = time.perf_counter() - began
+    if pipeline is None:
+        return accumulate(parts[0], batch, par.grad_accumulation), data_wait
+    return pipeline.step(*batch), data_wait
+
+
+def _watchdog(cfg: JobConfig, env: DistEnv) -> Watchdog:
+    """This rank's watchdog (training.watchdog); before the first step the collective timeout
+    bounds a stall, since that step compiles and may follow a long model load."""
+    return Watchdog.start(
+        cfg.training.watchdog,
+        rank=env.rank,
+        world_size=env.world_size,
+        stacks_dir=output_dir(cfg) / "stacks",
+        first_step_limit_s=cfg.runtime.collective_timeout_s,
+    )
 
 
 def _validate(evaluator: Evaluator | None, step: int) -> float | None:

@@ -12,6 +12,7 @@ from launcher.jobs import Job
 from launcher.registry import load, write_json
 from tests.backends.helpers import recipe_path
 
+NONE = "(no straggler named, data wait under 20% of the step, saves are outside the step)"
 # tiny-cpu as if on one H100: the planner predicts a speed for it (it has none for the host CPU).
 ON_A_GPU = ["cluster.device=cuda", "cluster.accelerator=h100-80gb"]
 
@@ -34,7 +35,10 @@ def test_submit_keeps_the_prediction_and_wait_status_and_repr_compare_the_newest
     live = newest_row(directory / "metrics.jsonl")["tokens_per_s_per_gpu"]
     wait_line = wait_text(done.final)
     assert wait_line.startswith(f"{name}: Completed. loss ")
-    assert wait_line.endswith(f"; ran at {live / speed.tokens_per_s_per_gpu:.0%} of predicted")
+    share = live / speed.tokens_per_s_per_gpu
+    # Far below the prediction, and the stand-in trainer records no cause (display.text.slow_cause_text).
+    assert f"; ran at {share:.0%} of predicted" in wait_line and share < 0.8
+    assert wait_line.endswith(f"; warning: {share:.0%} of predicted: likely cause: none in the metrics {NONE}")
 
     # A newest step at 62% of the prediction, at 31% MFU, as the trainer would write it.
     row = {"step": 4, "loss": 1.5, "tokens_per_s_per_gpu": 0.62 * speed.tokens_per_s_per_gpu, "mfu": 0.31}
@@ -89,3 +93,37 @@ def test_a_damaged_prediction_in_the_record_is_one_line_naming_it(home, cli, pre
     status = cli("status", "damaged-job")
     path = home / "jobs" / "damaged-job" / "job.json"
     assert status.code == 2 and status.err.strip().splitlines() == [f"{path}: damaged job record: {found}"]
+
+
+@pytest.mark.parametrize(
+    ("causes", "warning"),
+    [
+        (
+            {"straggler_rank": 3, "straggler_above_median": 0.87},
+            "50% of predicted: likely cause: a straggler: rank 3's compute time is 87% above the median "
+            "(its log names the host)",
+        ),
+        (
+            {"data_wait_s": 0.3, "step_time_s": 1.0},
+            "50% of predicted: likely cause: data wait: 30% of the step waits for its batch",
+        ),
+        (
+            {"data_wait_s": 0.1, "step_time_s": 1.0},
+            f"50% of predicted: likely cause: none in the metrics {NONE}",
+        ),
+    ],
+    ids=["straggler", "data-wait", "none"],
+)
+def test_a_job_below_80_percent_of_predicted_gets_a_warning_naming_the_likely_cause(home, cli, causes, warning):
+    """The cause comes from what the newest metrics record holds (entrypoints/watchdog.speed_causes)."""
+    write_running_job(home, "slow-job", {"predicted": {"tokens_per_s_per_gpu": 2469.0, "mfu": 0.4}})
+    metrics = home / "jobs" / "slow-job" / "metrics.jsonl"
+    metrics.write_text(json.dumps({**json.loads(metrics.read_text()), **causes}) + "\n")
+    status = cli("status", "slow-job")
+    assert status.code == 0 and f"  speed    running at 50% of predicted\n  warning  {warning}\n" in status.out
+
+
+def test_a_job_at_80_percent_of_predicted_or_more_gets_no_warning(home, cli):
+    write_running_job(home, "fine-job", {"predicted": {"tokens_per_s_per_gpu": 1234.5 / 0.8, "mfu": 0.4}})
+    status = cli("status", "fine-job")
+    assert status.code == 0 and "running at 80% of predicted" in status.out and "warning" not in status.out

@@ -180,6 +180,38 @@ class OptimizerConfig:
     min_lr: float = 0.0
 
 
+DEFAULT_STALL_FACTOR = 10.0
+DEFAULT_MIN_STALL_S = 60.0
+DEFAULT_STRAGGLER_EVERY = 50
+DEFAULT_STRAGGLER_MARGIN = 1.0
+
+
+@_config
+class WatchdogConfig:
+    """What entrypoints/watchdog.py watches on every rank (docs/monitoring.md)."""
+
+    enabled: bool = True
+    stall_factor: float = DEFAULT_STALL_FACTOR
+    """A stall: no step completes within stall_factor x the running median step time (saves and
+    evaluations excluded; before the first step, runtime.collective_timeout_s)..."""
+    min_stall_s: float = DEFAULT_MIN_STALL_S
+    """... or within this many seconds, whichever is longer."""
+    straggler_every: int = DEFAULT_STRAGGLER_EVERY
+    """Every this many steps the ranks gather their compute time (0: never)."""
+    straggler_margin: float = DEFAULT_STRAGGLER_MARGIN
+    """The slowest rank is named when its compute time is more than this share above the median."""
+
+    def __post_init__(self):
+        if not self.stall_factor >= 1:
+            raise ConfigError(f"training.watchdog.stall_factor: {self.stall_factor}; use 1 or more")
+        if not self.min_stall_s > 0:
+            raise ConfigError(f"training.watchdog.min_stall_s: {self.min_stall_s}; use a positive number of seconds")
+        if self.straggler_every < 0:
+            raise ConfigError(f"training.watchdog.straggler_every: {self.straggler_every}; use 0 (off) or more")
+        if not self.straggler_margin > 0:
+            raise ConfigError(f"training.watchdog.straggler_margin: {self.straggler_margin}; use a positive share")
+
+
 @_config
 class TrainingConfig:
     seq_len: int
@@ -191,6 +223,7 @@ class TrainingConfig:
     grad_clip: float | None = 1.0
     compile: bool = False
     log_every: int = 1
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 
 @_config

@@ -28,6 +28,9 @@ METRIC_KEYS = (
 )
 VALIDATION_KEYS = ("val_loss", "val_perplexity")
 """Appended to the line (and the JSONL record) of a step after which the job evaluated its held-out data."""
+SPEED_CAUSE_KEYS = ("data_wait_s", "straggler_rank", "straggler_above_median")
+"""Appended where measured: the step's wait for its batch (when at least 20% of the step), and the
+straggler rank 0 last named with its compute time's share above the median (while it is named)."""
 SUMMARY_KEYS = (
     "steps",
     "final_loss",
@@ -76,7 +79,7 @@ def format_value(value: float) -> str:
 
 
 def metrics_line(record: Mapping[str, float]) -> str:
-    keys = [*METRIC_KEYS, *(k for k in VALIDATION_KEYS if k in record)]
+    keys = [*METRIC_KEYS, *(k for k in (*VALIDATION_KEYS, *SPEED_CAUSE_KEYS) if k in record)]
     return f"{METRICS_PREFIX} " + " ".join(f"{k}={format_value(record[k])}" for k in keys)
 
 

@@ -95,6 +95,9 @@ def status_text(status: JobStatusFields) -> str:
     speed = speed_text(status)
     if speed:
         lines.append(f"  speed    {speed}")
+    cause = slow_cause_text(status)
+    if cause:
+        lines.append(f"  warning  {cause}")
     for key, value in status.details.items():
         if value not in (None, {}, "") and key not in ("summary", "predicted"):
             lines.append(f"  {key:<8} {shown(value)}")
@@ -118,6 +121,8 @@ def result_text(status: JobStatusFields) -> str:
 def wait_text(status: JobStatusFields) -> str:
     """The line `submit --wait` ends with: `NAME: Completed. loss 1.67, ...; ran at 62% of predicted`."""
     speed = speed_text(status)
+    cause = slow_cause_text(status)
+    speed += f"; warning: {cause}" if cause else ""
     return f"{shown(status.name)}: {shown(status.state)}. {result_text(status)}" + (f"; {speed}" if speed else "")
 
 
@@ -133,6 +138,31 @@ def speed_text(status: JobStatusFields) -> str:
     mfu = metrics.get("mfu")
     ran = "ran" if status.state in ENDED_STATES else "running"
     return f"{ran} at {live / expected:.0%} of predicted" + (f" (MFU {mfu:.0%})" if _measured(mfu) else "")
+
+
+SLOW_BELOW = 0.8
+"""A job whose live tokens/s are below this share of the prediction gets a line naming the likely cause."""
+DATA_WAIT_CAUSE = 0.2
+
+
+def slow_cause_text(status: JobStatusFields) -> str:
+    """`running at 45% of predicted: likely cause: ...` for a job below SLOW_BELOW of its
+    prediction, from what its newest metrics record holds (launcher.contract.metrics
+    SPEED_CAUSE_KEYS): a straggler rank 0 named, else the step's wait for data; "" otherwise."""
+    predicted = status.details.get("predicted") or {}
+    metrics = {key.removeprefix("train:"): value for key, value in status.metrics.items()}
+    expected, live = predicted.get("tokens_per_s_per_gpu"), metrics.get("tokens_per_s_per_gpu")
+    if not (_measured(expected) and expected > 0 and _measured(live)) or live / expected >= SLOW_BELOW:
+        return ""
+    straggler, above = metrics.get("straggler_rank"), metrics.get("straggler_above_median")
+    wait, step = metrics.get("data_wait_s"), metrics.get("step_time_s")
+    if _measured(straggler) and _measured(above):
+        cause = f"a straggler: rank {int(straggler)}'s compute time is {above:.0%} above the median (its log names the host)"
+    elif _measured(wait) and _measured(step) and step > 0 and wait >= DATA_WAIT_CAUSE * step:
+        cause = f"data wait: {wait / step:.0%} of the step waits for its batch"
+    else:
+        cause = "none in the metrics (no straggler named, data wait under 20% of the step, saves are outside the step)"
+    return f"{live / expected:.0%} of predicted: likely cause: {cause}"
 
 
 def _measured(value: Any) -> bool:

@@ -24,6 +24,12 @@ from pydantic import (
 )
 
 from launcher.catalog.engines import capabilities
+from launcher.contract.config import (
+    DEFAULT_MIN_STALL_S,
+    DEFAULT_STALL_FACTOR,
+    DEFAULT_STRAGGLER_EVERY,
+    DEFAULT_STRAGGLER_MARGIN,
+)
 from launcher.contract.layout import MAX_SEQ_LEN
 from launcher.recipe.region import default_region
 
@@ -212,6 +218,24 @@ class Optimizer(Section):
     min_lr: float = Field(default=0.0, ge=0, le=10)
 
 
+class Watchdog(Section):
+    enabled: bool = True
+    """Watch every rank for a stall, and the ranks' compute times for a straggler (docs/monitoring.md)."""
+    stall_factor: float = Field(default=DEFAULT_STALL_FACTOR, ge=1, le=1e6)
+    """A stall is no step completed within stall_factor x the running median step time (checkpoint
+    saves and evaluations do not count; before the first step, cluster.collective_timeout), or
+    min_stall_s if longer. Then every rank dumps its Python stacks to <output>/stacks/ and the job
+    fails, naming the stuck ranks, so the engine's restart resumes from the newest checkpoint."""
+    min_stall_s: float = Field(default=DEFAULT_MIN_STALL_S, gt=0, le=MAX_DURATION_S)
+    """The shortest stall, in seconds, that fails the job."""
+    straggler_every: int = Field(default=DEFAULT_STRAGGLER_EVERY, ge=0, le=MAX_STEPS)
+    """Every this many steps the ranks gather their compute time and rank 0 names the slowest
+    rank and host when it is above the median by more than straggler_margin (0: never)."""
+    straggler_margin: float = Field(default=DEFAULT_STRAGGLER_MARGIN, gt=0, le=1e6)
+    """The share above the median compute time that makes a rank a straggler (1.0: twice the median;
+    on a loaded 2-core machine healthy ranks measured up to 54% above it)."""
+
+
 class Training(Section):
     seq_len: PositiveInt = Field(le=MAX_SEQ_LEN)
     """Tokens per sequence (1 to 4194304, i.e. 4M). Above the model's trained context is a warning."""
@@ -230,6 +254,7 @@ class Training(Section):
     """torch.compile each transformer block."""
     log_every: PositiveInt = Field(default=1, le=MAX_STEPS)
     """Log metrics every this many steps."""
+    watchdog: Watchdog = Watchdog()
 
 
 class Precision(Section):

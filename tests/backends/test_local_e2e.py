@@ -10,17 +10,22 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from entrypoints.checkpoint_files import complete_checkpoints
+from launcher.backends import processes
 from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
-from tests.progress import wait_while_growing
+from launcher.contract.failure import read_error_file
+from tests.progress import log_size, wait_while_growing
 
-from .helpers import REPO
+from .helpers import REPO, alive
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.engines]
 
@@ -239,3 +244,111 @@ def assert_mlflow_run_holds(url: str, name: str, records: list[dict], spec_file:
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp)
         logged = last_per_step((m.step, m.value) for m in history)
         assert logged == pytest.approx(last_per_step((r["step"], r[key]) for r in records), rel=1e-12), key
+
+
+def worker_environments(torchrun: int, job_dir: Path) -> dict[int, tuple[int, dict[str, str]]]:
+    """{rank: (pid, environment)} of the torchrun this test started, each worker checked to be
+    this job's (the runner's LAUNCHER_JOB_DIR marker in its environment) before it is signalled."""
+    workers = {}
+    for pid in Path(f"/proc/{torchrun}/task/{torchrun}/children").read_text().split():
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        environment = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+        assert environment.get(processes.JOB_MARKER) == str(job_dir), (pid, environment.get(processes.JOB_MARKER))
+        workers[int(environment["RANK"])] = (int(pid), environment)
+    return workers
+
+
+@contextmanager
+def held_now_and_then(pid: int, stopped_s: float = 0.45, period_s: float = 0.6):
+    """The process stopped (SIGSTOP) for `stopped_s` of every `period_s`: a slow host."""
+    done = threading.Event()
+
+    def throttle() -> None:
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            done.wait(stopped_s)
+            os.kill(pid, signal.SIGCONT)
+            done.wait(period_s - stopped_s)
+
+    thread = threading.Thread(target=throttle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_stalled_rank_is_named_the_live_ranks_dump_stacks_and_the_restart_ends_with_the_same_losses(tmp_path):
+    """training.watchdog on the README's job (4 processes, FSDP 2 x TP 2), with real faults: rank 1
+    is held for 0.45 s of every 0.6 s until rank 0's straggler line names it; then rank 2 is
+    stopped for good (SIGSTOP). The other ranks' watchdogs fire: their Python stacks are on
+    disk, the failure (the error file torchrun reads) names rank 2 and its host, the job exits
+    with 5 and torchrun's restart resumes from the newest checkpoint and ends with the losses
+    of the uninterrupted README job, step for step."""
+    home = tmp_path / "home"
+    overrides = ["checkpoint.every_steps=2", "training.watchdog.straggler_every=2"]
+    overrides += ["training.watchdog.min_stall_s=10", "training.watchdog.stall_factor=5"]  # defaults: 60 s and 10
+    args = [arg for override in overrides for arg in ("--set", override)]
+    submitted = from_checkout("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--json", *args, home=home)
+    assert submitted.returncode == 0, submitted.stderr
+    name = json.loads(submitted.stdout)["name"]
+    directory = home / "jobs" / name
+    metrics, log = directory / "metrics.jsonl", directory / "output.log"
+    checkpoints = home / "checkpoints" / "tiny-cpu" / name
+    wait_while_growing(
+        lambda: metrics.exists() and metrics.read_text().count("\n") >= 3 and bool(complete_checkpoints(checkpoints)),
+        log,
+        "a third step and a complete checkpoint",
+    )
+
+    def added(offset: int) -> str:
+        return log.read_bytes()[offset:].decode(errors="replace")
+
+    def ended() -> bool:
+        return (directory / "exit.json").exists()
+
+    torchrun = json.loads((directory / "status.json").read_text())["pid"]
+    workers = worker_environments(torchrun, directory)
+    assert sorted(workers) == [0, 1, 2, 3]
+
+    seen = log_size(log)
+    with held_now_and_then(workers[1][0]):
+        wait_while_growing(lambda: "straggler " in added(seen) or ended(), log, "a straggler line")
+    lines = [x for x in added(seen).splitlines() if x.startswith("straggler ")]
+    assert lines and not ended(), "the job ended before a straggler line"
+    line = lines[0]
+    assert re.fullmatch(rf"straggler step=\d+ rank=1 host={socket.gethostname()} compute_s=\S+ median_s=\S+ \S+", line)
+
+    os.kill(workers[2][0], signal.SIGSTOP)
+    live = [0, 1, 3]
+    stacks = [directory / "stacks" / f"rank-{rank}.txt" for rank in live]
+    wait_while_growing(
+        lambda: all(path.exists() for path in stacks) and not any(alive(workers[r][0]) for r in live),
+        log,
+        "the live ranks' stacks and exit",
+    )
+    stuck = f"stuck: rank 2 on {socket.gethostname()}"
+    for path in stacks:
+        text = path.read_text()
+        assert stuck in text and "Thread 0x" in text and 'entrypoints/train.py", line' in text, text[:2000]
+    reported = read_error_file(workers[0][1]["TORCHELASTIC_ERROR_FILE"])
+    assert reported.message.startswith("WatchdogStall: watchdog: no step completed for ") and stuck in reported.message
+    os.kill(
+        workers[2][0], signal.SIGKILL
+    )  # what torchrun does itself, 30 s later, to a worker that ignores its SIGTERM
+
+    waited = from_checkout("logs", name, "--follow", home=home)
+    assert waited.returncode == 0, waited.stdout[-3000:] + waited.stderr[-2000:]
+    assert "failed (exitcode: 5)" in waited.stdout + waited.stderr
+    resumed = [int(m) for m in re.findall(r"resumed_from_step=(\d+)", waited.stdout)]
+    assert resumed[0] == 0 and len(resumed) == 2 and resumed[1] >= 2, resumed
+    records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    # ... and the metrics record it, for `status`'s likely-cause line (launcher.display.text.slow_cause_text).
+    assert 1 in {r.get("straggler_rank") for r in records}
+    readme_stdout, readme_home = readme_main_job(tmp_path)
+    readme_job = readme_home / "jobs" / readme_stdout.splitlines()[-1].split(":")[0]
+    uninterrupted = [json.loads(x) for x in (readme_job / "metrics.jsonl").read_text().splitlines()]
+    losses = last_per_step((r["step"], r["loss"]) for r in records)
+    assert losses == pytest.approx(last_per_step((r["step"], r["loss"]) for r in uninterrupted), rel=1e-6)

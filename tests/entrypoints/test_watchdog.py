@@ -1,0 +1,127 @@
+"""training.watchdog (entrypoints/watchdog.py): the stall limit's rule, and one process whose
+steps stop completing. The 4-process faults (a stopped rank, a slowed one) are in
+tests/backends/test_local_e2e.py, on the README's job."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from entrypoints.watchdog import EXIT_STALLED, HEARTBEAT_S, TICK_S, Watchdog, speed_causes
+from launcher.contract.config import ConfigError, WatchdogConfig
+from launcher.errors import LauncherError
+from launcher.recipe import Recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def idle_watchdog(tmp_path: Path, cfg: WatchdogConfig, first_step_limit_s: float = 1800.0) -> Watchdog:
+    """A watchdog whose thread is never started: its arithmetic only."""
+    return Watchdog(cfg, rank=0, world_size=1, stacks_dir=tmp_path, first_step_limit_s=first_step_limit_s)
+
+
+def test_the_defaults_catch_a_stalled_tiny_cpu_job_within_two_minutes(tmp_path):
+    watchdog = idle_watchdog(tmp_path, WatchdogConfig())
+    for step, seconds in enumerate(
+        [9.0, 0.8, 2.3, 0.9, 6.0, 1.1], start=1
+    ):  # tiny-cpu here, first step and a loaded machine
+        watchdog.step_done(step, seconds)
+    # The thread compares every TICK_S and reads the store every HEARTBEAT_S.
+    assert watchdog.limit_s() + TICK_S + HEARTBEAT_S < 120
+    assert watchdog.limit_s() == 60.0
+
+
+def test_a_healthy_slow_step_and_a_save_are_held_to_longer_limits(tmp_path):
+    watchdog = idle_watchdog(tmp_path, WatchdogConfig(), first_step_limit_s=2400.0)
+    assert watchdog.limit_s() == 2400.0  # before the first step: the collective timeout (compile, model load)
+    for step in range(1, 6):
+        watchdog.step_done(step, 45.0)  # a 70B step at 128K
+    assert watchdog.limit_s() == 450.0
+    with watchdog.paused():
+        assert watchdog.limit_s() == 2400.0  # a checkpoint save or an evaluation
+    assert watchdog.limit_s() == 450.0
+
+
+def test_time_in_a_save_does_not_count_toward_a_stall(tmp_path):
+    watchdog = idle_watchdog(tmp_path, WatchdogConfig())
+    watchdog.step_done(1, 1.0)
+    before = watchdog.clock.progress_at
+    with watchdog.paused():
+        pass
+    assert watchdog.clock.progress_at >= before and watchdog.clock.paused_at is None
+
+
+def test_a_process_whose_steps_stop_dumps_its_stacks_records_the_failure_and_exits_5(tmp_path):
+    """One real process: a step, a save longer than the stall limit (held to the long limit, so
+    it survives), a step, then a main thread that never completes another (here: a sleep)."""
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from entrypoints.watchdog import Watchdog
+        from launcher.contract.config import WatchdogConfig
+        cfg = WatchdogConfig(stall_factor=2, min_stall_s=0.5)
+        watchdog = Watchdog.start(cfg, rank=0, world_size=1, stacks_dir=Path({str(tmp_path / "stacks")!r}),
+                                  first_step_limit_s=5.0)
+        watchdog.step_done(1, 0.01)
+        with watchdog.paused():
+            time.sleep(1.5)
+        watchdog.step_done(2, 0.01)
+        print("survived the save", flush=True)
+        def stuck_in_a_step():
+            time.sleep(60)
+        stuck_in_a_step()
+        """
+    )
+    error_file = tmp_path / "error.json"
+    environment = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "RANK")}
+    environment.update(PYTHONPATH=str(REPO), TORCHELASTIC_ERROR_FILE=str(error_file))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=50, cwd=tmp_path
+    )
+    assert done.returncode == EXIT_STALLED, done.stderr[-2000:]
+    assert done.stdout == "survived the save\n"
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error: ")]
+    host = socket.gethostname()
+    assert line.startswith("error: watchdog: no step completed for 1 s after step 2 on rank 0 (limit 0 s: ")
+    assert f"stuck: rank 0 on {host} (this rank's own step)" in line
+    stacks = (tmp_path / "stacks" / "rank-0.txt").read_text()
+    assert stacks.startswith(f"# rank 0 on {host} (pid ")
+    assert "line 15 in stuck_in_a_step" in stacks and "Current thread" in stacks  # the main thread, and the watchdog's
+    message = json.loads(error_file.read_text())["message"]
+    assert message["message"] == "WatchdogStall: " + line.removeprefix("error: ")
+    assert float(message["extraInfo"]["raised_at"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error"),
+    [
+        ("stall_factor", 0.5, "training.watchdog.stall_factor: expected at least 1.0, got 0.5"),
+        ("min_stall_s", 0, "training.watchdog.min_stall_s: expected a positive number, got 0"),
+        ("straggler_every", -1, "training.watchdog.straggler_every: expected at least 0, got -1"),
+        ("straggler_margin", 0, "training.watchdog.straggler_margin: expected a positive number, got 0"),
+    ],
+)
+def test_rejects_a_watchdog_threshold_out_of_range(key, value, error):
+    with pytest.raises(LauncherError, match=r"^overrides " + error.replace(".", r"\.") + "$"):
+        Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {f"training.watchdog.{key}": value})
+
+
+def test_allows_the_watchdog_off_and_the_contract_refuses_what_the_recipe_does():
+    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {"training.watchdog.enabled": False})
+    assert recipe.training.watchdog.enabled is False
+    with pytest.raises(ConfigError, match=r"^training\.watchdog\.stall_factor: 0\.5; use 1 or more$"):
+        WatchdogConfig(stall_factor=0.5)
+
+
+def test_a_step_records_its_data_wait_only_when_it_is_a_fifth_of_the_step_and_the_named_straggler():
+    assert speed_causes(0.01, 1.0, None) == {}  # a job nothing slows: its metrics lines stay as they were
+    assert speed_causes(0.25, 1.0, None) == {"data_wait_s": 0.25}
+    assert speed_causes(0.0, 1.0, (2, 0.9)) == {"straggler_rank": 2, "straggler_above_median": 0.9}
