@@ -47,7 +47,6 @@ class Starter:
 
 @dataclass
 class Lanes:
-    split: bool  # run by an xdist worker
     runs_background: bool = True  # one process, or the worker every waiting module runs on
 
 
@@ -65,8 +64,8 @@ def order(config: pytest.Config, items: list[pytest.Item], starters: Mapping[str
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         items.sort(key=lambda item: _module_path(item.nodeid) in heavy)  # stable: each part keeps its order
-        return Lanes(split=False)
-    lanes = Lanes(split=True, runs_background=workerinput["workerid"] == BACKGROUND_WORKER)
+        return Lanes()
+    lanes = Lanes(runs_background=workerinput["workerid"] == BACKGROUND_WORKER)
     engines = {_module_path(item.nodeid) for item in items if item.get_closest_marker("engines")}
     # The background work runs in `starters` order; gw0 takes the waiting modules from the back,
     # so they are queued in the reverse of it: the first piece's modules are taken first.
