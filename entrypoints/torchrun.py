@@ -10,10 +10,20 @@ SIGTERM` and the shell's exit status, 128 + the signal; every other failure is t
 
 from __future__ import annotations
 
+import gc
 import sys
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.run import main
+from entrypoints.garbage_collection import imports_done, pause_during_startup
+
+STARTING = __name__ == "__main__"  # the agent's process, not a test importing this module
+if STARTING:
+    pause_during_startup()  # importing torch makes no garbage worth the collections' walks over it
+from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: E402
+from torch.distributed.run import main  # noqa: E402
+
+if STARTING:
+    imports_done()
+    gc.enable()  # then as Python collects: the agent allocates little, and no collective waits on it
 
 
 def run() -> int:

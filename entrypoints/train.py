@@ -39,6 +39,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the `entrypoints` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+if __name__ == "__main__":  # a training process: no collections while torch is imported
+    from entrypoints.garbage_collection import pause_during_startup
+
+    pause_during_startup()
+
 import torch
 import torch.distributed as dist
 
@@ -48,6 +53,7 @@ from entrypoints.data import DataLoader
 from entrypoints.evaluate import Evaluator
 from entrypoints.export_hf import export_directory, export_hf
 from entrypoints.fp8 import after_optimizer_step, fp8_settings
+from entrypoints.garbage_collection import GarbageCollection, imports_done
 from entrypoints.hf_weights import load_hf_weights
 from entrypoints.metrics import MetricsLogger, flops_per_token
 from entrypoints.model.init import materialize
@@ -142,7 +148,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
     interrupted = False
     began = time.perf_counter()
     watchdog = _watchdog(cfg, env)
-    with sigterm_flag() as sigterm, closing(watchdog):
+    with sigterm_flag() as sigterm, closing(watchdog), GarbageCollection(t.gc_every_steps) as collector:
         for step in range(start + 1, t.steps + 1):
             step_start = time.perf_counter()
             watchdog.step_began()
@@ -171,6 +177,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
                 interrupted = _save_if_due(cfg, env, checkpoints, step, written, time_due, sigterm if stop else None)
             if interrupted:
                 break
+            collector.after_step(step)  # outside the step's time, the watchdog's and the save's
     checkpoints.close()
     if cfg.checkpoint.export_hf and not interrupted:
         export_hf(parts, stage_ids, mesh, cfg, export_directory(cfg, output_dir(cfg)))
@@ -343,4 +350,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    imports_done()
     sys.exit(main())

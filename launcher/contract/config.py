@@ -223,7 +223,16 @@ class TrainingConfig:
     grad_clip: float | None = 1.0
     compile: bool = False
     log_every: int = 1
+    gc_every_steps: int = 50
+    """Python's cyclic garbage collector runs between steps, every this many (0: whenever Python
+    decides, in the middle of a step too); entrypoints/garbage_collection.py."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+
+    def __post_init__(self):
+        if isinstance(self.gc_every_steps, bool) or not isinstance(self.gc_every_steps, int) or self.gc_every_steps < 0:
+            raise ConfigError(
+                f"training.gc_every_steps: {self.gc_every_steps!r}; use 0 (Python's own timing) or a number of steps"
+            )
 
 
 @_config

@@ -254,6 +254,9 @@ class Training(Section):
     """torch.compile each transformer block."""
     log_every: PositiveInt = Field(default=1, le=MAX_STEPS)
     """Log metrics every this many steps."""
+    gc_every_steps: int = Field(default=50, ge=0, le=MAX_STEPS)
+    """Python's garbage collector runs between steps, every this many (torchtitan's gc_freq, 50), so
+    no rank pauses for it in the middle of a step and holds up the others; 0 leaves it to Python."""
     watchdog: Watchdog = Watchdog()
 
 

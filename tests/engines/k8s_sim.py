@@ -93,6 +93,14 @@ def operator_environment(job: dict, role: str, index: int) -> list[tuple[str, st
     return [*env, ("PET_NNODES", str(total))]
 
 
+def container_exit_code(returncode: int) -> int:
+    """The exitCode the kubelet reports in the pod's containerStatuses: a container whose PID 1
+    died by signal N ends with 128 + N, e.g. 137 for SIGKILL (OpenShift's and Kubernetes' own
+    OOMKilled examples: docs.openshift.com/container-platform/3.9/dev_guide/application_memory_sizing.html).
+    `unshare --fork` ends by the signal its child died of, which Popen reports as -N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 @dataclass
 class Pod:
     name: str
@@ -109,7 +117,7 @@ class Pod:
 
     def poll(self) -> int | None:
         if self.exit_code is None and self.process is not None and self.process.poll() is not None:
-            self.exit_code = self.process.returncode
+            self.exit_code = container_exit_code(self.process.returncode)
             for handle in self._files:
                 handle.close()
         return self.exit_code

@@ -97,6 +97,15 @@ def logged_steps(path: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines if '"step"' in line]
 
 
+def torn_down_by_torch(code: int, log: str) -> bool:
+    """torchrun's own crash after its SignalException, in the interpreter's teardown: seen once
+    here (2026-12-02, on a loaded 2-core machine) as "terminate called without an active exception",
+    then SIGABRT's and SIGSEGV's fatal errors with no Python frame on the stack, exit 139. The
+    workers had saved by then; the stop is the same to the launcher (a Failed pod, no restart)."""
+    after_stop = log.rpartition("SignalException: Process 1 got signal: 15")[2]
+    return code in (128 + 6, 128 + 11) and "terminate called without an active exception" in after_stop
+
+
 def test_tiny_cpu_trains_on_two_pods_and_deleting_them_lands_a_final_checkpoint(cli, cluster, image, tmp_path):
     name, documents = submitted(cli, cluster)
     (job,) = [d for d in documents if d["kind"] == "PyTorchJob"]
@@ -115,7 +124,8 @@ def test_tiny_cpu_trains_on_two_pods_and_deleting_them_lands_a_final_checkpoint(
     # torchrun, PID 1 by the bootstrap's exec, passed SIGTERM to the workers, which saved and exited
     # 143; torchrun itself then ends with its SignalException, exit 1 (torch/distributed/elastic/
     # multiprocessing/api.py, _terminate_process_handler), before the grace's SIGKILL (137).
-    assert outcome.exit_codes == {f"{name}-master-0": 1, f"{name}-worker-0": 1}, outcome.report()
+    for pod, code in outcome.exit_codes.items():
+        assert code == 1 or torn_down_by_torch(code, outcome.logs[pod]), outcome.report()
     assert "SignalException: Process 1 got signal: 15" in outcome.logs[f"{name}-master-0"]
     last = logged_steps(metrics)[-1]
     assert f"interrupted by SIGTERM after step {last}; checkpoint saved" in outcome.logs[f"{name}-master-0"]

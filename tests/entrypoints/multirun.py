@@ -22,6 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from entrypoints.garbage_collection import imports_done, pause_during_startup  # noqa: E402
+
+pause_during_startup()  # as entrypoints/train.py starts its processes
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -158,6 +161,7 @@ KINDS = {
 
 
 def main(plan_path: str) -> int:
+    imports_done()
     plan = json.loads(Path(plan_path).read_text())
     with process_group("cpu") as env:
         for job in plan["jobs"]:

@@ -508,7 +508,11 @@ def trace_in_subprocess(resolved: dict, *, stage: int = 0, dump_at: int | None =
 # new interpreter. A child writes its result and its stderr to the files the request names,
 # and its stdout goes to its stderr file, so nothing it prints reaches the answer pipe.
 _TRACER = r"""
-import json, os, sys, traceback
+import gc, json, os, sys, traceback
+# Python's advice for a parent that forks (the gc module's docs, gc.freeze): no collections in the
+# parent, and its objects frozen before the forks, so no child's collection walks them (nor copies
+# their pages by touching them). The children trace for seconds with the collector off.
+gc.disable()
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from dataclasses import asdict
 import memory_tracing
@@ -518,6 +522,7 @@ try:
     import torchao.float8  # noqa: F401  (the FP8 configs)
 except ImportError:
     pass
+gc.freeze()
 sys.stdout.flush()
 while line := sys.stdin.readline():
     request = json.loads(line)
