@@ -176,6 +176,15 @@ def pytest_collection_modifyitems(session, config, items):
     config.stash[LANES] = order(config, items, _starters())
 
 
+def pytest_collection_finish(session):
+    """What the imports and the collection made lives for the whole session: out of every later
+    garbage collection (gc.freeze). Collections took 18% of the in-process tests' CPU time
+    (16.7 of 93 CPU s over tests/plan, estimate and recipe), 12% once frozen (11.1 of 89.7)."""
+    import gc
+
+    gc.freeze()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """xdist's controller: tell each worker where to write the units it computes."""
