@@ -60,7 +60,9 @@ def test_a_record_of_another_version_is_one_line(tmp_path):
     os.geteuid() != 0 or not Path("/proc/sys/kernel/acct").exists(), reason="needs root and BSD accounting"
 )
 def test_it_measures_a_real_command():
-    busy = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    # The kernel's record holds tick-sampled times (task_cputime in kernel/acct.c), not the exact
+    # runtime process_time() reads: on a virtual machine they fell 20% short of it (0.4 s for 0.5 s).
+    busy = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--top", "50", "--", sys.executable, "-c", busy],
         capture_output=True, text=True, timeout=120,
@@ -68,4 +70,4 @@ def test_it_measures_a_real_command():
     assert done.returncode == 0, done.stderr
     _, _, listed = done.stdout.partition("that used most:")
     rows = [line.split() for line in listed.splitlines()[2:] if line.strip()]
-    assert any(float(row[0]) >= 0.5 and row[3].startswith("python") for row in rows), done.stdout
+    assert any(float(row[0]) >= 1.0 and row[3].startswith("python") for row in rows), done.stdout
