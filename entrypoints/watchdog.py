@@ -24,7 +24,8 @@ its own: the store is outside the process group, reachable from every host, and 
 any worker is stopped. A rank whose heartbeat has not changed for STALE_S is stuck (its whole
 process stopped, or the interpreter is wedged); where none is stale, the ranks whose step is
 behind; where every rank is at the same step, every rank waits (a collective that never
-completes). The first rank to fire posts its report under `fired`; every other watchdog sees
+completes). A report waits (at most STALE_S past the limit) while any heartbeat is neither
+fresh nor stale (`_stuck_known`). The first rank to fire posts its report under `fired`; every other watchdog sees
 it within HEARTBEAT_S, dumps its own stacks and fails with the same report, and no rank exits
 before every live rank has dumped (or DUMP_WAIT_S passed): the first to exit ends its peers'
 collectives, and a peer whose collective fails would exit before its dump.
@@ -243,7 +244,7 @@ class Watchdog:
                 fired = self._fired_report()
                 if fired is not None:
                     self._fire(fired, first=False)
-            if idle > limit:
+            if idle > limit and self._stuck_known(idle - limit):
                 self._fire(self._report(idle, limit), first=True)
 
     def _report(self, idle: float, limit: float) -> dict:
@@ -263,6 +264,18 @@ class Watchdog:
             f"Python stacks of the live ranks in {self.stacks_dir}"
         )
         return {"message": message, "stuck": stuck, "raised_at": time.time(), "by": self.rank}
+
+    def _stuck_known(self, overdue: float) -> bool:
+        """Whether the heartbeats can tell the stuck ranks yet. A rank stopped just after its last
+        step still has a fresh heartbeat when a limit as short as STALE_S runs out (the tiny CPU
+        job's min_stall_s is 10 s): its heartbeat goes stale only STALE_S after the stop. So the
+        report waits, at most STALE_S past the limit, while any heartbeat is neither fresh (seen
+        changing within 2 x HEARTBEAT_S: a live rank) nor stale."""
+        if overdue >= STALE_S or self._store is None or self.world_size == 1:
+            return True
+        now = time.monotonic()
+        ages = [now - self._beats[r][1] if r in self._beats else float("inf") for r in range(self.world_size)]
+        return any(age > STALE_S for age in ages) or all(age <= 2 * HEARTBEAT_S for age in ages)
 
     def _stuck_ranks(self) -> tuple[list[int], str]:
         """The ranks whose heartbeat is oldest: not updated for STALE_S, else the lowest step."""

@@ -35,6 +35,10 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# The interpreter, read at import: these launches run in a background thread while the serial
+# tests run, and a test may monkeypatch sys.executable meanwhile (test_render_snapshots.py does).
+PYTHON = sys.executable
+TORCHRUN = Path(PYTHON).parent / "torchrun"
 MULTIRUN = REPO / "tests" / "entrypoints" / "multirun.py"
 
 # Small enough for two shared cores, large enough that every parallelism has work to split:
@@ -174,10 +178,9 @@ def launch(plan: list[dict], root: Path, procs: int, name: str, run: Runner) -> 
     plan_path = root / f"plan-{name}.json"
     plan_path.write_text(json.dumps({"jobs": plan}))
     if procs == 1:
-        cmd = [sys.executable, str(MULTIRUN), str(plan_path)]
+        cmd = [PYTHON, str(MULTIRUN), str(plan_path)]
     else:
-        torchrun = Path(sys.executable).parent / "torchrun"
-        cmd = [str(torchrun), "--standalone", f"--nproc_per_node={procs}", str(MULTIRUN), str(plan_path)]
+        cmd = [str(TORCHRUN), "--standalone", f"--nproc_per_node={procs}", str(MULTIRUN), str(plan_path)]
     proc = run(cmd, cwd=root, env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, timeout=900)
     (root / f"log-{name}.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode:

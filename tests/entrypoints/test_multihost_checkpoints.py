@@ -30,6 +30,10 @@ from entrypoints.checkpoint_files import complete_checkpoints, is_complete
 from tests.checkpoint_items import whole_items
 
 REPO = Path(__file__).resolve().parents[2]
+# The interpreter, read at import: these launches run in a background thread while the serial
+# tests run, and a test may monkeypatch sys.executable meanwhile (test_render_snapshots.py does).
+PYTHON = sys.executable
+TORCHRUN = Path(PYTHON).parent / "torchrun"
 MULTIRUN = REPO / "tests" / "entrypoints" / "multirun.py"
 HOSTS = 2
 
@@ -66,13 +70,12 @@ def launch_hosts(root: Path, plans: list[list[dict]], name: str, popen, env: dic
     environment), started by `popen` (`Background.popen`, or `foreground_popen`); returns host 0's stdout."""
     port = _free_port()
     env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
-    torchrun = Path(sys.executable).parent / "torchrun"
     procs = []
     for host, plan in enumerate(plans):
         plan_path = root / f"plan-{name}-host{host}.json"
         plan_path.write_text(json.dumps({"jobs": plan}))
         cmd = [
-            str(torchrun),
+            str(TORCHRUN),
             f"--nnodes={HOSTS}",
             "--nproc_per_node=1",
             f"--node_rank={host}",
