@@ -328,6 +328,11 @@ def _check_fit(
         Stage.ESTIMATE,
         f"memory: {memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per {recipe.hardware.accelerator_key} ({memory.utilization:.0%})",
     )
+    # What runs differently from the recipe's words (the experts stay bf16 under FP8) and what
+    # the estimate assumed (the routing bound), one line each.
+    for note in memory.notes:
+        if note.startswith(("experts:", "fp8: the experts")):
+            tell(Stage.ESTIMATE, note)
     allowance = target.allowance(resolved.concrete)
     time_limited = target.capabilities.time_limit
     run = check_run_time(recipe, time_limited=time_limited, force=force, longest_job_s=allowance.longest_run_s)

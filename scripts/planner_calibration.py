@@ -750,6 +750,8 @@ pipeline rank (its blocks plus the output layer and the loss):
 | PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none |
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
 | optimizer | AdamW over the fp32 shard, HBM-bound | - |
+| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16 (FP8 converts nn.Linear layers only), at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), never divided by TP (tensor.py keeps the MoE whole on every tp rank); elementwise: the SwiGLU on every copy and the permutations by expert and back | - |
+| EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp (tp apart); FSDP gathers and reduces E / ep experts per rank | none (the router and the experts wait for them) |
 
 ### Links
 
@@ -783,6 +785,18 @@ not at our fused kernels' goal of 0.9.
 Outputs: tokens/s/GPU, MFU (model FLOPs 6·N + 6·L·h·s per token over the BF16 peak, as the
 entrypoints log it), step time, time to the recipe's steps, and $ per 1M tokens and per run from
 the instance price (`cluster.usd_per_hour` overrides the catalog for the recipe's own type).
+
+### Mixture of experts
+
+For a model with a `moe:` block the search also walks `parallel.expert` over the divisors of the
+expert count that divide dp_shard x cp (`expert_choices` in launcher/contract/layout.py, the
+rule recipes are validated by), and the table gains an `expert` column. Model FLOPs count the
+parameters a token goes through (router, top-k and shared experts), as the entrypoints' MFU
+does. The model prices two things against each other: gathering every expert per layer (FSDP,
+hidden behind compute as for dense blocks) against the all-to-alls EP adds. At long sequences
+attention dominates and hides the gathers, so for Qwen3-30B-A3B's small experts (768 wide) at
+64K the planner prefers no EP; for Mixtral's (14,336 wide) at 32K it prefers EP 8. No published
+MoE sweep with full configurations has been checked yet (issue 24 part 5's held-out check).
 
 ## Constants
 
@@ -900,6 +914,10 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
 - Overlap is a fixed fraction per collective, not a schedule; the pipeline's stages are taken as
   equal but for the last one's output layer; PP send/recv is never hidden.
 - Only one instance type is searched per call; mixed fleets and spot interruptions are not costed.
+- Mixture of experts: every term is our model with no measurement of our MoE code and no
+  published MoE sweep checked; routing is priced balanced (the memory estimate prices a bound
+  above it), the grouped GEMM at the dense GEMM efficiency with a rows-per-expert factor, and
+  the experts' FSDP traffic over expert_fsdp at the dp_shard x cp group's link.
 """
 
 

@@ -1,7 +1,7 @@
 """Expert-parallel token dispatch: each MoE layer's token copies go to the rank that holds their
 expert and come back by two all-to-alls, dropless and in a fixed order.
 
-    out = dispatch_to_experts(experts, rows, counts, group)   # rows sorted by global expert id
+    out = dispatch_to_experts(experts, tokens, source_token, counts, group)   # copies sorted by expert id
 
 Anchor: torchtitan `torchtitan/distributed/expert_parallel.py` (`ExpertParallel._token_dispatch`
 and `_token_combine`): the per-expert counts are exchanged first with one all-to-all, each rank
@@ -38,27 +38,48 @@ class _AllToAll(torch.autograd.Function):
         return grad_in, None, None, None
 
 
-def dispatch_to_experts(experts, rows: torch.Tensor, counts: torch.Tensor, group) -> torch.Tensor:
-    """`experts(rows)` where `experts` holds only this rank's num_experts / ep experts.
+def exchange_counts(counts: torch.Tensor, group) -> tuple[torch.Tensor, list[int], list[int]]:
+    """(received [ep, E/ep]: copies from rank src for local expert e, rows this rank sends to each
+    rank, rows it receives from each): the one step whose sizes depend on the routing."""
+    ep = dist.get_world_size(group)
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=group)
+    received = received.view(ep, -1)
+    return received, counts.view(ep, -1).sum(1).tolist(), received.sum(1).tolist()
 
-    rows [M, D]: this rank's token copies sorted by global expert id, counts [E] of them per
-    expert. Experts are placed in order: rank r of the group holds experts r·E/ep .. (r+1)·E/ep - 1.
-    Returns the experts' outputs for `rows`, in the order of `rows`.
+
+def dispatch_to_experts(
+    experts, tokens: torch.Tensor, source_token: torch.Tensor, counts: torch.Tensor, group
+) -> torch.Tensor:
+    """`experts(tokens[source_token])` where `experts` holds only this rank's num_experts / ep experts.
+
+    tokens [N, D]; source_token [M]: the token of each of this rank's copies, sorted by global
+    expert id, counts [E] of them per expert. Experts are placed in order: rank r of the group holds experts r·E/ep .. (r+1)·E/ep - 1.
+    Returns the experts' outputs for the copies [M, D], in their order.
     """
     ep = dist.get_world_size(group)
     local_experts = counts.numel() // ep
-    # 1. Counts first: received[src, e] copies from rank `src` for local expert e.
-    received = torch.empty_like(counts)
-    dist.all_to_all_single(received, counts, group=group)
-    received = received.view(ep, local_experts)
-    input_splits = counts.view(ep, local_experts).sum(1).tolist()
-    output_splits = received.sum(1).tolist()
+    # 1. Counts first.
+    received, input_splits, output_splits = exchange_counts(counts, group)
     # 2. The rows, grouped by source rank then local expert; regroup by local expert (stable).
+    rows = tokens[source_token]
     arrived = _AllToAll.apply(rows, output_splits, input_splits, group)
-    segment = torch.arange(ep * local_experts, device=counts.device).repeat_interleave(received.flatten())
+    # Each intermediate is released as soon as it is used (`del`): the ones autograd does not
+    # save would otherwise live until the return, a peak a checkpointed layer's recomputation
+    # pays in the middle of backward.
+    del rows
+    # With its output size given, repeat_interleave need not read the counts back from the device.
+    segment = torch.arange(ep * local_experts, device=counts.device).repeat_interleave(
+        received.flatten(), output_size=sum(output_splits)
+    )
     by_expert = torch.argsort((segment % local_experts) * ep + segment // local_experts, stable=True)
-    out = experts(arrived[by_expert], received.sum(0))
+    local_rows = arrived[by_expert]
+    del arrived
+    out = experts(local_rows, received.sum(0))
+    del local_rows
     # 3. Back to source-rank order, and home.
     restored = torch.empty_like(by_expert)
     restored[by_expert] = torch.arange(by_expert.numel(), device=by_expert.device)
-    return _AllToAll.apply(out[restored], input_splits, output_splits, group)
+    home = out[restored]
+    del out
+    return _AllToAll.apply(home, input_splits, output_splits, group)

@@ -34,6 +34,14 @@ from entrypoints.model.dispatch import dispatch_to_experts
 from launcher.contract.config import ModelConfig, MoeConfig
 
 
+def expert_counts(flat_experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[E] int64: how many of the token copies go to each expert. A scatter-add, not `bincount`:
+    its length is always E, where bincount's depends on the largest id (so on CUDA it waits for
+    the device), and tracing on fake tensors (tests/estimate/memory_tracing.py) needs the shape."""
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat_experts.device)
+    return counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts))
+
+
 class Routing(NamedTuple):
     """What one MoE layer's forward leaves for the auxiliary losses."""
 
@@ -85,6 +93,22 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     # The exact fallback (CPU, fp32, odd sizes): one matmul per expert's run of rows.
     runs = torch.split(x, counts.tolist())
     return torch.cat([run @ weight[e].T for e, run in enumerate(runs)])
+
+
+def combine(expert_out: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[N, D]: each token's top-k expert outputs (rows of `expert_out` [N·k, D] in `order`, sorted
+    by expert) back in token order, weighted by the router and summed in top-k order.
+
+    One batched matmul [N, 1, k] x [N, k, D]: autograd saves the gathered outputs and the weights
+    and nothing more. Weighting the rows and then `index_add_` into the tokens would also save the
+    weighted copy (index_add's source gradient is formula'd on the source), one more N·k x D
+    tensor per layer until backward."""
+    tokens, top_k = weights.shape
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    unsorted = expert_out[inverse].view(tokens, top_k, -1)
+    del expert_out  # the caller keeps no reference: released before the matmul
+    return torch.bmm(weights.unsqueeze(1), unsorted).squeeze(1)
 
 
 class GroupedExperts(nn.Module):
@@ -162,14 +186,10 @@ class MoE(nn.Module):
         flat_experts = experts.reshape(-1)
         # Stable: copies of one expert keep token order, so the sums below are deterministic.
         order = torch.argsort(flat_experts, stable=True)
-        counts = torch.bincount(flat_experts, minlength=self.moe.num_experts)
+        counts = expert_counts(flat_experts, self.moe.num_experts)
         source_token = order // self.moe.top_k
-        if self.expert_group is None:
-            expert_out = self.experts(tokens[source_token], counts)
-        else:
-            expert_out = dispatch_to_experts(self.experts, tokens[source_token], counts, self.expert_group)
-        weighted = expert_out * weights.reshape(-1)[order, None]
-        out = torch.zeros_like(tokens).index_add_(0, source_token, weighted)
+        # No name holds the experts' output: `combine` releases it once it has gathered it.
+        out = combine(self._run_experts(tokens, source_token, counts), order, weights)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         self.routing = Routing(
@@ -179,6 +199,13 @@ class MoE(nn.Module):
             tokens=tokens.shape[0],
         )
         return out.reshape(shape)
+
+    def _run_experts(self, tokens: torch.Tensor, source_token: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        # The copies are made where they are used: under EP they go to other ranks, and no frame
+        # here keeps them alive after they are sent.
+        if self.expert_group is None:
+            return self.experts(tokens[source_token], counts)
+        return dispatch_to_experts(self.experts, tokens, source_token, counts, self.expert_group)
 
 
 def router_losses(layers: list[MoE], moe: MoeConfig) -> tuple[torch.Tensor, torch.Tensor]:

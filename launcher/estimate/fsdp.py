@@ -32,6 +32,7 @@ from math import ceil
 from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import rank_layers, rank_stages, stage_layers
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
+from launcher.estimate.moe import ROUTING_BOUND, moe_memory
 from launcher.estimate.overheads import device_overheads
 from launcher.estimate.pipeline import first_backward
 from launcher.estimate.workload import Workload
@@ -55,7 +56,8 @@ class _Block:
       sequence, c x that), the attention output (T x h/t, once: the CP kernel writes its
       merged output laid out [B, S, H, D], so wo's input is a view of it) and an fp32
       log-sum-exp per head and token;
-    - the SwiGLU intermediates w1 x, w3 x, silu(w1 x) and their product: 4 x T x f/t.
+    - the SwiGLU intermediates w1 x, w3 x, silu(w1 x) and their product: 4 x T x f/t; in a
+      mixture-of-experts block, the router, dispatch and experts' tensors instead (moe.py).
     """
 
     __slots__ = (
@@ -68,6 +70,10 @@ class _Block:
         "params",
         "gathered",
         "weight_grad_w2",
+        "freed_in_backward",
+        "recompute",
+        "state_params",
+        "reduce_scatter_params",
     )
 
     def __init__(self, w: Workload, cb: int, *, float8_all_gather: bool):
@@ -84,8 +90,9 @@ class _Block:
             + cb * tokens * (q + 2 * kv) / t  # q, k, v
             + cb * tokens * q / t  # attention output
             + FP32 * tokens * heads / t  # log-sum-exp
-            + cb * tokens * 4 * f / t  # SwiGLU intermediates
         )
+        mlp = _Mlp(w, cb)
+        local += mlp.saved
         if arch.qk_norm:
             # Qwen3's q_norm and k_norm (RMSNorm per head, before RoPE) save their inputs, the
             # projections' outputs, and an fp32 rstd per head and token.
@@ -98,11 +105,14 @@ class _Block:
         self.cp_gathered = 0 if w.cp_attention_path == "ulysses" else cb * tokens * (c - 1) * 2 * kv / t
         self.saved = local + self.tp_gathered + self.cp_gathered
         self.layer_input = cb * sharded * h
-        # MLP backward, where a block's backward peaks: the gradients of w2's input, of
-        # silu(w1 x) and of w3 x are alive while w2's input (saved above) is already freed
-        # (net: two T x f/t), with the incoming gradient (and its all-gathered copy under TP).
+        # MLP backward, where a block's backward peaks (_Mlp), with the incoming gradient (and
+        # its all-gathered copy under TP).
         incoming = cb * (sharded * h + (tokens * h if t > 1 else 0))
-        self.backward_working = cb * 2 * tokens * f / t + incoming
+        self.backward_working = mlp.backward_working + incoming
+        # What the MLP's backward has released of the block's saved set at that moment.
+        self.freed_in_backward = mlp.freed_in_backward
+        # A checkpointed MoE block may peak in its recomputation instead: (working, not yet saved).
+        self.recompute = None if mlp.recompute is None else (mlp.recompute[0] + incoming, mlp.recompute[1])
         # FP8 (torchao float8 linears save their bf16 inputs, so nothing saved changes): w2
         # casts its T x f/t input to float8 through an fp32 copy, an fp32 scaled and an fp32
         # clamped tensor, 9 bytes per value on top of the block's saved set: in its forward
@@ -118,24 +128,85 @@ class _Block:
             # Rowwise scaling also keeps float8 copies of the MLP input (for w1 and w3) and
             # casts the gathered bf16 w2 weight to float8 (no float8 all-gather).
             fp8_moment += 2 * tokens * h + h * f / t
-        self.weight_grad_w2 = cb * h * f / t
+        self.weight_grad_w2 = mlp.weight_grads
         self.fp8_cast = 0.0
         # Under training.compile the casts fuse into the compiled block (Inductor writes the
         # float8 tensor directly from the bf16 input), so these eager fp32 temporaries do not
         # exist. What the compiled block holds instead is to be measured on a GPU
         # (scripts/estimator_gpu.py); under fake tensors torch.compile falls back to eager,
         # so the CPU trace cannot see it.
-        if w.fp8 and not w.compile and fp8_moment > self.backward_working + self.weight_grad_w2:
+        # A mixture-of-experts block's experts stay in the compute dtype (their weights are not
+        # nn.Linear modules, which is what torchao converts).
+        moe = arch.moe is not None
+        if w.fp8 and not w.compile and not moe and fp8_moment > self.backward_working + self.weight_grad_w2:
             # The block peaks at that cast, before any of its weight gradients exist.
             self.fp8_cast = fp8_moment - cb * sharded * h
             self.backward_working = cb * sharded * h
             self.weight_grad_w2 = 0.0
-        linear = (2 * h * q + 2 * h * kv + 3 * h * f) / t
+        # The weights of nn.Linear modules (float8 under FP8): the attention projections and the
+        # dense MLP, or the router and shared experts; then the grouped experts' weights.
+        linear = (2 * h * q + 2 * h * kv) / t + mlp.linear_params
         # Norm weights, and Qwen3's q/k norms and any attention biases (counted unsharded).
         small = 2 * h + arch.attention_extra_params()
-        self.params = linear + small
+        # Unsharded, what this rank computes with; sharded, what it holds a 1/(dp_shard x cp) of.
+        self.params = linear + small + mlp.grouped_params
+        self.state_params = linear + small + mlp.grouped_state_params
         # FSDP all-gathers float8 weights (tensorwise scaling on nccl, entrypoints/fp8.py).
-        self.gathered = (1 if float8_all_gather else cb) * linear + cb * small
+        self.gathered = (1 if float8_all_gather else cb) * linear + cb * (small + mlp.grouped_params)
+        # The reduce-scatter input kept until the next one: the block's unit, or under expert
+        # parallelism the block without its experts, a unit reduced before it.
+        self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
+
+    def in_backward(self, checkpointed: bool) -> tuple[float, float, float]:
+        """(the block's own activations, working set, weight gradients) at its backward's peak:
+        inside the MLP's backward, or for a checkpointed MoE block inside its recomputation
+        when that holds more."""
+        backward = (self.saved - self.freed_in_backward, self.backward_working, self.weight_grad_w2)
+        if not checkpointed or self.recompute is None:
+            return backward
+        working, missing = self.recompute
+        return max(backward, (self.saved - missing, working, 0.0), key=sum)
+
+
+class _Mlp:
+    """The MLP's part of a block: the dense SwiGLU (f/t columns per tp rank), or a mixture of
+    experts (moe.py; whole on every tp rank)."""
+
+    __slots__ = (
+        "saved",
+        "backward_working",
+        "weight_grads",
+        "freed_in_backward",
+        "recompute",
+        "linear_params",
+        "grouped_params",
+        "grouped_state_params",
+    )
+
+    def __init__(self, w: Workload, cb: int):
+        arch, t = w.arch, w.layout.tensor
+        h, f = arch.hidden_size, arch.ffn_hidden_size
+        if arch.moe is None:
+            tokens = _tokens(w)
+            self.saved = cb * tokens * 4 * f / t  # SwiGLU intermediates
+            # MLP backward: the gradients of w2's input, of silu(w1 x) and of w3 x are alive
+            # while w2's input is freed (net: two T x f/t), with w2's weight gradient.
+            self.backward_working = cb * 2 * tokens * f / t
+            self.weight_grads = cb * h * f / t
+            self.freed_in_backward = 0.0
+            self.recompute = None
+            self.linear_params = 3 * h * f / t
+            self.grouped_params = self.grouped_state_params = 0.0
+            return
+        experts = moe_memory(w, cb)
+        self.saved = experts.saved
+        self.backward_working = experts.backward_working
+        self.weight_grads = experts.weight_grads
+        self.freed_in_backward = experts.freed_in_backward
+        self.recompute = (experts.recompute_working, experts.recompute_missing)
+        self.linear_params = experts.local_params - experts.local_expert_params
+        self.grouped_params = experts.local_expert_params
+        self.grouped_state_params = experts.state_params - self.linear_params
 
 
 def _checkpointed_below(mode: str, index: int) -> int:
@@ -245,7 +316,7 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
     root_params = (vocab_matrix if first else 0) + ((0 if arch.tie_embeddings else vocab_matrix) + h if last else 0)
     if arch.tie_embeddings and last and not first:
         root_params += vocab_matrix
-    stage_params = n * block.params + root_params
+    stage_params = n * block.state_params + root_params
 
     base = empty_breakdown()
     base["parameters"] = FP32 * stage_params / shard + FP32 * tokens * arch.head_dim  # + fp32 RoPE table
@@ -359,7 +430,7 @@ class _Accumulation:
 
     def gradients(self, reduced_blocks: int) -> float:
         """Gradient shards once `reduced_blocks` blocks' gradients are reduce-scattered."""
-        return self.earlier_shards or FP32 * reduced_blocks * self.block.params / self.shard
+        return self.earlier_shards or FP32 * reduced_blocks * self.block.state_params / self.shard
 
     def unsharded_grads(self, reduced_blocks: int) -> float:
         """Accumulated unsharded gradients of the units not yet reduce-scattered (with the root's)."""
@@ -406,11 +477,13 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     # second block on also the previous block's reduce-scatter input and the
     # gradient shards of the blocks done.
     output_grad = 0 if arch.tie_embeddings else cb * vocab_matrix
-    reduce_scatter = acc.grad_bytes * block.params
+    reduce_scatter = acc.grad_bytes * block.reduce_scatter_params
     for k in sorted({k for k in (0, 1, n - 2, n - 1) if 0 <= k < n}):
         index = n - 1 - k
-        below = _kept(block, index, _checkpointed_below(mode, index))
-        alive = (below[0] + block.saved, below[1] + block.tp_gathered, below[2] + block.cp_gathered)
+        below_checkpointed = _checkpointed_below(mode, index)
+        below = _kept(block, index, below_checkpointed)
+        own, working, weight_grads = block.in_backward(_checkpointed_below(mode, index + 1) > below_checkpointed)
+        alive = (below[0] + own, below[1] + block.tp_gathered, below[2] + block.cp_gathered)
         moment = dict(base)
         moment["gradients"] = acc.gradients(k)
         prefetch = block.gathered if index > 0 else 0
@@ -420,9 +493,9 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
             + acc.gathered_blocks(block.gathered + prefetch, index + 1)
             + acc.unsharded_grads(k)
             + (reduce_scatter if k >= 1 else 0)
-            + block.weight_grad_w2
+            + weight_grads
         )
-        moment["working"] = block.backward_working
+        moment["working"] = working
         moment["fp8"] = block.fp8_cast
         found[f"backward of layer {index}"] = _with_activations(moment, alive, rope_cast)
     # The embedding's backward, last: every block's gradient shard and the last block's
@@ -484,11 +557,13 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
         moment["cp_buffers"] = per_chunk[2] * chunks
         kept_activations = per_chunk[0] * chunks + (head_saved * chunks if loss else 0)
         # In a block's backward: its full set (recomputed if checkpointed) and its working set.
+        own, working, weight_grads = block.in_backward(bool(checkpointed))
         in_block = dict(moment)
-        in_block["fsdp_buffers"] += block.weight_grad_w2
+        in_block["fsdp_buffers"] += weight_grads
         in_block["fp8"] = block.fp8_cast
-        in_block["working"] = block.backward_working + receive_buffers
-        in_block["activations"] = kept_activations + (block.saved - block.layer_input if checkpointed else 0)
+        in_block["working"] = working + receive_buffers
+        # The kept set counts the block as saved (or, checkpointed, as its input alone).
+        in_block["activations"] = kept_activations + own - (block.layer_input if checkpointed else block.saved)
         moments[f"{name} (pipeline)"] = in_block
         if loss:
             # The last stage's loss backward, with the output weight's bf16 gradient.
@@ -531,8 +606,19 @@ class _Loss:
 
 
 def notes(workload: Workload) -> list[str]:
+    found = []
+    moe = workload.arch.moe
+    if moe is not None and workload.layout.expert > 1:
+        found.append(
+            f"experts: each EP rank's routed rows are priced at {ROUTING_BOUND:g}x the balanced share "
+            "(dropless routing has no cap; docs/estimator.md)"
+        )
     if not workload.fp8:
-        return []
+        return found
+    if moe is not None:
+        found.append(
+            "fp8: the experts run in the compute dtype (torchao converts nn.Linear layers, which they are not)"
+        )
     if workload.fp8_recipe == "tensorwise":
-        return ["fp8 tensorwise: FSDP all-gathers float8 weights on GPUs (nccl); gloo gathers bf16"]
-    return ["fp8 rowwise: weights are all-gathered in bf16 and cast to float8 in each matmul"]
+        return [*found, "fp8 tensorwise: FSDP all-gathers float8 weights on GPUs (nccl); gloo gathers bf16"]
+    return [*found, "fp8 rowwise: weights are all-gathered in bf16 and cast to float8 in each matmul"]

@@ -174,6 +174,11 @@ def estimate_memory(
     A recipe's workload comes settled (launcher/resolve.py); the planner's candidate layouts may
     still say grad_accumulation auto, which each is estimated with (`choose_grad_accumulation`)."""
     check_options(mode, threshold)
+    if mode == "megatron" and workload.arch.moe is not None:
+        raise UsageError(
+            f"mode 'megatron' is Fujii et al. 2024's accounting of dense decoders, and {workload.arch.family} "
+            "is a mixture of experts, which it does not cover; use mode fsdp"
+        )
     if workload.grad_accumulation == "auto":
         choice, chosen = _choose_with_estimate(workload, hardware, threshold)
         if chosen is not None and mode == "fsdp":

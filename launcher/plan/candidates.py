@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.catalog import ModelArch
-from launcher.contract.layout import Layout, divisors, seq_len_divisor, tensor_choices
+from launcher.contract.layout import Layout, divisors, expert_choices, seq_len_divisor, tensor_choices
 from launcher.estimate import Workload
 from launcher.recipe.rules import layout_problems
 
@@ -96,7 +96,7 @@ def shapes(
                         if v > 1 and m % p:
                             continue
                         for replicate in divisors(rest):
-                            layout = Layout(
+                            dense = Layout(
                                 tensor=t,
                                 context=c,
                                 pipeline=p,
@@ -105,14 +105,17 @@ def shapes(
                                 data_shard=rest // replicate,
                             )
                             sched = "interleaved_1f1b" if v > 1 else plain_schedule
-                            if layout_problems(
-                                layout,
-                                arch,
-                                seq_len=seq_len,
-                                global_batch_size=global_batch_size,
-                                micro_batch_size=b,
-                                gpus_per_node=gpus_per_node,
-                                schedule=sched,
-                            ):
-                                continue
-                            yield Shape(layout, b, m, sched)
+                            # A mixture of experts also splits its experts over EP ranks of dp_shard x cp.
+                            for ep in expert_choices(arch, dense):
+                                layout = replace(dense, expert=ep) if ep > 1 else dense
+                                if layout_problems(
+                                    layout,
+                                    arch,
+                                    seq_len=seq_len,
+                                    global_batch_size=global_batch_size,
+                                    micro_batch_size=b,
+                                    gpus_per_node=gpus_per_node,
+                                    schedule=sched,
+                                ):
+                                    continue
+                                yield Shape(layout, b, m, sched)

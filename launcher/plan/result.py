@@ -125,6 +125,7 @@ class LayoutPlan:
             "pipeline_schedule": self.pipeline_schedule,
             "data_shard": layout.data_shard,
             "data_replicate": layout.data_replicate,
+            "expert": layout.expert,
             "micro_batch_size": self.micro_batch_size,
             "grad_accum_steps": self.grad_accum_steps,
             "grad_accumulation": self.grad_accumulation,

@@ -32,6 +32,7 @@ EDIT_ORDER = (
     "parallel.pipeline_schedule",
     "parallel.data_replicate",
     "parallel.data_shard",
+    "parallel.expert",
     "precision.fp8",
     "cluster.instance_count",
 )

@@ -25,6 +25,8 @@ GRAD_SYNC = {"sync_each": "each", "sync_last": "last", "sync_last_gathered": "la
 
 # The parallel degrees as the folded `layout` column writes them: "tp4 cp2 fsdp8".
 SHORT_DEGREES = {"tensor": "tp", "context": "cp", "pipeline": "pp", "data_shard": "fsdp", "data_replicate": "dp"}
+# Expert parallelism, shown only where a mixture-of-experts search has it.
+EXPERT_SHORT = ("expert", "ep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,8 @@ def _pipeline(plan: LayoutPlan) -> str:
 
 def _short_layout(plan: LayoutPlan) -> str:
     layout = plan.layout
-    parts = [f"{short}{getattr(layout, name)}" for name, short in SHORT_DEGREES.items() if getattr(layout, name) > 1]
+    degrees = [*SHORT_DEGREES.items(), EXPERT_SHORT]
+    parts = [f"{short}{getattr(layout, name)}" for name, short in degrees if getattr(layout, name) > 1]
     if layout.virtual_stages > 1:
         parts = [part + f"v{layout.virtual_stages}" if part.startswith("pp") else part for part in parts]
     return " ".join(parts) or "fsdp1"
@@ -55,6 +58,7 @@ DEGREES = [
     Column("data\nshard", lambda rank, plan: str(plan.layout.data_shard)),
     Column("data\nreplicate", lambda rank, plan: str(plan.layout.data_replicate)),
 ]
+EXPERT = Column("expert", lambda rank, plan: str(plan.layout.expert))
 LAYOUT = Column("layout", lambda rank, plan: _short_layout(plan), left=True)
 MICRO_BATCH = Column("micro\nbatch", lambda rank, plan: str(plan.micro_batch_size))
 AC = Column("AC", lambda rank, plan: plan.activation_checkpointing, left=True)
@@ -85,7 +89,8 @@ def plan_table(search: Search, title: str = "", width: int | None = None) -> Gro
         names = ", ".join(column.header.replace("\n", " ") for column in hidden)
         lines.append(Text(f"folded to fit {width} columns: {names}; a pipe or --json shows them all", style="dim"))
     if LAYOUT in columns:
-        legend = ", ".join(f"{short} {name}" for name, short in SHORT_DEGREES.items())
+        degrees = [*SHORT_DEGREES.items(), *([EXPERT_SHORT] if _has_experts(search) else [])]
+        legend = ", ".join(f"{short} {name}" for name, short in degrees)
         lines.append(Text(f"layout: {legend}", style="dim"))
     lines.append(Text(why(search)))
     note = against_recipe(search)
@@ -105,11 +110,13 @@ def plan_table(search: Search, title: str = "", width: int | None = None) -> Gro
 def _fitting_columns(search: Search, width: int | None) -> tuple[list[Column], list[Column]]:
     """The columns to show within `width`, and those folded away (the degrees are not: they are
     in `layout`)."""
+    degrees = [*DEGREES, EXPERT] if _has_experts(search) else DEGREES
     columns = list(COLUMNS)
+    start = columns.index(DEGREES[0])
+    columns[start : start + len(DEGREES)] = degrees
     if width is None or _width(_table(search, columns)) <= width:
         return columns, []
-    start = columns.index(DEGREES[0])
-    columns[start : start + len(DEGREES)] = [LAYOUT]
+    columns[start : start + len(degrees)] = [LAYOUT]
     hidden: list[Column] = []
     for column in FOLD_AWAY:
         if _width(_table(search, columns)) <= width:
@@ -117,6 +124,10 @@ def _fitting_columns(search: Search, width: int | None) -> tuple[list[Column], l
         columns.remove(column)
         hidden.append(column)
     return columns, hidden
+
+
+def _has_experts(search: Search) -> bool:
+    return any(plan.layout.expert > 1 for plan in search.ranked)
 
 
 def _width(table: Table) -> int:

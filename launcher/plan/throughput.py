@@ -219,6 +219,7 @@ BREAKDOWN = (
     "recompute",
     "tensor_parallel",
     "context_parallel",
+    "expert_parallel",
     "fsdp",
     "pipeline_p2p",
     "pipeline_bubble",
@@ -234,6 +235,7 @@ BREAKDOWN_WORDS = {
     "recompute": "activation recomputation",
     "tensor_parallel": "tensor-parallel communication",
     "context_parallel": "context-parallel K/V communication",
+    "expert_parallel": "expert-parallel token all-to-alls",
     "fsdp": "exposed FSDP communication",
     "pipeline_p2p": "pipeline send/recv",
     "pipeline_bubble": "the pipeline bubble",
@@ -282,7 +284,7 @@ class Throughput:
     @property
     def communication_s(self) -> float:
         """Exposed communication per step: what the GPUs wait for rather than compute."""
-        kinds = ("tensor_parallel", "context_parallel", "fsdp", "pipeline_p2p", "data_replicate")
+        kinds = ("tensor_parallel", "context_parallel", "expert_parallel", "fsdp", "pipeline_p2p", "data_replicate")
         return sum(self.breakdown[k] for k in kinds)
 
     def to_dict(self) -> dict[str, Any]:
@@ -382,9 +384,10 @@ def _rank_breakdown(step: _Step) -> dict[str, float]:
     compute = compute_time(step)
     tp_mb = tensor_parallel_time(step)
     cp_mb = context_parallel_time(step)
+    ep_mb = expert_parallel_time(step)
     fsdp_mb, fsdp_step = fsdp_time(step, compute.total)
     p2p_mb = pipeline_p2p_time(step)
-    micro_batch_s = compute.total + tp_mb + cp_mb + fsdp_mb + p2p_mb
+    micro_batch_s = compute.total + tp_mb + cp_mb + ep_mb + fsdp_mb + p2p_mb
     m = workload.grad_accum_steps
     return {
         "matmul": m * compute.matmul,
@@ -393,6 +396,7 @@ def _rank_breakdown(step: _Step) -> dict[str, float]:
         "recompute": m * compute.recompute,
         "tensor_parallel": m * tp_mb,
         "context_parallel": m * cp_mb,
+        "expert_parallel": m * ep_mb,
         "fsdp": m * fsdp_mb + fsdp_step,
         "pipeline_p2p": m * p2p_mb,
         "pipeline_bubble": pipeline_bubble_time(step, micro_batch_s),
@@ -472,7 +476,7 @@ class _Step:
         "w", "k", "gen", "accelerator", "h", "q", "kv", "f", "vocab", "t", "c", "p", "v", "shard", "replicas", "b",
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
         "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
-        "accumulation", "grad_bytes", "cp_attention", "machine",
+        "accumulation", "grad_bytes", "cp_attention", "machine", "moe", "ep", "copies", "state_params", "active_f",
     )  # fmt: skip
 
     def __init__(
@@ -509,9 +513,33 @@ class _Step:
         self.cp_attention = mode(workload, "cp_attention")
         h, q, kv, f = self.h, self.q, self.kv, self.f
         small = 2 * h + arch.attention_extra_params()  # norms (QK-norms), attention biases
-        self.block_params = self.layers * (2 * h * q + 2 * h * kv + 3 * h * f + small)
-        # The last rank also holds the final norm and the output layer.
-        self.stage_params = self.block_params + (self.vocab * h + h if self.has_output else 0)
+        self.moe, self.ep = arch.moe, layout.expert
+        self.active_f = f  # the MLP width a token's FLOPs see (MFU): the dense f, or the MoE's below
+        output = self.vocab * h + h if self.has_output else 0  # the last rank's final norm and output layer
+        if self.moe is None:
+            self.copies = 0
+            self.block_params = self.layers * (2 * h * q + 2 * h * kv + 3 * h * f + small)
+            self.stage_params = self.state_params = self.block_params + output
+        else:
+            self._moe_params(h, q, kv, small, output)
+
+    def _moe_params(self, h: int, q: int, kv: int, small: int, output: int) -> None:
+        """A mixture-of-experts model (entrypoints/model/moe.py): the MLP is whole on every tp rank,
+        where the per-layer counts here are divided by t (fsdp_traffic, optimizer_time), so it is
+        counted t times; a rank gathers and reduces its E / ep experts, and holds state shards of
+        all E (ep x expert_fsdp = dp_shard x cp). The dense f goes to 0: the experts' work is
+        priced on its own (expert_gemm_time)."""
+        moe, t = self.moe, self.t
+        expert = moe.expert_params(h)
+        dense = moe.num_experts * h + 3 * h * moe.shared_experts * moe.expert_ffn_hidden_size  # router, shared
+        attention = 2 * h * q + 2 * h * kv + small
+        self.copies = self.rows * moe.top_k  # token copies one rank routes per micro-batch
+        self.block_params = self.layers * (attention + t * (dense + moe.num_experts // self.ep * expert))
+        self.stage_params = self.block_params + output
+        self.state_params = self.layers * (attention + t * (dense + moe.num_experts * expert)) + output
+        # Per token: the router (E x h), and top-k plus the shared experts' SwiGLUs (3 h f each).
+        self.active_f = (moe.top_k + moe.shared_experts) * moe.expert_ffn_hidden_size + moe.num_experts / 3
+        self.f = 0
 
     def switch(self, workload: Workload) -> None:
         """Make this the step of `workload`, which may differ from the one it was built for only in
@@ -593,6 +621,8 @@ def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]
     key = (
         w.dtype, w.fp8_recipe, w.compile, step.fp8, step.fp8_gather, step.rows, step.s, step.h, step.q, step.kv, step.f,
         step.vocab, step.t, step.c, step.shard, step.cp_attention,
+        None if step.moe is None else (step.moe.num_experts, step.moe.top_k, step.moe.expert_ffn_hidden_size,
+                                       step.moe.shared_experts, step.ep),
     )  # fmt: skip
     known = step.machine.layer_terms
     found = known.get(key)
@@ -630,6 +660,8 @@ def matmul_time(step: _Step) -> tuple[float, float]:
     block_half = k.gemm_half_dim[block_precision]
     row_eff = rows / (rows + block_half)
     block_gemm_s = 6 * rows * _shaped_block_params(h, step.q, kv, f, t, block_half) / (block_peak * block_eff * row_eff)
+    if step.moe is not None:
+        block_gemm_s += expert_gemm_time(step, head_peak, head_eff, k.gemm_half_dim[head_precision])
     # The fused linear + cross-entropy loss (entrypoints/model/loss.py) works through the tokens in
     # chunks of about rows * h / V_local, and recomputes each chunk's logits in backward: 8, not 6,
     # FLOPs per output weight and token, in GEMMs whose M is the chunk.
@@ -639,6 +671,39 @@ def matmul_time(step: _Step) -> tuple[float, float]:
     head_rate = head_peak * head_eff * _dim_eff(chunk_rows, head_half) * _dim_eff(h, head_half)
     head_s = 8 * rows * h * vocab_local / (head_rate * _dim_eff(vocab_local, head_half))
     return block_gemm_s, head_s
+
+
+def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> float:
+    """A mixture-of-experts layer's GEMMs, forward and backward, in the compute dtype (the
+    experts stay bf16 under FP8: torchao converts nn.Linear modules, which they are not).
+
+    Every tp rank runs its whole micro-batch (tensor.py), so nothing here is divided by t. The
+    router is N x h x E; each of the N x k copies goes through one expert's three h x f GEMMs,
+    which the grouped GEMM runs as E / ep problems of about N x k x ep / E rows each (balanced
+    routing), so few rows per expert lower the rate; the shared experts are a dense N x h SwiGLU."""
+    moe, rows, h = step.moe, step.rows, step.h
+    f = moe.expert_ffn_hidden_size
+    rate = peak * efficiency * _dim_eff(h, half)
+    router = 6 * rows * h * moe.num_experts / (rate * _dim_eff(rows, half) * _dim_eff(moe.num_experts, half))
+    rows_per_expert = step.copies * step.ep / moe.num_experts
+    experts = 6 * step.copies * 3 * h * f / (rate * _dim_eff(f, half) * _dim_eff(rows_per_expert, half))
+    shared_f = moe.shared_experts * f
+    shared = 6 * rows * 3 * h * shared_f / (rate * _dim_eff(shared_f, half) * _dim_eff(rows, half)) if shared_f else 0.0
+    return router + experts + shared
+
+
+def expert_parallel_time(step: _Step) -> float:
+    """The token all-to-alls of one micro-batch under expert parallelism (model/dispatch.py):
+    there and back in forward, both again in backward and in a recomputed forward. Each sends
+    (ep - 1)/ep of the rank's N x k copies (balanced routing) over the EP group, ep consecutive
+    ranks of dp_shard x cp (tp apart). They sit between the router and the experts, so nothing
+    overlaps them."""
+    if step.moe is None or step.ep == 1:
+        return 0.0
+    k, ep = step.k, step.ep
+    bw, lat = step.link(step.t, ep)
+    all_to_all = k.activation_bytes * step.copies * step.h * (ep - 1) / ep / bw + lat
+    return step.layers * (4 + 2 * step.recompute) * all_to_all
 
 
 def attention_time(step: _Step) -> float:
@@ -666,7 +731,14 @@ def elementwise_time(step: _Step) -> float:
     dtype_scale = 2 if w.dtype == "fp32" else 1
     forward_bytes = (k.elementwise_bytes_per_hidden * step.h + k.elementwise_bytes_per_ffn * step.f) * dtype_scale
     fused = k.compiled_elementwise_factor if w.compile else 1.0
-    return fused * forward_bytes * step.rows / step.t / step.hbm
+    dense = fused * forward_bytes * step.rows / step.t
+    if step.moe is None:
+        return dense / step.hbm
+    # The experts' SwiGLU on every copy, and the copies gathered by expert and back in token
+    # order (read and written twice; under EP regrouped by local expert and back twice more).
+    swiglu = k.elementwise_bytes_per_ffn * step.moe.expert_ffn_hidden_size * step.copies * dtype_scale
+    permutes = (2 if step.ep == 1 else 4) * 2 * k.activation_bytes * dtype_scale * step.h * step.copies
+    return (dense + fused * swiglu + permutes) / step.hbm
 
 
 def fp8_cast_time(step: _Step) -> float:
@@ -798,14 +870,14 @@ def data_replicate_time(step: _Step) -> float:
     replicas, k = step.replicas, step.k
     if replicas == 1:
         return 0.0
-    shard_params = step.stage_params / step.t / step.shard
+    shard_params = step.state_params / step.t / step.shard
     bw, lat = step.link(step.t * step.shard, replicas)
     return (2 * step.grad_bytes * shard_params * (replicas - 1) / replicas / bw + lat) * (1 - k.hsdp_overlap)
 
 
 def optimizer_time(step: _Step) -> float:
     """AdamW over this rank's fp32 shards: HBM-bound."""
-    shard_params = step.stage_params / step.t / step.shard
+    shard_params = step.state_params / step.t / step.shard
     return step.k.optimizer_bytes_per_param * shard_params / step.hbm
 
 
@@ -816,7 +888,7 @@ def _throughput(step: _Step, breakdown: dict[str, float]) -> Throughput:
     tokens_per_step = w.tokens_per_step
     tokens_per_s_per_gpu = tokens_per_step / step_s / world
     # model_flops_per_token(w.arch, w.seq_len, causal=True), from the shapes the step already read
-    flops_per_token = _model_flops(step.h, step.q, step.kv, step.f, w.arch.num_layers, step.vocab, w.seq_len, 6)
+    flops_per_token = _model_flops(step.h, step.q, step.kv, step.active_f, w.arch.num_layers, step.vocab, w.seq_len, 6)
     instances = ceil(world / step.gpus_per_node)
     return Throughput(
         tokens_per_s_per_gpu=tokens_per_s_per_gpu,
@@ -847,6 +919,9 @@ def model_flops_per_token(arch: ModelArch, seq_len: int, *, causal: bool = True)
     """
     h, layers = arch.hidden_size, arch.num_layers
     q, kv, f, vocab = arch.q_dim, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
+    if arch.moe is not None:  # the parameters a token goes through: router, top-k and shared experts
+        moe = arch.moe
+        f = (moe.top_k + moe.shared_experts) * moe.expert_ffn_hidden_size + moe.num_experts / 3
     return _model_flops(h, q, kv, f, layers, vocab, seq_len, 6 if causal else 12)
 
 
@@ -875,4 +950,4 @@ def _shaped_block_params(h: int, q: int, kv: int, f: int, t: int, half: int) -> 
         (h, f // t),  # w3
         (f // t, h),  # w2
     )
-    return sum(k * n / (_dim_eff(k, half) * _dim_eff(n, half)) for k, n in linears)
+    return sum(k * n / (_dim_eff(k, half) * _dim_eff(n, half)) for k, n in linears if k and n)

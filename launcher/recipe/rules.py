@@ -79,21 +79,10 @@ def layout_problems(
 def architecture_problems(spec: RecipeSpec, arch: ModelArch) -> list[Problem]:
     """What the model code runs but the launcher cannot yet price or carry.
 
-    MoE: the trainer has the layer (entrypoints/model/moe.py), but the estimator and planner do
-    not price experts, routed activations or dispatch buffers, so an estimate would be wrong;
-    issue 24 part 5. Qwen3 and MoE checkpoints: Hugging Face weights in and out cover the
-    llama and mistral layouts only (issue 24 part 6).
+    Qwen3 and MoE checkpoints: Hugging Face weights in and out cover the llama and mistral
+    layouts only (issue 24 part 6).
     """
     problems = []
-    if arch.moe is not None:
-        problems.append(
-            Problem(
-                "model",
-                f"{arch.family} is a mixture-of-experts model ({arch.moe.num_experts} experts, top-{arch.moe.top_k}); "
-                "the estimator and planner do not price experts yet, so no MoE recipe is accepted; "
-                "use a dense model",
-            )
-        )
     if arch.family not in HF_ARCHITECTURES:
         weights = [
             ("model.init_from", getattr(spec.model, "init_from", None)),

@@ -195,6 +195,11 @@ class LiveStorages(TorchDispatchMode):
         if func is torch.ops._c10d_functional.wait_tensor.default and active_fake_mode():
             # The fake kernel of wait_tensor returns a new tensor; eager returns its input.
             result = args[0]
+        elif func is torch.ops.aten.index_put.default and len(args) > 3 and args[3]:
+            # An indexing op's backward (torch/csrc/autograd/FunctionsManual.cpp `index_backward`)
+            # scatters into its fresh zeros in place on plain tensors, but out of place on tensor
+            # subclasses, fake tensors among them: one more copy than CUDA makes.
+            result = torch.ops.aten.index_put_.default(*args, **(kwargs or {}))
         else:
             result = func(*args, **(kwargs or {}))
         self._op = str(func).removeprefix("aten.")
@@ -267,6 +272,48 @@ def _fused_adamw(original_init):
     return init
 
 
+class _GroupedMM(torch.autograd.Function):
+    """CUDA's `F.grouped_mm` (entrypoints/model/moe.py `grouped_linear`): one [M, N] output;
+    saves its input and the [E, N, K] weight; backward makes the input's and the whole weight's
+    gradient. The CPU path splits the rows by expert and concatenates the products instead,
+    which needs the counts' values (fake tensors have none) and copies every row once more."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x.new_empty((x.shape[0], weight.shape[1]))
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _cuda_grouped_linear(x, weight, counts):
+    return _GroupedMM.apply(x, weight)
+
+
+def _bounded_exchange(counts, group):
+    """The routing the estimate prices, for entrypoints/model/dispatch.py `exchange_counts` (the
+    real exchange reads the counts' values, which fake tensors do not have): this rank sends an
+    equal share of its token copies to each EP rank, and its experts are the popular ones, so it
+    receives ROUTING_BOUND times as many (launcher/estimate/moe.py), spread evenly over them."""
+    import torch.distributed as dist
+
+    from launcher.estimate.moe import ROUTING_BOUND
+
+    ep, local_experts = dist.get_world_size(group), counts.numel() // dist.get_world_size(group)
+    rows = ROUTED_ROWS[0]
+    per_source = int(rows * ROUTING_BOUND) // (ep * local_experts)
+    received = torch.full((ep, local_experts), per_source, dtype=counts.dtype)
+    return received, [rows // ep] * ep, [per_source * local_experts] * ep
+
+
+# The token copies each MoE layer of the traced job sends (tokens x top_k per micro-batch):
+# set by `trace_resolved`.
+ROUTED_ROWS = [0]
+
+
 class cuda_kernels:
     """Context manager: swap in the CUDA kernels' allocation patterns while tracing."""
 
@@ -274,17 +321,25 @@ class cuda_kernels:
         import torch.nn.attention.bias as bias
         import torch.nn.functional as F
 
+        from entrypoints.model import dispatch, moe
+
         self._saved = (F.rms_norm, F.scaled_dot_product_attention, torch.optim.AdamW.__init__, bias.causal_lower_right)
+        self._moe = (moe.grouped_linear, dispatch.exchange_counts)
         F.rms_norm = _cuda_rms_norm
         F.scaled_dot_product_attention = _sdpa_without_materialised_causal_mask(F.scaled_dot_product_attention)
         torch.optim.AdamW.__init__ = _fused_adamw(torch.optim.AdamW.__init__)
         self._rebind(bias.causal_lower_right, _LowerRightCausal)
+        moe.grouped_linear = _cuda_grouped_linear
+        dispatch.exchange_counts = _bounded_exchange
         return self
 
     def __exit__(self, *args):
         import torch.nn.functional as F
 
+        from entrypoints.model import dispatch, moe
+
         F.rms_norm, F.scaled_dot_product_attention, torch.optim.AdamW.__init__, lower_right = self._saved
+        moe.grouped_linear, dispatch.exchange_counts = self._moe
         self._rebind(_LowerRightCausal, lower_right)
 
     @staticmethod
@@ -338,6 +393,8 @@ def trace_resolved(resolved: dict, *, stage: int = 0, dump_at: int | None = None
     cfg = JobConfig.from_dict(resolved)
     par, training = cfg.parallel, cfg.training
     rank = rank_of_stage(par, stage)
+    if cfg.model.moe is not None:
+        ROUTED_ROWS[0] = training.micro_batch_size * (training.seq_len // par.context) * cfg.model.moe.top_k
     started = time.perf_counter()
     dist.init_process_group("fake", rank=rank, world_size=par.world_size)
     try:

@@ -51,6 +51,10 @@ def test_traced_configs_span_tp_cp_pp_checkpointing_fp8_accumulation_modes_and_b
     assert {r.grad_accumulation() for r in accumulating} == {"sync_each", "sync_last", "sync_last_gathered"}
     assert any(r.parallel.reduce_dtype == "bf16" for r in accumulating)
     assert max(r.training.seq_len for r in recipes) == 131072
+    experts = [r for r in recipes if r.arch.moe is not None]
+    assert {r.layout.expert > 1 for r in experts} == {True, False}
+    assert any(r.layout.expert > 1 and r.layout.tensor > 1 and r.layout.context > 1 for r in experts)
+    assert {r.parallel.activation_checkpointing for r in experts} == {"none", "selective", "full"}
 
 
 def test_live_storages_counts_each_storage_once_while_it_lives():

@@ -65,6 +65,10 @@ def llama8b(layers: int = 32) -> str | dict:
     return "llama3.1-8b" if layers == 32 else {"base": "llama3.1-8b", "num_layers": layers}
 
 
+def qwen3_moe(layers: int) -> dict:
+    return {"base": "qwen3-30b-a3b", "num_layers": layers}
+
+
 # global_batch_size is the data-parallel size times the micro-batches wanted: 1 for most
 # (a trace costs a forward and backward per micro-batch), 2 where gradient accumulation
 # matters, and at least the pipeline degree under PP.
@@ -191,6 +195,37 @@ CONFIGS: list[TracedConfig] = [
         {"base": "qwen3-8b", "num_layers": 4},
         16384,
         global_batch_size=8,
+    ),
+    # Mixture of experts (launcher/estimate/moe.py): the experts in the block's FSDP unit, then split
+    # over EP ranks with the traced rank receiving the routing bound's share of rows.
+    TracedConfig("Qwen3-30B-A3B 8K fsdp8 (4 layers)", qwen3_moe(4), 8192, global_batch_size=8),
+    TracedConfig(
+        "Qwen3-30B-A3B 16K fsdp8 ep8 selective (4 layers)",
+        qwen3_moe(4),
+        16384,
+        parallel={"expert": 8, "activation_checkpointing": "selective"},
+        global_batch_size=8,
+    ),
+    TracedConfig(
+        "Qwen3-30B-A3B 32K dp4 cp2 ep8 full (4 layers)",
+        qwen3_moe(4),
+        32768,
+        parallel={"context": 2, "expert": 8, "activation_checkpointing": "full"},
+        global_batch_size=4,
+    ),
+    TracedConfig(
+        "Mixtral 8x7B 8K dp4 tp2 (4 layers)",
+        {"base": "mixtral-8x7b", "num_layers": 4},
+        8192,
+        parallel={"tensor": 2},
+        global_batch_size=4,
+    ),
+    TracedConfig(
+        "Mixtral 8x7B 32K tp2 cp2 dp2 ep4 full (4 layers)",
+        {"base": "mixtral-8x7b", "num_layers": 4},
+        32768,
+        parallel={"tensor": 2, "context": 2, "expert": 4, "activation_checkpointing": "full"},
+        global_batch_size=2,
     ),
     TracedConfig(
         "Mistral 7B 32K dp4 cp2 fp8 selective (8 layers)",

@@ -315,13 +315,28 @@ def test_console_script_is_installed_and_exits_2_on_bad_input(tmp_path):
     assert "YAML syntax error" in result.stderr
 
 
-@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b"])
-def test_a_mixture_of_experts_recipe_is_refused_until_the_estimator_prices_experts(cli, model):
-    result = cli("estimate", REPO / "recipes" / "llama3-8b-8k.yaml", "--set", f"model={model}")
-    assert result.code == 2
-    assert "model: " in result.err and "is a mixture-of-experts model" in result.err
-    assert "the estimator and planner do not price experts yet, so no MoE recipe is accepted" in result.err
-    assert result.out == ""
+def test_a_mixture_of_experts_model_is_estimated_with_its_experts_and_told_how_to_fit(cli):
+    # Mixtral 8x7B's 46.7B parameters at 16 bytes each over 8 GPUs: 93 GB of weights and states alone.
+    too_big = cli("estimate", REPO / "recipes" / "llama3-8b-8k.yaml", "--set", "model=mixtral-8x7b")
+    assert "oom: " in too_big.out and "largest: optimizer_states" in too_big.out, too_big.out + too_big.err
+    assert "suggestion: " in too_big.out and "raise cluster.instance_count to 2" in too_big.out
+    split = cli(
+        "estimate",
+        REPO / "recipes" / "llama3-8b-8k.yaml",
+        "--set",
+        "model=qwen3-30b-a3b",
+        "--set",
+        "parallel.expert=8",
+    )
+    assert "dp_shard8xep8" in split.out, split.out + split.err
+    assert "note: experts: each EP rank's routed rows are priced at 1.25x the balanced share" in split.out
+
+
+def test_submit_says_in_one_line_that_the_experts_stay_bf16_under_fp8(cli):
+    result = cli("submit", REPO / "recipes" / "qwen3-30b-a3b-64k.yaml", "--dry-run")
+    assert result.code == 0, result.err
+    lines = result.err.splitlines()
+    assert "fp8: the experts run in the compute dtype (torchao converts nn.Linear layers, which they are not)" in lines
 
 
 def test_hf_weights_of_a_family_without_a_checkpoint_layout_are_refused_by_key(cli):

@@ -1,0 +1,122 @@
+"""The mixture-of-experts MLP of one block on one rank, per micro-batch: what the `fsdp`
+accounting (fsdp.py) counts in place of the dense SwiGLU when the model has a `moe:` block.
+
+Derived from entrypoints/model/moe.py and model/dispatch.py and checked against the fake-tensor
+trace of them (tests/estimate/test_traced.py). N tokens of the sequence live on the rank
+(b x s / cp: under TP every tp rank routes the whole gathered sequence, tensor.py); each goes to
+top-k experts, so the layer sends C = N x k token copies, and its local experts compute on the R
+rows they receive: C without expert parallelism, C x ROUTING_BOUND under it (below).
+
+Saved for backward, per layer:
+- the router: fp32 softmax probabilities and the fp32 logits logsumexp reads for the z-loss
+  (N x E each), the top-k ids (int64) and the fp32 top-k weights with their sums;
+- dispatch: the copies' source tokens and the combine's inverse order (int64, C each); under EP
+  also the received rows' regrouping order and its inverse (int64, R each);
+- the experts: their input rows (R x h), and the SwiGLU's four R x f intermediates;
+- the combine: the experts' outputs back in token order (C x h) and the weights in the compute
+  dtype (`combine`'s batched matmul saves nothing else);
+- shared experts, if any: a dense SwiGLU of N x (shared x f).
+
+A layer's backward peaks inside the experts, at one of three moments:
+- w2's backward: the combine's saved tensors are released; the gradient of the experts' output
+  (R x h), of w2's input (R x f) and w2's weight gradient are alive;
+- the SwiGLU product's backward, just after: w2's input is released, and the gradient of w2's
+  input with the two gradients it makes (3 x R x f) are alive (the largest when f > h, Mixtral);
+- w1's backward (the last grouped GEMM reached): the four intermediates are released; the
+  gradient of w1's output (R x f), the two gradients of the experts' input (R x h, one from w3,
+  one being made) and all three weight gradients are alive.
+Weight gradients are the local experts' (E / ep), unsharded in the compute dtype until FSDP
+reduce-scatters the unit.
+
+A checkpointed layer's recomputation, inside backward, peaks as its forward does: where the
+experts' outputs are regathered (in token order, or back in source-rank order under EP) while the
+outputs themselves still exist, two R x h tensors beside the saved set, before the combine saves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.estimate.workload import Workload
+
+FP32 = 4
+INT64 = 8
+
+ROUTING_BOUND = 1.25
+"""Rows an expert-parallel rank receives, as a multiple of the C it sends. Routing is dropless,
+so a rank whose experts are popular receives more than the balanced share, with no cap. The
+estimate prices 25% above balance: the capacity factor Switch Transformer trained with (Fedus et
+al. 2021, arXiv 2101.03961, section 2.2 and Table 1), which the auxiliary loss keeps routing
+under in practice. Past it, each extra row costs the rank (2h + 4f) x dtype bytes per layer until
+backward; the 20% headroom of the verdict's threshold absorbs some of it, and a rank that runs
+out of memory fails the job with an OOM the failure file names. Without expert parallelism every
+rank computes all C rows of its own tokens whatever the routing, so no bound is needed."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoeMemory:
+    """One MoE layer on one rank, per micro-batch (bytes), and its parameter counts."""
+
+    saved: float
+    """Kept for backward."""
+    backward_working: float
+    """Gradients of activations alive at the layer's backward peak, besides the incoming one."""
+    weight_grads: float
+    """The local experts' unsharded weight gradients alive at that peak."""
+    freed_in_backward: float
+    """Of `saved`, what the layer's backward has already released at that peak."""
+    recompute_working: float
+    """A checkpointed layer's recomputation at its peak: the transient copies beside what is saved."""
+    recompute_missing: float
+    """Of `saved`, what that recomputation has not made yet then (the combine's tensors)."""
+    local_params: float
+    """Parameters this rank computes with: router, shared experts and its E / ep experts."""
+    state_params: float
+    """Parameters whose FSDP shards this rank holds a share of: router, shared experts and every
+    expert (EP and expert_fsdp together split them over dp_shard x cp)."""
+    local_expert_params: float
+    """The E / ep experts alone: under EP an FSDP unit of their own (entrypoints/parallel/fsdp.py)."""
+
+
+def routed_rows(workload: Workload) -> tuple[float, float]:
+    """(C, R): token copies this rank sends per micro-batch, and rows its experts compute on."""
+    moe, layout = workload.arch.moe, workload.layout
+    sent = workload.micro_batch_size * workload.seq_len / layout.context * moe.top_k
+    return sent, sent * (ROUTING_BOUND if layout.expert > 1 else 1.0)
+
+
+def moe_memory(workload: Workload, cb: int) -> MoeMemory:
+    arch, layout = workload.arch, workload.layout
+    moe, h = arch.moe, arch.hidden_size
+    f, experts, k, ep = moe.expert_ffn_hidden_size, moe.num_experts, moe.top_k, layout.expert
+    tokens = workload.micro_batch_size * workload.seq_len / layout.context
+    sent, rows = routed_rows(workload)
+    shared_f = moe.shared_experts * f
+
+    router = FP32 * tokens * (2 * experts + 1) + INT64 * tokens * k + FP32 * tokens * (k + 1) + FP32 * tokens
+    dispatch = INT64 * 2 * sent + (INT64 * 2 * rows if ep > 1 else 0)
+    expert_set = cb * rows * h + cb * 4 * rows * f
+    combine = cb * sent * h + cb * tokens * k
+    shared = cb * 4 * tokens * shared_f
+    saved = router + dispatch + expert_set + combine + shared
+
+    one_weight = cb * (experts / ep) * h * f
+    at_w2 = (cb * rows * (h + f), one_weight, combine)
+    at_product = (cb * 3 * rows * f, one_weight, combine + cb * rows * f)
+    at_w1 = (cb * rows * (f + 2 * h), 3 * one_weight, combine + cb * 4 * rows * f)
+    working, weights, freed = max(at_w2, at_product, at_w1, key=lambda moment: moment[0] + moment[1] - moment[2])
+
+    router_params = experts * h
+    expert_params = moe.expert_params(h)
+    shared_params = 3 * h * shared_f
+    return MoeMemory(
+        saved=saved,
+        backward_working=working,
+        weight_grads=weights,
+        freed_in_backward=freed,
+        recompute_working=cb * 2 * rows * h,
+        recompute_missing=combine,
+        local_params=router_params + shared_params + experts / ep * expert_params,
+        state_params=router_params + shared_params + experts * expert_params,
+        local_expert_params=experts / ep * expert_params,
+    )

@@ -1,0 +1,71 @@
+"""Mixture-of-experts models in the planner: active FLOPs, the experts' GEMMs and all-to-alls,
+and expert parallelism searched and shown."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from launcher import catalog
+from launcher.contract.layout import Layout
+from launcher.estimate import Workload
+from launcher.plan.throughput import model_flops_per_token, predict
+from launcher.recipe.hardware import hardware_for
+from tests import REPO
+
+QWEN3_MOE = catalog.models()["qwen3-30b-a3b"]
+MIXTRAL = catalog.models()["mixtral-8x7b"]
+P5 = hardware_for("ml.p5.48xlarge", usd_per_hour=0.0)  # 8 x h100-80gb
+
+
+def speed(arch, layout, *, seq_len=8192, hardware=P5):
+    workload = Workload(arch=arch, layout=layout, seq_len=seq_len, micro_batch_size=1, grad_accum_steps=1)
+    return predict(workload, hardware)
+
+
+def test_model_flops_count_the_parameters_a_token_goes_through():
+    # Qwen3-30B-A3B: "30.5B parameters in total, 3.3B activated" (its model card). The matmul
+    # weights a token passes (router, top-8 experts, attention, output layer) are the activated
+    # ones without the embedding lookup and the norms.
+    flops = model_flops_per_token(QWEN3_MOE, 4096)
+    attention = 6 * QWEN3_MOE.num_layers * QWEN3_MOE.q_dim * 4096
+    active = (flops - attention) / 6
+    assert 2.9e9 < active < 3.3e9, active
+    assert QWEN3_MOE.num_params() > 30e9  # every expert is stored
+
+
+def test_expert_parallelism_adds_all_to_alls_and_needs_no_gather_of_the_other_ranks_experts():
+    alone = speed(QWEN3_MOE, Layout(data_shard=8))
+    split = speed(QWEN3_MOE, Layout(data_shard=8, expert=8))
+    assert alone.breakdown["expert_parallel"] == 0.0
+    assert split.breakdown["expert_parallel"] > 0.0
+    # Each rank's grouped GEMMs get 8 times the rows per expert: the same FLOPs at a higher rate.
+    assert split.breakdown["matmul"] < alone.breakdown["matmul"]
+    assert split.model_flops_per_token == alone.model_flops_per_token
+
+
+def test_all_to_alls_across_nodes_cost_more_than_within_one():
+    two_nodes = dataclasses.replace(P5, instance_count=2)
+    within = speed(MIXTRAL, Layout(data_shard=16, expert=8), hardware=two_nodes)
+    # ep is laid over dp_shard x cp's consecutive ranks: 8 stay on one node, 16... cannot (8 experts);
+    # with tensor 2 the same 8 EP ranks sit 2 apart and span both nodes.
+    across = speed(MIXTRAL, Layout(tensor=2, data_shard=8, expert=8), hardware=two_nodes)
+    per_copy_within = within.breakdown["expert_parallel"]
+    per_copy_across = across.breakdown["expert_parallel"]
+    assert per_copy_across > 2 * per_copy_within
+
+
+def test_the_planner_searches_expert_parallelism_and_shows_it(cli):
+    recipe = REPO / "recipes" / "llama3-8b-8k.yaml"
+    # 30.5B parameters' weights and AdamW states need two nodes (16 bytes each over 16 GPUs: 30 GB).
+    moe = ("--set", "model=qwen3-30b-a3b", "--set", "cluster.instance_count=2", "--top", "300")
+    found = cli("plan", recipe, *moe, "--json")
+    assert found.code == 0, found.err
+    plans = json.loads(found.out)
+    assert {plan["expert"] for plan in plans} >= {1, 2, 4, 8, 16}
+    table = cli("plan", recipe, *moe)
+    header = table.out.splitlines()[3]
+    assert "expert" in header.split()
+    dense = cli("plan", recipe)
+    assert "expert" not in dense.out.splitlines()[3].split()
+    assert {plan["expert"] for plan in json.loads(cli("plan", recipe, "--json").out)} == {1}
