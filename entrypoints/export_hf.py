@@ -5,7 +5,9 @@
 
 The files are planned from the config alone (every rank computes the same plan): one or more
 safetensors files per pipeline stage, never larger than MAX_FILE_BYTES, named
-model-0000k-of-0000n.safetensors as transformers names them. During training every rank of a
+model-0000k-of-0000n.safetensors as transformers names them, each of our grouped experts
+[E, F, D] as E tensors, one per expert, as published MoE checkpoints hold them
+(launcher.contract.hf_names). During training every rank of a
 stage gathers each parameter in turn (`DTensor.full_tensor()`, a collective over the stage's
 data/context/tensor-parallel ranks) and the stage's first rank streams it to its file, so no
 rank holds more than one full parameter beyond its shards. Rank 0 writes config.json and the
@@ -40,7 +42,8 @@ from entrypoints.hf_weights import DTYPE_NAMES, INDEX, checkpoint_directory
 from entrypoints.model.init import canonical_name
 from entrypoints.model.llama import build_model
 from launcher.contract.config import ConfigError, JobConfig, load_config
-from launcher.contract.hf_checkpoint import hf_config_json, hf_name
+from launcher.contract.hf_checkpoint import hf_config_json
+from launcher.contract.hf_names import hf_layout_problem, hf_tensors
 from launcher.contract.layout import stage_layers
 
 MAX_FILE_BYTES = 5 * 10**9  # transformers' default max_shard_size
@@ -66,6 +69,9 @@ class FilePlan:
 
 def export_plan(cfg: JobConfig, *, max_file_bytes: int = MAX_FILE_BYTES) -> list[FilePlan]:
     """Which parameter goes into which file: files follow pipeline stages, then size."""
+    problem = hf_layout_problem(dataclasses.asdict(cfg.model))
+    if problem:
+        raise ConfigError(f"checkpoint.export_hf: {problem}")
     model = build_model(cfg.model, seq_len=cfg.training.seq_len, device="meta")
     num_stages = cfg.parallel.num_stages
     itemsize = EXPORT_DTYPES[cfg.precision.dtype].itemsize
@@ -93,29 +99,33 @@ def export_plan(cfg: JobConfig, *, max_file_bytes: int = MAX_FILE_BYTES) -> list
 
 
 def write_safetensors(
-    path: Path | None, tensors: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype, full: Callable
+    path: Path | None, tensors: list[tuple[str, tuple[int, ...]]], family: str, dtype: torch.dtype, full: Callable
 ) -> None:
     """Stream `full(name)` for each tensor into a safetensors file (path None: gather only, as a
     rank that helps the stage's writer gather but writes nothing)."""
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in tensors:
-        size = dtype.itemsize * int(torch.Size(shape).numel())
-        header[hf_name(name)] = {
-            "dtype": DTYPE_NAMES[dtype],
-            "shape": list(shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
+        for tensor in hf_tensors(name, family, shape):
+            size = dtype.itemsize * int(torch.Size(tensor.shape).numel())
+            header[tensor.name] = {
+                "dtype": DTYPE_NAMES[dtype],
+                "shape": list(tensor.shape),
+                "data_offsets": [offset, offset + size],
+            }
+            offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the format pads the header with spaces to 8 bytes
     file = open(path, "wb") if path is not None else None
     try:
         if file is not None:
             file.write(len(encoded).to_bytes(8, "little") + encoded)
-        for name, _ in tensors:
-            tensor = full(name)
-            if file is not None:
-                data = tensor.detach().to("cpu", dtype).contiguous()
+        for name, shape in tensors:
+            whole = full(name)
+            if file is None:
+                continue
+            whole = whole.detach().to("cpu", dtype)
+            for tensor in hf_tensors(name, family, shape):
+                data = (whole if tensor.expert is None else whole[tensor.expert]).contiguous()
                 file.write(ctypes.string_at(data.data_ptr(), data.numel() * data.element_size()))
     finally:
         if file is not None:
@@ -126,7 +136,10 @@ def write_metadata(cfg: JobConfig, out: Path, plan: list[FilePlan], itemsize: in
     """config.json, the index, and the tokenizer files."""
     config = hf_config_json(dataclasses.asdict(cfg.model), dtype=cfg.precision.dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    weight_map = {hf_name(name): f.name for f in plan for name, _ in f.tensors}
+    family = cfg.model.family
+    weight_map = {
+        tensor.name: f.name for f in plan for name, shape in f.tensors for tensor in hf_tensors(name, family, shape)
+    }
     total = sum(itemsize * int(torch.Size(shape).numel()) for f in plan for _, shape in f.tensors)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -173,7 +186,7 @@ def export_hf(parts, stage_ids: list[int], mesh, cfg: JobConfig, out: Path) -> N
 
     for file in plan:
         if file.stage in stage_ids:
-            write_safetensors(out / file.name if writes else None, file.tensors, dtype, full)
+            write_safetensors(out / file.name if writes else None, file.tensors, cfg.model.family, dtype, full)
     if dist.get_rank() == 0:
         write_metadata(cfg, out, plan, dtype.itemsize)
         print(f"exported a Hugging Face checkpoint to {out} ({len(plan)} safetensors files)", flush=True)
@@ -192,7 +205,7 @@ def export_from_dcp(cfg: JobConfig, checkpoint: Path, out: Path) -> None:
     plan = export_plan(cfg)
     dtype = EXPORT_DTYPES[cfg.precision.dtype]
     for file in plan:
-        write_safetensors(out / file.name, file.tensors, dtype, lambda name: state["model"][name])
+        write_safetensors(out / file.name, file.tensors, cfg.model.family, dtype, lambda name: state["model"][name])
     write_metadata(cfg, out, plan, dtype.itemsize)
 
 

@@ -13,7 +13,9 @@ of them in memory; nothing maps or reads the whole file.
 Which slice a rank holds comes from the DTensor itself (`compute_local_shape_and_global_offset`,
 the same function model/init.py fills shards with), so every layout works without knowing how
 it was made: FSDP, TP, both, pipeline stages (a stage holds only its layers, under their global
-names), and context parallelism, which shards no parameters.
+names), and context parallelism, which shards no parameters. Our grouped experts [E, F, D] are
+E tensors in a checkpoint (launcher.contract.hf_names): a rank reads the experts its shard
+covers (under expert parallelism, its own; under FSDP of the experts, its rows of them).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from entrypoints.model.init import canonical_name
 from launcher.contract.config import ConfigError, JobConfig, ModelConfig
-from launcher.contract.hf_checkpoint import architecture_mismatch, hf_name, sliding_window_problem
+from launcher.contract.hf_checkpoint import architecture_mismatch, sliding_window_problem
+from launcher.contract.hf_names import HFTensor, hf_layout_problem, hf_tensors
 
 DTYPES = {
     "F64": torch.float64,
@@ -144,13 +147,17 @@ def checkpoint_directory(init_from: str) -> Path:
 
 
 def check_checkpoint(model: ModelConfig, seq_len: int, directory: Path) -> None:
-    """Refuse a checkpoint whose config.json disagrees with the job's architecture (one line)."""
+    """Refuse a model no checkpoint can hold, or a checkpoint whose config.json disagrees with
+    the job's architecture (one line)."""
+    ours = dataclasses.asdict(model)
+    layout = hf_layout_problem(ours)
+    if layout:
+        raise ConfigError(f"model.init_from: {layout}")
     path = directory / "config.json"
     try:
         config = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"model.init_from: cannot read {path} ({err})") from None
-    ours = dataclasses.asdict(model)
     where = f"{model.init_from.rstrip('/')}/config.json" if model.init_from.startswith("s3://") else str(path)
     problem = architecture_mismatch(ours, config, where) or sliding_window_problem(config, seq_len, where)
     if problem:
@@ -163,6 +170,33 @@ def local_block(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tup
         shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
         return param.to_local(), tuple(shape), tuple(offset)
     return param, tuple(param.shape), (0,) * param.dim()
+
+
+def _checked_entry(checkpoint: SafetensorsCheckpoint, tensor: HFTensor) -> TensorEntry:
+    entry = checkpoint.entries.get(tensor.name)
+    if entry is None:
+        raise ConfigError(f"model.init_from: {checkpoint.directory} has no tensor {tensor.name}")
+    if entry.shape != tensor.shape:
+        raise ConfigError(
+            f"model.init_from: {tensor.name} is {list(entry.shape)} in {checkpoint.directory}, "
+            f"but the model's is {list(tensor.shape)}"
+        )
+    return entry
+
+
+def _load_parameter(checkpoint: SafetensorsCheckpoint, name: str, family: str, param: torch.Tensor) -> None:
+    """This rank's block of one parameter, from its one tensor or from its experts' tensors."""
+    tensors = hf_tensors(name, family, tuple(param.shape))
+    for tensor in tensors:
+        _checked_entry(checkpoint, tensor)
+    local, shape, offset = local_block(param)
+    if not local.numel():
+        return
+    if tensors[0].expert is None:
+        local.copy_(checkpoint.read_slice(tensors[0].name, offset, shape))
+        return
+    for row in range(shape[0]):  # the experts this shard covers, each cut as the shard's other dims
+        local[row].copy_(checkpoint.read_slice(tensors[offset[0] + row].name, offset[1:], shape[1:]))
 
 
 @torch.no_grad()
@@ -179,18 +213,7 @@ def load_hf_weights(parts, cfg: JobConfig, *, fresh_start: bool = True) -> int:
     try:
         for part in parts:
             for fqn, param in part.named_parameters():
-                name = hf_name(canonical_name(fqn))
-                entry = checkpoint.entries.get(name)
-                if entry is None:
-                    raise ConfigError(f"model.init_from: {directory} has no tensor {name}")
-                if entry.shape != tuple(param.shape):
-                    raise ConfigError(
-                        f"model.init_from: {name} is {list(entry.shape)} in {directory}, "
-                        f"but the model's is {list(param.shape)}"
-                    )
-                local, shape, offset = local_block(param)
-                if local.numel():
-                    local.copy_(checkpoint.read_slice(name, offset, shape))
+                _load_parameter(checkpoint, canonical_name(fqn), cfg.model.family, param)
     finally:
         checkpoint.close()
     return checkpoint.bytes_read

@@ -37,13 +37,9 @@ from launcher.contract.metrics import METRICS_FILE, SPEED_CAUSE_KEYS, metrics_li
 def matmul_params(cfg: ModelConfig) -> int:
     """The matmul weights one token goes through: for MoE the router and its top-k (and shared) experts."""
     d, q, kv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
-    moe = cfg.moe
-    if moe is None:
-        mlp = 3 * d * cfg.ffn_hidden_size
-    else:
-        mlp = moe.num_experts * d + (moe.top_k + moe.shared_experts) * 3 * d * moe.expert_ffn_hidden_size
+    mlp = 3 * d * (cfg.ffn_hidden_size if cfg.moe is None else cfg.moe.active_ffn_width())
     per_layer = 2 * d * q + 2 * d * kv + mlp
-    return cfg.num_layers * per_layer + cfg.vocab_size * d
+    return round(cfg.num_layers * per_layer + cfg.vocab_size * d)
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

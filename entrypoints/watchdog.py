@@ -220,6 +220,8 @@ class Watchdog:
     def _run(self) -> None:
         last_tick = last_beat = time.monotonic()
         beat = 0
+        # A heartbeat at once: a rank stopped in its first second is still named with its host.
+        self._write_heartbeat(beat, read_others=False)
         mark, held_at_mark = None, 0.0
         while not self._stop.wait(TICK_S):
             now = time.monotonic()

@@ -21,7 +21,10 @@ It
    rank, the ratio (the goal: >= 0.9) and the ops and kernels the profiler saw; and
    checks the hypothesis that by default plain causal SDPA runs cuDNN while the old
    lower-right-masked path runs FlashAttention-2 (the kernel names of each);
-5. prints a table and writes gpu_check.json to the output directory ($OUT, else ./out).
+5. times an MoE layer (Qwen3-30B-A3B's, 8K tokens) against a dense SwiGLU of equal active
+   FLOPs in bf16 and FP8, and the experts' grouped GEMMs in bf16 against torchao's FP8 rowwise
+   grouped GEMM (scripts/gpu_moe_check.py);
+6. prints a table and writes gpu_check.json to the output directory ($OUT, else ./out).
 
 A part that cannot run (no torchao for FP8, no launcher for the estimate) is reported as
 skipped with the reason; the others still run. Exit status 1 if any part failed.
@@ -42,6 +45,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+import gpu_moe_check  # noqa: E402  (beside this script)
 
 from entrypoints.checkpoint_files import complete_checkpoints  # noqa: E402  (standard library only)
 
@@ -534,6 +539,8 @@ def table(report: dict) -> str:
     if speedup is not None:
         lines.append(f"\n8B-shaped layers: compiled FP8 / bf16 tokens/s = {speedup:.2f} (the goal: >= 1.3)")
     lines += cp_speed_table(report["cp_speed"])
+    moe = report["moe_layer"]
+    lines += [f"moe layer: failed ({moe['error']})"] if "error" in moe else gpu_moe_check.table(moe)
     return "\n".join(lines)
 
 
@@ -613,12 +620,18 @@ def main(argv: list[str] | None = None) -> int:
         report["cp_speed"] = cp_speed_check(CP_SPEED_SMOKE_SEQS if args.cpu_smoke else CP_SPEED_SEQS, device)
     except Exception as err:  # reported with the rest; the exit status says it failed
         report["cp_speed"] = {"error": f"{type(err).__name__}: {err}"}
+    try:
+        report["moe_layer"] = gpu_moe_check.run(device, args.cpu_smoke)
+    except Exception as err:  # reported with the rest; the exit status says it failed
+        report["moe_layer"] = {"error": f"{type(err).__name__}: {err}"}
     report["fp8_speedup_8b_layers"] = fp8_speedup(report["training"])
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
     print(table(report))
     print(f"\ngpu_check: wrote {out / 'gpu_check.json'}")
     failed = [n for n, r in report["training"].items() if r["status"] == "failed"]
-    failed += [part for part in ("cp_attention", "cp_speed") if "error" in report[part]]
+    failed += [part for part in ("cp_attention", "cp_speed", "moe_layer") if "error" in report[part]]
+    if "error" not in report["moe_layer"]:
+        failed += gpu_moe_check.failures(report["moe_layer"])
     if failed:
         print(f"gpu_check: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -210,6 +210,7 @@ def test_the_entrypoints_import_from_an_unpacked_bundle_with_nothing_else_of_the
         "launcher.contract.dataset",
         "launcher.contract.fp8",
         "launcher.contract.hf_checkpoint",
+        "launcher.contract.hf_names",
         "launcher.contract.layout",
         "launcher.contract.failure",
         "launcher.contract.metrics",

@@ -53,7 +53,8 @@ def test_names_respect_a_backends_shorter_limit():
 def test_single_node_runs_torchrun_standalone_from_the_bundle_root():
     spec = spec_for("llama3-8b-8k", "slurm")
     # The bootstrap installs the job's wheels, then execs torchrun with this rendezvous; torchrun
-    # waits the job's stop grace less 20 s for the final save (an 8B step and save need less than 120 s).
+    # waits the job's stop grace less 20 s for the final save (an 8B step and save need less than 120 s),
+    # and restarts the workers once, since Slurm never reruns a job whose script failed (sbatch(1)).
     assert spec.command == (
         "python3",
         "entrypoints/bootstrap.py",
@@ -62,7 +63,7 @@ def test_single_node_runs_torchrun_standalone_from_the_bundle_root():
         "--nnodes=1",
         "--nproc-per-node=8",
         "--standalone",
-        "--max-restarts=0",
+        "--max-restarts=1",
         "--shutdown-timeout=100",
         "entrypoints/train.py",
         "--config",

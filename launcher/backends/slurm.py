@@ -545,6 +545,10 @@ class SlurmBackend(Backend):
             s3_data_dir=staged,
             s3_staging_dir=staged,
             bootstrap="exec",  # installs the wheels; torchrun keeps the c10d rendezvous and Slurm's signals
+            # Slurm reruns a job only "after node failure, or upon preemption" or when asked (sbatch(1),
+            # --requeue), never after its script fails: a crashed or stalled rank (the watchdog's
+            # exit 5) is restarted by torchrun inside the allocation, from the newest checkpoint.
+            max_restarts=1,
         )
 
     def problems(self, spec: JobSpec) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_serializer
 
+from launcher.contract.config import active_ffn_width
 from launcher.contract.text import choices  # noqa: F401  (catalog.choices: how messages list valid values)
 
 
@@ -62,6 +63,9 @@ class MoeArch(BaseModel):
     def expert_params(self, hidden_size: int) -> int:
         """One expert's SwiGLU: gate, up and down projections."""
         return 3 * hidden_size * self.expert_ffn_hidden_size
+
+    def active_ffn_width(self) -> float:
+        return active_ffn_width(self)
 
     def layer_params(self, hidden_size: int) -> int:
         """Router, routed experts and shared experts of one layer."""

@@ -115,6 +115,18 @@ class MoeConfig:
         if self.aux_loss_coef < 0 or self.z_loss_coef < 0:
             raise ConfigError("model.moe: aux_loss_coef and z_loss_coef must be 0 or more")
 
+    def active_ffn_width(self) -> float:
+        return active_ffn_width(self)
+
+
+def active_ffn_width(moe) -> float:
+    """The width f of the dense SwiGLU (3 x hidden x f weights) holding as many weights as one
+    token of an MoE layer passes through: its top-k and the shared experts, and the router
+    (E x hidden, which is 3 x hidden x E/3). One rule for the MFU the entrypoints log
+    (entrypoints/metrics.py) and the planner's (launcher/plan/throughput.py); `moe` is a
+    MoeConfig or the catalog's MoeArch, which have the same fields."""
+    return (moe.top_k + moe.shared_experts) * moe.expert_ffn_hidden_size + moe.num_experts / 3
+
 
 @_config
 class ModelConfig:

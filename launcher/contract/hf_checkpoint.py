@@ -1,45 +1,27 @@
-"""Hugging Face Llama/Mistral checkpoints: names, architecture and config.json, standard library only.
+"""Hugging Face checkpoints' config.json: architecture in, config.json out, standard library only.
 
-    hf_name("layers.3.attention.wq.weight")      # -> "model.layers.3.self_attn.q_proj.weight"
     hf_architecture(config)                      # config.json -> our field names and values
     architecture_mismatch(ours, config, where)   # one line naming both values, or None
     hf_config_json(model_fields, dtype="bf16")   # the config.json an export writes
 
-The recipe (at load) and the entrypoints (for an s3:// `model.init_from`, after SageMaker
-downloaded it) check a checkpoint against the job's architecture with the same function, so the
-message is the same wherever the mismatch is found.
+Tensor names are launcher.contract.hf_names'. The recipe (at load) and the entrypoints (for an
+s3:// `model.init_from`, after SageMaker downloaded it) check a checkpoint against the job's
+architecture with the same function, so the message is the same wherever the mismatch is found.
 
-Rotary layout: Hugging Face Llama/Mistral store q_proj/k_proj in the "rotate_half" layout (the
-first half of each head's dimensions pairs with the second half), which is the layout
-entrypoints/model/llama.py's `apply_rotary` uses, so weights copy over without a permutation
-(tests/entrypoints/test_hf_weights.py proves it against transformers' logits).
+Rotary layout: Hugging Face Llama, Mistral, Qwen3 and Mixtral store q_proj/k_proj in the
+"rotate_half" layout (the first half of each head's dimensions pairs with the second half),
+which is the layout entrypoints/model/llama.py's `apply_rotary` uses, so weights copy over
+without a permutation (tests/entrypoints/test_hf_weights.py proves it against transformers' logits).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-# Our parameter name (inside a block) -> Hugging Face's.
-_BLOCK_NAMES = {
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-    "feed_forward.w1.weight": "mlp.gate_proj.weight",
-    "feed_forward.w2.weight": "mlp.down_proj.weight",
-    "feed_forward.w3.weight": "mlp.up_proj.weight",
-    "attention_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-}
-_TOP_NAMES = {
-    "tok_embeddings.weight": "model.embed_tokens.weight",
-    "norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+from launcher.contract.hf_names import HF_FAMILIES
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+# config.json model_type -> transformers class, from the one table of families.
+ARCHITECTURES = {model_type: family.architecture for model_type, family in HF_FAMILIES.items()}
 HF_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 # The fields a checkpoint must agree on with the recipe; norm_eps and max_context do not change
 # which weights fit, so a recipe may differ there.
@@ -59,16 +41,6 @@ CHECKED_FIELDS = (
 )
 # config.json's model types whose attention has Qwen3's q_norm/k_norm (it has no field saying so).
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
-
-
-def hf_name(name: str) -> str:
-    """The Hugging Face name of our (canonical) parameter name."""
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    match = _LAYER.match(name)
-    if match is None or match.group(2) not in _BLOCK_NAMES:
-        raise KeyError(f"no Hugging Face name for parameter {name}")
-    return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"
 
 
 def hf_rope(config: dict) -> tuple[Any, Any]:
@@ -132,21 +104,33 @@ def _default_head_dim(config: dict) -> Any:
 def hf_experts(config: dict) -> dict | None:
     """A config.json's experts in our `moe` field names, or None for a dense checkpoint.
 
-    Qwen3-MoE writes num_experts and moe_intermediate_size; Mixtral writes num_local_experts and
-    uses intermediate_size for each expert.
+    Qwen3-MoE's published config.json writes num_experts and moe_intermediate_size, and
+    transformers 5 rewrites num_experts as num_local_experts when it saves one; Mixtral writes
+    num_local_experts and uses intermediate_size for each expert (it has no dense MLP).
     """
-    if config.get("num_experts"):
-        return {
-            "num_experts": config["num_experts"],
-            "top_k": config.get("num_experts_per_tok"),
-            "expert_ffn_hidden_size": config.get("moe_intermediate_size"),
-        }
-    if config.get("num_local_experts"):
-        return {
-            "num_experts": config["num_local_experts"],
-            "top_k": config.get("num_experts_per_tok"),
-            "expert_ffn_hidden_size": config.get("intermediate_size"),
-        }
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    if not experts:
+        return None
+    family = HF_FAMILIES.get(config.get("model_type"))
+    default_normalize = True if family is None or family.normalizes_top_k is None else family.normalizes_top_k
+    return {
+        "num_experts": experts,
+        "top_k": config.get("num_experts_per_tok"),
+        "expert_ffn_hidden_size": config.get("moe_intermediate_size") or config.get("intermediate_size"),
+        "normalize_top_k": bool(config.get("norm_topk_prob", default_normalize)),
+    }
+
+
+def dense_layers_problem(config: dict, where: str) -> str | None:
+    """Qwen3-MoE can keep some layers dense (mlp_only_layers, decoder_sparse_step); ours are all MoE."""
+    dense = config.get("mlp_only_layers") or []
+    step = config.get("decoder_sparse_step", 1)
+    if dense or step not in (None, 1):
+        return (
+            f"model.moe: {where} keeps some layers dense (mlp_only_layers {dense}, decoder_sparse_step {step}); "
+            "this launcher puts experts in every layer, so use a checkpoint with mlp_only_layers [] and "
+            "decoder_sparse_step 1"
+        )
     return None
 
 
@@ -163,13 +147,13 @@ def moe_mismatch(ours: dict | None, config: dict, where: str) -> str | None:
             f"model.moe: {where} has {theirs['num_experts']} experts per layer, but the recipe's model is dense; "
             "use the checkpoint's MoE model"
         )
-    for key in ("num_experts", "top_k", "expert_ffn_hidden_size") if ours else ():
+    for key in ("num_experts", "top_k", "expert_ffn_hidden_size", "normalize_top_k") if ours else ():
         if not _same(ours.get(key), theirs[key]):
             return (
                 f"model.moe.{key} is {_show(ours.get(key))} in the recipe but {_show(theirs[key])} in {where}; "
                 "make the recipe's model match the checkpoint"
             )
-    return None
+    return dense_layers_problem(config, where) if ours else None
 
 
 def _same(ours: Any, theirs: Any) -> bool:
@@ -193,7 +177,10 @@ def architecture_mismatch(ours: dict, config: dict, where: str) -> str | None:
     """
     theirs = hf_architecture(config)
     if config.get("model_type") not in ARCHITECTURES:
-        return f"model_type {config.get('model_type')!r} in {where} is not supported; use a llama or mistral checkpoint"
+        return (
+            f"model_type {config.get('model_type')!r} in {where} is not supported; "
+            f"use a {', '.join(ARCHITECTURES)} checkpoint"
+        )
     for key in CHECKED_FIELDS:
         if not _same(ours.get(key), theirs[key]):
             return (
@@ -203,10 +190,19 @@ def architecture_mismatch(ours: dict, config: dict, where: str) -> str | None:
     return moe_mismatch(ours.get("moe"), config, where)
 
 
+def sliding_window(config: dict) -> int | None:
+    """The attention window of a config.json, or None. Qwen3's config.json carries a
+    sliding_window that only `use_sliding_window: true` switches on (configuration_qwen3.py);
+    Mistral's has no switch, so its window is on whenever it is set."""
+    if config.get("use_sliding_window") is False:
+        return None
+    return config.get("sliding_window") or None
+
+
 def sliding_window_problem(config: dict, seq_len: int, where: str) -> str | None:
     """Mistral's sliding window changes attention only for sequences longer than the window,
     and the model here has no sliding window: refuse a checkpoint whose window is shorter."""
-    window = config.get("sliding_window")
+    window = sliding_window(config)
     if window and window < seq_len:
         return (
             f"sliding_window {window} in {where} is shorter than training.seq_len {seq_len}; this model attends "
@@ -215,23 +211,49 @@ def sliding_window_problem(config: dict, seq_len: int, where: str) -> str | None
     return None
 
 
-def hf_config_json(model: dict, *, dtype: str) -> dict:
-    """A config.json that transformers loads as LlamaForCausalLM / MistralForCausalLM.
-
-    `model` holds the resolved config's model fields (family, hidden_size, ..., rope_scaling).
-    """
-    family = model.get("family", "llama")
+def _rope_parameters(model: dict) -> dict:
     rope = {"rope_type": "default", "rope_theta": model["rope_theta"]}
     scaling = model.get("rope_scaling")
-    if scaling:
-        rope = {
-            "rope_type": scaling["type"],
-            "rope_theta": model["rope_theta"],
-            "factor": scaling["factor"],
-            "low_freq_factor": scaling["low_freq_factor"],
-            "high_freq_factor": scaling["high_freq_factor"],
-            "original_max_position_embeddings": scaling["original_max_context"],
-        }
+    if not scaling:
+        return rope
+    rope = {
+        "rope_type": scaling["type"],
+        "rope_theta": model["rope_theta"],
+        "factor": scaling["factor"],
+        "original_max_position_embeddings": scaling["original_max_context"],
+    }
+    # llama3's frequency bands, or YaRN's beta_fast / beta_slow where the recipe set them.
+    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
+        if scaling.get(key) is not None:
+            rope[key] = scaling[key]
+    return rope
+
+
+def _expert_fields(model: dict) -> dict:
+    """The MoE keys of config.json (configuration_qwen3_moe.py, configuration_mixtral.py)."""
+    moe = model.get("moe")
+    if not moe:
+        return {}
+    family = HF_FAMILIES[model["family"]]
+    fields = {
+        family.experts_key: moe["num_experts"],
+        family.expert_width_key: moe["expert_ffn_hidden_size"],
+        "num_experts_per_tok": moe["top_k"],
+        "router_aux_loss_coef": moe["aux_loss_coef"],
+        "output_router_logits": False,
+    }
+    if family.normalizes_top_k is False:  # a family whose config.json says whether it renormalises
+        fields["norm_topk_prob"] = moe["normalize_top_k"]
+    return fields
+
+
+def hf_config_json(model: dict, *, dtype: str) -> dict:
+    """A config.json that transformers loads as the model's family (HF_FAMILIES' classes).
+
+    `model` holds the resolved config's model fields (family, hidden_size, ..., moe).
+    """
+    family = model.get("family", "llama")
+    rope = _rope_parameters(model)
     config = {
         "architectures": [ARCHITECTURES[family]],
         "model_type": family,
@@ -245,17 +267,16 @@ def hf_config_json(model: dict, *, dtype: str) -> dict:
         "max_position_embeddings": model["max_context"],
         "rms_norm_eps": model["norm_eps"],
         "hidden_act": "silu",
-        "attention_bias": False,
+        "attention_bias": bool(model.get("attention_bias")),
         "tie_word_embeddings": bool(model.get("tie_embeddings")),
         # Both spellings: transformers 5 reads rope_parameters, earlier releases rope_theta/rope_scaling.
         "rope_parameters": rope,
         "rope_theta": model["rope_theta"],
-        "rope_scaling": rope if scaling else None,
+        "rope_scaling": rope if model.get("rope_scaling") else None,
         "dtype": HF_DTYPES[dtype],
         "torch_dtype": HF_DTYPES[dtype],
+        **HF_FAMILIES[family].config_extras,
     }
-    if family == "llama":
-        config["mlp_bias"] = False
-    else:
-        config["sliding_window"] = None
+    # After the common keys: Mixtral's one width (intermediate_size) is its experts'.
+    config.update(_expert_fields(model))
     return config

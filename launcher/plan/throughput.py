@@ -537,8 +537,7 @@ class _Step:
         self.block_params = self.layers * (attention + t * (dense + moe.num_experts // self.ep * expert))
         self.stage_params = self.block_params + output
         self.state_params = self.layers * (attention + t * (dense + moe.num_experts * expert)) + output
-        # Per token: the router (E x h), and top-k plus the shared experts' SwiGLUs (3 h f each).
-        self.active_f = (moe.top_k + moe.shared_experts) * moe.expert_ffn_hidden_size + moe.num_experts / 3
+        self.active_f = moe.active_ffn_width()
         self.f = 0
 
     def switch(self, workload: Workload) -> None:
@@ -920,8 +919,7 @@ def model_flops_per_token(arch: ModelArch, seq_len: int, *, causal: bool = True)
     h, layers = arch.hidden_size, arch.num_layers
     q, kv, f, vocab = arch.q_dim, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
     if arch.moe is not None:  # the parameters a token goes through: router, top-k and shared experts
-        moe = arch.moe
-        f = (moe.top_k + moe.shared_experts) * moe.expert_ffn_hidden_size + moe.num_experts / 3
+        f = arch.moe.active_ffn_width()
     return _model_flops(h, q, kv, f, layers, vocab, seq_len, 6 if causal else 12)
 
 

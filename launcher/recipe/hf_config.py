@@ -1,5 +1,7 @@
-"""A Hugging Face Llama/Mistral config.json read as a catalog architecture (`ModelArch`), with
-every value checked against the recipe's bounds before anything is built from it."""
+"""A Hugging Face config.json (Llama, Mistral, Qwen3, Qwen3-MoE, Mixtral) read as a catalog
+architecture (`ModelArch`), with every value checked against the recipe's bounds before anything
+is built from it. The field mapping is the contract's (launcher.contract.hf_checkpoint), the one
+the job checks a checkpoint with."""
 
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ import math
 from pathlib import Path
 
 from launcher.catalog import ModelArch, choices
-from launcher.contract.hf_checkpoint import hf_rope
+from launcher.contract.hf_checkpoint import (
+    ARCHITECTURES,
+    CHECKED_FIELDS,
+    dense_layers_problem,
+    hf_architecture,
+    hf_experts,
+    hf_rope,
+)
+from launcher.contract.hf_checkpoint import sliding_window as attention_window
 from launcher.errors import Problem
 from launcher.recipe.files import UnreadableFile, read_text_file
 from launcher.recipe.schema import MAX_MODEL_SHAPE, MAX_ROPE_THETA
@@ -20,19 +30,32 @@ def checked_arch(arch: ModelArch, path: str) -> tuple[ModelArch | None, list[Pro
 
 
 _HF_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-_HF_SHAPES = {  # config.json key -> recipe shape whose bound applies
-    "hidden_size": "hidden_size",
-    "num_hidden_layers": "num_layers",
-    "num_attention_heads": "num_heads",
-    "num_key_value_heads": "num_kv_heads",
-    "intermediate_size": "ffn_hidden_size",
-    "vocab_size": "vocab_size",
-    "max_position_embeddings": "max_context",
-    "sliding_window": "max_context",
-    "head_dim": "hidden_size",
+_MOST_EXPERTS = 4096  # DeepSeek V3 has 256 routed experts; this bound only stops absurd values
+_HF_SHAPES = {  # config.json key -> the largest value it may have (the recipe's bounds)
+    "hidden_size": MAX_MODEL_SHAPE["hidden_size"],
+    "num_hidden_layers": MAX_MODEL_SHAPE["num_layers"],
+    "num_attention_heads": MAX_MODEL_SHAPE["num_heads"],
+    "num_key_value_heads": MAX_MODEL_SHAPE["num_kv_heads"],
+    "intermediate_size": MAX_MODEL_SHAPE["ffn_hidden_size"],
+    "vocab_size": MAX_MODEL_SHAPE["vocab_size"],
+    "max_position_embeddings": MAX_MODEL_SHAPE["max_context"],
+    "sliding_window": MAX_MODEL_SHAPE["max_context"],
+    "head_dim": MAX_MODEL_SHAPE["hidden_size"],
+    "num_experts": _MOST_EXPERTS,
+    "num_local_experts": _MOST_EXPERTS,
+    "num_experts_per_tok": _MOST_EXPERTS,
+    "moe_intermediate_size": MAX_MODEL_SHAPE["ffn_hidden_size"],
 }
 _HF_NUMBERS = ("rope_theta", "rms_norm_eps")
-_HF_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+_HF_COEFFICIENTS = ("router_aux_loss_coef",)
+# rope_type -> (keys it needs, keys it may have): transformers' modeling_rope_utils.py
+# (_compute_llama3_parameters, _compute_yarn_parameters). YaRN's attention_factor, mscale and
+# truncate are not modelled here: a config.json that sets them is refused (see read_hf_config).
+_SCALING_KEYS = {
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"), ("beta_fast", "beta_slow")),
+}
+_YARN_UNMODELLED = ("attention_factor", "mscale", "mscale_all_dim")
 
 
 def read_hf_json(path: Path) -> tuple[dict | None, str | None]:
@@ -57,31 +80,43 @@ def _is_number(value) -> bool:
 def _hf_value_problem(config: dict, path: Path) -> str | None:
     """The first field of a config.json this launcher cannot use, checked before any arithmetic."""
     model_type = config.get("model_type")
-    if model_type not in ("llama", "mistral"):
-        return f"model_type {show(model_type)} in {path} is not supported; use a llama or mistral config"
+    if model_type not in ARCHITECTURES:
+        return f"model_type {show(model_type)} in {path} is not supported; use a {', '.join(ARCHITECTURES)} config"
     missing = [key for key in _HF_REQUIRED if not isinstance(config.get(key), int)]
     if missing:
         return f"{path} lacks integer {choices(missing)}"
-    for key, shape in _HF_SHAPES.items():
+    for key, most in _HF_SHAPES.items():
         value = config.get(key)
         if value is None:
             continue
-        most = MAX_MODEL_SHAPE[shape]
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
             return f"{key} {show(value)} in {path} is not a whole number from 1 to {most:,}"
     for key in _HF_NUMBERS:
         if key in config and not (_is_number(config[key]) and 0 < config[key] <= MAX_ROPE_THETA):
             return f"{key} {show(config[key])} in {path} is not a positive number"
+    for key in _HF_COEFFICIENTS:
+        if key in config and not (_is_number(config[key]) and 0 <= config[key] <= 1e6):
+            return f"{key} {show(config[key])} in {path} is not a number from 0 to 1,000,000"
     theta, scaling = hf_rope(config)
     if not (_is_number(theta) and 0 < theta <= MAX_ROPE_THETA):
         return f"rope_theta {show(theta)} in {path} is not a positive number"
     if scaling is not None and not isinstance(scaling, dict):
         return f"rope_scaling in {path} is not an object"
-    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
-        bad = [key for key in _HF_SCALING if not (_is_number(scaling.get(key)) and 0 < scaling[key] <= 2**24)]
-        if bad:
-            return f"rope_scaling in {path} needs positive numbers {choices(bad)}"
+    if not scaling:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in _SCALING_KEYS:
+        return f"rope_scaling type {show(kind)} in {path} is not supported; use {choices(_SCALING_KEYS)} or none"
+    needed, optional = _SCALING_KEYS[kind]
+    bad = [key for key in needed if not _scaling_number(scaling.get(key))]
+    bad += [key for key in optional if key in scaling and not _scaling_number(scaling[key])]
+    if bad:
+        return f"rope_scaling in {path} needs positive numbers {choices(bad)}"
     return None
+
+
+def _scaling_number(value) -> bool:
+    return _is_number(value) and 0 < value <= 2**24
 
 
 def show(value) -> str:
@@ -89,8 +124,43 @@ def show(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _rope_scaling(scaling: dict | None, path: Path) -> tuple[dict | None, str | None]:
+    """config.json's RoPE scaling in our field names, or why the model here cannot compute it."""
+    if not scaling:
+        return None, None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    unmodelled = [key for key in _YARN_UNMODELLED if scaling.get(key) is not None]
+    if scaling.get("truncate", True) is not True:
+        unmodelled.append("truncate")
+    if unmodelled:
+        return None, f"rope_scaling in {path} sets {choices(unmodelled)}, which the model here does not compute"
+    ours = {
+        "type": kind,
+        "factor": scaling["factor"],
+        "original_max_context": scaling["original_max_position_embeddings"],
+    }
+    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
+        if scaling.get(key) is not None:
+            ours[key] = scaling[key]
+    return ours, None
+
+
+def _moe(config: dict, path: Path) -> tuple[dict | None, str | None]:
+    """The `moe` block of a config.json's experts (hf_experts' fields plus the loss weight)."""
+    experts = hf_experts(config)
+    if experts is None:
+        return None, None
+    problem = dense_layers_problem(config, str(path))
+    if problem:
+        return None, problem.removeprefix("model.moe: ")
+    if not isinstance(experts["top_k"], int) or not isinstance(experts["expert_ffn_hidden_size"], int):
+        return None, f"{path} lacks integer num_experts_per_tok and moe_intermediate_size (or intermediate_size)"
+    # Both families' routers take a softmax over the experts (Qwen3MoeTopKRouter, MixtralTopKRouter).
+    return {**experts, "router_score": "softmax", "aux_loss_coef": config.get("router_aux_loss_coef", 0.001)}, None
+
+
 def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
-    """A ModelArch from a Hugging Face Llama/Mistral config.json."""
+    """A ModelArch from a Hugging Face config.json of one of the contract's families."""
 
     def bad(message: str) -> tuple[None, list[Problem]]:
         return None, [Problem("model.hf_config", message)]
@@ -103,41 +173,26 @@ def read_hf_config(path: Path) -> tuple[ModelArch | None, list[Problem]]:
         return bad(problem)
     # Up to its window, sliding-window attention (Mistral 7B v0.1) is full causal attention, which
     # is what the model here computes: the window is the context it can train at.
-    window = config.get("sliding_window")
+    window = attention_window(config)
     max_context = min(config.get("max_position_embeddings", 4096), window or 2**62)
-    head_dim = config.get("head_dim")
-    if head_dim and head_dim * config["num_attention_heads"] != config["hidden_size"]:
-        return bad(
-            f"head_dim {head_dim} x {config['num_attention_heads']} heads != hidden_size in {path}; not supported"
-        )
-    rope_theta, scaling = hf_rope(config)
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind != "llama3":
-            return bad(f"rope_scaling type {show(kind)} in {path} is not supported; use llama3 scaling or none")
-        scaling = {
-            "type": "llama3",
-            "factor": scaling["factor"],
-            "low_freq_factor": scaling["low_freq_factor"],
-            "high_freq_factor": scaling["high_freq_factor"],
-            "original_max_context": scaling["original_max_position_embeddings"],
-        }
+    scaling, problem = _rope_scaling(hf_rope(config)[1], path)
+    moe, moe_problem = _moe(config, path)
+    if problem or moe_problem:
+        return bad(problem or moe_problem)
+    fields = hf_architecture(config)
     try:
         arch = ModelArch(
             family=config["model_type"],
-            hidden_size=config["hidden_size"],
-            num_layers=config["num_hidden_layers"],
-            num_heads=config["num_attention_heads"],
-            num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-            ffn_hidden_size=config["intermediate_size"],
-            vocab_size=config["vocab_size"],
+            **{key: fields[key] for key in _ARCH_FIELDS},
             max_context=max_context,
-            rope_theta=rope_theta,
             rope_scaling=scaling,
-            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            norm_eps=config.get("rms_norm_eps", 1e-5),
+            moe=moe,
             source=str(path),
         )
     except (ValueError, KeyError, TypeError) as err:
         return bad(f"{path} has values this launcher cannot use: {str(err).splitlines()[0]}")
     return checked_arch(arch, "model")
+
+
+# What hf_architecture reads that a ModelArch takes as it is (RoPE scaling is translated above).
+_ARCH_FIELDS = (*(key for key in CHECKED_FIELDS if key != "rope_scaling"), "norm_eps")

@@ -15,7 +15,7 @@ from launcher.catalog.engines import capabilities
 from launcher.contract import layout as contract_layout
 from launcher.contract.config import MLFLOW_ARN_RE, MLFLOW_HTTP_RE
 from launcher.contract.dataset import manifest_problem
-from launcher.contract.hf_checkpoint import ARCHITECTURES as HF_ARCHITECTURES
+from launcher.contract.hf_names import hf_layout_problem
 from launcher.contract.layout import Layout, fill_data_shard
 from launcher.errors import Problem
 from launcher.recipe import schema
@@ -77,27 +77,20 @@ def layout_problems(
 
 
 def architecture_problems(spec: RecipeSpec, arch: ModelArch) -> list[Problem]:
-    """What the model code runs but the launcher cannot yet price or carry.
-
-    Qwen3 and MoE checkpoints: Hugging Face weights in and out cover the llama and mistral
-    layouts only (issue 24 part 6).
-    """
-    problems = []
-    if arch.family not in HF_ARCHITECTURES:
-        weights = [
-            ("model.init_from", getattr(spec.model, "init_from", None)),
-            ("checkpoint.export_hf", spec.checkpoint.export_hf),
-        ]
-        for key, value in weights:
-            if value:
-                problems.append(
-                    Problem(
-                        key,
-                        f"Hugging Face weights in and out cover {', '.join(HF_ARCHITECTURES)} models, not "
-                        f"{arch.family}; train from the random initialisation and without export_hf",
-                    )
-                )
-    return problems
+    """Hugging Face weights in or out of a model that has no Hugging Face checkpoint layout
+    (a changed router, shared experts: launcher.contract.hf_names' `hf_layout_problem`)."""
+    problem = hf_layout_problem(arch.model_dump(mode="json"))
+    if problem is None:
+        return []
+    weights = [
+        ("model.init_from", getattr(spec.model, "init_from", None)),
+        ("checkpoint.export_hf", spec.checkpoint.export_hf),
+    ]
+    return [
+        Problem(key, f"{problem}; train from the random initialisation and without export_hf")
+        for key, value in weights
+        if value
+    ]
 
 
 def attention_problems(spec: RecipeSpec, arch: ModelArch, layout: Layout) -> list[Problem]:

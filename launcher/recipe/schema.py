@@ -331,8 +331,8 @@ class Cluster(Section):
     PyTorchJob's activeDeadlineSeconds."""
     max_restarts: int | None = Field(default=None, ge=0, le=100)
     """Times torchrun restarts the workers after one fails; they resume from the newest complete
-    checkpoint. Default: 1 on local and docker, 0 where the engine reruns the job itself
-    (SageMaker's retries, Slurm's requeue, the PyTorchJob's backoff)."""
+    checkpoint. Default: 1 on local, docker and Slurm (which requeues a job after node failure or
+    preemption, never after it failed: sbatch(1) --requeue), 0 on SageMaker and Kubernetes."""
     stop_grace: Duration | None = None
     """Seconds from the engine's SIGTERM to its SIGKILL, on engines where the job sets them:
     docker's --stop-timeout, a pod's terminationGracePeriodSeconds, the least Slurm --signal lead.

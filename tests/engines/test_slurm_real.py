@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ import pytest
 
 from entrypoints.checkpoint_files import complete_checkpoints
 from tests import REPO
-from tests.progress import communicate_while_growing
+from tests.progress import communicate_while_growing, wait_while_growing
 
 from .image import build_image
 from .slurm_cluster import SlurmCluster
@@ -148,6 +150,67 @@ def test_a_two_node_job_checkpoints_on_usr1_requeues_resumes_and_trains_to_the_e
     assert listed.code == 0 and re.search(rf"^{name}\s+slurm\s+Completed\s+COMPLETED", listed.out, re.MULTILINE), (
         listed.out
     )
+
+
+def job_workers(job_id: str) -> dict[int, int]:
+    """{rank: pid} of Slurm job `job_id`'s training processes (both nodes are this host), each
+    checked to be that job's before it is signalled: Slurm's SLURM_JOB_ID, and torchrun's RANK and
+    TORCHELASTIC_RUN_ID (which its agent does not have) in its environment, train.py in its argv."""
+    workers = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            raw = (entry / "environ").read_bytes().decode(errors="replace")
+        except OSError:  # gone, or not ours to read
+            continue
+        if b"entrypoints/train.py" not in argv:
+            continue
+        environment = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+        if environment.get("SLURM_JOB_ID") == job_id and "TORCHELASTIC_RUN_ID" in environment and "RANK" in environment:
+            workers[int(environment["RANK"])] = int(entry.name)
+    return workers
+
+
+@pytest.mark.timeout(1200)  # a last resort: every wait below is on progress
+def test_a_stalled_rank_is_named_and_torchrun_restarts_it_inside_the_allocation(slurm, submit, cli, home):
+    """Rank 1 of a one-node, 2-process job is stopped for good (SIGSTOP). Rank 0's watchdog fires:
+    its stacks are on disk, the failure names rank 1 and its host, it exits with 5, and torchrun
+    (--max-restarts=1 on Slurm, which reruns a job only after node failure, preemption or an
+    explicit requeue, never after its script failed: sbatch(1) --requeue) restarts the workers,
+    which resume from the newest checkpoint and train to the end. The job COMPLETED, never requeued."""
+    watchdog = ["training.watchdog.min_stall_s=10", "training.watchdog.stall_factor=5"]  # defaults: 60 s and 10
+    name, job_id, log = submit("cluster.instance_count=1", "cluster.nproc_per_node=2", "precision.fp8=false", *watchdog)
+    follower = follow_logs(name)
+    try:
+        wait_for_log(log, r"^checkpoint step=2 ", cluster=slurm, job_id=job_id)
+        workers = job_workers(job_id)
+        assert sorted(workers) == [0, 1], workers
+        os.kill(workers[1], signal.SIGSTOP)
+        stacks = home / "jobs" / name / "stacks" / "rank-0.txt"
+        wait_while_growing(
+            lambda: stacks.exists() and not Path(f"/proc/{workers[0]}").exists(), log, "rank 0's stacks and exit"
+        )
+        os.kill(workers[1], signal.SIGKILL)  # what torchrun does itself to a worker that ignores its SIGTERM
+        out, err = communicate_while_growing(follower, log, quiet_limit_s=JOB_TIMEOUT_S)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, err
+
+    stuck = f"stuck: rank 1 on {socket.gethostname()}"
+    assert "error: watchdog: no step completed for " in out and stuck in out, out[-3000:]
+    assert "failed (exitcode: 5)" in out, out[-3000:]
+    assert stuck in stacks.read_text() and "Thread 0x" in stacks.read_text()
+    starts = resumed_from(out)
+    assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 2, f"resumed_from_step per start: {starts}"
+    restarted = out[out.rindex("resumed_from_step=") :]
+    steps = [int(s) for s in re.findall(r"^metrics step=(\d+) ", restarted, re.MULTILINE)]
+    assert steps == list(range(starts[1] + 1, STEPS + 1)), f"the restarted workers' steps: {steps}"
+    assert "requeueing" not in out
+    status = json.loads(cli("status", name, "--json").out)
+    assert (status["state"], status["exit_code"], status["secondary"]) == ("Completed", 0, "COMPLETED"), status
+    assert "restarts" not in status["details"], status["details"]
 
 
 @pytest.mark.timeout(1200)  # a last resort: every wait below is on progress

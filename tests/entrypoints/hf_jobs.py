@@ -1,6 +1,7 @@
 """The Hugging Face checkpoint jobs of test_hf_weights.py, in the shared 4-rank launch.
 
-Llama in every layout, Mistral under FSDP 2 x TP 2; see test_hf_weights.py for what each proves.
+Llama in every layout, Mistral and Qwen3 under FSDP 2 x TP 2, Qwen3-MoE under EP 2 over FSDP 4,
+Mixtral under EP 2 x TP 2; see test_hf_weights.py for what each proves.
 """
 
 from __future__ import annotations
@@ -16,11 +17,22 @@ LAYOUTS = {  # 4 ranks each: the named parallelism, with the remaining factor of
     "cp2": {"parallel.context": 2, "parallel.data_replicate": 2},
     "pp2": {"parallel.pipeline": 2, "parallel.data_replicate": 2},
     "fsdp2_tp2": {"parallel.tensor": 2, "parallel.data_shard": 2},
+    # Experts split 2 ways and each half FSDP-sharded 2 ways (expert_fsdp 2): a rank reads its
+    # rows of its own experts; then the experts beside tensor-parallel attention.
+    "ep2_fsdp4": {"parallel.data_shard": 4, "parallel.expert": 2},
+    "ep2_tp2": {"parallel.tensor": 2, "parallel.data_shard": 2, "parallel.expert": 2},
 }
 # Llama in every layout; Mistral (tied embeddings, which the layout rules refuse to split over
 # pipeline stages) where its weights differ: FSDP x TP splits the shared embedding both ways.
-CASES = [("llama", layout) for layout in LAYOUTS] + [("mistral", "fsdp2_tp2")]
-ROUND_TRIP = ("llama", "fsdp2_tp2")  # trains 3 steps for real; its step-1 loss is still the loaded model's
+DENSE_LAYOUTS = ("tp2", "cp2", "pp2", "fsdp2_tp2")
+CASES = [("llama", layout) for layout in DENSE_LAYOUTS] + [
+    ("mistral", "fsdp2_tp2"),
+    ("qwen3", "fsdp2_tp2"),
+    ("qwen3_moe", "ep2_fsdp4"),
+    ("mixtral", "ep2_tp2"),
+]
+# These train 3 steps for real; their step-1 loss is still the loaded model's.
+ROUND_TRIPS = (("llama", "fsdp2_tp2"), ("qwen3_moe", "ep2_fsdp4"))
 BASE = {
     "training.seq_len": SEQ_LEN,
     "training.global_batch_size": 8,
@@ -41,7 +53,8 @@ class HFRuns:
     checkpoints: dict[str, Path]
     models: dict
     layouts: dict[tuple[str, str], Job]
-    round_trip: Job
+    round_trips: dict[str, Job]
+    """Model kind -> its job that trained 3 steps."""
 
 
 def plan_hf(root: Path) -> Planned:
@@ -54,12 +67,13 @@ def plan_hf(root: Path) -> Planned:
     layouts = {}
     for kind, layout in CASES:
         overrides = {**BASE, **model_ref(checkpoints[kind]), **LAYOUTS[layout], "training.steps": 3}
-        if (kind, layout) != ROUND_TRIP:
+        if (kind, layout) not in ROUND_TRIPS:
             overrides.update({"training.steps": 1, "training.optimizer.lr": 1e-30, "training.optimizer.min_lr": 0.0})
         layouts[kind, layout] = write_job(root, f"{kind}-{layout}", overrides, procs=4)
     plan = [{"kind": "train", "config": str(job.config), "result": str(job.result)} for job in layouts.values()]
 
     def finish(stdout: dict[int, str]) -> HFRuns:
-        return HFRuns(checkpoints=checkpoints, models=models, layouts=layouts, round_trip=layouts[ROUND_TRIP])
+        trips = {kind: layouts[kind, layout] for kind, layout in ROUND_TRIPS}
+        return HFRuns(checkpoints=checkpoints, models=models, layouts=layouts, round_trips=trips)
 
     return Planned(jobs={4: plan}, finish=finish)

@@ -22,7 +22,11 @@ COMMON = {
 }
 # name -> (class name, config keywords): Llama 3.1 RoPE scaling + GQA + untied output; Mistral
 # with tied embeddings, other GQA ratio, another theta, and a sliding window longer than the
-# sequence (which therefore changes nothing).
+# sequence (which therefore changes nothing); Qwen3 with QK-norm, attention biases, YaRN and a
+# head_dim that is not hidden / heads (8 x 16 = 128 != 64); Qwen3-MoE and Mixtral routing 2 of 4
+# experts. The MoE checkpoints train without the balancing loss: the layout jobs' loss is then
+# transformers' cross-entropy (the loss is per micro-batch, transformers' over the whole batch;
+# test_architectures.py and test_expert_parallel.py check the balancing loss itself).
 MODELS = {
     "llama": (
         "LlamaForCausalLM",
@@ -43,6 +47,46 @@ MODELS = {
     "mistral": (
         "MistralForCausalLM",
         {**COMMON, "num_key_value_heads": 4, "tie_word_embeddings": True, "rope_theta": 10000.0, "sliding_window": 512},
+    ),
+    "qwen3": (
+        "Qwen3ForCausalLM",
+        {
+            **COMMON,
+            "num_key_value_heads": 4,
+            "head_dim": 16,
+            "attention_bias": True,
+            "tie_word_embeddings": False,
+            "rope_theta": 1000000.0,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+        },
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        {
+            **COMMON,
+            "num_key_value_heads": 4,
+            "head_dim": 16,
+            "moe_intermediate_size": 32,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+            "router_aux_loss_coef": 0.0,
+            "tie_word_embeddings": False,
+            "rope_theta": 1000000.0,
+        },
+    ),
+    "mixtral": (
+        "MixtralForCausalLM",
+        {
+            **COMMON,
+            "num_key_value_heads": 4,
+            "intermediate_size": 64,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "router_aux_loss_coef": 0.0,
+            "tie_word_embeddings": False,
+            "rope_theta": 1000000.0,
+        },
     ),
 }
 

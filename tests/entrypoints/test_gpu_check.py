@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh: refuses a machine without a GPU, and runs end to end on the CPU (--cpu-smoke),
-the CP attention speed section included (at 256 tokens, kernel names by the profiler)."""
+the CP attention speed section (at 256 tokens, kernel names by the profiler) and the MoE layer included."""
 
 from __future__ import annotations
 
@@ -68,3 +68,14 @@ def test_cpu_smoke_trains_and_checks_cp_attention(_background):
     assert speed["hypothesis"]["verdict"] == "not applicable: the CPU has one fused kernel"
     assert cpu_kernel in speed["hypothesis"]["masked_cp4_rank1"]["ops"]
     assert "cp attention speed (4/2 heads x 16" in proc.stdout
+    # The MoE layer against the dense layer of equal active FLOPs, every path a CPU runs.
+    moe = report["moe_layer"]
+    assert set(moe["layers"]) == {"dense", "dense_fp8", "moe", "moe_fp8"}
+    assert all(entry["ms"] > 0 for entry in moe["layers"].values())
+    assert moe["layers"]["dense_fp8"]["float8_linears"] == 3 and moe["layers"]["dense"]["float8_linears"] == 0
+    assert 1.0 <= moe["layers"]["moe"]["max_over_mean_rows"] < 2.0
+    assert moe["experts_only"]["grouped_mm"]["ms"] > 0
+    assert moe["experts_only"]["fp8_rowwise"] == {
+        "skipped": "torchao's FP8 grouped GEMM runs on CUDA only (Triton casts)"
+    }
+    assert "moe layer: 256 tokens, hidden 64, 8 experts top-2 x 32 vs dense SwiGLU 64" in proc.stdout

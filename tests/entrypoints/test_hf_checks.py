@@ -191,3 +191,114 @@ def test_export_files_stay_under_the_size_limit_and_never_span_two_pipeline_stag
         assert layers <= set(range(2 * file.stage, 2 * file.stage + 2)), file.name  # 4 layers, 2 per stage
     assert {f.stage for f in plan if any(n == "tok_embeddings.weight" for n, _ in f.tensors)} == {0}
     assert {f.stage for f in plan if any(n == "output.weight" for n, _ in f.tensors)} == {1}
+
+
+@pytest.mark.parametrize("key", ["qwen3-8b", "qwen3-30b-a3b", "mixtral-8x7b"])
+def test_each_familys_exported_config_reads_back_through_transformers_as_the_catalog_model(tmp_path, key):
+    """Our config.json -> transformers' own config class -> save_pretrained (its spellings: it
+    writes Qwen3-MoE's num_experts as num_local_experts) -> read as a recipe's hf_config."""
+    import transformers
+
+    from launcher.catalog import models
+    from launcher.contract.hf_checkpoint import ARCHITECTURES, hf_config_json
+    from launcher.recipe.hf_config import read_hf_config
+
+    catalog = models()[key]
+    written = hf_config_json(catalog.model_dump(mode="json"), dtype="bf16")
+    config_class = getattr(transformers, ARCHITECTURES[catalog.family].replace("ForCausalLM", "Config"))
+    config_class(**written).save_pretrained(tmp_path)
+    arch, problems = read_hf_config(tmp_path / "config.json")
+    assert problems == []
+    assert arch.model_dump(exclude={"source"}) == catalog.model_dump(exclude={"source"})
+
+
+QWEN3_MOE = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "vocab_size": 128,
+    "norm_topk_prob": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"mlp_only_layers": [1]},
+            "keeps some layers dense (mlp_only_layers [1], decoder_sparse_step 1); this launcher puts experts in "
+            "every layer",
+        ),
+        ({"decoder_sparse_step": 2}, "keeps some layers dense (mlp_only_layers [], decoder_sparse_step 2)"),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "mscale": 2}},
+            "sets mscale, which the model here does not compute",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+            "needs positive numbers original_max_position_embeddings",
+        ),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling type 'dynamic'"),
+        ({"num_experts": 100000}, "num_experts 100000 in"),
+        ({"router_aux_loss_coef": -1}, "router_aux_loss_coef -1 in"),
+        ({"model_type": "deepseek_v3"}, "use a llama, mistral, qwen3, qwen3_moe, mixtral config"),
+    ],
+)
+def test_a_config_json_the_model_cannot_compute_is_one_line_naming_the_key(tmp_path, changes, message):
+    import json
+
+    from launcher.recipe.hf_config import read_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_MOE, **changes}))
+    arch, problems = read_hf_config(tmp_path / "config.json")
+    assert arch is None and len(problems) == 1
+    assert problems[0].path == "model.hf_config" and message in problems[0].message, problems[0].message
+
+
+def test_a_checkpoint_that_renormalises_differently_is_a_mismatch_and_qwen3s_off_window_is_ignored(tmp_path):
+    import json
+
+    from launcher.contract.hf_checkpoint import architecture_mismatch, sliding_window_problem
+    from launcher.recipe.hf_config import read_hf_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_MOE))
+    ours = read_hf_config(path)[0].model_dump(mode="json")
+    assert architecture_mismatch(ours, QWEN3_MOE, "c.json") is None
+    # Qwen3MoeConfig's default is norm_topk_prob false: a config.json without it does not renormalise.
+    unnormalised = {k: v for k, v in QWEN3_MOE.items() if k != "norm_topk_prob"}
+    assert architecture_mismatch(ours, unnormalised, "c.json").startswith(
+        "model.moe.normalize_top_k is True in the recipe but False in c.json"
+    )
+    window = {**QWEN3_MOE, "sliding_window": 64}
+    assert sliding_window_problem({**window, "use_sliding_window": False}, 128, "c.json") is None
+    assert "sliding_window 64 in c.json is shorter" in sliding_window_problem(window, 128, "c.json")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"shared_experts": 1}, "a qwen3_moe checkpoint has no shared experts; use model.moe.shared_experts: 0"),
+        ({"router_score": "sigmoid"}, "a qwen3_moe checkpoint routes with a softmax; use model.moe.router_score"),
+    ],
+)
+def test_an_moe_the_checkpoint_layout_cannot_hold_is_refused_before_any_tensor_is_read(tmp_path, changes, message):
+    """The recipe cannot change the router; a hand-edited resolved config can, and the job refuses it."""
+    from entrypoints.hf_weights import check_checkpoint
+    from launcher.contract.config import ModelConfig, MoeConfig
+
+    moe = MoeConfig(num_experts=4, top_k=2, expert_ffn_hidden_size=32, **changes)
+    model = ModelConfig(
+        name="t", family="qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        ffn_hidden_size=96, vocab_size=128, max_context=256, rope_theta=1e4, rope_scaling=None,
+        tie_embeddings=False, norm_eps=1e-6, qk_norm=True, moe=moe, init_from=str(tmp_path),
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        check_checkpoint(model, 128, tmp_path)  # no config.json here: the layout is refused first
+    assert str(err.value).startswith(f"model.init_from: {message}")

@@ -1,14 +1,18 @@
 """Hugging Face checkpoints in and out, proven against transformers (an implementation no one here wrote).
 
-Tiny random `LlamaForCausalLM` (Llama 3.1 RoPE scaling, GQA, untied) and `MistralForCausalLM`
-(tied embeddings) are saved with `save_pretrained` into several safetensors files, loaded
-through `model.init_from` in one process and, Llama, under TP 2, CP 2, PP 2 and FSDP 2 x TP 2,
-Mistral under FSDP 2 x TP 2 (one 4-rank torchrun launch), and compared with transformers'
-forward in fp32.
+Tiny random `LlamaForCausalLM` (Llama 3.1 RoPE scaling, GQA, untied), `MistralForCausalLM`
+(tied embeddings), `Qwen3ForCausalLM` (QK-norm, biases, YaRN, head_dim apart from hidden /
+heads), `Qwen3MoeForCausalLM` and `MixtralForCausalLM` (4 experts, top-2) are saved with
+`save_pretrained` into several safetensors files, loaded through `model.init_from` in one
+process and under the layouts of hf_jobs.py (one 4-rank torchrun launch): Llama under TP 2, CP
+2, PP 2 and FSDP 2 x TP 2, Mistral and Qwen3 under FSDP 2 x TP 2, Qwen3-MoE under EP 2 with the
+experts FSDP-sharded too, Mixtral under EP 2 x TP 2; and compared with transformers' forward in fp32.
 
 The layout jobs train one step at lr 1e-30 (an update far below fp32 resolution) and export:
 the step-1 loss is the loaded model's loss, and the export is the loaded weights, so it must
-equal the original checkpoint tensor for tensor. The round-trip job trains 3 steps for real.
+equal the original checkpoint tensor for tensor (the experts' names and layout included). The
+round-trip jobs (Llama, and Qwen3-MoE under EP) train 3 steps for real, export, and transformers'
+`from_pretrained` of the export gives our logits.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import pytest
 import torch
 
 from .entrypoint_jobs import Job
-from .hf_jobs import CASES, ROUND_TRIP
+from .hf_jobs import CASES, ROUND_TRIPS
 from .hf_models import MODELS, hf_logits, hf_loss
 
 pytestmark = pytest.mark.torchrun
@@ -92,7 +96,7 @@ def test_layout_loss_matches_transformers(hf_runs, kind, layout):
     assert job.losses()[0] == pytest.approx(hf_loss(hf_runs.models[kind], tokens, targets), rel=RELATIVE)
 
 
-@pytest.mark.parametrize(("kind", "layout"), [case for case in CASES if case != ROUND_TRIP])
+@pytest.mark.parametrize(("kind", "layout"), [case for case in CASES if case not in ROUND_TRIPS])
 def test_layout_loads_and_exports_every_tensor_exactly(hf_runs, kind, layout):
     exported = read_safetensors_dir(hf_runs.layouts[kind, layout].output_dir / "hf")
     original = read_safetensors_dir(hf_runs.checkpoints[kind])
@@ -101,14 +105,25 @@ def test_layout_loads_and_exports_every_tensor_exactly(hf_runs, kind, layout):
         assert torch.equal(exported[name], tensor), name
 
 
-def test_round_trip_export_loads_in_transformers_with_our_logits(hf_runs):
+# A weight training must have changed, in each round trip's transformers model.
+CHANGED = {
+    "llama": ("layers.0.attention.wq.weight", "model.layers.0.self_attn.q_proj.weight"),
+    "qwen3_moe": ("layers.0.feed_forward.experts.w1", "model.layers.0.mlp.experts.0.gate_proj.weight"),
+}
+
+
+@pytest.mark.parametrize("kind", [kind for kind, _ in ROUND_TRIPS])
+def test_round_trip_export_loads_in_transformers_with_our_logits(hf_runs, kind):
     from transformers import AutoModelForCausalLM
 
-    job = hf_runs.round_trip
+    job = hf_runs.round_trips[kind]
     export = job.output_dir / "hf"
-    assert json.loads((export / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
-    assert (export / "tokenizer_config.json").read_text() == '{"model_max_length": 1024}\n'
+    architecture = MODELS[kind][0]
+    assert json.loads((export / "config.json").read_text())["architectures"] == [architecture]
+    if kind == "llama":
+        assert (export / "tokenizer_config.json").read_text() == '{"model_max_length": 1024}\n'
     reloaded = AutoModelForCausalLM.from_pretrained(export, attn_implementation="eager").eval()
+    assert type(reloaded).__name__ == architecture
     cfg = job_config(job)
     ours = our_model(cfg, init_from=export)
     tokens, _ = first_batch(cfg)
@@ -116,13 +131,13 @@ def test_round_trip_export_loads_in_transformers_with_our_logits(hf_runs):
         assert relative_error(ours(tokens), hf_logits(reloaded, tokens)) <= RELATIVE
     # The export holds the trained weights: those of the job's final DCP checkpoint.
     trained, exported = job.final_model(3), read_safetensors_dir(export)
-    assert len(exported) == len(trained)
+    assert exported.keys() == read_safetensors_dir(hf_runs.checkpoints[kind]).keys()
     for name, tensor in dict(ours.named_parameters()).items():
         assert torch.equal(tensor.detach(), trained[name]), name
-    assert not torch.equal(
-        trained["layers.0.attention.wq.weight"],
-        hf_runs.models["llama"].state_dict()["model.layers.0.self_attn.q_proj.weight"],
-    ), "training changed the weights"
+    ours_name, theirs_name = CHANGED[kind]
+    original = read_safetensors_dir(hf_runs.checkpoints[kind])[theirs_name]
+    trained_part = trained[ours_name][0] if ours_name.endswith(("w1", "w2", "w3")) else trained[ours_name]
+    assert not torch.equal(trained_part, original), "training changed the weights"
 
 
 def test_launcher_export_of_a_local_jobs_checkpoint_equals_the_export_in_training(hf_runs, tmp_path, monkeypatch):
@@ -132,7 +147,7 @@ def test_launcher_export_of_a_local_jobs_checkpoint_equals_the_export_in_trainin
     from launcher.registry import JobRef, job_dir, write_json
 
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
-    job = hf_runs.round_trip
+    job = hf_runs.round_trips["llama"]
     Bundle.build(job.config.read_text()).extract(job_dir("fine-tune") / "code")  # as the local backend does
     write_json(job_dir("fine-tune") / "job.json", JobRef(name="fine-tune", backend="local").to_dict())
     written = api.export("fine-tune", step=3, out=tmp_path / "hf")
@@ -145,6 +160,6 @@ def test_launcher_export_of_a_local_jobs_checkpoint_equals_the_export_in_trainin
 def test_export_of_a_missing_step_names_the_steps_there(hf_runs, capsys):
     from entrypoints.export_hf import main
 
-    assert main(["--config", str(hf_runs.round_trip.config), "--step", "7", "--out", "unused"]) == 2
+    assert main(["--config", str(hf_runs.round_trips["llama"].config), "--step", "7", "--out", "unused"]) == 2
     err = capsys.readouterr().err
     assert "--step: no complete checkpoint of step 7" in err and "there are steps [3]" in err
