@@ -17,12 +17,16 @@ loss reads its weight directly), as do layers whose dimensions are not multiples
   (four per linear and micro-batch): parallel/float8_shards.py.
 
 A CUDA device needs FP8 tensor cores (compute capability 8.9: Ada, Hopper); anything older
-is refused with the reason. `runtime.device: cpu` runs torchao's CPU path, for tests.
+is refused with the reason. `runtime.device: cpu` (for tests) runs torchao's emulated matmul
+(`Float8LinearConfig.emulate`): the same float8 casts and scales, the product of the dequantised
+operands in fp32. torch's CPU `_scaled_mm` is a reference kernel, about 1.7 s for one
+1024x256x512 product on this project's 2-core test machines, which made a 4-step tiny CPU job
+take two minutes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -35,6 +39,8 @@ class Fp8Settings:
     recipe: str
     float8_all_gather: bool
     """FSDP all-gathers float8 weights and TP uses float8 styles (tensorwise on nccl only)."""
+    emulate: bool = False
+    """Multiply the dequantised float8 operands in fp32 instead of calling `_scaled_mm` (no FP8 GEMMs: CPU)."""
 
 
 def fp8_settings(cfg: JobConfig, *, device_type: str, backend: str) -> Fp8Settings | None:
@@ -55,7 +61,7 @@ def fp8_settings(cfg: JobConfig, *, device_type: str, backend: str) -> Fp8Settin
         raise ConfigError("precision.fp8: torchao is not installed in this image; pip install torchao") from None
     precision = cfg.precision
     gather = float8_all_gather(fp8=precision.fp8, fp8_recipe=precision.fp8_recipe, backend=backend)
-    return Fp8Settings(recipe=precision.fp8_recipe, float8_all_gather=gather)
+    return Fp8Settings(recipe=precision.fp8_recipe, float8_all_gather=gather, emulate=device_type != "cuda")
 
 
 def _convertible(module: torch.nn.Module, fqn: str) -> bool:
@@ -71,6 +77,7 @@ def convert_to_float8(model: torch.nn.Module, settings: Fp8Settings) -> None:
         config = Float8LinearConfig.from_recipe_name("rowwise")
     else:
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=settings.float8_all_gather)
+    config = replace(config, emulate=settings.emulate)
     convert_to_float8_training(model, config=config, module_filter_fn=_convertible)
     if not settings.float8_all_gather:
         # Without float8 collectives, tensor-parallel linears scale their own shards: no

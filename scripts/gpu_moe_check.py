@@ -101,8 +101,17 @@ def _layer(shape: dict, *, moe: bool, fp8: bool, device: str, dtype):
     if fp8:
         from entrypoints.fp8 import Fp8Settings, convert_to_float8
 
-        convert_to_float8(module, Fp8Settings(recipe="tensorwise", float8_all_gather=False))
+        convert_to_float8(module, Fp8Settings(recipe="tensorwise", float8_all_gather=False, emulate=device != "cuda"))
     return module.to(device=device, dtype=dtype)
+
+
+def _float8_linears(module) -> int:
+    """Linears entrypoints/fp8.py converted (its shard-scaled subclass included); 0 without torchao."""
+    try:
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError:
+        return 0
+    return sum(isinstance(m, Float8Linear) for m in module.modules())
 
 
 def layer_runs(shape: dict, device: str, dtype, repeats: int) -> dict:
@@ -121,7 +130,7 @@ def layer_runs(shape: dict, device: str, dtype, repeats: int) -> dict:
         except Exception as err:  # reported with the rest; the exit status says it failed
             runs[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
             continue
-        converted = sum(type(m).__name__ == "Float8Linear" for m in module.modules())
+        converted = _float8_linears(module)
         runs[name] = {"ms": seconds * 1e3, "active_tflops": flops / seconds / 1e12, "float8_linears": converted}
         if moe:
             counts = module.routing.tokens_per_expert

@@ -14,6 +14,7 @@ prints `multirun: job RESULT_PATH`, so that each test module reads only its own 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
@@ -128,7 +129,7 @@ def run_fp8_collectives(job: dict, env) -> dict:
     from entrypoints.parallel.mesh import build_mesh
     from entrypoints.parallel.parallelize import build_model_parts
 
-    counted = ("gloo:all_reduce", "gloo:all_gather", "gloo:reduce_scatter", "aten::_scaled_mm")
+    counted = ("gloo:all_reduce", "gloo:all_gather", "gloo:reduce_scatter")
     found = {}
     for name, path in job["configs"].items():
         cfg = load_config(path)
@@ -137,11 +138,36 @@ def run_fp8_collectives(job: dict, env) -> dict:
         materialize(parts[0], env.device, seed=0)
         generator = torch.Generator().manual_seed(0)
         tokens, targets = torch.randint(0, cfg.model.vocab_size, (2, 2, cfg.training.seq_len), generator=generator)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU]) as prof, _float8_matmuls() as matmuls:
             loss = accumulate(parts[0], [(tokens, targets, None)], "sync_each")
         calls = {event.key: event.count for event in prof.key_averages() if event.key in counted}
-        found[name] = {"loss": loss.item(), **{key: calls.get(key, 0) for key in counted}}
+        found[name] = {"loss": loss.item(), **{key: calls.get(key, 0) for key in counted}, **matmuls}
     return found
+
+
+@contextlib.contextmanager
+def _float8_matmuls():
+    """Counts the matmuls torchao's Float8TrainingTensor dispatches (its FLOAT8_OPS_TABLE, in
+    torchao/float8/float8_ops.py): on CPU they are emulated, so `aten::_scaled_mm` never runs."""
+    from torchao.float8.float8_ops import FLOAT8_OPS_TABLE
+
+    counts = {"float8_matmuls": 0, "float8_matmul_operands": set()}
+    saved = {op: FLOAT8_OPS_TABLE[op] for op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)}
+
+    def counting(implementation):
+        def run(aten_op, args, kwargs=None):
+            counts["float8_matmuls"] += 1
+            counts["float8_matmul_operands"].update(str(arg._data.dtype) for arg in args if hasattr(arg, "_data"))
+            return implementation(aten_op, args, kwargs)
+
+        return run
+
+    FLOAT8_OPS_TABLE.update({op: counting(implementation) for op, implementation in saved.items()})
+    try:
+        yield counts
+    finally:
+        FLOAT8_OPS_TABLE.update(saved)
+        counts["float8_matmul_operands"] = sorted(counts["float8_matmul_operands"])
 
 
 def run_attention_paths(job: dict, env) -> dict:

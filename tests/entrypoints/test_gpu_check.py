@@ -72,7 +72,8 @@ def test_cpu_smoke_trains_and_checks_cp_attention(_background):
     moe = report["moe_layer"]
     assert set(moe["layers"]) == {"dense", "dense_fp8", "moe", "moe_fp8"}
     assert all(entry["ms"] > 0 for entry in moe["layers"].values())
-    assert moe["layers"]["dense"]["float8_linears"] == 0  # the report counts what entrypoints/fp8.py converted
+    # The report counts what entrypoints/fp8.py converted: the dense layer's three linears.
+    assert moe["layers"]["dense"]["float8_linears"] == 0 and moe["layers"]["dense_fp8"]["float8_linears"] == 3
     assert 1.0 <= moe["layers"]["moe"]["max_over_mean_rows"] < 2.0
     assert moe["experts_only"]["grouped_mm"]["ms"] > 0
     assert moe["experts_only"]["fp8_rowwise"] == {

@@ -163,7 +163,8 @@ def test_fp8_under_tensor_parallel_adds_no_collectives_and_still_multiplies_in_f
     assert fp8["gloo:all_gather"] == fp32["gloo:all_gather"], runs.fp8_collectives
     # Three float8 matmuls (output, grad_input, grad_weight) for each of a block's 7 linears.
     layers = json.loads(runs.fp8.config.read_text())["model"]["num_layers"]
-    assert fp8["aten::_scaled_mm"] == 3 * 7 * layers and fp32["aten::_scaled_mm"] == 0, runs.fp8_collectives
+    assert fp8["float8_matmuls"] == 3 * 7 * layers and fp32["float8_matmuls"] == 0, runs.fp8_collectives
+    assert fp8["float8_matmul_operands"] == ["torch.float8_e4m3fn", "torch.float8_e5m2"], runs.fp8_collectives
     assert abs(fp8["loss"] - fp32["loss"]) < 1e-3 * fp32["loss"], runs.fp8_collectives
 
 
