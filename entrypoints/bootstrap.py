@@ -16,10 +16,11 @@ In order:
 2. Install the job's pinned wheels (torchao for FP8) offline from the wheelhouse channel,
    only those the image lacks, into a directory of this process's own that PYTHONPATH hands to
    torchrun (`install_wheels`). `--no-index` makes this work under network isolation.
-3. Read /opt/ml/input/config/resourceconfig.json and add a static rendezvous to the torchrun
-   argv: master = the first of the sorted hosts, node rank = this host's index in that order.
-   This is what AWS's own launchers do; a c10d rendezvous would compare this container's
-   hostname with `algo-1`, and SageMaker containers are not reliably named algo-N.
+3. Read /opt/ml/input/config/resourceconfig.json and add a c10d rendezvous to the torchrun
+   argv: the store on the first of the sorted hosts, which is told it serves it (is_host), and
+   each host named by its algo-N (--local-addr), never by its hostname, which on SageMaker is
+   not algo-N and resolves to nothing. Unlike AWS's static rendezvous it lets torchrun's
+   --max-restarts restart the workers of every host together (`rendezvous_args`).
    From the same file, `network_interface_name` becomes GLOO_SOCKET_IFNAME and
    NCCL_SOCKET_IFNAME (unless the job's environment sets them): the container's hostname does
    not resolve, so without them gloo binds to loopback and no other host can reach it.
@@ -146,7 +147,7 @@ def install_offline(requirements: list[str], wheelhouse: str | None, target: str
     return needed
 
 
-# --- 3. static rendezvous from SageMaker's resourceconfig.json ------------------------------------
+# --- 3. the rendezvous, from SageMaker's resourceconfig.json -------------------------------------
 
 
 def read_hosts(path: str) -> tuple[list[str], str]:
@@ -214,22 +215,45 @@ def socket_environment(interface: str | None, environ: Mapping[str, str]) -> dic
     return {name: interface for name in SOCKET_IFNAME_VARIABLES if name not in environ}
 
 
-def rendezvous_args(hosts: list[str], current: str) -> list[str]:
+# Why a c10d rendezvous, told who hosts it and what each host is called:
+# - A static rendezvous (--node-rank, --master-addr: AWS's toolkit, torch_distributed.py) cannot
+#   restart: its num_nodes_waiting() is always 0 (torch/distributed/elastic/rendezvous/
+#   static_tcp_rendezvous.py), so when one host's agent restarts its workers the other hosts'
+#   agents never learn of it (torch/distributed/elastic/agent/server/api.py, _invoke_run) and keep
+#   a stopped worker, or wait for a peer that is gone. A c10d agent that sees a host waiting to
+#   join restarts its own workers too, so --max-restarts resumes a stalled job on every host.
+# - c10d decides who serves the store by matching the endpoint against the hostname, which on
+#   SageMaker is not algo-N and resolves to nothing (_matches_machine_hostname in torch's
+#   rendezvous/utils.py): nobody would serve it. is_host says it instead (c10d_rendezvous_backend.py,
+#   _create_tcp_store).
+# - Each host is named by its node description's address, getfqdn() unless --local-addr is given
+#   (dynamic_rendezvous.py, _NodeDescGenerator.generate); rank 0's becomes the workers'
+#   MASTER_ADDR (RendezvousStoreInfo.build), so it must be algo-N, which every host resolves.
+#   Node ranks follow the sorted descriptions (_mark_rendezvous_complete): the sorted hosts' order.
+def rendezvous_args(hosts: list[str], current: str, run_id: str) -> list[str]:
     if len(hosts) == 1:
         return ["--standalone"]
     return [
         f"--nnodes={len(hosts)}",
-        f"--node-rank={hosts.index(current)}",
-        f"--master-addr={hosts[0]}",
-        f"--master-port={MASTER_PORT}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={hosts[0]}:{MASTER_PORT}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf=is_host={int(current == hosts[0])}",
+        f"--local-addr={current}",
     ]
+
+
+RENDEZVOUS_OPTIONS = frozenset(
+    ("--nnodes", "--standalone", "--node-rank", "--master-addr", "--master-port", "--local-addr")
+    + ("--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf")
+)
 
 
 def torchrun_argv(argv: list[str], rendezvous: list[str]) -> list[str]:
     """The job's `torchrun ...` argv with the rendezvous and the shutdown timeout added."""
     if not argv or Path(argv[0]).name != "torchrun":
         raise SetupError(f"expected a torchrun command after bootstrap.py, got {' '.join(argv) or 'nothing'}")
-    taken = [a for a in argv[1:] if a.split("=")[0] in ("--nnodes", "--standalone", "--rdzv-endpoint", "--node-rank")]
+    taken = [a for a in argv[1:] if a.split("=")[0].replace("_", "-") in RENDEZVOUS_OPTIONS]
     if taken:
         raise SetupError(f"the rendezvous is the bootstrap's to choose; remove {' '.join(taken)} from the command")
     return [argv[0], *rendezvous, *with_shutdown_timeout(argv[1:])]
@@ -357,7 +381,8 @@ def run(argv: list[str]) -> int:
     install_wheels(environment)
     resource_config = os.environ.get(ENV_RESOURCE_CONFIG, RESOURCE_CONFIG)
     hosts, current = read_hosts(resource_config)
-    command = torchrun_argv(argv, rendezvous_args(hosts, current))
+    run_id = os.environ.get("TRAINING_JOB_NAME") or "launcher"  # the same on every host of the job
+    command = torchrun_argv(argv, rendezvous_args(hosts, current, run_id))
     sockets = socket_environment(read_interface(resource_config), os.environ)
     environment.update(sockets)
     print(f"bootstrap: {current} is node {hosts.index(current)} of {len(hosts)}: {' '.join(command)}", flush=True)

@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 
 from entrypoints import failure
+from entrypoints.parallel import process_group
 from launcher.contract.config import WatchdogConfig
 
 EXIT_STALLED = 5
@@ -411,10 +412,9 @@ def _whole(value) -> int:
 
 def _store_client():
     """A client of its own to the rendezvous store (None without one: a single process), under a
-    prefix per elastic attempt, as the process group's (entrypoints/parallel/process_group.py)."""
+    prefix per start of the worker group, the process group's (entrypoints/parallel/process_group.py)."""
     if "MASTER_ADDR" not in os.environ:
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     try:
         store = dist.TCPStore(
             os.environ["MASTER_ADDR"],
@@ -426,4 +426,4 @@ def _store_client():
     except Exception as error:
         print(f"warning: watchdog: no rendezvous store ({error}); stuck ranks go unnamed", file=sys.stderr, flush=True)
         return None
-    return dist.PrefixStore(f"watchdog/attempt_{attempt}", store)
+    return dist.PrefixStore(f"watchdog/attempt_{process_group.attempt()}", store)

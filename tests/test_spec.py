@@ -88,14 +88,14 @@ def test_multi_node_uses_c10d_rendezvous_on_the_first_host():
 
 
 def test_on_sagemaker_the_bootstrap_runs_torchrun_and_chooses_the_rendezvous():
-    # entrypoints/bootstrap.py adds --nnodes/--node-rank/--master-addr from resourceconfig.json.
+    # entrypoints/bootstrap.py adds the c10d rendezvous from resourceconfig.json.
     for recipe in ("llama3-8b-8k", "llama70b-128k"):
         assert spec_for(recipe, "sagemaker").command == (
             "python3",
             "entrypoints/bootstrap.py",
             "torchrun",
             "--nproc-per-node=8",
-            "--max-restarts=0",
+            "--max-restarts=1",
             "--shutdown-timeout=100",  # SageMaker's 120 s grace less 20 s
             "entrypoints/train.py",
             "--config",

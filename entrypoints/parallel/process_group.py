@@ -3,9 +3,9 @@
     with process_group("cpu") as env:      # gloo; "cuda" -> nccl, one GPU per local rank
         env.rank, env.world_size, env.device
 
-Under torchrun the group is created on the agent's store with a prefix per elastic attempt
-(`TORCHELASTIC_RESTART_COUNT`): a restarted attempt otherwise meets the dead attempt's keys
-and fails to connect in about half the runs. Run as a plain script (no RANK in the
+Under torchrun the group is created on the agent's store with a prefix per start of the worker
+group (`attempt`): a restarted group otherwise meets the dead one's keys and fails to connect
+in about half the runs. Run as a plain script (no RANK in the
 environment) it is a one-process group. On a clean exit every rank passes a barrier before
 `destroy_process_group`; without it 4-rank gloo runs aborted at exit about half the time.
 """
@@ -36,10 +36,32 @@ class DistEnv:
     backend: str
 
 
+_attempt: str | None = None
+
+
+def attempt() -> str:
+    """This start of the worker group, the same on every rank: the prefix of its keys in the
+    agent's store (the process group's here, the watchdog's). "0" before `process_group`."""
+    return _attempt or "0"
+
+
+def _count_start(store: dist.Store, rank: int) -> str:
+    """How many times this rank has started in the job, counted in the store that outlives it.
+
+    Not TORCHELASTIC_RESTART_COUNT, which torchrun's agent counts for its own host: after one
+    host's workers fail, its agent rejoins the c10d rendezvous and the other hosts' agents
+    restart their workers as a membership change their count leaves out
+    (torch/distributed/elastic/agent/server/api.py, _invoke_run), so the counts differ across
+    hosts, while the agent's shared store and the keys the last start wrote in it remain
+    (dynamic_rendezvous.py keeps its shared TCPStore server for the job). Every restart restarts
+    every rank, so each rank's own count is the same on all of them."""
+    return str(store.add(f"launcher/starts/rank_{rank}", 1))
+
+
 def _store(rank: int, world_size: int) -> dist.Store:
+    global _attempt
     if "MASTER_ADDR" not in os.environ:
         return dist.HashStore()
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; other launchers
     # that only set the variables need rank 0 to host it.
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -51,7 +73,8 @@ def _store(rank: int, world_size: int) -> dist.Store:
         timeout=STORE_TIMEOUT,
         wait_for_workers=not agent_store,
     )
-    return dist.PrefixStore(f"attempt_{attempt}", store)
+    _attempt = _count_start(store, rank)
+    return dist.PrefixStore(f"attempt_{_attempt}", store)
 
 
 @contextlib.contextmanager

@@ -332,7 +332,10 @@ class Cluster(Section):
     max_restarts: int | None = Field(default=None, ge=0, le=100)
     """Times torchrun restarts the workers after one fails; they resume from the newest complete
     checkpoint. Default: 1 on local, docker and Slurm (which requeues a job after node failure or
-    preemption, never after it failed: sbatch(1) --requeue), 0 on SageMaker and Kubernetes."""
+    preemption, never after it failed: sbatch(1) --requeue); on SageMaker (which retries a job
+    only after an InternalServerError) 1 on one host or with sagemaker.checkpoint_copy per_host,
+    else 0, since CheckpointConfig copies the other hosts' files only at the job's start; 0 on
+    Kubernetes (the PyTorchJob's backoff reruns it)."""
     stop_grace: Duration | None = None
     """Seconds from the engine's SIGTERM to its SIGKILL, on engines where the job sets them:
     docker's --stop-timeout, a pod's terminationGracePeriodSeconds, the least Slurm --signal lead.

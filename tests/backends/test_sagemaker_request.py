@@ -44,7 +44,7 @@ def test_the_request_carries_the_whole_job(fake_bundle, home):
         "entrypoints/bootstrap.py",
         "torchrun",
         "--nproc-per-node=8",
-        "--max-restarts=0",
+        "--max-restarts=1",
         "--shutdown-timeout=100",
         "entrypoints/train.py",
         "--config",
@@ -195,6 +195,27 @@ def test_a_missing_role_says_how_to_set_it(fake_bundle, home):
         get_backend("sagemaker").render(spec)
     assert "sagemaker.role_arn: not set" in str(error.value)
     assert "--set sagemaker.role_arn=arn:aws:iam::<account>:role/" in str(error.value)
+
+
+def test_restarts_inside_the_job_are_on_only_where_a_restart_finds_the_newest_checkpoint(fake_bundle, home):
+    def restarts(**overrides) -> str:
+        spec = spec_for("llama3-8b-8k", "sagemaker", **overrides)
+        return [a for a in spec.command if a.startswith("--max-restarts=")][0]
+
+    # One host holds every file of its checkpoints; per-host copies restore from S3 before a resume.
+    assert restarts() == "--max-restarts=1"
+    assert restarts(**{"cluster.instance_count": 2, "sagemaker.checkpoint_copy": "per_host"}) == "--max-restarts=1"
+    # CheckpointConfig copies the other hosts' files only when the job starts.
+    several = {"cluster.instance_count": 2, "sagemaker.checkpoint_copy": "checkpoint_config"}
+    assert restarts(**several) == "--max-restarts=0"
+    spec = spec_for("llama3-8b-8k", "sagemaker", **several, **{"cluster.max_restarts": 2})
+    with pytest.raises(UsageError) as error:
+        get_backend("sagemaker").render(spec)
+    assert (
+        "cluster.max_restarts: 2 on 2 SageMaker hosts would restart from the checkpoint the job started with: "
+        "CheckpointConfig downloads the other hosts' files only when the job starts; set "
+        "sagemaker.checkpoint_copy: per_host (each host restores its files from S3) or cluster.max_restarts: 0"
+    ) in str(error.value)
 
 
 def test_a_request_that_breaks_the_model_is_refused_before_sending(fake_bundle, home):

@@ -11,9 +11,12 @@ scenarios below them is the job's, not the simulation's.
 from __future__ import annotations
 
 import math
+import os
 import re
+import signal
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -303,6 +306,65 @@ def test_a_host_killed_mid_checkpoint_then_a_spot_interruption_each_resume_with_
     assert outcome.status == "Completed", outcome.report()
     assert first_match(_RESUMED, outcome) == stopped_at
     assert_same_losses(outcome_losses(outcome), want, range(stopped_at + 1, STEPS + 1))
+
+
+def workers_of(host) -> dict[int, int]:
+    """{global rank: pid on this machine} of the training processes inside `host`'s container:
+    the descendants of its PID 1 that torchrun started (their environment names the rank)."""
+    found: dict[int, int] = {}
+    pending = [host.container_pid()] if host.container_pid() is not None else []
+    while pending:
+        pid = pending.pop()
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue  # it exited meanwhile
+        environment = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+        if "TORCHELASTIC_RUN_ID" in environment and "RANK" in environment:
+            found[int(environment["RANK"])] = pid
+        pending.extend(int(child) for child in children)
+    return found
+
+
+@pytest.mark.timeout(2400)  # a last resort: every wait below has its own limit on progress
+def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_with_the_same_losses(
+    submit, sim, s3, train_data, reference
+):
+    """The only rank on algo-2 is stopped for good (SIGSTOP) once the step-2 checkpoint is in S3
+    (per-host copies: CheckpointConfig would copy the other host's files only at the job's start,
+    so a restart inside the job finds them only this way). Rank 0's
+    watchdog on algo-1 fires and names it; algo-1's torchrun restarts its worker, which rejoins
+    the c10d rendezvous; algo-2's torchrun sees a host waiting and restarts its own (killing the
+    stopped one after its 30 s), and both resume from the newest checkpoint and train to the end
+    with the uninterrupted run's losses. SageMaker itself never reruns the job: RetryStrategy
+    retries only after an InternalServerError (botocore's sagemaker service model)."""
+    want = reference()
+    watchdog = ["training.watchdog.min_stall_s=10", "training.watchdog.stall_factor=5"]  # defaults: 60 s and 10
+    request = submit(f"data.source={train_data}", "sagemaker.checkpoint_copy=per_host", *watchdog)
+    assert "--max-restarts=1" in request["AlgorithmSpecification"]["ContainerArguments"]
+    prefix = request["Environment"]["LAUNCHER_CHECKPOINT_S3"]
+    with sim.start(request) as attempt:
+        attempt.wait_for(
+            lambda a: sum("COMPLETE" in name for name in per_step_objects(s3, prefix).get(2, {})) == 2,
+            timeout_s=STARTUP_LIMIT_S + 2 * STEP_LIMIT_S,
+            what="both hosts' markers of the step-2 checkpoint in S3",
+        )
+        stopped = workers_of(attempt.host("algo-2"))
+        assert sorted(stopped) == [RANKS_PER_HOST], stopped
+        os.kill(stopped[RANKS_PER_HOST], signal.SIGSTOP)
+        outcome = wait_to_the_end(attempt)
+    assert outcome.status == "Completed", outcome.report()
+    assert [h.exit_code for h in outcome.hosts] == [0, 0], outcome.report()
+    logs = "\n".join(h.stdout + h.stderr for h in outcome.hosts)
+    stuck = f"stuck: rank {RANKS_PER_HOST} on {outcome.hosts[1].hostname}"
+    assert "error: watchdog: no step completed for " in logs and stuck in logs, outcome.report()
+    stacks = attempt.host("algo-1").opt_ml / "output" / "data" / "stacks" / "rank-0.txt"
+    assert stuck in stacks.read_text() and "Thread 0x" in stacks.read_text()
+    starts = [int(s) for s in _RESUMED.findall(outcome.hosts[0].stdout)]
+    assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 2, f"resumed_from_step per start: {starts}"
+    restarted = outcome.hosts[0].stdout[outcome.hosts[0].stdout.rindex("resumed_from_step=") :]
+    assert_same_losses(losses([restarted]), want, range(starts[1] + 1, STEPS + 1))
 
 
 FP8_STEPS = 4

@@ -117,16 +117,18 @@ def failure(tmp_path) -> str:
     return (tmp_path / "opt_ml" / "output" / "failure").read_text()
 
 
-def test_node_rank_and_master_come_from_the_sorted_hosts_not_the_hostname(sagemaker_host, tmp_path):
+def test_the_rendezvous_comes_from_the_sorted_hosts_not_the_hostname(sagemaker_host, tmp_path):
     assert not socket.gethostname().startswith("algo-")  # as on SageMaker: the hostname proves nothing
     argv, env = sagemaker_host(hosts=["algo-2", "algo-1"], current="algo-2")
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert recorded(tmp_path)["argv"] == [
         "--nnodes=2",
-        "--node-rank=1",
-        "--master-addr=algo-1",
-        "--master-port=29500",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=algo-1:29500",
+        "--rdzv-id=launcher",
+        "--rdzv-conf=is_host=0",
+        "--local-addr=algo-2",
         "--shutdown-timeout=100",
         "--nproc-per-node=2",
         "--max-restarts=0",
@@ -141,11 +143,13 @@ def test_node_rank_and_master_come_from_the_sorted_hosts_not_the_hostname(sagema
 def test_the_first_sorted_host_is_node_zero_and_a_single_host_is_standalone(sagemaker_host, tmp_path):
     argv, env = sagemaker_host(hosts=["algo-3", "algo-1", "algo-2"], current="algo-1")
     assert subprocess.run(argv, env=env, capture_output=True, timeout=60).returncode == 0
-    assert recorded(tmp_path)["argv"][:4] == [
+    assert recorded(tmp_path)["argv"][:6] == [
         "--nnodes=3",
-        "--node-rank=0",
-        "--master-addr=algo-1",
-        "--master-port=29500",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=algo-1:29500",
+        "--rdzv-id=launcher",
+        "--rdzv-conf=is_host=1",
+        "--local-addr=algo-1",
     ]
 
     argv, env = sagemaker_host(hosts=["algo-1"], current="algo-1")

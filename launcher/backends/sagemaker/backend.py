@@ -292,6 +292,24 @@ def submission_token(request: dict) -> str:
 # --- the backend ---------------------------------------------------------------------------------
 
 
+def resumes_within_the_job(instance_count: int, cloud: SageMakerSettings) -> bool:
+    """Whether workers that torchrun restarts inside the job find its newest checkpoint.
+
+    SageMaker reruns a job only after an InternalServerError (RetryStrategy in botocore's
+    sagemaker service model), never after the job's own failure, so a stalled or crashed rank is
+    resumed by torchrun's --max-restarts, on every host together (the bootstrap's c10d
+    rendezvous). On one host every file of a checkpoint is local. On several, CheckpointConfig
+    copies the other hosts' files from S3 only before the job starts ("Use Checkpoints in Amazon
+    SageMaker" in the developer guide), so a restart finds none of this job's checkpoints
+    complete; per-host checkpoints restore from S3 before every resume (checkpoint_mirror.py)."""
+    return instance_count == 1 or cloud.per_host_checkpoints
+
+
+def _max_restarts(command: tuple[str, ...]) -> int:
+    flags = [a for a in command if a.startswith("--max-restarts=")]
+    return int(flags[-1].split("=", 1)[1]) if flags else 0
+
+
 class SageMakerBackend(Backend):
     name = "sagemaker"
     settings_type = SageMakerSettings
@@ -309,6 +327,7 @@ class SageMakerBackend(Backend):
             s3_model_dir=f"{CHANNELS_DIR}/model",  # model.init_from's channel
             image=training_image(recipe),
             bootstrap=True,
+            max_restarts=1 if resumes_within_the_job(recipe.cluster.instance_count, self.settings(recipe)) else 0,
         )
 
     def problems(self, spec: JobSpec) -> list[str]:
@@ -317,6 +336,14 @@ class SageMakerBackend(Backend):
             problems.append(
                 f"sagemaker.role_arn: not set; the job runs as an IAM execution role: add it to the recipe's sagemaker "
                 f"section or pass --set sagemaker.role_arn={ROLE_EXAMPLE}"
+            )
+        restarts = _max_restarts(spec.command)
+        if restarts and not resumes_within_the_job(spec.resources.instance_count, settings(spec)):
+            problems.append(
+                f"cluster.max_restarts: {restarts} on {spec.resources.instance_count} SageMaker hosts would restart from "
+                "the checkpoint the job started with: CheckpointConfig downloads the other hosts' files only when the "
+                "job starts; set sagemaker.checkpoint_copy: per_host (each host restores its files from S3) or "
+                "cluster.max_restarts: 0"
             )
         return problems
 
