@@ -1,16 +1,29 @@
 """The HF accelerate config: for users who start jobs with `accelerate launch`.
 
 Render only: an accelerate config file whose header holds the launch script to run on every
-node. The training layout comes from the recipe (resolved.json, which entrypoints/train.py
-reads); the config's `parallelism_config` and `fsdp_config` mirror it (dp_replicate x dp_shard
-x cp x tp, the same order and meaning as this launcher's mesh) so the file reads true, but
-accelerate does not build the model. Accelerate has no pipeline parallelism, so recipes with
-pipeline > 1 are refused. s3:// data is synced to each node by the script (`aws s3 sync`).
+node. `accelerate launch` is used as a torchrun launcher and nothing more: entrypoints/train.py
+never builds an `Accelerator`, so the layout (FSDP, tensor, context degrees, precision, FP8)
+comes from the recipe in resolved.json, and the config carries no fsdp, parallelism or fp8
+section that would only pretend to set it. Accelerate has no pipeline parallelism, so recipes
+with pipeline > 1 are refused. s3:// data is synced to each node by the script (`aws s3 sync`).
+
+The multi-node rendezvous is torchrun's static one, on the main node's address: `accelerate
+launch` fills an argument from the config file only where the command line left it None
+(`_validate_launch_command` in accelerate/commands/launch.py), and `--rdzv_backend` defaults to
+"static" and `--same_network` to False, so those keys of a config file never apply. Without
+`--same_network` accelerate gives torchrun `--rdzv_endpoint <main_process_ip>:<port>` and
+`--node_rank` (`prepare_multi_gpu_env` in accelerate/utils/launch.py); a c10d backend with
+`--same_network` would give it only the master address, which c10d does not read
+(`get_rdzv_endpoint` in torch/distributed/run.py), so each node would wait alone. The launch
+script therefore says `--rdzv_backend static` itself. The `MULTI_GPU` launcher is torchrun's
+on a CPU too (the recipe's device decides where train.py runs); accelerate's CPU launcher would
+run one process per machine without torchrun.
 """
 
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 
 import yaml
 
@@ -21,57 +34,32 @@ from launcher.spec import CONFIG_FILE, ENTRYPOINT, RDZV_PORT, JobSpec, Placement
 CONFIG_NAME = "accelerate.yaml"
 DATA_DIR = "data/train"  # relative to the unpacked bundle, where the script runs
 LAYOUT_NOTE = (
-    "The layout (tensor, context, FSDP degrees, precision, batch) comes from the recipe in resolved.json, "
-    "which entrypoints/train.py reads; fsdp_config and parallelism_config below only mirror it."
+    "accelerate launch only starts torchrun here: the layout (FSDP, tensor, context degrees, precision, FP8) "
+    "comes from the recipe in resolved.json, which entrypoints/train.py reads."
 )
 
 
 def accelerate_config(spec: JobSpec) -> dict:
     r = spec.resources
-    resolved = spec.resolved
-    parallel, precision = resolved["parallel"], resolved["precision"]
-    if precision["fp8"]:
-        mixed = "fp8"
-    else:
-        mixed = {"bf16": "bf16", "fp32": "no"}[precision["dtype"]]
-    config = {
+    return {
         "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "FSDP",
-        "mixed_precision": mixed,
-        "use_cpu": r.device == "cpu",
+        "distributed_type": "MULTI_GPU",
+        "mixed_precision": "no",  # train.py casts as the recipe says, with no Accelerator
+        "use_cpu": False,
         "num_machines": r.instance_count,
         "num_processes": r.world_size,
         "machine_rank": 0,
         "main_process_ip": None,
         "main_process_port": RDZV_PORT,
-        "rdzv_backend": "c10d" if r.instance_count > 1 else "static",
-        "same_network": True,
         "main_training_function": "main",
-        "fsdp_config": {
-            "fsdp_version": 2,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_reshard_after_forward": True,
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-            "fsdp_activation_checkpointing": parallel["activation_checkpointing"] != "none",
-            "fsdp_cpu_ram_efficient_loading": False,
-        },
-        "parallelism_config": {
-            "parallelism_config_dp_replicate_size": parallel["data_replicate"],
-            "parallelism_config_dp_shard_size": parallel["data_shard"],
-            "parallelism_config_tp_size": parallel["tensor"],
-            "parallelism_config_cp_size": parallel["context"],
-        },
     }
-    if precision["fp8"]:
-        config["fp8_config"] = {"backend": "AO"}
-    return config
 
 
 def launch_script(spec: JobSpec) -> str:
     """What to run on every node, from the unpacked bundle: data sync, environment, accelerate launch."""
     lines = ["#!/bin/bash", "set -euo pipefail"]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in spec.environment]
-    command = ["accelerate", "launch", "--config_file", CONFIG_NAME]
+    command = ["accelerate", "launch", "--config_file", CONFIG_NAME, "--rdzv_backend", "static"]
     if spec.resources.instance_count > 1:
         # Each node needs its own rank; Slurm's is taken when present, so the script runs under srun as is.
         lines += [
@@ -96,6 +84,17 @@ class AccelerateBackend(Backend):
         return Placement(
             checkpoint_dir=recipe.checkpoint.dir or "checkpoints", output_dir="output", s3_data_dir=DATA_DIR
         )
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        problems = super().problems(spec)
+        nodes = spec.resources.instance_count
+        if nodes > 1 and not PurePosixPath(spec.checkpoint_dir).is_absolute():
+            problems.append(
+                f"checkpoint.dir: {spec.checkpoint_dir!r} is relative, on each node's own disk, where the other "
+                f"nodes' parts of a checkpoint never arrive and none is ever complete; {nodes} nodes need a "
+                "directory they all share, e.g. --set checkpoint.dir=/fsx/checkpoints/" + spec.recipe_name
+            )
+        return problems
 
     def _render(self, spec: JobSpec) -> Rendering:
         bundle = Bundle.of(spec)

@@ -31,7 +31,7 @@ CASES = {
     "slurm-tiny-cpu": ("tiny-cpu", "slurm", {}),
     "slurm-llama70b-128k": ("llama70b-128k", "slurm", {"data.source": FSX}),
     "k8s-llama70b-128k": ("llama70b-128k", "k8s", {"data.source": FSX}),
-    "accelerate-llama70b-128k": ("llama70b-128k", "accelerate", {}),
+    "accelerate-llama70b-128k": ("llama70b-128k", "accelerate", {"checkpoint.dir": "/fsx/checkpoints/llama70b"}),
     "accelerate-tiny-cpu": ("tiny-cpu", "accelerate", {}),
     "sagemaker-llama70b-128k": ("llama70b-128k", "sagemaker", {}),
     "local-tiny-cpu": ("tiny-cpu", "local", {}),
@@ -118,15 +118,13 @@ def test_the_pytorchjob_asks_for_efa_devices_and_mounts_the_checkpoint_volume(fi
     assert "--rdzv-endpoint=llama70b-128k-job-master-0:29500" in container["args"]
 
 
-def test_the_accelerate_config_maps_the_layout_onto_parallelism_config(fixed_home):
-    config = render("accelerate-llama70b-128k").data["config"]
-    assert config["parallelism_config"] == {
-        "parallelism_config_dp_replicate_size": 1,
-        "parallelism_config_dp_shard_size": 4,
-        "parallelism_config_tp_size": 1,
-        "parallelism_config_cp_size": 8,
-    }
-    assert (config["num_machines"], config["num_processes"], config["mixed_precision"]) == (4, 32, "fp8")
+def test_the_accelerate_config_holds_the_machines_and_leaves_the_layout_to_resolved_json(fixed_home):
+    rendering = render("accelerate-llama70b-128k")
+    config = rendering.data["config"]
+    assert (config["num_machines"], config["num_processes"], config["mixed_precision"]) == (4, 32, "no")
+    assert not {"fsdp_config", "parallelism_config", "fp8_config"} & set(config)
+    parallel = rendering.spec.resolved["parallel"]
+    assert (parallel["data_shard"], parallel["context"], rendering.spec.resolved["precision"]["fp8"]) == (4, 8, True)
 
 
 def test_accelerate_refuses_pipeline_parallel_recipes(fixed_home):
