@@ -34,9 +34,17 @@ def test_every_recipe_renders_on_every_backend_that_can_hold_it(home, recipe, ba
         with pytest.raises(LauncherError, match=r"runs one node|runs on this machine|needs an ml\.\* instance type"):
             api.submit(path, backend=backend, dry_run=True, force=True)
         return
+    sets = []
+    if backend == "accelerate" and Recipe.load(path).cluster.instance_count > 1:
+        # accelerate leaves storage to the user: several nodes need a checkpoint.dir they share.
+        with pytest.raises(
+            LauncherError, match=r"^checkpoint\.dir: 'checkpoints' is relative, on each node's own disk"
+        ):
+            api.submit(path, backend=backend, dry_run=True, force=True)
+        sets = [f"checkpoint.dir=/fsx/checkpoints/{recipe}"]
     # --force: a 14-day run outlasts a time limit on some engines; that is the forecast's test
     # (tests/plan/test_forecast.py). This one is the render's.
-    submission = api.submit(path, backend=backend, dry_run=True, force=True)
+    submission = api.submit(path, backend=backend, set_options=sets, dry_run=True, force=True)
     spec = submission.spec
     assert submission.rendering.text.strip()
     if backend != "sagemaker":  # the sagemaker: section is inert elsewhere
