@@ -130,7 +130,7 @@ ROW_REQUIRED = (
     "measured",
     "unit",
 )
-ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "schedule", "async_tp", "note", "assumed", "fitted")
+ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "note", "assumed", "fitted")
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
 UNITS = {"tokens/s/GPU": False, "model TFLOP/s/GPU": True}
 
@@ -184,17 +184,22 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         raise BenchmarkError(f"{at}: precision must be one of {PRECISIONS} and unit one of {tuple(UNITS)}")
     if row["model"] not in ARCH and row["model"] not in catalog.models():
         raise BenchmarkError(f"{at}: model {row['model']!r} is neither in the catalog nor in ARCH")
-    degrees = {k: row.get(k, 1) for k in ("tp", "pp", "cp", "vp", "dp")}
+    degrees = {k: row.get(k, 1) for k in ("tp", "pp", "cp", "vp", "dp", "ep")}
     if not all(
         isinstance(v, int) and v >= 1 for v in (*degrees.values(), row["gpus"], row["seq"], row["gbs"], row["mbs"])
     ):
         raise BenchmarkError(f"{at}: gpus, seq, gbs, mbs and the degrees must be positive integers")
     layout = Layout(tensor=degrees["tp"], pipeline=degrees["pp"], context=degrees["cp"],
-                    virtual_stages=degrees["vp"], data_shard=degrees["dp"])  # fmt: skip
+                    virtual_stages=degrees["vp"], data_shard=degrees["dp"], expert=degrees["ep"])  # fmt: skip
     if layout.world_size != row["gpus"] or row["gbs"] % (row["mbs"] * degrees["dp"]):
         raise BenchmarkError(
             f"{at}: tp x pp x cp x dp = {layout.world_size} must equal gpus {row['gpus']}, and gbs {row['gbs']} "
             f"must be a multiple of mbs x dp = {row['mbs'] * degrees['dp']}"
+        )
+    if (degrees["dp"] * degrees["cp"]) % degrees["ep"]:
+        raise BenchmarkError(
+            f"{at}: ep {degrees['ep']} must divide dp x cp = {degrees['dp'] * degrees['cp']}: expert parallelism "
+            "borrows ranks of dp_shard x cp (launcher/contract/layout.py)"
         )
     source = sources[row["source"]]
     return Point(
@@ -304,10 +309,10 @@ def hardware(point: Point) -> Hardware:
 def layout_text(layout: Layout) -> str:
     parts = [
         f"{n[:2].upper() if n != 'data_shard' else 'FSDP'} {getattr(layout, n)}"
-        for n in ("tensor", "context", "pipeline", "data_shard")
+        for n in ("tensor", "context", "pipeline", "data_shard", "expert")
     ]
     text = " ".join(p for p in parts if not p.endswith(" 1")) or "1 GPU"
-    return text.replace("TE", "TP").replace("CO", "CP").replace("PI", "PP") + (
+    return text.replace("TE", "TP").replace("CO", "CP").replace("PI", "PP").replace("EX", "EP") + (
         f" v{layout.virtual_stages}" if layout.virtual_stages > 1 else ""
     )
 
@@ -795,8 +800,18 @@ parameters a token goes through (router, top-k and shared experts), as the entry
 does. The model prices two things against each other: gathering every expert per layer (FSDP,
 hidden behind compute as for dense blocks) against the all-to-alls EP adds. At long sequences
 attention dominates and hides the gathers, so for Qwen3-30B-A3B's small experts (768 wide) at
-64K the planner prefers no EP; for Mixtral's (14,336 wide) at 32K it prefers EP 8. No published
-MoE sweep with full configurations has been checked yet (issue 24 part 5's held-out check).
+64K the planner prefers no EP; for Mixtral's (14,336 wide) at 32K it prefers EP 8.
+
+No published MoE *sweep* exists to rank against: Megatron-Bridge publishes one layout per MoE
+model and container, and NeMo and torchtitan none on H100. Its two DGX-H100 rows that our layout
+rules can express (Qwen3-30B-A3B, 16 GPUs, PP 2, EP 8, token-dropless with balanced routing, as
+we price) are held apart below: the planner predicts them 1.8x too fast (9,719 and 9,292
+tokens/s/GPU against 5,275 and 5,113, model 118-121 TFLOP/s/GPU measured). Megatron's MoE on
+H100 runs at about 12% of peak there, where our model prices the expert GEMMs, the permutations
+and the all-to-alls as a dense layer's kernels would run; until a measurement of our own MoE
+layer on a GPU (scripts/gpu_moe_check.py) calibrates those terms, MoE predictions are an upper
+bound. Qwen3-235B-A22B (EP 32 over TP 2 x DP 16: Megatron's EP spans TP ranks, ours stays in
+dp_shard x cp) and GPT-OSS 120B (not in the catalog) are left out.
 
 ## Constants
 

@@ -68,6 +68,7 @@ BAD_ROWS = [
     ("mbs: 2", "mbs: 2, cp_kernel: ring", r"point 1: missing \[\], unknown \['cp_kernel'\]"),
     ("model: llama3.1-8b", "model: llama9", r"point 1: model 'llama9' is neither in the catalog nor in ARCH"),
     ("source: tt", "source: nowhere", r"point 1: source 'nowhere' is not one of tt"),
+    ("gpus: 8, dp: 8", "gpus: 8, dp: 8, ep: 16", r"point 1: ep 16 must divide dp x cp = 8: expert parallelism borrows"),
     (
         "accelerator: h100-80gb}",
         "accelerator: h100-80gb, attention_kernel: flash9}",
