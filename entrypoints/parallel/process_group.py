@@ -54,7 +54,10 @@ def _count_start(store: dist.Store, rank: int) -> str:
     (torch/distributed/elastic/agent/server/api.py, _invoke_run), so the counts differ across
     hosts, while the agent's shared store and the keys the last start wrote in it remain
     (dynamic_rendezvous.py keeps its shared TCPStore server for the job). Every restart restarts
-    every rank, so each rank's own count is the same on all of them."""
+    every rank, so each rank's own count is the same on all of them, unless a rank died before it
+    reached this count: from then on it counts one behind its peers, each later start fails at the
+    store's timeout, and the job fails once its restarts are spent (an import error before the
+    process group, the usual such death, would fail every start anyway)."""
     return str(store.add(f"launcher/starts/rank_{rank}", 1))
 
 
