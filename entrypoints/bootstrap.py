@@ -15,7 +15,8 @@ In order:
    metadata, so a wrong image fails in a second, with one line, before torch is imported).
 2. Install the job's pinned wheels (torchao for FP8) offline from the wheelhouse channel,
    only those the image lacks, into a directory of this process's own that PYTHONPATH hands to
-   torchrun (`install_wheels`). `--no-index` makes this work under network isolation.
+   torchrun (`install_wheels`). `--no-index` makes this work under network isolation. pip reads
+   only copies whose sha256 the job pins, a wheel in parts joined first (launcher.contract.wheels).
 3. Read /opt/ml/input/config/resourceconfig.json and add a c10d rendezvous to the torchrun
    argv: the store on the first of the sorted hosts, which is told it serves it (is_host), and
    each host named by its algo-N (--local-addr), never by its hostname, which on SageMaker is
@@ -39,10 +40,12 @@ else is known to be importable.
 from __future__ import annotations
 
 import collections
+import hashlib
 import importlib.metadata
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,6 +59,7 @@ if __package__ in (None, ""):  # run as a script from the bundle root: make `lau
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from launcher.contract.failure import ROOT_CAUSE, first_failure, reported_failures  # noqa: E402  (standard library only)
+from launcher.contract.wheels import ENV_REQUIREMENTS, ENV_WHEEL_SHA256, ENV_WHEELHOUSE, PART  # noqa: E402
 
 # The torch releases the entrypoints support, [lowest, first unsupported). The `train` extra in
 # pyproject.toml states the same range (tests/entrypoints/test_bootstrap.py checks they agree).
@@ -77,10 +81,6 @@ TAIL_LINES = 200
 # Paths SageMaker fixes; tests and other engines override them through the environment.
 ENV_RESOURCE_CONFIG = "LAUNCHER_RESOURCE_CONFIG"
 ENV_FAILURE_FILE = "LAUNCHER_FAILURE_FILE"
-ENV_REQUIREMENTS = "LAUNCHER_REQUIREMENTS"
-"""Space-separated `name==version` pins the job needs; empty: nothing to install."""
-ENV_WHEELHOUSE = "LAUNCHER_WHEELHOUSE"
-"""The directory holding the pinned wheels (SageMaker's `wheels` channel)."""
 
 
 class SetupError(Exception):
@@ -129,9 +129,12 @@ def missing(requirements: list[str], path: list[str] | None = None) -> list[str]
     return result
 
 
-def install_offline(requirements: list[str], wheelhouse: str | None, target: str | None = None) -> list[str]:
+def install_offline(
+    requirements: list[str], wheelhouse: str | None, target: str | None = None, shown_as: str | None = None
+) -> list[str]:
     """pip-install the missing pins from `wheelhouse` without any index, into the environment or
-    into the directory `target`; returns what it installed."""
+    into the directory `target`; returns what it installed. `shown_as`: the wheelhouse's name in
+    a failure (the job's own directory, when `wheelhouse` is its checked copy)."""
     needed = missing(requirements)
     if not needed:
         return []
@@ -143,7 +146,7 @@ def install_offline(requirements: list[str], wheelhouse: str | None, target: str
     still = missing(needed, [target] if target else None) if result.returncode == 0 else needed
     if still:
         last = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[-1]
-        raise SetupError(f"offline install of {' '.join(still)} from {wheelhouse} failed: {last}")
+        raise SetupError(f"offline install of {' '.join(still)} from {shown_as or wheelhouse} failed: {last}")
     return needed
 
 
@@ -360,6 +363,64 @@ def write_failure(path: str, text: str) -> None:
         print(f"bootstrap: cannot write {path}: {error}", file=sys.stderr)
 
 
+def _wheel_pieces(wheelhouse: Path) -> dict[str, dict[int | None, Path]]:
+    """The wheelhouse's wheels by file name: {None: the whole file} or {0: part 0, 1: part 1, ...}.
+    Names starting with `..` are skipped: the kubelet's atomic writer keeps a ConfigMap volume's
+    files under `..data` and a timestamped `..<date>` directory and shows each key as a symlink
+    into them (kubernetes/kubernetes pkg/volume/util/atomic_writer.go)."""
+    pieces: dict[str, dict[int | None, Path]] = {}
+    for entry in sorted(wheelhouse.iterdir()):
+        part = PART.match(entry.name)
+        if entry.name.startswith(".."):
+            continue
+        if part:
+            pieces.setdefault(part["file"], {})[int(part["index"])] = entry
+        elif entry.name.endswith(".whl"):
+            pieces.setdefault(entry.name, {})[None] = entry
+    return pieces
+
+
+def _join(file: str, parts: dict[int | None, Path], wheelhouse: Path, destination: Path) -> str:
+    """Write `file` whole into `destination` (its parts in order); its sha256."""
+    if None in parts and len(parts) > 1:
+        raise SetupError(f"the wheelhouse {wheelhouse} has {file} both whole and in parts; it is damaged")
+    order = [None] if None in parts else list(range(len(parts)))
+    if set(order) != set(parts):
+        have = ", ".join(str(i) for i in sorted(i for i in parts if i is not None))
+        raise SetupError(f"the wheelhouse {wheelhouse} has parts {have} of {file}, not 0 to {len(parts) - 1}")
+    digest = hashlib.sha256()
+    with open(destination / file, "wb") as out:
+        for index in order:
+            data = parts[index].read_bytes()
+            digest.update(data)
+            out.write(data)
+    return digest.hexdigest()
+
+
+def checked_wheelhouse(wheelhouse: str | None, pinned: set[str], destination: Path) -> Path:
+    """`destination` holding every wheel of `wheelhouse` whole, each with one of the `pinned`
+    sha256 digests. A channel, a bind, a shared directory or a ConfigMap may hold other bytes
+    than the launcher sent (a damaged copy, another job's files), so a wheel is trusted only by
+    its content, and pip reads only the checked copies."""
+    if not wheelhouse or not Path(wheelhouse).is_dir():
+        raise SetupError(f"the wheelhouse {wheelhouse!r} is not a directory")
+    found = set()
+    for file, parts in _wheel_pieces(Path(wheelhouse)).items():
+        digest = _join(file, parts, Path(wheelhouse), destination)
+        if digest not in pinned:
+            raise SetupError(
+                f"{file} in the wheelhouse {wheelhouse} has sha256 {digest}, which the job does not pin "
+                f"({ENV_WHEEL_SHA256}); the wheelhouse is damaged or not this job's"
+            )
+        found.add(digest)
+    if pinned - found:
+        raise SetupError(
+            f"the wheelhouse {wheelhouse} has no wheel with sha256 {' '.join(sorted(pinned - found))} "
+            "of the job's pins; it is incomplete"
+        )
+    return destination
+
+
 def install_wheels(environment: dict[str, str]) -> None:
     """Install the job's missing pins offline into a new directory of this process's own, and
     put it first on `environment`'s PYTHONPATH (torchrun's, so the workers import from it).
@@ -367,10 +428,19 @@ def install_wheels(environment: dict[str, str]) -> None:
     Not into the image's environment: it may be read-only (a bound or read-only root file
     system), and on Slurm several nodes may share one environment (slurm.venv) and install at once."""
     requirements = os.environ.get(ENV_REQUIREMENTS, "").split()
-    if not missing(requirements):
+    needed = missing(requirements)
+    if not needed:
         return
+    pinned = set(os.environ.get(ENV_WHEEL_SHA256, "").split())
+    if not pinned:
+        raise SetupError(f"the job needs {' '.join(needed)} but names no sha256 for its wheels ({ENV_WHEEL_SHA256})")
     target = tempfile.mkdtemp(prefix="launcher-wheels-")
-    installed = install_offline(requirements, os.environ.get(ENV_WHEELHOUSE), target)
+    checked = Path(tempfile.mkdtemp(prefix="launcher-wheelhouse-"))
+    try:
+        wheelhouse = checked_wheelhouse(os.environ.get(ENV_WHEELHOUSE), pinned, checked)
+        installed = install_offline(requirements, str(wheelhouse), target, shown_as=os.environ.get(ENV_WHEELHOUSE))
+    finally:
+        shutil.rmtree(checked, ignore_errors=True)
     print(f"bootstrap: installed {' '.join(installed)} offline into {target}", file=sys.stderr, flush=True)
     environment["PYTHONPATH"] = os.pathsep.join(p for p in (target, environment.get("PYTHONPATH")) if p)
 

@@ -215,6 +215,7 @@ def test_the_entrypoints_import_from_an_unpacked_bundle_with_nothing_else_of_the
         "launcher.contract.failure",
         "launcher.contract.metrics",
         "launcher.contract.text",
+        "launcher.contract.wheels",
     }
     outside = {name: path for name, path in loaded.items() if not path or not path.startswith(str(root))}
     assert outside == {}, f"imported from outside the bundle: {outside}"

@@ -45,7 +45,7 @@ from launcher.backends.images import EcrRegistry, ecr_registry, training_image
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import last_metrics
 from launcher.backends.tools import ToolFailed, run_tool, stream_tool
-from launcher.backends.wheelhouse import fill, job_wheels, requirements
+from launcher.backends.wheelhouse import bootstrap_environment, fill, job_wheels
 from launcher.bundle import Bundle
 from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
@@ -109,7 +109,7 @@ def docker_run_argv(spec: JobSpec) -> list[str]:
     environment = [*spec.environment, *BOOTSTRAP_ENV]
     if wheels:
         mounts.append(wheels_mount(spec))
-        environment += [("LAUNCHER_REQUIREMENTS", requirements(wheels)), ("LAUNCHER_WHEELHOUSE", WHEELS_DIR)]
+        environment += list(bootstrap_environment(wheels, WHEELS_DIR).items())
     for mount in mounts:
         argv += ["--mount", mount_option(mount)]
     argv += ["--workdir", f"{ROOT}/code"]

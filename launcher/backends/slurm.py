@@ -56,7 +56,7 @@ from launcher.backends.history import MetricsHistory
 from launcher.backends.staging import staging_dir
 from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
-from launcher.backends.wheelhouse import fill, job_wheels, requirements, wheelhouse_key
+from launcher.backends.wheelhouse import bootstrap_environment, fill, job_wheels, wheelhouse_key
 from launcher.bundle import Bundle
 from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
 from launcher.contract.metrics import METRICS_FILE
@@ -202,7 +202,7 @@ def wheel_exports(spec: JobSpec) -> list[str]:
     wheels = job_wheels(spec.resolved)
     if not wheels:
         return []
-    values = {"LAUNCHER_REQUIREMENTS": requirements(wheels), "LAUNCHER_WHEELHOUSE": str(wheelhouse_dir(spec))}
+    values = bootstrap_environment(wheels, str(wheelhouse_dir(spec)))
     return [
         "# The job's pinned wheels, installed offline on every node by entrypoints/bootstrap.py.",
         *(f"export {key}={shlex.quote(value)}" for key, value in values.items()),

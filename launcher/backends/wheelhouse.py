@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.backends.images import image_catalog
+from launcher.contract.wheels import ENV_REQUIREMENTS, ENV_WHEEL_SHA256, ENV_WHEELHOUSE
 from launcher.errors import LauncherError
 from launcher.registry import launcher_home
 
@@ -32,6 +33,7 @@ class Wheel:
     version: str
     file: str
     sha256: str
+    size: int
     platform: str
     python: str
 
@@ -49,6 +51,7 @@ def pinned(name: str) -> Wheel:
         version=str(entry["version"]),
         file=entry["file"],
         sha256=entry["sha256"],
+        size=int(entry["size"]),
         platform=catalog["wheel_platform"],
         python=str(catalog["python"]),
     )
@@ -96,7 +99,7 @@ def _sha256(path: Path) -> str:
 def ensure(wheel: Wheel) -> Path:
     """The cached wheel file, downloaded with pip on first use and checked against its sha256."""
     target = cache_root() / wheel.sha256 / wheel.file
-    if target.is_file() and _sha256(target) == wheel.sha256:
+    if target.is_file() and target.stat().st_size == wheel.size and _sha256(target) == wheel.sha256:
         return target
     with tempfile.TemporaryDirectory(prefix="launcher-wheel-") as scratch:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
@@ -123,6 +126,11 @@ def ensure(wheel: Wheel) -> Path:
                 f"{wheel.file} from pip has sha256 {actual}, not the pinned {wheel.sha256} "
                 "(launcher/backends/dlc_images.yaml); refusing to ship it"
             )
+        if downloaded.stat().st_size != wheel.size:  # the pin's bytes, the catalog's size mistyped
+            raise LauncherError(
+                f"{wheel.file} has {downloaded.stat().st_size} bytes, not the {wheel.size} that "
+                "launcher/backends/dlc_images.yaml says; correct its size"
+            )
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(target.name + ".partial")
         shutil.copyfile(downloaded, partial)
@@ -140,6 +148,18 @@ def requirements(wheels: tuple[Wheel, ...]) -> str:
     return " ".join(wheel.requirement for wheel in wheels)
 
 
+def bootstrap_environment(wheels: tuple[Wheel, ...], wheelhouse: str) -> dict[str, str]:
+    """What entrypoints/bootstrap.py reads to install `wheels` from the container's directory
+    `wheelhouse` (launcher.contract.wheels); empty when the job needs none."""
+    if not wheels:
+        return {}
+    return {
+        ENV_REQUIREMENTS: requirements(wheels),
+        ENV_WHEELHOUSE: wheelhouse,
+        ENV_WHEEL_SHA256: " ".join(wheel.sha256 for wheel in wheels),
+    }
+
+
 def fill(wheels: tuple[Wheel, ...], directory: Path) -> Path:
     """`directory` holding exactly these wheel files (from the cache), for a backend whose job
     reads its wheelhouse from a file system: the bootstrap's `pip --find-links` directory.
@@ -147,7 +167,7 @@ def fill(wheels: tuple[Wheel, ...], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for wheel in wheels:
         target = directory / wheel.file
-        if target.is_file() and _sha256(target) == wheel.sha256:
+        if target.is_file() and target.stat().st_size == wheel.size and _sha256(target) == wheel.sha256:
             continue
         partial = target.with_name(target.name + ".partial")
         shutil.copyfile(ensure(wheel), partial)

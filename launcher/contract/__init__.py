@@ -7,6 +7,7 @@
     hf_checkpoint.py  Hugging Face names, the architecture check, the exported config.json
     text.py     how messages list what would be valid
     dataset.py  the prepared-dataset format (manifest, shards, index) and read_manifest
+    wheels.py   how a job's pinned wheels reach its container (environment, wheels in parts)
 
 The code bundle ships this package (with launcher/__init__.py, which imports nothing) beside
 entrypoints/, so the training processes import it with only torch installed. Nothing here may

@@ -2,8 +2,10 @@
 """A stand-in `kubectl` over a tiny in-file API server: what the k8s backend's calls need.
 
 State lives in $FAKE_KUBECTL_STATE/objects.json; every call is appended to calls.jsonl. It
-answers as kubectl does: `create -f -` (refusing a name that exists, giving each object a uid,
-`-o json` printing it), `get KIND [NAME] -o json` (NotFound as kubectl words it), `delete`
+answers as kubectl does: `create -f -` (refusing a name that exists and a ConfigMap over 1 MiB,
+giving each object a uid, `-o json` printing it; kubectl sends a stream's objects one by one,
+and here those before a refused one stay created), `get KIND [NAME] -o json` (NotFound as
+kubectl words it), `delete`
 (owned objects go with their owner, as the garbage collector does), `config view --minify`.
 $FAKE_KUBECTL_NAMESPACE is the context's namespace; $FAKE_KUBECTL_FAIL=<text in the argv or stdin>
 makes matching calls fail with kubectl's text for an unreachable server.
@@ -11,6 +13,7 @@ makes matching calls fail with kubectl's text for an unreachable server.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -81,6 +84,16 @@ def main(args: list[str]) -> int:
     return code
 
 
+def config_map_too_long(document: dict) -> bool:
+    """The API server's ValidateConfigMap (kubernetes/kubernetes pkg/apis/core/validation/validation.go):
+    data plus binaryData (decoded) over core.MaxSecretSize, 1 MiB, is refused."""
+    if document["kind"] != "ConfigMap":
+        return False
+    size = sum(len(v.encode()) for v in document.get("data", {}).values())
+    size += sum(len(base64.b64decode(v)) for v in document.get("binaryData", {}).values())
+    return size > 1024 * 1024
+
+
 def create(objects, rest, args, namespace, stdin) -> int:
     created = []
     for document in yaml.safe_load_all(stdin):
@@ -90,6 +103,11 @@ def create(objects, rest, args, namespace, stdin) -> int:
             sys.stderr.write("error: the namespace from the provided object does not match the namespace given\n")
             return 1
         name = key(document["kind"], ns, meta["name"])
+        if config_map_too_long(document):
+            sys.stderr.write(
+                f'The ConfigMap "{meta["name"]}" is invalid: []: Too long: must have at most 1048576 bytes\n'
+            )
+            return 1
         if name in objects:
             sys.stderr.write(
                 f'Error from server (AlreadyExists): {PLURAL[document["kind"]]} "{meta["name"]}" already exists\n'

@@ -262,11 +262,28 @@ def core_rule_problems(manifest) -> list[str]:
             problems.append(
                 f"TrainJob: the trainer env sets {sorted(TORCH_RESERVED_ENV & set(names))}, reserved by Trainer"
             )
-    data = manifest.config_map["binaryData"]
-    size = sum(len(base64.b64decode(value)) for value in data.values())
-    if size > 1024 * 1024:
-        problems.append(f"ConfigMap holds {size} bytes, more than 1 MiB")
+    config_maps = [manifest.config_map, *manifest.wheel_config_maps]
+    for config_map in config_maps:  # ValidateConfigMap: data plus binaryData, decoded, at most 1 MiB
+        size = sum(len(base64.b64decode(value)) for value in config_map["binaryData"].values())
+        if size > 1024 * 1024:
+            problems.append(f"ConfigMap {config_map['metadata']['name']} holds {size} bytes, more than 1 MiB")
+    names = {c["metadata"]["name"] for c in config_maps}
+    for role, (_, pod) in replicas.items():  # a pod whose volume names a missing ConfigMap never starts
+        for volume in pod["volumes"]:
+            sources = [volume] if "configMap" in volume else volume.get("projected", {}).get("sources", [])
+            absent = [s["configMap"]["name"] for s in sources if s["configMap"]["name"] not in names]
+            problems += [
+                f"{role}: volume {volume['name']} needs ConfigMap {name}, which is not created" for name in absent
+            ]
     return problems
+
+
+def wheel_bytes(spec) -> dict[str, bytes]:
+    """The job's pinned wheels by file name, as submit reads them (the session's wheel cache)."""
+    from launcher.backends.wheelhouse import build, job_wheels
+
+    wheels = job_wheels(spec.resolved)
+    return {wheel.file: path.read_bytes() for wheel, path in zip(wheels, build(wheels), strict=True)}
 
 
 # --- the cases -------------------------------------------------------------------------------
@@ -304,7 +321,9 @@ def test_what_submit_creates_passes_schema_and_core_rules(recipe, label, overrid
         settings(spec, namespace=NAMESPACE, storage_class="efs-sc", region="us-west-2"),
         settings(spec, namespace=NAMESPACE, auto_resume=True, retries=3, hugepages=True, **CLUSTER_AS_SET_UP),
     ):
-        manifest = build_manifest(spec, bundle, claim_settings, namespace=NAMESPACE, uid=UID)
+        manifest = build_manifest(
+            spec, bundle, claim_settings, namespace=NAMESPACE, uid=UID, wheel_data=wheel_bytes(spec)
+        )
         problems = [p for d in manifest.documents() for p in schema_problems(d)] + core_rule_problems(manifest)
         assert problems == [], "\n".join(problems)
         assert {d["metadata"].get("namespace") for d in manifest.documents() if d["kind"] != "PersistentVolume"} == {
@@ -326,7 +345,7 @@ def test_the_validators_catch_what_they_are_for(bundle):
     """Each check refuses a manifest broken in its one way (else a pass would prove nothing)."""
     spec = spec_for("llama70b-128k", "k8s")
     chosen = settings(spec, storage_class="efs-sc", hugepages=True)
-    good = build_manifest(spec, bundle, chosen, namespace=NAMESPACE, uid=UID)
+    good = build_manifest(spec, bundle, chosen, namespace=NAMESPACE, uid=UID, wheel_data=wheel_bytes(spec))
     assert core_rule_problems(good) == [] and all(schema_problems(d) == [] for d in good.documents())
 
     def broken(change) -> list[str]:
@@ -380,7 +399,7 @@ def test_a_bundle_too_big_for_a_config_map_is_one_line(home, monkeypatch, tmp_pa
 def test_pods_get_the_jobs_stop_grace_and_exec_torchrun_through_the_bootstrap(bundle):
     """Kubernetes' default terminationGracePeriodSeconds is 30 s; 70B's step and save need ~7 min."""
     spec = spec_for("llama70b-128k", "k8s")
-    job = build_manifest(spec, bundle, settings(spec), namespace=NAMESPACE, uid=UID).job
+    job = build_manifest(spec, bundle, settings(spec), namespace=NAMESPACE, uid=UID, wheel_data=wheel_bytes(spec)).job
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         pod = replica["template"]["spec"]
         assert pod["terminationGracePeriodSeconds"] == spec.stop_grace_s > 300
@@ -448,7 +467,9 @@ def test_node_selector_and_tolerations_reach_every_pod_and_huge_pages_are_asked_
         spec = spec_for(
             "llama70b-128k", "k8s", **{"k8s.node_selector": selector, "k8s.tolerations": tolerations, "k8s.api": api}
         )
-        manifest = build_manifest(spec, bundle, settings(spec), namespace=NAMESPACE, uid=UID)
+        manifest = build_manifest(
+            spec, bundle, settings(spec), namespace=NAMESPACE, uid=UID, wheel_data=wheel_bytes(spec)
+        )
         pods = job_pods(manifest.job)
         assert len(pods) == (2 if api == "pytorchjob" else 1)
         for pod in pods:
@@ -486,7 +507,9 @@ TRAINJOB_CASES = [
 def test_a_trainjob_passes_the_trainer_crd_its_runtime_and_the_core_rules(recipe, overrides, bundle):
     spec = spec_for(recipe, "k8s", **{"k8s.api": "trainjob", **overrides})
     for claim_settings in (settings(spec), settings(spec, storage_class="efs-sc", **CLUSTER_AS_SET_UP)):
-        manifest = build_manifest(spec, bundle, claim_settings, namespace=NAMESPACE, uid=UID)
+        manifest = build_manifest(
+            spec, bundle, claim_settings, namespace=NAMESPACE, uid=UID, wheel_data=wheel_bytes(spec)
+        )
         job = manifest.job
         assert (job["apiVersion"], job["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
         assert job["spec"]["runtimeRef"]["name"] == "torch-distributed"
@@ -503,7 +526,9 @@ def test_a_trainjob_passes_the_trainer_crd_its_runtime_and_the_core_rules(recipe
 
 def test_the_trainjob_checks_catch_what_they_are_for(bundle):
     spec = spec_for("llama70b-128k", "k8s", **{"k8s.api": "trainjob"})
-    good = build_manifest(spec, bundle, settings(spec, **CLUSTER_AS_SET_UP), namespace=NAMESPACE, uid=UID)
+    good = build_manifest(
+        spec, bundle, settings(spec, **CLUSTER_AS_SET_UP), namespace=NAMESPACE, uid=UID, wheel_data=wheel_bytes(spec)
+    )
     assert core_rule_problems(good) == [] and all(schema_problems(d) == [] for d in good.documents())
 
     def broken(change) -> list[str]:

@@ -7,6 +7,7 @@ no cluster: its own words must reach the user once, in one line, with what to do
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import sys
@@ -271,3 +272,42 @@ def test_submit_without_a_cluster_is_one_line(no_cluster, cli, fake_bundle):
 def test_kubectl_messages_get_the_fix_that_applies(output, message, fix):
     assert first_message(output) == (message or output)
     assert advice(first_message(output)).startswith(fix)
+
+
+def test_an_fp8_job_gets_its_wheel_in_config_map_parts_that_join_to_the_pinned_bytes(cluster, cli, torchao_wheel):
+    from launcher.backends.wheelhouse import pinned
+
+    cluster.add("PersistentVolumeClaim", "default", CLAIM, {"accessModes": ["ReadWriteMany"]})
+    result, name = submit(cli, "--set", "precision.fp8=true", *TWO_NODES)
+    assert result.code == 0, result.err
+    objects = cluster.objects
+    uid = objects[f"PyTorchJob/default/{name}"]["metadata"]["uid"]
+    parts = [objects[f"ConfigMap/default/{name}-wheel-{i}"] for i in range(4)]  # 3,372,585 bytes in 1 MiB parts
+    assert f"ConfigMap/default/{name}-wheel-4" not in objects
+    assert all(p["immutable"] and p["metadata"]["ownerReferences"][0]["uid"] == uid for p in parts)
+    ((key, value),) = parts[0]["binaryData"].items()
+    assert key == f"{torchao_wheel.name}.part000"
+    joined = b"".join(base64.b64decode(v) for p in parts for v in p["binaryData"].values())
+    assert joined == torchao_wheel.read_bytes()
+    pod = objects[f"PyTorchJob/default/{name}"]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "wheels"]
+    assert [s["configMap"]["name"] for s in volume["projected"]["sources"]] == [f"{name}-wheel-{i}" for i in range(4)]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["LAUNCHER_WHEEL_SHA256"] == pinned("torchao").sha256 and env["LAUNCHER_WHEELHOUSE"] in {
+        m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] == "wheels" and m["readOnly"]
+    }
+    assert cli("stop", name).code == 0
+    assert cluster.kinds() == ["PersistentVolumeClaim/default"]  # the parts went with the job
+
+
+def test_a_part_the_api_server_refuses_is_one_line_and_leaves_no_job(cluster, cli, torchao_wheel, monkeypatch):
+    import launcher.backends.k8s.wheels
+
+    # Parts of 2 MiB: the API server refuses each ConfigMap over 1 MiB (ValidateConfigMap).
+    monkeypatch.setattr(launcher.backends.k8s.wheels, "MAX_CONFIG_MAP_BYTES", 2 * 1024 * 1024)
+    cluster.add("PersistentVolumeClaim", "default", CLAIM, {"accessModes": ["ReadWriteMany"]})
+    result, _ = submit(cli, "--set", "precision.fp8=true", *TWO_NODES)
+    assert result.code != 0
+    (line,) = failure(result)
+    assert "is invalid: []: Too long: must have at most 1048576 bytes" in line, line
+    assert cluster.kinds() == ["PersistentVolumeClaim/default"]  # the job and what it owned, deleted again

@@ -106,7 +106,7 @@ def test_the_sagemaker_render_is_the_json_it_prints(fixed_home):
 
 
 def test_the_pytorchjob_asks_for_efa_devices_and_mounts_the_checkpoint_volume(fixed_home):
-    _, job = render("k8s-llama70b-128k").data["manifest"]
+    (job,) = [d for d in render("k8s-llama70b-128k").data["manifest"] if d["kind"] == "PyTorchJob"]
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     (container,) = pod["containers"]

@@ -11,10 +11,11 @@ What the harness does, pod by pod (`<job>-master-0`, `<job>-worker-0`, ...):
   operator's headless Service per pod does through cluster DNS;
 - a mount and PID namespace with a root of its own (chroot): this machine's /usr, /etc, /dev and
   /sys read-only or shared as a node gives them, a fresh /tmp and /root, the image venv (the
-  stand-in for the container image) at its own path, and the pod's volumes: the ConfigMap's
-  keys as files at its mountPath (read-only), each PersistentVolumeClaim as a host directory
-  shared by every pod (`claims` maps claim name -> directory), emptyDir as a fresh directory or
-  tmpfs (medium Memory), hostPath bound;
+  stand-in for the container image) at its own path, and the pod's volumes: a ConfigMap's keys
+  at its mountPath (read-only) as the kubelet lays them out (symlinks into `..data`), a
+  projected volume the keys of all its ConfigMaps in one such directory, each
+  PersistentVolumeClaim as a host directory shared by every pod (`claims` maps claim name ->
+  directory), emptyDir as a fresh directory or tmpfs (medium Memory), hostPath bound;
 - the container's `command + args` as PID 1, with the environment a container gets: PATH (the
   image's bin first), HOSTNAME, HOME, the container's own `env`, then what the operator appends
   (operator_environment: its v1.9 envvar.go and master.go, read from the job itself).
@@ -91,6 +92,21 @@ def operator_environment(job: dict, role: str, index: int) -> list[tuple[str, st
     if "elasticPolicy" in spec:
         raise NotImplementedError("elastic PyTorchJobs (PET_RDZV_*, PET_NNODES=min:max) are not simulated")
     return [*env, ("PET_NNODES", str(total))]
+
+
+def atomic_write(directory: Path, files: dict[str, bytes]) -> Path:
+    """`files` as the kubelet's AtomicWriter lays out a ConfigMap or projected volume
+    (kubernetes/kubernetes pkg/volume/util/atomic_writer.go, Write): the bytes in a timestamped
+    directory `..<date>.<random>`, `..data` a symlink to it, each key a symlink `key -> ..data/key`."""
+    directory.mkdir(parents=True)
+    stamped = directory / time.strftime("..%Y_%m_%d_%H_%M_%S.000000001", time.gmtime())
+    stamped.mkdir(mode=0o755)
+    for key, data in files.items():
+        (stamped / key).write_bytes(data)
+        (stamped / key).chmod(0o644)  # ConfigMapVolumeSource.defaultMode
+        (directory / key).symlink_to(Path("..data") / key)
+    (directory / "..data").symlink_to(stamped.name)
+    return directory
 
 
 def container_exit_code(returncode: int) -> int:
@@ -230,16 +246,21 @@ class Run:
             found.append(self.volume(pod, volume, mount["mountPath"], mode))
         return found
 
+    def config_map_files(self, name: str) -> dict[str, bytes]:
+        config_map = self.config_maps[name]  # a KeyError: the pod would never start
+        files = {key: base64.b64decode(value) for key, value in config_map.get("binaryData", {}).items()}
+        return files | {key: value.encode() for key, value in config_map.get("data", {}).items()}
+
     def volume(self, pod: Pod, volume: dict, target: str, mode: str) -> tuple[str, str, str, str]:
-        if "configMap" in volume:
-            files = pod.root / "volumes" / volume["name"]
-            files.mkdir(parents=True)
-            config_map = self.config_maps[volume["configMap"]["name"]]  # a KeyError: the pod would never start
-            for key, value in config_map.get("binaryData", {}).items():
-                (files / key).write_bytes(base64.b64decode(value))
-            for key, value in config_map.get("data", {}).items():
-                (files / key).write_text(value)
-            return ("bind", str(files), target, "ro")
+        if "configMap" in volume or "projected" in volume:
+            # A projected volume shows the keys of all its ConfigMaps in one directory.
+            sources = [volume] if "configMap" in volume else volume["projected"]["sources"]
+            files: dict[str, bytes] = {}
+            for source in sources:
+                if "configMap" not in source:
+                    raise NotImplementedError(f"volume {volume['name']}: projected {sorted(source)} is not simulated")
+                files |= self.config_map_files(source["configMap"]["name"])
+            return ("bind", str(atomic_write(pod.root / "volumes" / volume["name"], files)), target, "ro")
         if "persistentVolumeClaim" in volume:
             return ("bind", str(self.sim.claim(volume["persistentVolumeClaim"]["claimName"])), target, mode)
         if "emptyDir" in volume:

@@ -4,9 +4,11 @@
 it is sent; the ConfigMap and PyTorchJob it received then run on two simulated pods
 (k8s_sim.py): `<job>-master-0` and `<job>-worker-0`, each with its own network, hostname, root
 and the operator's environment for nprocPerNode 2, sharing the checkpoint claim. tiny-cpu
-(2 pods x 2 gloo processes) trains there until the pods are deleted as the kubelet deletes them
-(SIGTERM to each container's PID 1, SIGKILL after the pod's terminationGracePeriodSeconds): the
-final checkpoint must land on the claim, complete.
+(2 pods x 2 gloo processes) trains there in FP8 until the pods are deleted as the kubelet deletes
+them (SIGTERM to each container's PID 1, SIGKILL after the pod's terminationGracePeriodSeconds):
+the final checkpoint must land on the claim, complete. The image has no torchao (image.py): each
+pod's bootstrap joins the wheel's ConfigMap parts from the projected volume, checks its sha256
+and installs it offline.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ pytestmark = [pytest.mark.torchrun, pytest.mark.engines]
 
 
 def settings() -> list[str]:
-    """tiny-cpu as a CPU user runs it on Kubernetes: any node ('local' size), 2 pods x 2 processes."""
+    """tiny-cpu as a CPU user runs it on Kubernetes: any node ('local' size), 2 pods x 2 processes, FP8."""
     items = [
         "cluster.instance_count=2",
         "cluster.nproc_per_node=2",
         "cluster.image=sim.local/launcher-cpu:test",
+        "precision.fp8=true",  # torchao from the job's ConfigMap parts: the image has none
         f"training.steps={STEPS}",
         "training.seq_len=64",
         "training.global_batch_size=4",
@@ -129,5 +132,8 @@ def test_tiny_cpu_trains_on_two_pods_and_deleting_them_lands_a_final_checkpoint(
     assert "SignalException: Process 1 got signal: 15" in outcome.logs[f"{name}-master-0"]
     last = logged_steps(metrics)[-1]
     assert f"interrupted by SIGTERM after step {last}; checkpoint saved" in outcome.logs[f"{name}-master-0"]
+    for log in outcome.logs.values():  # each pod joined the parts, checked them, and installed offline
+        assert "bootstrap: installed torchao==0.18.0 offline into /tmp/launcher-wheels-" in log, outcome.report()
+    assert " fp8=tensorwise " in outcome.logs[f"{name}-master-0"], outcome.report()
     lineage = claim / "checkpoints" / name
     assert complete_checkpoints(lineage)[-1] == (last, lineage / f"step-{last:08d}"), sorted(lineage.iterdir())

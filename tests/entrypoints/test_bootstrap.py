@@ -8,6 +8,7 @@ plays the failures torchrun reports; the last tests run the real torchrun and tr
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import re
@@ -306,7 +307,7 @@ def test_the_bootstrap_imports_only_the_standard_library_and_the_contract():
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     outside = {m for m in modules if m.split(".")[0] not in sys.stdlib_module_names} - {"__future__"}
-    assert outside == {"launcher.contract.failure"}, outside
+    assert outside == {"launcher.contract.failure", "launcher.contract.wheels"}, outside
 
 
 # --- the real thing: pip with no network, torchrun, train.py ------------------------------------------------
@@ -344,7 +345,10 @@ def test_the_real_torchao_wheel_installs_offline_with_no_network(sagemaker_host,
     wheelhouse.mkdir(parents=True)
     (wheelhouse / torchao_wheel.name).write_bytes(torchao_wheel.read_bytes())
     argv, env = sagemaker_host(
-        python=str(python), LAUNCHER_REQUIREMENTS="torchao==0.18.0", LAUNCHER_WHEELHOUSE=str(wheelhouse)
+        python=str(python),
+        LAUNCHER_REQUIREMENTS="torchao==0.18.0",
+        LAUNCHER_WHEELHOUSE=str(wheelhouse),
+        LAUNCHER_WHEEL_SHA256=sha256(torchao_wheel),
     )
     # A network namespace with nothing but a down loopback: pip cannot reach any index.
     result = subprocess.run(["unshare", "--net", *argv], env=env, capture_output=True, text=True, timeout=300)
@@ -363,18 +367,85 @@ def test_the_real_torchao_wheel_installs_offline_with_no_network(sagemaker_host,
     assert subprocess.run(probe, capture_output=True, text=True).stdout.strip() == "True"
 
 
-def test_a_wheelhouse_without_the_pin_stops_the_job_in_one_line(sagemaker_host, tmp_path):
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_wheelhouse_without_the_pinned_wheel_stops_the_job_in_one_line(sagemaker_host, tmp_path):
     empty = tmp_path / "wheels"
     empty.mkdir()
-    argv, env = sagemaker_host(LAUNCHER_REQUIREMENTS="not-a-real-package-xyz==1.0", LAUNCHER_WHEELHOUSE=str(empty))
+    pins = dict(LAUNCHER_REQUIREMENTS="not-a-real-package-xyz==1.0", LAUNCHER_WHEEL_SHA256="ab" * 32)
+    argv, env = sagemaker_host(LAUNCHER_WHEELHOUSE=str(empty), **pins)
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"bootstrap: the wheelhouse {empty} has no wheel with sha256 {'ab' * 32} of the job's pins; it is incomplete\n"
+    )
+    assert not (tmp_path / "torchrun.json").exists()
+
+
+def test_a_pinned_wheel_pip_cannot_install_stops_the_job_in_one_line(sagemaker_host, tmp_path):
+    wheel = make_wheel(tmp_path / "wheels", "launcher_probe", "1.0")
+    pins = dict(LAUNCHER_REQUIREMENTS="launcher-probe==2.0", LAUNCHER_WHEEL_SHA256=sha256(wheel))
+    argv, env = sagemaker_host(LAUNCHER_WHEELHOUSE=str(wheel.parent), **pins)
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert re.fullmatch(
-        rf"bootstrap: offline install of not-a-real-package-xyz==1\.0 from {re.escape(str(empty))} failed: .*"
+        rf"bootstrap: offline install of launcher-probe==2\.0 from {re.escape(str(wheel.parent))} failed: .*"
         r"(No matching distribution|Could not find a version).*\n",
         result.stderr,
     ), result.stderr
     assert not (tmp_path / "torchrun.json").exists()
+
+
+def kubelet_volume(directory: Path, files: dict[str, bytes]) -> Path:
+    """`files` as the kubelet's atomic writer shows a ConfigMap volume: the bytes in a timestamped
+    `..<date>` directory, `..data` linking to it, each key a symlink into `..data`
+    (kubernetes/kubernetes pkg/volume/util/atomic_writer.go)."""
+    stamped = directory / "..2026_12_03_08_00_00.123456789"
+    stamped.mkdir(parents=True)
+    for key, data in files.items():
+        (stamped / key).write_bytes(data)
+        (directory / key).symlink_to(Path("..data") / key)
+    (directory / "..data").symlink_to(stamped.name)
+    return directory
+
+
+def test_a_wheel_in_config_map_parts_is_joined_in_order_and_trusted_by_its_sha256(tmp_path):
+    from entrypoints.bootstrap import SetupError, checked_wheelhouse
+    from launcher.contract.wheels import part_name
+
+    wheel = make_wheel(tmp_path / "built", "launcher_probe", "1.0")
+    data, file = wheel.read_bytes(), wheel.name
+    thirds = [data[: len(data) // 3], data[len(data) // 3 : 2 * len(data) // 3], data[2 * len(data) // 3 :]]
+    parts = {part_name(file, i): part for i, part in enumerate(thirds)}
+    volume = kubelet_volume(tmp_path / "volume", parts)
+    (tmp_path / "out").mkdir()
+    joined = checked_wheelhouse(str(volume), {sha256(wheel)}, tmp_path / "out")
+    assert [p.name for p in joined.iterdir()] == [file] and (joined / file).read_bytes() == data
+
+    def refusal(files: dict[str, bytes], pinned: set[str]) -> str:
+        volume = kubelet_volume(tmp_path / f"v{len(list(tmp_path.iterdir()))}", files)
+        out = tmp_path / f"o{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        with pytest.raises(SetupError) as raised:
+            checked_wheelhouse(str(volume), pinned, out)
+        return str(raised.value).replace(str(volume), "VOLUME")
+
+    swapped = {part_name(file, 0): thirds[1], part_name(file, 1): thirds[0], part_name(file, 2): thirds[2]}
+    assert refusal(swapped, {sha256(wheel)}).startswith(f"{file} in the wheelhouse VOLUME has sha256 ")
+    assert refusal(swapped, {sha256(wheel)}).endswith(
+        "which the job does not pin (LAUNCHER_WHEEL_SHA256); the wheelhouse is damaged or not this job's"
+    )
+    without_middle = {k: v for k, v in parts.items() if not k.endswith("part001")}
+    assert refusal(without_middle, {sha256(wheel)}) == f"the wheelhouse VOLUME has parts 0, 2 of {file}, not 0 to 1"
+    assert (
+        refusal({**parts, file: data}, {sha256(wheel)})
+        == f"the wheelhouse VOLUME has {file} both whole and in parts; it is damaged"
+    )
+    assert refusal(parts, {sha256(wheel), "cd" * 32}) == (
+        f"the wheelhouse VOLUME has no wheel with sha256 {'cd' * 32} of the job's pins; it is incomplete"
+    )
 
 
 def make_wheel(directory: Path, name: str, version: str) -> Path:
@@ -399,10 +470,13 @@ def make_wheel(directory: Path, name: str, version: str) -> Path:
 def test_exec_keeps_the_engines_rendezvous_and_installs_the_pins_into_a_directory_of_its_own(sagemaker_host, tmp_path):
     """Slurm and Kubernetes: the bootstrap installs, then becomes torchrun (no session of its own,
     no forwarding: the engine signals torchrun itself) with the command's rendezvous as it is."""
-    make_wheel(tmp_path / "wheels", "launcher_probe", "1.0")
+    wheel = make_wheel(tmp_path / "wheels", "launcher_probe", "1.0")
     engine_argv = ["--exec", "torchrun", "--nnodes=2", "--rdzv-endpoint=node1:29500", *JOB_ARGV[1:]]
     argv, env = sagemaker_host(
-        argv=engine_argv, LAUNCHER_REQUIREMENTS="launcher-probe==1.0", LAUNCHER_WHEELHOUSE=str(tmp_path / "wheels")
+        argv=engine_argv,
+        LAUNCHER_REQUIREMENTS="launcher-probe==1.0",
+        LAUNCHER_WHEELHOUSE=str(wheel.parent),
+        LAUNCHER_WHEEL_SHA256=sha256(wheel),
     )
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

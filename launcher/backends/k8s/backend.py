@@ -41,7 +41,7 @@ from launcher.backends.k8s.manifest import (
 )
 from launcher.backends.k8s.settings import KubernetesSettings
 from launcher.backends.tools import stream_tool
-from launcher.backends.wheelhouse import job_wheels, requirements
+from launcher.backends.wheelhouse import build, job_wheels, requirements
 from launcher.bundle import Bundle
 from launcher.errors import UsageError
 from launcher.spec import JobSpec, Placement
@@ -115,7 +115,13 @@ def submit_steps(spec: JobSpec, settings: ClaimSettings, manifest: Manifest) -> 
         else f"checks that the claim {claim} exists"
         + (" and is ReadWriteMany" if spec.resources.instance_count > 1 else "")
     )
-    owned = ", ".join(f"{d['kind']} {d['metadata']['name']}" for d in manifest.owned())
+    parts = [d["metadata"]["name"] for d in manifest.wheel_config_maps]
+    owned = ", ".join(
+        f"{d['kind']} {d['metadata']['name']}" for d in manifest.owned() if d["metadata"]["name"] not in parts
+    )
+    if parts:
+        names = f"s {parts[0]} to {parts[-1]}" if len(parts) > 1 else f" {parts[0]}"
+        owned += f", ConfigMap{names} ({requirements(job_wheels(spec.resolved))} in parts of 1 MiB)"
     where = settings.namespace or "kubectl's current namespace"
     lines = [
         f"launcher submit, in namespace {where}:",
@@ -168,20 +174,27 @@ def ensure_checkpoint_claim(spec: JobSpec, settings: ClaimSettings, manifest: Ma
         )
 
 
-def create_job(spec: JobSpec, bundle: Bundle, settings: ClaimSettings, namespace: str) -> None:
+def create_job(
+    spec: JobSpec, bundle: Bundle, settings: ClaimSettings, namespace: str, wheel_data: dict[str, bytes]
+) -> None:
     """Steps 2 and 3 of submit: the PyTorchJob (or TrainJob), then what it owns (undone if that fails)."""
     manifest = build_manifest(spec, bundle, settings, namespace=namespace)
     kind = manifest.job["kind"]
     created = kubectl(["create", "--filename", "-", "--output", "json"], action=f"creating the {kind} {spec.name}",
                       namespace=namespace, input=dump([manifest.job]))  # fmt: skip
     uid = json.loads(created)["metadata"]["uid"]
-    owned = build_manifest(spec, bundle, settings, namespace=namespace, uid=uid)
+    owned = build_manifest(spec, bundle, settings, namespace=namespace, uid=uid, wheel_data=wheel_data)
+    documents = [*owned.data_volumes, owned.config_map, *owned.wheel_config_maps]
     try:
-        kubectl(["create", "--filename", "-"], action=f"creating the code and data of {spec.name}",
-                namespace=namespace, input=dump([*owned.data_volumes, owned.config_map]))  # fmt: skip
+        kubectl(["create", "--filename", "-"], action=f"creating the code, wheels and data of {spec.name}",
+                namespace=namespace, input=dump(documents))  # fmt: skip
     except Exception:
+        # What it owns goes with it; the data volumes are cluster-scoped and go by their label.
         kubectl(["delete", RESOURCES[settings.api], spec.name, "--ignore-not-found"],
                 action=f"removing {spec.name} again", namespace=namespace)  # fmt: skip
+        if owned.data_volumes:
+            kubectl(["delete", "persistentvolume", "--selector", f"launcher/job={spec.name}", "--ignore-not-found"],
+                    action=f"removing the data volumes of {spec.name} again")  # fmt: skip
         raise
 
 
@@ -215,12 +228,6 @@ class KubernetesBackend(Backend):
         text = submit_steps(spec, settings, manifest) + dump(documents)
         data = {"manifest": documents, "bundle": bundle.describe()}
         warnings = []
-        wheels = job_wheels(spec.resolved)
-        if wheels:
-            warnings.append(
-                f"the k8s backend does not ship the job's wheels yet: the image must have {requirements(wheels)} "
-                "(set cluster.image to such an image), or the job stops at start"
-            )
         if settings.auto_resume and settings.namespace and not hyperpod_namespace(settings.namespace):
             warnings.append(
                 f"k8s.auto_resume: HyperPod resumes only jobs in the namespace kubeflow or one starting with hyperpod, "
@@ -234,8 +241,11 @@ class KubernetesBackend(Backend):
         spec, settings = rendering.spec, settings_of(rendering.spec)
         namespace = settings.namespace or current_namespace()
         bundle = rendering.payload["bundle"]
+        # First, so a wheel pip cannot fetch leaves nothing created: from the cache, checked by its pin.
+        wheels = job_wheels(spec.resolved)
+        wheel_data = {wheel.file: path.read_bytes() for wheel, path in zip(wheels, build(wheels), strict=True)}
         ensure_checkpoint_claim(spec, settings, build_manifest(spec, bundle, settings, namespace=namespace), namespace)
-        create_job(spec, bundle, settings, namespace)
+        create_job(spec, bundle, settings, namespace, wheel_data)
         native_id = f"{TRAINJOB_ID if settings.api == 'trainjob' else ''}{namespace}/{spec.name}"
         return JobRef(name=spec.name, backend=self.name, native_id=native_id, created=utc_now())
 

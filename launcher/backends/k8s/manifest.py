@@ -9,15 +9,18 @@
   the ClusterTrainingRuntime `k8s.runtime`: the same container in its `trainer`, the same pod
   fields, volumes and mounts in a runtime patch;
 - a ConfigMap holding the code bundle, owned by the job so it is deleted with it;
+- for a job that needs wheels its image lacks (torchao for FP8), those wheels in ConfigMap parts
+  of at most 1 MiB (wheels.py), owned by the job, projected into one read-only directory;
 - the checkpoint claim (ReadWriteMany, mounted at /launcher by every pod), rendered only when
   `k8s.storage_class` lets submit create it; otherwise it must already exist;
 - for s3:// data: a Mountpoint-for-S3 CSI PersistentVolume (static provisioning, read-only) and
   the claim bound to it, mounted where the training processes read SM_CHANNEL_TRAIN.
 
-Two values exist only at submit time: the job's uid (owner of the ConfigMap and data
-claims) and, when `k8s.namespace` is unset, kubectl's current namespace (a data volume's
-claimRef names it). A render without them shows placeholders; submit builds the manifest again
-with the real values, so what it creates is exactly what a dry-run printed, filled in.
+Three values exist only at submit time: the job's uid (owner of the ConfigMaps and data
+claims), when `k8s.namespace` is unset kubectl's current namespace (a data volume's claimRef
+names it), and the bytes of the job's wheels (a dry run downloads nothing). A render without
+them shows placeholders; submit builds the manifest again with the real values, so what it
+creates is exactly what a dry-run printed, filled in.
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ import base64
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from launcher.backends.k8s.settings import Toleration
+from launcher.backends.k8s.wheels import MAX_CONFIG_MAP_BYTES, WHEELS_DIR, WheelPart, wheel_parts, wheel_volume
+from launcher.backends.wheelhouse import bootstrap_environment, job_wheels
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
 from launcher.errors import UsageError
@@ -44,8 +50,6 @@ MAX_NAME = 52
 # Services (the operator makes one per pod) and PyTorchJobs need DNS-1035 labels: a letter first.
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 EFA_HUGEPAGES = "5120Mi"  # libfabric's EFA provider registers its buffers in 2 MiB huge pages
-# The API server refuses a ConfigMap whose data adds up to more than 1 MiB (binaryData decoded).
-MAX_CONFIG_MAP_BYTES = 1024 * 1024
 # The kubelet, system daemons and per-node agents (device plugins, CSI, CNI) keep part of each
 # node; requesting 90% of the catalog's vCPUs and memory still fits one pod per node.
 ALLOCATABLE_SHARE = 0.9
@@ -111,14 +115,17 @@ class Manifest:
     """Created by submit when missing (with k8s.storage_class); None: it must exist."""
     data_volumes: tuple[dict, ...]
     """PersistentVolume, PersistentVolumeClaim pairs for s3:// data."""
+    wheel_config_maps: tuple[dict, ...] = ()
+    """The parts of the job's wheels, one ConfigMap each (wheels.py)."""
 
     def documents(self) -> list[dict]:
         claim = [self.checkpoint_claim] if self.checkpoint_claim else []
-        return [self.config_map, self.job, *claim, *self.data_volumes]
+        return [self.config_map, *self.wheel_config_maps, self.job, *claim, *self.data_volumes]
 
     def owned(self) -> list[dict]:
         """The objects created after the PyTorchJob, with it as their owner."""
-        return [self.config_map, *(d for d in self.data_volumes if d["kind"] == "PersistentVolumeClaim")]
+        claims = (d for d in self.data_volumes if d["kind"] == "PersistentVolumeClaim")
+        return [self.config_map, *self.wheel_config_maps, *claims]
 
 
 def dns_label(text: str) -> str:
@@ -163,6 +170,16 @@ def config_map(
             f"{spec.name}-code", labels, namespace, ownerReferences=[owner_reference(spec.name, settings, uid)]
         ),
         "binaryData": {ARCHIVE_NAME: base64.b64encode(bundle.data).decode()},
+    }
+
+
+def wheel_config_map(part: WheelPart, labels: dict, owner: dict, namespace: str | None) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(part.config_map, labels, namespace, ownerReferences=[owner]),
+        "immutable": True,
+        "binaryData": {part.key: part.value},
     }
 
 
@@ -256,7 +273,8 @@ def job_labels(spec: JobSpec) -> dict:
 
 
 def container_environment(spec: JobSpec, bundle_sha256: str) -> list[dict]:
-    env = [{"name": k, "value": v} for k, v in spec.environment]
+    wheels = bootstrap_environment(job_wheels(spec.resolved), WHEELS_DIR)  # read by entrypoints/bootstrap.py
+    env = [{"name": k, "value": v} for k, v in [*spec.environment, *wheels.items()]]
     return env + [
         {"name": "LAUNCHER_BUNDLE", "value": f"{BUNDLE_DIR}/{ARCHIVE_NAME}"},
         {"name": "LAUNCHER_CODE", "value": CODE_DIR},
@@ -463,17 +481,28 @@ def checkpoint_claim(spec: JobSpec, settings: ClaimSettings, namespace: str | No
 
 
 def build_manifest(
-    spec: JobSpec, bundle: Bundle, settings: ClaimSettings, *, namespace: str | None = None, uid: str | None = None
+    spec: JobSpec,
+    bundle: Bundle,
+    settings: ClaimSettings,
+    *,
+    namespace: str | None = None,
+    uid: str | None = None,
+    wheel_data: Mapping[str, bytes] | None = None,
 ) -> Manifest:
-    """Every object of the job; `namespace` and `uid` as far as they are known (see the module doc)."""
+    """Every object of the job; `namespace`, `uid` and the bytes of the job's wheels (by file
+    name) as far as they are known (see the module doc)."""
     namespace = namespace or settings.namespace
     settings = settings if isinstance(settings, JobSettings) else JobSettings(**vars(settings))
     mounts, pod_volumes, volume_documents = data_volumes(spec, settings, namespace, uid)
-    template = pod_template(spec, settings, mounts, pod_volumes, bundle.sha256)
+    parts = wheel_parts(spec.name, job_wheels(spec.resolved), wheel_data)
+    wheel_mounts, wheel_pod_volumes = wheel_volume(parts)
+    template = pod_template(spec, settings, mounts + wheel_mounts, pod_volumes + wheel_pod_volumes, bundle.sha256)
     render = train_job if settings.api == "trainjob" else pytorch_job
+    owner = owner_reference(spec.name, settings, uid)
     return Manifest(
         config_map=config_map(spec, bundle, settings, job_labels(spec), namespace, uid),
         job=render(spec, settings, template, namespace),
         checkpoint_claim=checkpoint_claim(spec, settings, namespace),
         data_volumes=tuple(volume_documents),
+        wheel_config_maps=tuple(wheel_config_map(p, job_labels(spec), owner, namespace) for p in parts),
     )

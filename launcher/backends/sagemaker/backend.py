@@ -25,7 +25,7 @@ from launcher.backends.images import training_image
 from launcher.backends.sagemaker import aws, aws_model, quotas
 from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, console_links, log_lines
 from launcher.backends.sagemaker.settings import SageMakerSettings
-from launcher.backends.wheelhouse import Wheel, ensure, job_wheels, wheelhouse_key
+from launcher.backends.wheelhouse import Wheel, bootstrap_environment, ensure, job_wheels, wheelhouse_key
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
 from launcher.catalog import instance_types
 from launcher.contract.metrics import METRIC_REGEXES, SAGEMAKER_METRIC_NAMES, TENSORBOARD_DIR, VALIDATION_REGEXES
@@ -227,8 +227,7 @@ def create_training_job_request(
     if wheels:
         # entrypoints/bootstrap.py installs these with pip --no-index: no network needed.
         channels.append(_channel(WHEELS_CHANNEL, locations.wheels_uri(wheels), "File"))
-        environment["LAUNCHER_REQUIREMENTS"] = " ".join(w.requirement for w in wheels)
-        environment["LAUNCHER_WHEELHOUSE"] = f"{CHANNELS_DIR}/{WHEELS_CHANNEL}"
+        environment.update(bootstrap_environment(wheels, f"{CHANNELS_DIR}/{WHEELS_CHANNEL}"))
     request: dict = {
         "TrainingJobName": spec.name,
         "RoleArn": cloud.role_arn,
