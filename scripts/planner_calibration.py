@@ -68,6 +68,7 @@ class Point:
     ac: str
     measured: float  # tokens/s/GPU (or model TFLOP/s/GPU with tflops=True)
     fp8: bool = False
+    fp8_recipe: str = "tensorwise"  # torchao's scaling: rowwise for the published fp8-rowwise rows
     compile: bool = False
     schedule: str = "1f1b"
     accelerator: str = "h100-80gb"
@@ -83,7 +84,7 @@ class Point:
         """What the model can tell apart: rows that differ only in what it does not price (async TP,
         the FP8 recipe, the container version) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
-                self.fp8, self.compile, self.schedule, self.accelerator)  # fmt: skip
+                self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator)  # fmt: skip
 
     @property
     def held_apart(self) -> bool:
@@ -213,6 +214,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         row["ac"],
         float(row["measured"]),
         fp8=row["precision"] != "bf16",
+        fp8_recipe="rowwise" if row["precision"] == "fp8-rowwise" else "tensorwise",
         compile=bool(row["compile"]),
         schedule=row.get("schedule", "1f1b"),
         accelerator=source["accelerator"],
@@ -225,8 +227,10 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
 
 def _benchmark_note(row: dict) -> str:
     parts = [row["table"], row.get("note", "")]
-    if row["precision"] in ("fp8-cs", "fp8-rowwise"):
-        parts.append(f"{row['precision']} priced as fp8")
+    if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
+        parts.append("fp8-cs priced as tensorwise")
+    if row["precision"] == "fp8-rowwise":
+        parts.append("priced as rowwise (fp8_rowwise_factor, not fitted to these rows)")
     if row.get("async_tp"):
         parts.append("async TP (not modelled)")
     if row.get("assumed"):
@@ -270,6 +274,7 @@ def run(point: Point) -> tuple[float, float, object]:
         micro_batch_size=point.micro_batch,
         grad_accum_steps=point.global_batch // (point.micro_batch * layout.data_parallel),
         fp8=point.fp8,
+        fp8_recipe=point.fp8_recipe,
         activation_checkpointing=point.ac,
         pipeline_schedule=point.schedule,
         compile=point.compile,
@@ -831,13 +836,14 @@ is later fitted names its constant in the row's `fitted` and moves to the fitted
 
 Each point runs through the same model with its own layout, batch and precision on the catalog's
 hardware (`h100-80gb`: 989 dense BF16 TFLOP/s, 3.35 TB/s, 900 GB/s NVLink; 400 Gb/s of network
-per GPU). The model has no term for async TP, FP8 recipes other than tensorwise (current scaling,
-rowwise) or torchtitan's 500 W 96 GB H100s, so those rows are priced as the plain variant and
-their error shows the gap. Searched and not used: Fujii et al. 2024 (arXiv 2411.06465) ran 454
-layouts on A100s and H100s, but its throughput tables were not available here; MLPerf Training's
-Llama 2 70B LoRA and GPT-3 results publish time to train, not layouts with throughput; NeMo's
-long-sequence rows without CP publish no layout; Megatron-Bridge's 25.09 H100 table gives no
-precision.
+per GPU). The model has no term for async TP or torchtitan's 500 W 96 GB H100s, so those rows
+are priced as the plain variant and their error shows the gap; Transformer Engine's FP8 current
+scaling is priced as tensorwise (one scale per tensor), torchao's rowwise as rowwise (its GEMMs
+at `fp8_rowwise_factor`, an assumption not fitted to these rows, and weights gathered in bf16).
+Searched and not used: Fujii et al. 2024 (arXiv 2411.06465) ran 454 layouts on A100s and H100s,
+but its throughput tables were not available here; MLPerf Training's Llama 2 70B LoRA and GPT-3
+results publish time to train, not layouts with throughput; NeMo's long-sequence rows without CP
+publish no layout; Megatron-Bridge's 25.09 H100 table gives no precision.
 
 {calibration}
 

@@ -73,8 +73,10 @@ class Constants:
     0.62 assumes the same power-limited drop."""
 
     fp8_rowwise_factor: float = 0.85
-    """Rowwise FP8 scaling runs slower GEMMs and more casts than tensorwise (torchtitan's async-TP
-    benchmark notes the rowwise baseline's lower throughput)."""
+    """Rowwise FP8 scaling runs slower GEMMs and more casts than tensorwise (a scale per row of each
+    operand, applied in the GEMM's epilogue). 0.85 is an assumption, not a measurement: no rowwise
+    GEMM of ours has run on a GPU, and it is not fitted to the published rowwise rows that
+    docs/planner.md prices with it."""
 
     gemm_half_dim: dict[str, int] = field(default_factory=lambda: {"bf16": 128, "fp8": 256, "fp32": 128})
     """Shape efficiency: each GEMM dimension d (M, K, N) multiplies the rate by d / (d + half_dim).
