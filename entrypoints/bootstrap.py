@@ -369,7 +369,11 @@ def _wheel_pieces(wheelhouse: Path) -> dict[str, dict[int | None, Path]]:
     files under `..data` and a timestamped `..<date>` directory and shows each key as a symlink
     into them (kubernetes/kubernetes pkg/volume/util/atomic_writer.go)."""
     pieces: dict[str, dict[int | None, Path]] = {}
-    for entry in sorted(wheelhouse.iterdir()):
+    try:
+        entries = sorted(wheelhouse.iterdir())
+    except OSError as error:
+        raise SetupError(f"cannot list the wheelhouse {wheelhouse}: {error}") from None
+    for entry in entries:
         part = PART.match(entry.name)
         if entry.name.startswith(".."):
             continue
@@ -391,9 +395,10 @@ def _join(file: str, parts: dict[int | None, Path], wheelhouse: Path, destinatio
     digest = hashlib.sha256()
     with open(destination / file, "wb") as out:
         for index in order:
-            data = parts[index].read_bytes()
-            digest.update(data)
-            out.write(data)
+            with open(parts[index], "rb") as part:
+                for block in iter(lambda: part.read(1 << 20), b""):  # a huge stray file never fills memory
+                    digest.update(block)
+                    out.write(block)
     return digest.hexdigest()
 
 
@@ -406,7 +411,10 @@ def checked_wheelhouse(wheelhouse: str | None, pinned: set[str], destination: Pa
         raise SetupError(f"the wheelhouse {wheelhouse!r} is not a directory")
     found = set()
     for file, parts in _wheel_pieces(Path(wheelhouse)).items():
-        digest = _join(file, parts, Path(wheelhouse), destination)
+        try:
+            digest = _join(file, parts, Path(wheelhouse), destination)
+        except OSError as error:  # an unreadable part, a full /tmp
+            raise SetupError(f"cannot copy {file} from the wheelhouse {wheelhouse} to {destination}: {error}") from None
         if digest not in pinned:
             raise SetupError(
                 f"{file} in the wheelhouse {wheelhouse} has sha256 {digest}, which the job does not pin "
@@ -434,11 +442,17 @@ def install_wheels(environment: dict[str, str]) -> None:
     pinned = set(os.environ.get(ENV_WHEEL_SHA256, "").split())
     if not pinned:
         raise SetupError(f"the job needs {' '.join(needed)} but names no sha256 for its wheels ({ENV_WHEEL_SHA256})")
-    target = tempfile.mkdtemp(prefix="launcher-wheels-")
-    checked = Path(tempfile.mkdtemp(prefix="launcher-wheelhouse-"))
+    try:
+        target = tempfile.mkdtemp(prefix="launcher-wheels-")
+        checked = Path(tempfile.mkdtemp(prefix="launcher-wheelhouse-"))
+    except OSError as error:
+        raise SetupError(f"cannot make a directory for the job's wheels in {tempfile.gettempdir()}: {error}") from None
     try:
         wheelhouse = checked_wheelhouse(os.environ.get(ENV_WHEELHOUSE), pinned, checked)
         installed = install_offline(requirements, str(wheelhouse), target, shown_as=os.environ.get(ENV_WHEELHOUSE))
+    except SetupError:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(checked, ignore_errors=True)
     print(f"bootstrap: installed {' '.join(installed)} offline into {target}", file=sys.stderr, flush=True)

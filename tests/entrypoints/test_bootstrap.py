@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -396,6 +397,26 @@ def test_a_pinned_wheel_pip_cannot_install_stops_the_job_in_one_line(sagemaker_h
         result.stderr,
     ), result.stderr
     assert not (tmp_path / "torchrun.json").exists()
+
+
+def test_a_full_temporary_disk_stops_the_job_in_one_line_and_leaves_nothing(sagemaker_host, tmp_path):
+    from tests.disks import small_disk
+
+    wheel = make_wheel(tmp_path / "wheels", "launcher_probe", "1.0")
+    with zipfile.ZipFile(wheel, "a") as archive:  # larger than the disk: its checked copy cannot be written
+        archive.writestr("launcher_probe/payload.bin", os.urandom(256 * 1024), zipfile.ZIP_STORED)
+    pins = dict(LAUNCHER_REQUIREMENTS="launcher-probe==1.0", LAUNCHER_WHEEL_SHA256=sha256(wheel))
+    with small_disk(tmp_path / "tmp", "128k") as tmp:
+        argv, env = sagemaker_host(LAUNCHER_WHEELHOUSE=str(wheel.parent), TMPDIR=str(tmp), **pins)
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        left = sorted(p.name for p in tmp.iterdir())
+    assert result.returncode == 2
+    assert re.fullmatch(
+        rf"bootstrap: cannot copy {wheel.name} from the wheelhouse {re.escape(str(wheel.parent))} to "
+        rf"{re.escape(str(tmp))}/launcher-wheelhouse-\w+: \[Errno 28\] No space left on device.*\n",
+        result.stderr,
+    ), result.stderr
+    assert left == [] and not (tmp_path / "torchrun.json").exists()
 
 
 def kubelet_volume(directory: Path, files: dict[str, bytes]) -> Path:
