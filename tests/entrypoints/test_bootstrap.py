@@ -385,11 +385,16 @@ def test_a_wheelhouse_without_the_pinned_wheel_stops_the_job_in_one_line(sagemak
     assert not (tmp_path / "torchrun.json").exists()
 
 
+def bootstrap_pinning(sagemaker_host, wheel: Path, requirement: str, **env) -> subprocess.CompletedProcess:
+    """The bootstrap of a job that pins `requirement` and the sha256 of `wheel`, from its directory."""
+    pins = dict(LAUNCHER_REQUIREMENTS=requirement, LAUNCHER_WHEEL_SHA256=sha256(wheel))
+    argv, environment = sagemaker_host(LAUNCHER_WHEELHOUSE=str(wheel.parent), **pins, **env)
+    return subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=120)
+
+
 def test_a_pinned_wheel_pip_cannot_install_stops_the_job_in_one_line(sagemaker_host, tmp_path):
     wheel = make_wheel(tmp_path / "wheels", "launcher_probe", "1.0")
-    pins = dict(LAUNCHER_REQUIREMENTS="launcher-probe==2.0", LAUNCHER_WHEEL_SHA256=sha256(wheel))
-    argv, env = sagemaker_host(LAUNCHER_WHEELHOUSE=str(wheel.parent), **pins)
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    result = bootstrap_pinning(sagemaker_host, wheel, "launcher-probe==2.0")
     assert result.returncode == 2
     assert re.fullmatch(
         rf"bootstrap: offline install of launcher-probe==2\.0 from {re.escape(str(wheel.parent))} failed: .*"
@@ -405,10 +410,8 @@ def test_a_full_temporary_disk_stops_the_job_in_one_line_and_leaves_nothing(sage
     wheel = make_wheel(tmp_path / "wheels", "launcher_probe", "1.0")
     with zipfile.ZipFile(wheel, "a") as archive:  # larger than the disk: its checked copy cannot be written
         archive.writestr("launcher_probe/payload.bin", os.urandom(256 * 1024), zipfile.ZIP_STORED)
-    pins = dict(LAUNCHER_REQUIREMENTS="launcher-probe==1.0", LAUNCHER_WHEEL_SHA256=sha256(wheel))
     with small_disk(tmp_path / "tmp", "128k") as tmp:
-        argv, env = sagemaker_host(LAUNCHER_WHEELHOUSE=str(wheel.parent), TMPDIR=str(tmp), **pins)
-        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        result = bootstrap_pinning(sagemaker_host, wheel, "launcher-probe==1.0", TMPDIR=str(tmp))
         left = sorted(p.name for p in tmp.iterdir())
     assert result.returncode == 2
     assert re.fullmatch(
