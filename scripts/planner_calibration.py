@@ -835,22 +835,26 @@ does not state is marked `assumed` in the row. No constant is fitted to a benchm
 is later fitted names its constant in the row's `fitted` and moves to the fitted table.
 
 Each point runs through the same model with its own layout, batch and precision on the catalog's
-hardware (`h100-80gb`: 989 dense BF16 TFLOP/s, 3.35 TB/s, 900 GB/s NVLink; 400 Gb/s of network
-per GPU). The model has no term for async TP or torchtitan's 500 W 96 GB H100s, so those rows
-are priced as the plain variant and their error shows the gap; Transformer Engine's FP8 current
-scaling is priced as tensorwise (one scale per tensor), torchao's rowwise as rowwise (its GEMMs
-at `fp8_rowwise_factor`, an assumption not fitted to these rows, and weights gathered in bf16).
-Searched and not used: Fujii et al. 2024 (arXiv 2411.06465) ran 454 layouts on A100s and H100s,
-but its throughput tables were not available here; MLPerf Training's Llama 2 70B LoRA and GPT-3
-results publish time to train, not layouts with throughput; NeMo's long-sequence rows without CP
-publish no layout; Megatron-Bridge's 25.09 H100 table gives no precision.
+hardware for its source (`h100-80gb`: 989 dense BF16 TFLOP/s, 3.35 TB/s, 900 GB/s NVLink; for
+torchtitan's Grand Teton hosts `h100-96gb-500w`: 884, 2.4 TB/s; 400 Gb/s of network per GPU).
+The model has no term for async TP, so those rows are priced without it and their error shows
+the gap; Transformer Engine's FP8 current scaling is priced as tensorwise (one scale per
+tensor), torchao's rowwise as rowwise (its GEMMs at `fp8_rowwise_factor`, an assumption not
+fitted to these rows, and weights gathered in bf16). Searched and not used: Fujii et al. 2024
+(arXiv 2411.06465) ran 454 layouts on A100s and H100s, but its throughput tables were not
+available here; MLPerf Training's Llama 2 70B LoRA and GPT-3 results publish time to train, not
+layouts with throughput; NeMo's long-sequence rows without CP publish no layout;
+Megatron-Bridge's 25.09 H100 table gives no precision.
 
 {calibration}
 
 Where the errors come from (read the tables above for their size):
-- torchtitan's H100s are 96 GB HBM2e parts at 500 W (their footnote: the true peak lies between
-  SXM and NVL); at 700 W our H200 already drops a dense GEMM to about 1.4 GHz, so 500 W costs
-  more again. Their 64K-256K rows used torch's early ring-attention context parallelism, and
+- torchtitan's H100s are 96 GB HBM2e parts at 2.4 TB/s and 500 W (their footnote: the true peak
+  lies between SXM and NVL), priced as the catalog's `h100-96gb-500w`: the SXM peak scaled by the
+  cube root of the power ratio (884 TFLOP/s, an upper bound; launcher/catalog/accelerators.yaml).
+  Priced as 700 W HBM3 H100s they were predicted 30-42% too fast at 8K (8B, FSDP); now 8-22%,
+  and the source's median error went from 17% to 7%. Their 64K-256K rows used torch's early
+  ring-attention context parallelism, and
   Tables 5 and 6 and the async-TP table ran async TP, which the model does not price. Their
   attention ran FlashAttention-2 (torch SDPA's flash backend), priced at its own rate: before
   that term (every kernel priced as cuDNN) the error grew with the sequence, +42% at 8K to +76%
@@ -914,9 +918,10 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
 
 ## What is weak
 
-- Absolute numbers: the held-apart table above misses issue 23's goal. torchtitan is
-  over-predicted (500 W GPUs, early CP, async TP), NeMo and Megatron-Bridge under-predicted (their
-  faster kernels and overlap). The ranking depends on differences between layouts, which the model
+- Absolute numbers: the held-apart points miss part of issue 23's goal (the list under the
+  table says which). torchtitan's 8B rows at 8K stay
+  over-predicted (8-22%: the 500 W clock is a bound, not a measurement; early CP, async TP),
+  NeMo and Megatron-Bridge under-predicted (their faster kernels and overlap). The ranking depends on differences between layouts, which the model
   captures better than absolute speed, but a 10% predicted gap is within the noise.
 - Kernel rates come from one H200 with torch 2.11 and short runs; the sustained-clock correction
   comes from one GEMM held for a minute. H100 rates are taken to equal H200 ones except for memory

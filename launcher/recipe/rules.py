@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 
-from launcher.catalog import ModelArch
+from launcher.catalog import ModelArch, accelerators
 from launcher.catalog.engines import capabilities
 from launcher.contract import layout as contract_layout
 from launcher.contract.config import MLFLOW_ARN_RE, MLFLOW_HTTP_RE
 from launcher.contract.dataset import manifest_problem
 from launcher.contract.hf_names import hf_layout_problem
 from launcher.contract.layout import Layout, fill_data_shard
+from launcher.contract.text import choices
 from launcher.errors import Problem
 from launcher.recipe import schema
 from launcher.recipe.hardware import Hardware
@@ -161,13 +162,19 @@ def resolve_layout(spec: RecipeSpec, world_size: int, hardware_text: str) -> tup
     return layout, []
 
 
+def fp8_accelerators() -> list[str]:
+    """The catalog's accelerators with FP8 tensor cores."""
+    return [key for key, accelerator in accelerators().items() if accelerator.has_fp8]
+
+
 def hardware_problems(spec: RecipeSpec, arch: ModelArch, hardware: Hardware) -> list[Problem]:
     problems = []
     if spec.precision.fp8 and not hardware.accelerator.has_fp8 and spec.cluster.device != "cpu":
         problems.append(
             Problem(
                 "precision.fp8",
-                f"{hardware.accelerator_key} has no FP8 tensor cores; FP8 needs h100-80gb or h200-141gb (or device: cpu for tests)",
+                f"{hardware.accelerator_key} has no FP8 tensor cores; FP8 needs {choices(fp8_accelerators())} "
+                "(or device: cpu for tests)",
             )
         )
     if spec.data.source != "synthetic" and spec.data.dtype == "uint16" and arch.vocab_size > 65536:

@@ -173,7 +173,7 @@ CASES = [
     case(
         "fp8-on-a100",
         BASE.replace("ml.p5.48xlarge", "ml.p4d.24xlarge") + "precision:\n  fp8: true\n",
-        r"precision.fp8: a100-40gb has no FP8 tensor cores; FP8 needs h100-80gb or h200-141gb \(or device: cpu for tests\)",
+        r"precision.fp8: a100-40gb has no FP8 tensor cores; FP8 needs h100-80gb, h100-96gb-500w or h200-141gb \(or device: cpu for tests\)",
         "fp8:",
     ),
     case(
@@ -272,7 +272,7 @@ CASES = [
     case(
         "local-cuda-needs-accelerator",
         "name: t\nmodel: llama-tiny\ntraining: {seq_len: 64, global_batch_size: 4, steps: 1}\ncluster:\n  backend: local\n  device: cuda\n",
-        r"cluster.accelerator: required for a local cuda machine so memory can be checked; use a100-40gb, a100-80gb, h100-80gb or h200-141gb",
+        r"cluster.accelerator: required for a local cuda machine so memory can be checked; use a100-40gb, a100-80gb, h100-80gb, h100-96gb-500w or h200-141gb",
         "cluster:",
     ),
     case(

@@ -71,7 +71,7 @@ def test_efa_facts():
 
 def test_only_hopper_has_fp8():
     has_fp8 = {key for key, acc in catalog.accelerators().items() if acc.has_fp8}
-    assert has_fp8 == {"h100-80gb", "h200-141gb"}
+    assert has_fp8 == {"h100-80gb", "h100-96gb-500w", "h200-141gb"}
 
 
 def test_host_cpu_memory_is_read_from_this_machine():
