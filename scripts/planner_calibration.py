@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from launcher import catalog  # noqa: E402
 from launcher.contract.layout import Layout  # noqa: E402
-from launcher.estimate import Workload  # noqa: E402
+from launcher.estimate import Workload, estimate_memory, format_bytes  # noqa: E402
 from launcher.plan import SearchOptions, search, throughput  # noqa: E402
 from launcher.plan.explain import against_recipe  # noqa: E402
 from launcher.plan.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
@@ -261,13 +261,14 @@ PUBLISHED_CP = dataclasses.replace(
 )
 
 
-def run(point: Point) -> tuple[float, float, object]:
+def workload_of(point: Point) -> Workload:
+    """The point's run as the model prices it: its model, layout, batch, precision and schedule."""
     arch = model_arch(point.model)
     if point.arch_changes:
         arch = arch.model_copy(update=point.arch_changes)
     layout = point.layout
     assert layout.world_size == point.gpus, (point, layout.world_size)
-    workload = Workload(
+    return Workload(
         arch=arch,
         layout=layout,
         seq_len=point.seq_len,
@@ -280,6 +281,12 @@ def run(point: Point) -> tuple[float, float, object]:
         compile=point.compile,
         cp_attention="allgather",  # the published systems' ring attention moves K/V like an all-gather
     )
+
+
+def run(point: Point) -> tuple[float, float, object, object]:
+    """(measured and predicted tokens/s/GPU, the Throughput, our program's MemoryEstimate) of a point."""
+    workload = workload_of(point)
+    arch = workload.arch
     constants = PUBLISHED_CP
     if point.attention_kernel != constants.attention_kernel:
         constants = dataclasses.replace(constants, attention_kernel=point.attention_kernel)
@@ -287,7 +294,7 @@ def run(point: Point) -> tuple[float, float, object]:
     measured = point.measured
     if point.tflops:
         measured = point.measured * 1e12 / model_flops_per_token(arch, point.seq_len, causal=False)
-    return measured, speed.tokens_per_s_per_gpu, speed
+    return measured, speed.tokens_per_s_per_gpu, speed, estimate_memory(workload, hardware(point))
 
 
 def model_arch(name: str):
@@ -330,6 +337,7 @@ class Result:
     measured: float  # tokens/s/GPU
     predicted: float  # tokens/s/GPU
     speed: object  # the model's Throughput
+    memory: object  # the estimator's MemoryEstimate of our program running the point's layout
 
     @property
     def error(self) -> float:
@@ -467,12 +475,21 @@ def goal_lines(summaries: dict[str, ErrorSummary]) -> list[str]:
     ]
 
 
+def oom_goal_line(found: list[Result]) -> str:
+    """Issue 23's memory goal: no published layout that ran is called `oom` for our program."""
+    numbered = [(i, r) for i, r in enumerate(found, 1) if r.point.held_apart]
+    oom = [i for i, r in numbered if r.memory.verdict == "oom"]
+    return "- no `oom` verdict for our program on a published layout that ran: " + (
+        "met" if not oom else f"missed on {len(oom)} of {len(numbered)} (# {', '.join(map(str, oom))})"
+    )
+
+
 def calibration_section() -> tuple[str, list[Result]]:
     found = results()
     urls = source_urls()
     header = [
-        "| # | model | GPUs | layout | seq | batch/micro | AC | precision | measured tok/s/GPU | predicted | error | largest term | use | notes |",
-        "|---:|---|---|---|---:|---|---|---|---:|---:|---:|---|---|---|",
+        "| # | model | GPUs | layout | seq | batch/micro | AC | precision | measured tok/s/GPU | predicted | error | largest term | memory | use | notes |",
+        "|---:|---|---|---|---:|---|---|---|---:|---:|---:|---|---|---|---|",
     ]
     held = error_summaries(found, held_apart=True)
     lines = [
@@ -490,8 +507,12 @@ def calibration_section() -> tuple[str, list[Result]]:
         "Issue 23's goal on the held-apart points:",
         "",
         *goal_lines(held),
+        oom_goal_line(found),
         "",
         "Error = predicted / measured - 1; Spearman ranks measured against predicted model FLOP/s per GPU.",
+        "`memory`: the estimator's verdict and peak per GPU for our program (the entrypoints) on the point's",
+        "layout and GPU, not for the published system's; an `oom` there is a gap to find in our estimate or",
+        "our program, term by term (docs/estimator.md).",
         "",
         "### Every point",
         "",
@@ -529,7 +550,8 @@ def _row(i: int, r: Result) -> str:
     return (
         f"| {i} | {p.model} | {p.gpus} x {p.accelerator} | {layout_text(p.layout)} | {p.seq_len:,} | "
         f"{p.global_batch}/{p.micro_batch} | {p.ac} | {precision} | {r.measured:,.0f} | {r.predicted:,.0f} | "
-        f"{r.error:+.0%} | {top} {speed.breakdown[top] / speed.step_time_s:.0%} | {p.use} | {p.note} |"
+        f"{r.error:+.0%} | {top} {speed.breakdown[top] / speed.step_time_s:.0%} | "
+        f"{r.memory.verdict} {format_bytes(r.memory.per_gpu_peak_bytes)} | {p.use} | {p.note} |"
     )
 
 
