@@ -96,10 +96,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _holds(path: Path, wheel: Wheel) -> bool:
+    """Whether `path` is a file with exactly the pinned bytes (the size first: no hashing of a torn copy)."""
+    return path.is_file() and path.stat().st_size == wheel.size and _sha256(path) == wheel.sha256
+
+
 def ensure(wheel: Wheel) -> Path:
     """The cached wheel file, downloaded with pip on first use and checked against its sha256."""
     target = cache_root() / wheel.sha256 / wheel.file
-    if target.is_file() and target.stat().st_size == wheel.size and _sha256(target) == wheel.sha256:
+    if _holds(target, wheel):
         return target
     with tempfile.TemporaryDirectory(prefix="launcher-wheel-") as scratch:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
@@ -167,7 +172,7 @@ def fill(wheels: tuple[Wheel, ...], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for wheel in wheels:
         target = directory / wheel.file
-        if target.is_file() and target.stat().st_size == wheel.size and _sha256(target) == wheel.sha256:
+        if _holds(target, wheel):
             continue
         partial = target.with_name(target.name + ".partial")
         shutil.copyfile(ensure(wheel), partial)
