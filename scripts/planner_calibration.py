@@ -76,15 +76,18 @@ class Point:
     network_gbps: float = 3200  # 400 Gb/s per GPU: p5, DGX H100 and torchtitan's hosts alike
     tflops: bool = False  # measured is model TFLOP/s/GPU (published 12·L·h·s convention)
     attention_kernel: str = "cudnn"  # the attention kernel the run used (Constants.attention_kernel_factor)
+    tp_overlap: str = "none"  # TP collectives overlapped with GEMMs: async (torch) or userbuffers (TE) (Workload)
+    p2p_overlap: bool = False  # Megatron's overlap_p2p_comm under the interleaved schedule (Workload)
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
     arch_changes: dict = field(default_factory=dict)
 
     def priced_as(self) -> tuple:
-        """What the model can tell apart: rows that differ only in what it does not price (async TP,
-        the FP8 recipe, the container version) count as one layout of a sweep."""
+        """What the model can tell apart: rows that differ only in what it does not price (the
+        container version, the FP8 recipe beyond tensorwise/rowwise) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
-                self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator)  # fmt: skip
+                self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
+                self.p2p_overlap)  # fmt: skip
 
     @property
     def held_apart(self) -> bool:
@@ -131,7 +134,10 @@ ROW_REQUIRED = (
     "measured",
     "unit",
 )
-ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "note", "assumed", "fitted")
+ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm", "note",
+                "assumed", "fitted")  # fmt: skip
+# A source's defaults for its rows (a row's own value wins): what its configs set, cited in the source.
+SOURCE_DEFAULTS = ("tp_comm_overlap", "overlap_p2p_comm")
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
 UNITS = {"tokens/s/GPU": False, "model TFLOP/s/GPU": True}
 
@@ -160,6 +166,12 @@ def load_benchmark(path: Path = BENCHMARK) -> tuple[dict[str, dict], list[Point]
             or not (record.get("url") or all(record.get(k) for k in ("repo", "path", "commit")))
         ):
             raise BenchmarkError(f"{path.name}: source {key!r} needs a title and a url, or repo, path and commit")
+        settings = {k: record[k] for k in SOURCE_DEFAULTS if k in record}
+        if settings and (not all(isinstance(v, bool) for v in settings.values()) or not record.get("overlap_evidence")):
+            raise BenchmarkError(
+                f"{path.name}: source {key!r} sets {', '.join(settings)}: each must be true or false, and "
+                "overlap_evidence must say where the source's configs set them"
+            )
         kernel = record.get("attention_kernel", "cudnn")
         if kernel not in CONSTANTS.attention_kernel_factor:
             raise BenchmarkError(
@@ -202,6 +214,9 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
             f"{at}: ep {degrees['ep']} must divide dp x cp = {degrees['dp'] * degrees['cp']}: expert parallelism "
             "borrows ranks of dp_shard x cp (launcher/contract/layout.py)"
         )
+    flags = {k: row[k] for k in ("async_tp", *SOURCE_DEFAULTS) if k in row}
+    if not all(isinstance(v, bool) for v in flags.values()):
+        raise BenchmarkError(f"{at}: {', '.join(flags)} must be true or false")
     source = sources[row["source"]]
     return Point(
         source["title"],
@@ -220,19 +235,39 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         accelerator=source["accelerator"],
         tflops=UNITS[row["unit"]],
         attention_kernel=source.get("attention_kernel", "cudnn"),
+        tp_overlap=_tp_overlap(row, source, layout),
+        p2p_overlap=layout.virtual_stages > 1 and _setting(row, source, "overlap_p2p_comm"),
         use="fit" if row.get("fitted") else "benchmark",
-        note=_benchmark_note(row),
+        note=_benchmark_note(row, source),
     )
 
 
-def _benchmark_note(row: dict) -> str:
+def _tp_overlap(row: dict, source: dict, layout: Layout) -> str:
+    """torchtitan's async TP, Megatron's userbuffers (tp_comm_overlap), or none; only under TP."""
+    if layout.tensor == 1:
+        return "none"
+    if row.get("async_tp"):
+        return "async"
+    return "userbuffers" if _setting(row, source, "tp_comm_overlap") else "none"
+
+
+def _setting(row: dict, source: dict, key: str) -> bool:
+    """A row's own `key`, else its source's default (SOURCE_DEFAULTS)."""
+    return bool(row.get(key, source.get(key, False)))
+
+
+def _benchmark_note(row: dict, source: dict) -> str:
     parts = [row["table"], row.get("note", "")]
+    if row.get("tp", 1) > 1 and _setting(row, source, "tp_comm_overlap"):
+        parts.append("TE TP overlap (tp_overlap)")
+    if row.get("vp", 1) > 1 and _setting(row, source, "overlap_p2p_comm"):
+        parts.append("p2p overlap")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
         parts.append("fp8-cs priced as tensorwise")
     if row["precision"] == "fp8-rowwise":
         parts.append("priced as rowwise (fp8_rowwise_factor, not fitted to these rows)")
     if row.get("async_tp"):
-        parts.append("async TP (not modelled)")
+        parts.append("async TP (tp_overlap)")
     if row.get("assumed"):
         parts.append("assumed: " + ", ".join(row["assumed"]))
     if row.get("fitted"):
@@ -280,6 +315,8 @@ def workload_of(point: Point) -> Workload:
         pipeline_schedule=point.schedule,
         compile=point.compile,
         cp_attention="allgather",  # the published systems' ring attention moves K/V like an all-gather
+        tp_overlap=point.tp_overlap,
+        p2p_overlap=point.p2p_overlap,
     )
 
 
@@ -655,6 +692,85 @@ def _value(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+@dataclasses.dataclass(frozen=True)
+class OverlapPair:
+    """One layout measured with vanilla TP and with async TP (torchtitan's async-TP table)."""
+
+    vanilla: Point
+    overlapped: Point
+    ideal_gain: float  # predicted speed-up if hidden pieces cost nothing
+    interference: float  # tp_overlap_interference that makes the predicted speed-up the measured one
+
+    @property
+    def measured_gain(self) -> float:
+        return self.overlapped.measured / self.vanilla.measured - 1
+
+
+def overlap_pairs() -> list[OverlapPair]:
+    """Every vanilla/async TP pair of the benchmark, with the interference that fits it: the
+    step time is linear in it, so two predictions pin it."""
+    _, points = load_benchmark()
+    by_layout: dict[tuple, dict[bool, Point]] = {}
+    for point in points:
+        if point.layout.tensor > 1 and "async TP" in point.source:
+            key = dataclasses.replace(point, tp_overlap="none").priced_as()
+            by_layout.setdefault(key, {})[point.tp_overlap == "async"] = point
+    pairs = []
+    for found in by_layout.values():
+        if set(found) != {False, True}:
+            continue
+        vanilla, overlapped = found[False], found[True]
+        constants = dataclasses.replace(PUBLISHED_CP, attention_kernel=vanilla.attention_kernel)
+        workload, machine = workload_of(vanilla), hardware(vanilla)
+        base = predict(workload, machine, constants=constants).step_time_s
+        hidden_free, hidden_whole = (
+            predict(
+                dataclasses.replace(workload, tp_overlap="async"),
+                machine,
+                constants=dataclasses.replace(constants, tp_overlap_interference=value),
+            ).step_time_s
+            for value in (0.0, 1.0)
+        )
+        target = base * vanilla.measured / overlapped.measured
+        pairs.append(
+            OverlapPair(
+                vanilla, overlapped, base / hidden_free - 1, (target - hidden_free) / (hidden_whole - hidden_free)
+            )
+        )
+    return pairs
+
+
+def fitted_interference(pairs: list[OverlapPair]) -> float:
+    """The median fit over the pairs whose rows are marked `fitted` (the 8B ones)."""
+    fits = sorted(p.interference for p in pairs if p.vanilla.use == "fit")
+    if not fits:
+        raise BenchmarkError("published_benchmark.yaml: no fitted vanilla/async TP pair for tp_overlap_interference")
+    return fits[len(fits) // 2]
+
+
+def overlap_section() -> str:
+    pairs = overlap_pairs()
+    fit = fitted_interference(pairs)
+    if abs(fit - CONSTANTS.tp_overlap_interference) > 0.005:
+        raise BenchmarkError(
+            f"published_benchmark.yaml: the async TP pairs fit tp_overlap_interference = {fit:.2f}, "
+            f"but Constants has {CONSTANTS.tp_overlap_interference}: set it to the fit"
+        )
+    lines = [
+        "| model | precision | vanilla TP tok/s/GPU | async TP | measured speed-up | predicted | if hidden pieces cost nothing | interference that fits | use |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for p in pairs:
+        v = p.vanilla
+        precision = "bf16" if not v.fp8 else f"FP8 {v.fp8_recipe}"
+        predicted = run(p.overlapped)[1] / run(v)[1] - 1
+        lines.append(
+            f"| {v.model} | {precision} | {v.measured:,.0f} | {p.overlapped.measured:,.0f} | {p.measured_gain:+.1%} | "
+            f"{predicted:+.1%} | {p.ideal_gain:+.1%} | {p.interference:.2f} | {'fit' if v.use == 'fit' else 'check'} |"
+        )
+    return "\n".join(lines)
+
+
 def cp_speedup_section() -> str:
     """NeMo's context-parallel speed-up (Llama 2 7B, FP8, H100), asked of the planner."""
     published = {8192: 1.00, 16384: 1.00, 32768: 1.03, 65536: 1.07, 131072: 1.31}
@@ -720,6 +836,7 @@ def render(bench: str) -> str:
         calibration=calibration,
         kernels=kernel_section(),
         constants=constants_section(),
+        overlap=overlap_section(),
         cp_speedup=cp_speedup_section(),
         recipes=recipes_section(),
         bench=bench,
@@ -775,11 +892,11 @@ pipeline rank (its blocks plus the output layer and the loss):
 | attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; at the rate of the fused kernel that runs it (`attention_kernel`: cuDNN, which torch's SDPA prefers on Hopper from torch 2.11 and Transformer Engine runs, or FlashAttention-2 at 0.62 of it); efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: 0.9 allgather (LSE-merged fused pieces), 1.0 ulysses, 0.58 the masked two-SDPA kernel document masking runs) | - |
 | elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3 | - |
 | recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | - |
-| TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink | none (no async TP) |
+| TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink | none for the entrypoints (DTensor's collectives sit between dependent matmuls); `tp_overlap` (planner-only: torch's async TP, TE userbuffers) cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time |
 | CP | allgather: all-gather of K and V, reduce-scatter of their gradients; ulysses: all-to-alls of q, k, v in and the output back, forward, recomputed forward and backward | none |
 | FSDP | by `parallel.grad_accumulation`: sync_each gathers each block before forward and backward and reduce-scatters gradients (in `parallel.reduce_dtype`) every micro-batch; sync_last reduce-scatters on the last micro-batch only; sync_last_gathered also gathers once per step, as under PP, where torch.distributed.pipelining keeps blocks gathered | hidden behind 85% of the micro-batch's compute (the step's under PP); the first block's gather always exposed |
 | HSDP | all-reduce of the gradient shards between replicas, once per step | half hidden |
-| PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none |
+| PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none for the entrypoints; `p2p_overlap` (planner-only: Megatron's overlap_p2p_comm, interleaved only) hides each behind a chunk's compute |
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
 | optimizer | AdamW over the fp32 shard, HBM-bound | - |
 | experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16 (FP8 converts nn.Linear layers only), at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), never divided by TP (tensor.py keeps the MoE whole on every tp rank); elementwise: the SwiGLU on every copy and the permutations by expert and back | - |
@@ -844,6 +961,17 @@ dp_shard x cp) and GPT-OSS 120B (not in the catalog) are left out.
 
 {constants}
 
+### Overlapped TP: what the async TP pairs say
+
+torchtitan measured the same layouts with vanilla and async TP. Priced with no cost for the
+hidden pieces, the model would promise about twice the speed-up they measured; the step time is
+linear in `tp_overlap_interference`, so each pair pins the value that reproduces its measured
+speed-up. The constant is the median over the Llama 3.1 8B pairs (their rows are `fitted`); the
+70B pairs stay held apart and check it. The same value prices Transformer Engine's userbuffers
+overlap in the NeMo and Megatron-Bridge rows, for want of a published measurement of its own.
+
+{overlap}
+
 ## Calibration and the published benchmark
 
 Two sets of points, kept apart. The calibration points (`POINTS` and docs/planner_gpu.json in
@@ -859,8 +987,9 @@ is later fitted names its constant in the row's `fitted` and moves to the fitted
 Each point runs through the same model with its own layout, batch and precision on the catalog's
 hardware for its source (`h100-80gb`: 989 dense BF16 TFLOP/s, 3.35 TB/s, 900 GB/s NVLink; for
 torchtitan's Grand Teton hosts `h100-96gb-500w`: 884, 2.4 TB/s; 400 Gb/s of network per GPU).
-The model has no term for async TP, so those rows are priced without it and their error shows
-the gap; Transformer Engine's FP8 current scaling is priced as tensorwise (one scale per
+Rows that ran torchtitan's async TP, or Megatron's TP communication overlap or p2p overlap where
+the source's configs set them (cited in docs/published_benchmark.yaml), are priced with the
+planner-only `tp_overlap` and `p2p_overlap` (below); Transformer Engine's FP8 current scaling is priced as tensorwise (one scale per
 tensor), torchao's rowwise as rowwise (its GEMMs at `fp8_rowwise_factor`, an assumption not
 fitted to these rows, and weights gathered in bf16). Searched and not used: Fujii et al. 2024
 (arXiv 2411.06465) ran 454 layouts on A100s and H100s, but its throughput tables were not
@@ -876,14 +1005,13 @@ Where the errors come from (read the tables above for their size):
   cube root of the power ratio (884 TFLOP/s, an upper bound; launcher/catalog/accelerators.yaml).
   Priced as 700 W HBM3 H100s they were predicted 30-42% too fast at 8K (8B, FSDP); now 8-22%,
   and the source's median error went from 17% to 7%. Their 64K-256K rows used torch's early
-  ring-attention context parallelism, and
-  Tables 5 and 6 and the async-TP table ran async TP, which the model does not price. Their
+  ring-attention context parallelism. Their
   attention ran FlashAttention-2 (torch SDPA's flash backend), priced at its own rate: before
   that term (every kernel priced as cuDNN) the error grew with the sequence, +42% at 8K to +76%
   at 32K for the same 8B FP8 layout; with it, +26% and +35%.
 - NeMo and Megatron-Bridge (Megatron-Core, Transformer Engine, 700 W DGX H100) run kernels
-  (TE's fused attention and context parallelism, TP communication overlap, the interleaved
-  schedule's overlap) that beat the entrypoints' torch ones that the constants describe; their
+  (TE's fused attention and context parallelism) that beat the entrypoints' torch ones that the
+  constants describe, and their TP overlap is priced at torch async TP's fitted interference; their
   data parallelism is Megatron's distributed optimizer, modelled as FSDP. NeMo 24.07's table
   mixes GPT-3 and Nemotron-4 (two-matrix MLPs, modelled as a SwiGLU of equal size) with Llama.
 - NeMo's long-sequence sweep and the Llama 3 rows leave micro batch and recomputation unstated

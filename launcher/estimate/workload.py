@@ -35,6 +35,10 @@ class Workload:
     cp_attention: str = "auto"  # parallel.cp_attention as written; `cp_attention_path` resolves it per layout
     document_masking: bool = False  # data.document_masking: attention masks per micro-batch
     evaluates: bool = False  # data.validation: a forward-only pass over held-out data between steps
+    # Planner-only: what published systems run and the entrypoints do not, so a recipe cannot set
+    # them (launcher/plan/throughput.py prices them; docs/planner.md).
+    tp_overlap: str = "none"  # TP collectives in t pieces beside their GEMMs: async (torch), userbuffers (TE)
+    p2p_overlap: bool = False  # pipeline sends/recvs beside the next chunk's compute: Megatron's overlap_p2p_comm
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Workload:

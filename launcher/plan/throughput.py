@@ -190,9 +190,11 @@ class Constants:
     gradients in `parallel.reduce_dtype`: the entrypoints' MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32 unless the recipe says bf16)."""
 
-    tp_overlap: float = 0.0
-    """Sequence-parallel all-gathers and reduce-scatters sit between dependent matmuls; without
-    async TP nothing hides them."""
+    tp_overlap_interference: float = 0.53
+    """Overlapped TP (Workload.tp_overlap): the fraction of each hidden collective piece's time the
+    step still pays, since the copy and the GEMM beside it share SMs and HBM. Fitted to the vanilla
+    and async TP pairs of torchtitan's Llama 3.1 8B rows (benchmarks/asyncTP_llama3_h100_2025-06_
+    torchtitan.md): scripts/planner_calibration.py prints the fit; the 70B pairs check it."""
 
     cp_overlap: float = 0.0
     """The K/V all-gather (or Ulysses' all-to-alls) must finish before attention starts, and the
@@ -620,8 +622,8 @@ def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]
     checkpointing or accumulation share them."""
     w = step.w
     key = (
-        w.dtype, w.fp8_recipe, w.compile, step.fp8, step.fp8_gather, step.rows, step.s, step.h, step.q, step.kv, step.f,
-        step.vocab, step.t, step.c, step.shard, step.cp_attention,
+        w.dtype, w.fp8_recipe, w.compile, w.tp_overlap, step.fp8, step.fp8_gather, step.rows, step.s, step.h,
+        step.q, step.kv, step.f, step.vocab, step.t, step.c, step.shard, step.cp_attention,
         None if step.moe is None else (step.moe.num_experts, step.moe.top_k, step.moe.expert_ffn_hidden_size,
                                        step.moe.shared_experts, step.ep),
     )  # fmt: skip
@@ -645,22 +647,17 @@ def matmul_time(step: _Step) -> tuple[float, float]:
     k, w, gen, rows = step.k, step.w, step.gen, step.rows
     h, kv, f, t = step.h, step.kv, step.f, step.t
     bf16_peak = step.bf16_peak
-    if w.dtype == "fp32":
-        block_precision, block_peak = "fp32", bf16_peak * k.fp32_peak_factor
-        block_eff = k.matmul_efficiency[f"{gen}:bf16"]
-    elif step.fp8:
-        block_precision, block_peak = "fp8", step.accelerator.peak_fp8_tflops * 1e12
-        block_eff = k.matmul_efficiency[f"{gen}:fp8"] * (k.fp8_rowwise_factor if w.fp8_recipe == "rowwise" else 1.0)
-    else:
-        block_precision, block_peak = "bf16", bf16_peak
-        block_eff = k.matmul_efficiency[f"{gen}:bf16"]
+    block_precision, block_peak, block_eff = _block_precision(step)
     head_precision = "fp32" if w.dtype == "fp32" else "bf16"
     head_peak = bf16_peak * (k.fp32_peak_factor if w.dtype == "fp32" else 1.0)
     head_eff = k.matmul_efficiency[f"{gen}:bf16"]
 
     block_half = k.gemm_half_dim[block_precision]
-    row_eff = rows / (rows + block_half)
-    block_gemm_s = 6 * rows * _shaped_block_params(h, step.q, kv, f, t, block_half) / (block_peak * block_eff * row_eff)
+    if _overlapped_tp(step):
+        block_gemm_s = sum(sum(roles) for roles in _tp_gemm_roles(step))
+    else:  # 6 FLOPs per weight and row: forward, input gradient and weight gradient
+        shaped = _shaped_block_params(h, step.q, kv, f, t, block_half) / (block_peak * block_eff)
+        block_gemm_s = 6 * rows * shaped / _dim_eff(rows, block_half)
     if step.moe is not None:
         block_gemm_s += expert_gemm_time(step, head_peak, head_eff, k.gemm_half_dim[head_precision])
     # The fused linear + cross-entropy loss (entrypoints/model/loss.py) works through the tokens in
@@ -672,6 +669,53 @@ def matmul_time(step: _Step) -> tuple[float, float]:
     head_rate = head_peak * head_eff * _dim_eff(chunk_rows, head_half) * _dim_eff(h, head_half)
     head_s = 8 * rows * h * vocab_local / (head_rate * _dim_eff(vocab_local, head_half))
     return block_gemm_s, head_s
+
+
+def _block_precision(step: _Step) -> tuple[str, float, float]:
+    """(precision, peak FLOP/s, matmul efficiency) of the blocks' GEMMs."""
+    k, w, gen = step.k, step.w, step.gen
+    if w.dtype == "fp32":
+        return "fp32", step.bf16_peak * k.fp32_peak_factor, k.matmul_efficiency[f"{gen}:bf16"]
+    if step.fp8:
+        rowwise = k.fp8_rowwise_factor if w.fp8_recipe == "rowwise" else 1.0
+        return "fp8", step.accelerator.peak_fp8_tflops * 1e12, k.matmul_efficiency[f"{gen}:fp8"] * rowwise
+    return "bf16", step.bf16_peak, k.matmul_efficiency[f"{gen}:bf16"]
+
+
+TP_OVERLAP_MODES = ("none", "async", "userbuffers")
+"""Workload.tp_overlap: none (the entrypoints' DTensor sequence parallel), async (torch's async TP
+under torch.compile, as torchtitan runs it) or userbuffers (Transformer Engine's, as Megatron's
+tp_comm_overlap runs it). Planner-only: the entrypoints run neither."""
+
+_CHUNKED_ROLES = {
+    # (forward, input gradient) of wq/wk/wv, wo, w1/w3, w2: True where the GEMM runs as t pieces.
+    # async TP: torch's micro-pipeline TP pass fuses every all-gather + matmul and matmul +
+    # reduce-scatter pair, forward and backward (torch/_inductor/fx_passes/micro_pipeline_tp.py).
+    "async": ((True, True),) * 4,
+    # userbuffers: ring-exchange for every forward GEMM and for wo's and w2's input gradients;
+    # bulk overlap (the GEMM whole, the collective beside it on a few SMs) for wq/wk/wv's and
+    # w1/w3's: Megatron-Bridge's userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192
+    # (src/megatron/bridge/training/comm_overlap.py, v0.2.0 7af9601c).
+    "userbuffers": ((True, False), (True, True), (True, False), (True, True)),
+}
+
+
+def _overlapped_tp(step: _Step) -> bool:
+    """Dense blocks under TP with their collectives overlapped (Workload.tp_overlap)."""
+    return step.w.tp_overlap != "none" and step.t > 1 and step.moe is None
+
+
+def _tp_gemm_roles(step: _Step) -> list[tuple[float, float, float]]:
+    """(forward, input gradient, weight gradient) seconds of wq/wk/wv, wo, w1/w3 and w2 under
+    overlapped TP: 2 FLOPs per weight and row each, a chunked GEMM on rows / t at a time."""
+    precision, peak, efficiency = _block_precision(step)
+    half = step.k.gemm_half_dim[precision]
+    whole, piece = (2 * step.rows / (peak * efficiency * _dim_eff(m, half)) for m in (step.rows, step.rows / step.t))
+    groups = _shaped_linear_groups(step.h, step.q, step.kv, step.f, step.t, half)
+    return [
+        (params * (piece if forward else whole), params * (piece if grad else whole), params * whole)
+        for params, (forward, grad) in zip(groups, _CHUNKED_ROLES[step.w.tp_overlap], strict=True)
+    ]
 
 
 def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> float:
@@ -771,9 +815,43 @@ def tensor_parallel_time(step: _Step) -> float:
         return 0.0
     bw, lat = step.link(1, t)
     collective = k.activation_bytes * step.rows * step.h * (t - 1) / t / bw + lat
-    gathers = 2 * (1 + step.recompute) * (0.5 if step.fp8_gather else 1.0)
-    per_layer = gathers + 2 * (1 + step.recompute) + 4
-    return (step.layers * per_layer + 2) * collective * (1 - k.tp_overlap)
+    gather = collective * (0.5 if step.fp8_gather else 1.0)
+    loss = 2 * collective
+    if _overlapped_tp(step):
+        return step.layers * _overlapped_tp_layer(step, gather, collective) + loss
+    # The entrypoints' DTensor sequence parallel: every collective sits between dependent matmuls.
+    per_layer = (2 * gather + 2 * collective) * (1 + step.recompute) + 4 * collective
+    return step.layers * per_layer + loss
+
+
+def _overlapped_tp_layer(step: _Step, gather: float, collective: float) -> float:
+    """One block's exposed TP collectives when each is cut into t pieces that run beside t pieces
+    of the GEMM next to it: torch's async TP (`_fused_all_gather_matmul` and
+    `_fused_matmul_reduce_scatter`, torch/distributed/_symmetric_memory/__init__.py, which
+    torch.compile's micro-pipeline TP pass inserts) and Transformer Engine's userbuffers
+    ring-exchange overlap (Megatron's tp_comm_overlap). One piece waits on no GEMM (the first
+    gathered or the last reduced); the other t - 1 hide as long as the GEMM beside them lasts,
+    at `tp_overlap_interference` of their time.
+
+    Forward (and a recomputed forward): the all-gathers before wq/wk/wv and w1/w3, the
+    reduce-scatters after wo and w2, each beside that forward GEMM. Backward, as large: the
+    output gradient's all-gather beside wo's and w2's input-gradient GEMMs, and the input
+    gradient's reduce-scatter beside wq/wk/wv's and w1/w3's input-gradient GEMMs (async TP) or
+    their weight-gradient GEMMs (userbuffers' bulk overlap). Which GEMMs run in pieces, on
+    rows / t at a time, is `_CHUNKED_ROLES`."""
+    t = step.t
+    (qkv, qkv_grad, qkv_wgrad), (wo, wo_grad, _), (fc1, fc1_grad, fc1_wgrad), (fc2, fc2_grad, _) = _tp_gemm_roles(step)
+    if step.w.tp_overlap == "userbuffers":
+        qkv_grad, fc1_grad = qkv_wgrad, fc1_wgrad
+    interference = step.k.tp_overlap_interference
+
+    def exposed(comm: float, gemm: float) -> float:
+        hidden = min(gemm, comm * (t - 1) / t)
+        return comm - hidden * (1 - interference)
+
+    forward = exposed(gather, qkv) + exposed(collective, wo) + exposed(gather, fc1) + exposed(collective, fc2)
+    backward = sum(exposed(collective, gemm) for gemm in (qkv_grad, wo_grad, fc1_grad, fc2_grad))
+    return forward * (1 + step.recompute) + backward
 
 
 def context_parallel_time(step: _Step) -> float:
@@ -857,7 +935,15 @@ def pipeline_p2p_time(step: _Step) -> float:
     stride = step.t * step.c * layout.data_shard * step.replicas
     bw, lat = step.p2p_link(stride, p)
     message = step.k.activation_bytes * step.rows * step.h / step.t
-    return 2 * step.v * (message / bw + lat)
+    one_way = message / bw + lat
+    if step.w.p2p_overlap and step.v > 1:
+        # Megatron's overlap_p2p_comm (interleaved schedule): each chunk's send and the next
+        # chunk's receive run beside a chunk's compute and are waited for only when the data is
+        # needed (megatron/core/pipeline_parallel/schedules.py); what a chunk's compute cannot
+        # cover stays exposed.
+        chunk_compute = compute_time(step).total / step.v
+        return 2 * step.v * max(0.0, one_way - chunk_compute)
+    return 2 * step.v * one_way
 
 
 def pipeline_bubble_time(step: _Step, micro_batch_s: float) -> float:
@@ -941,13 +1027,16 @@ def _dim_eff(dim: int | float, half: int) -> float:
 @cache
 def _shaped_block_params(h: int, q: int, kv: int, f: int, t: int, half: int) -> float:
     """A block's matmul weights on one TP rank, each divided by its K and N shape efficiency."""
-    linears = (
-        (h, q // t),  # wq
-        (h, kv // t),  # wk
-        (h, kv // t),  # wv
-        (q // t, h),  # wo
-        (h, f // t),  # w1
-        (h, f // t),  # w3
-        (f // t, h),  # w2
+    return sum(_shaped_linear_groups(h, q, kv, f, t, half))
+
+
+@cache
+def _shaped_linear_groups(h: int, q: int, kv: int, f: int, t: int, half: int) -> tuple[float, float, float, float]:
+    """`_shaped_block_params` of the GEMMs that share one TP collective: wq/wk/wv, wo, w1/w3, w2."""
+    groups = (
+        ((h, q // t), (h, kv // t), (h, kv // t)),  # wq, wk, wv
+        ((q // t, h),),  # wo
+        ((h, f // t), (h, f // t)),  # w1, w3
+        ((f // t, h),),  # w2
     )
-    return sum(k * n / (_dim_eff(k, half) * _dim_eff(n, half)) for k, n in linears if k and n)
+    return tuple(sum(k * n / (_dim_eff(k, half) * _dim_eff(n, half)) for k, n in group if k and n) for group in groups)

@@ -170,9 +170,47 @@ def test_single_gpu_has_no_communication():
 
 def test_tensor_parallel_traffic_is_exposed_unless_overlapped():
     layout = Layout(tensor=4, data_shard=2)
-    assert run(layout=layout).breakdown["tensor_parallel"] > 0
-    hidden = dataclasses.replace(CONSTANTS, tp_overlap=1.0)
-    assert run(layout=layout, constants=hidden).breakdown["tensor_parallel"] == 0
+    plain, overlapped = (run(layout=layout, tp_overlap=mode) for mode in ("none", "async"))
+    assert 0 < overlapped.breakdown["tensor_parallel"] < plain.breakdown["tensor_parallel"]
+    assert run(layout=Layout(data_shard=8), tp_overlap="async").breakdown["tensor_parallel"] == 0
+
+
+def test_overlapped_tensor_parallel_leaves_one_piece_of_each_collective_behind_long_gemms():
+    # Llama 3.1 70B at 16K tokens per micro-batch on TP 4: every GEMM outlasts its collective, so
+    # each of a block's 8 collectives shows 1/t of itself and the interference share of the rest;
+    # the loss's 2 all-gathers stay whole.
+    layout = Layout(tensor=4, data_shard=2)
+    plain, overlapped = (run(LLAMA70B, layout, seq_len=16384, tp_overlap=mode) for mode in ("none", "async"))
+    collective = plain.breakdown["tensor_parallel"] / (LLAMA70B.num_layers * 8 + 2)
+    piece = 1 / 4 + 3 / 4 * CONSTANTS.tp_overlap_interference
+    expected = (LLAMA70B.num_layers * 8 * piece + 2) * collective
+    assert overlapped.breakdown["tensor_parallel"] == pytest.approx(expected)
+
+
+def test_overlapped_tensor_parallel_runs_its_gemms_in_t_pieces():
+    # async TP runs every forward and input-gradient GEMM on rows / t at a time, a lower shape
+    # efficiency; Transformer Engine's userbuffers keeps wq/wk/wv's and w1/w3's input gradients
+    # whole (bulk overlap), so it loses less.
+    layout = Layout(tensor=8, data_shard=1)
+    plain, te, torch_async = (
+        run(layout=layout, seq_len=2048, tp_overlap=mode).breakdown["matmul"]
+        for mode in ("none", "userbuffers", "async")
+    )
+    assert plain < te < torch_async
+    assert torch_async > 1.05 * plain
+
+
+def test_megatron_p2p_overlap_hides_sends_behind_chunks_of_the_interleaved_schedule_only():
+    interleaved = Layout(pipeline=4, virtual_stages=2, data_shard=2)
+    exposed, hidden = (
+        run(LLAMA70B, interleaved, grad_accum_steps=8, p2p_overlap=on).breakdown["pipeline_p2p"] for on in (False, True)
+    )
+    assert exposed > 0 and hidden == 0  # a chunk of 70B's layers outlasts one 8K x 8192 message
+    plain = Layout(pipeline=4, data_shard=2)  # Megatron turns it on with virtual stages only
+    one, other = (
+        run(LLAMA70B, plain, grad_accum_steps=8, p2p_overlap=on).breakdown["pipeline_p2p"] for on in (False, True)
+    )
+    assert one == other > 0
 
 
 def test_context_parallel_across_nodes_is_slower_than_within_a_node():
