@@ -15,6 +15,16 @@ the output layer counted as a layer each unless the config lists `pipeline_layer
 the layers it does not hold removed; the first keeps the embedding, the last the final norm
 and the output weight, and layer names stay global so checkpoints reshard across layouts.
 
+Receive buffers are allocated when a receive is posted and dropped once their micro-batch's
+forward (or backward) has run (`_OnDemandReceiveStage`), and the interleaved schedule posts each
+receive just before the chunk that consumes it (`defer_pp_recv`), so a rank holds at most one
+receive buffer beyond its in-flight activations. torch's PipelineStage instead allocates one
+buffer per micro-batch for every stage input and output gradient up front and keeps them all
+for the whole run: with 64 micro-batches that was 18 GiB on Llama 3 70B's stage 0 at 8K, TP 4,
+PP 8 x 5 (docs/estimator.md). Under the interleaved schedule the stages also issue their own
+sends and let each go once complete (`_SendsInFlight`), where torch's runtime would keep every
+sent activation and gradient alive until the step ends.
+
 The loss is computed inside the last stage's forward (targets go to every stage as a keyword
 argument), so the fused vocab-parallel loss runs under the stage's FSDP/TP hooks like any other
 layer; the schedule's loss_fn just passes it on. Micro-batches per step are grad_accum_steps;
@@ -24,9 +34,16 @@ the schedule averages gradients over them (scale_grads), the same as the non-pip
 from __future__ import annotations
 
 import copy
+import logging
 
 import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+try:  # torch 2.13's internals that _OnDemandReceiveStage builds on
+    from torch.distributed.pipelining._utils import _make_tensor_from_meta
+    from torch.distributed.pipelining.stage import _RecvInfo
+except ImportError:  # pragma: no cover - another torch: PipelineStage as it is (_stage_class)
+    _make_tensor_from_meta = _RecvInfo = None
 
 from launcher.contract.config import ParallelConfig
 from launcher.contract.layout import Layout, stage_layers
@@ -50,6 +67,140 @@ def split_model(model, stage_index: int, layout: Layout):
     return part
 
 
+log = logging.getLogger(__name__)
+
+
+class _SendsInFlight:
+    """One rank's pipeline sends under the interleaved schedule, each let go as soon as it is safe.
+
+    torch's runtime (_PipelineScheduleRuntime._step_microbatches, torch 2.13) keeps the Work of
+    every send until the step ends ("there isn't an obvious time when to wait for them"), and a
+    Work holds its tensor until it is dropped (tests/entrypoints/test_pipeline_memory.py measures
+    it on gloo): every output and input gradient a rank sent would stay alive to the end of the
+    step. The runtime sends them as batches of sends alone, which `_batch_p2p` issues as plain
+    isends; the stages issue the same isends at the same moment here and return no ops, so the
+    schedule is otherwise unchanged. A send is let go:
+    - once `is_completed()` says so, checked at every send (NCCL's query of the kernel's event;
+      gloo's send reports completion only once waited for);
+    - for a forward send, when its micro-batch's backward starts on the sending stage: that
+      backward waited for the gradient the receiver sent after consuming the activation, so the
+      wait returns at once and cannot block on a peer.
+    The rest are waited for at the end of the step, as the runtime does."""
+
+    def __init__(self) -> None:
+        self.works: dict[tuple[str, int, int], list] = {}
+
+    def issue(self, kind: str, stage: int, microbatch: int, ops) -> None:
+        works = self.works.setdefault((kind, stage, microbatch), [])
+        for op in ops:
+            works.append(torch.distributed.isend(op.tensor, group=op.group, tag=op.tag, group_dst=op.group_peer))
+
+    def prune(self) -> None:
+        for key in [k for k, works in self.works.items() if all(w.is_completed() for w in works)]:
+            del self.works[key]
+
+    def release_forward(self, stage: int, microbatch: int) -> None:
+        for work in self.works.pop(("forward", stage, microbatch), []):
+            work.wait()
+
+    def finish(self) -> None:
+        """At the end of a step, as the runtime does with its own."""
+        for works in self.works.values():
+            for work in works:
+                work.wait()
+        self.works = {}
+
+
+class _OnDemandReceiveStage(PipelineStage):
+    """A PipelineStage whose receive buffers exist only from the posted receive to the end of the
+    forward or backward that consumes them.
+
+    torch 2.13's PipelineStage fills `args_recv_info[mb]` and `grad_recv_info[mb]` with a buffer
+    per micro-batch in `_prepare_forward_infra` / `_prepare_backward_infra` and keeps them all
+    (torch/distributed/pipelining/stage.py). Here those are dropped once prepared, made again in
+    `get_fwd_recv_ops` / `get_bwd_recv_ops` (with torch's own `_make_tensor_from_meta`, so
+    shape, stride and dtype are the stage's metadata), and dropped after the chunk's
+    `forward_one_chunk` / `backward_one_chunk`. A received activation lives on in the stage's
+    forward cache, as the autograd input it is, until its backward. With `sends`, the stage
+    issues its sends itself (_SendsInFlight)."""
+
+    sends: _SendsInFlight | None = None
+
+    def _prepare_forward_infra(self, *args, **kwargs):
+        meta = super()._prepare_forward_infra(*args, **kwargs)
+        self._drop(self.args_recv_info.values())
+        return meta
+
+    def _prepare_backward_infra(self, *args, **kwargs):
+        meta = super()._prepare_backward_infra(*args, **kwargs)
+        self._drop(self.grad_recv_info.values())
+        return meta
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int):
+        self._make(self.args_recv_info[fwd_chunk_id])
+        return super().get_fwd_recv_ops(fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int):
+        self._make(self.grad_recv_info[bwd_chunk_id])
+        return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int):
+        return self._send("forward", fwd_chunk_id, super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int):
+        return self._send("backward", bwd_chunk_id, super().get_bwd_send_ops(bwd_chunk_id))
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+        output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        self._drop([self.args_recv_info[fwd_chunk_id]])
+        return output
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args, **kwargs):
+        if self.sends is not None:
+            self.sends.release_forward(self.stage_index, bwd_chunk_id)
+        result = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        self._drop([self.grad_recv_info[bwd_chunk_id]])
+        return result
+
+    def _send(self, kind: str, microbatch: int, ops):
+        if self.sends is None:
+            return ops
+        self.sends.prune()
+        self.sends.issue(kind, self.stage_index, microbatch, ops)
+        return []
+
+    def _make(self, infos) -> None:
+        for info in infos:
+            if not info.is_root_arg and info.buffer is None and info.tensor_meta is not None:
+                info.buffer = _make_tensor_from_meta(info.tensor_meta, self.device)
+
+    @staticmethod
+    def _drop(chunks) -> None:
+        for infos in chunks:
+            for info in infos:
+                if not info.is_root_arg:
+                    info.buffer = None
+
+
+def _stage_class():
+    """`_OnDemandReceiveStage` where torch's stage has the internals it relies on (the entrypoints
+    run torch >=2.13,<2.15); otherwise torch's own, with one line saying memory will be higher."""
+    needed = ("_prepare_forward_infra", "_prepare_backward_infra", "get_fwd_recv_ops", "get_bwd_recv_ops")
+    recv_info_fields = () if _RecvInfo is None else _RecvInfo.__init__.__code__.co_varnames
+    if (
+        _make_tensor_from_meta is None
+        or not all(hasattr(PipelineStage, name) for name in needed)
+        or not all(f in recv_info_fields for f in ("buffer", "tensor_meta", "is_root_arg"))
+    ):
+        log.warning(
+            "pipeline: torch %s's PipelineStage differs from 2.13's; receive buffers are kept for every "
+            "micro-batch, more than the memory estimate counts",
+            torch.__version__,
+        )
+        return PipelineStage
+    return _OnDemandReceiveStage
+
+
 def _pass_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The last stage already returns the mean loss of its micro-batch."""
     return output
@@ -58,15 +209,29 @@ def _pass_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 class Pipeline:
     def __init__(self, parts: list, ids: list[int], pp_mesh, parallel: ParallelConfig, device: torch.device):
         num_stages = parallel.num_stages
+        stage_class = _stage_class()
         self.stages = [
-            PipelineStage(part, stage_index, num_stages, device, group=pp_mesh.get_group())
+            stage_class(part, stage_index, num_stages, device, group=pp_mesh.get_group())
             for part, stage_index in zip(parts, ids, strict=True)
         ]
         self.has_first = 0 in ids
         self.has_last = num_stages - 1 in ids
         schedule = SCHEDULES[parallel.pipeline_schedule]
-        stages = self.stages if schedule is ScheduleInterleaved1F1B else self.stages[0]
-        self.schedule = schedule(stages, n_microbatches=parallel.grad_accum_steps, loss_fn=_pass_loss)
+        self.sends = None
+        if schedule is ScheduleInterleaved1F1B and stage_class is _OnDemandReceiveStage:
+            self.sends = _SendsInFlight()
+            for stage in self.stages:
+                stage.sends = self.sends
+        if schedule is ScheduleInterleaved1F1B:
+            # Each receive posted just before the chunk that consumes it, not as early as the
+            # sender allows (torch's _defer_recv_ops, deadlock-free by rank parity): with
+            # on-demand buffers, at most one is then alive beyond the in-flight activations. The
+            # 1F1B and GPipe schedules already post each receive just before its chunk.
+            self.schedule = schedule(
+                self.stages, n_microbatches=parallel.grad_accum_steps, loss_fn=_pass_loss, defer_pp_recv=True
+            )
+        else:
+            self.schedule = schedule(self.stages[0], n_microbatches=parallel.grad_accum_steps, loss_fn=_pass_loss)
 
     def step(
         self, tokens: torch.Tensor, targets: torch.Tensor, documents: torch.Tensor | None = None
@@ -77,6 +242,7 @@ class Pipeline:
         inputs = (tokens,) if self.has_first else ()
         extra = {} if documents is None else {"documents": documents}
         self.schedule.step(*inputs, target=targets, losses=losses, return_outputs=False, targets=targets, **extra)
+        self._finish_sends()
         return torch.stack(losses).mean().detach() if self.has_last else None
 
     def evaluate(
@@ -89,4 +255,9 @@ class Pipeline:
         inputs = (tokens,) if self.has_first else ()
         extra = {} if documents is None else {"documents": documents}
         self.schedule.eval(*inputs, target=targets, losses=losses, return_outputs=False, targets=targets, **extra)
+        self._finish_sends()
         return torch.stack(losses).mean() if self.has_last else None
+
+    def _finish_sends(self) -> None:
+        if self.sends is not None:
+            self.sends.finish()

@@ -34,7 +34,7 @@ from launcher.contract.layout import rank_layers, rank_stages, stage_layers
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.moe import ROUTING_BOUND, moe_memory
 from launcher.estimate.overheads import device_overheads
-from launcher.estimate.pipeline import first_backward
+from launcher.estimate.pipeline import first_backward, receive_buffers_in_backward, sent_outputs_in_backward
 from launcher.estimate.workload import Workload
 
 FP32 = 4
@@ -524,8 +524,7 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     turns FSDP's gradient sync off until the end of the step, so each block's gradient
     accumulates unsharded in the reduce dtype (`unsharded_accumulated_grad`) from its first
     backward on: what `grad_accumulation: sync_last_gathered` does without pipelining.
-    The runtime allocates a receive buffer per micro-batch for every stage input it gets
-    from another rank and for every output gradient, up front.
+    Receive buffers exist only around the chunk that consumes them (receive_buffers_in_backward).
     """
     layout = w.layout
     p, v, m = layout.pipeline, layout.virtual_stages, w.grad_accum_steps
@@ -533,9 +532,7 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     tokens = _tokens(w)
     schedule = first_backward(rank, layout, w.pipeline_schedule, m)
     stages = rank_stages(rank, layout)
-    last_stage = p * v - 1
     boundary = cb * tokens / layout.tensor * w.arch.hidden_size
-    receive_buffers = boundary * m * sum((s > 0) + (s < last_stage) for s in stages)
     total, tp, cp = kept
     # Chunks in flight are counted at the rank's mean stage size (they differ by a layer at most
     # under the balanced split).
@@ -545,12 +542,18 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     first_chunk_params = last_chunk_layers * block.params + (root_params if v == 1 or rank == p - 1 else 0)
 
     moments = {}
-    for name, chunks, accumulated in (
-        ("first backward", schedule.forwards, 0.0),
-        ("second backward", schedule.forwards - (not schedule.steady), _grad_bytes(w) * first_chunk_params),
+    for name, chunks, accumulated, stage in zip(
+        ("first backward", "second backward"),
+        (schedule.forwards, schedule.forwards - (not schedule.steady)),
+        (0.0, _grad_bytes(w) * first_chunk_params),
+        schedule.stages,
+        strict=False,
     ):
         if chunks < 1 or (accumulated and m == 1):
             continue
+        receive_buffers = boundary * receive_buffers_in_backward(stage, layout)
+        nth = 0 if name == "first backward" else 1
+        held_outputs = boundary * sent_outputs_in_backward(rank, layout, w.pipeline_schedule, m, nth)
         moment = dict(base)
         moment["fsdp_buffers"] = n * block.gathered + cb * root_params + accumulated
         moment["tp_buffers"] = per_chunk[1] * chunks
@@ -563,7 +566,9 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
         in_block["fp8"] = block.fp8_cast
         in_block["working"] = working + receive_buffers
         # The kept set counts the block as saved (or, checkpointed, as its input alone).
-        in_block["activations"] = kept_activations + own - (block.layer_input if checkpointed else block.saved)
+        in_block["activations"] = (
+            kept_activations + own - (block.layer_input if checkpointed else block.saved) + held_outputs
+        )
         moments[f"{name} (pipeline)"] = in_block
         if loss:
             # The last stage's loss backward, with the output weight's bf16 gradient.
@@ -571,7 +576,7 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
             in_loss["fsdp_buffers"] += cb * w.arch.vocab_size * w.arch.hidden_size / layout.tensor
             in_loss["working"] = receive_buffers
             in_loss["loss"] = loss.backward_working
-            in_loss["activations"] = kept_activations
+            in_loss["activations"] = kept_activations + held_outputs
             moments[f"{name}, loss (pipeline)"] = in_loss
     return moments
 

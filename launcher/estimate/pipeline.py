@@ -26,6 +26,8 @@ class FirstBackward:
 
     forwards: int
     steady: bool
+    stages: tuple[int, ...] = ()
+    """The stage of the first backward and, where there is one, of the second."""
 
 
 def first_backward(rank: int, layout: Layout, schedule: str, microbatches: int) -> FirstBackward:
@@ -40,20 +42,54 @@ def first_backward(rank: int, layout: Layout, schedule: str, microbatches: int) 
       its layers, Megatron's interleaving factor.
     """
     p, v, m = layout.pipeline, layout.virtual_stages, microbatches
+    both = (rank, rank) if m > 1 else (rank,)
     if p == 1:
-        return FirstBackward(1, m > 1)
+        return FirstBackward(1, m > 1, both)
     if schedule == "gpipe":
-        return FirstBackward(m, False)
+        return FirstBackward(m, False, both)
     if schedule == "interleaved_1f1b" and v > 1:
         rounds = max(1, m // p)
         per_round = m // rounds
         warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
         steady_ops = m * v - warmup
-        return FirstBackward(warmup + (steady_ops > 0), steady_ops > 1)
+        # Backwards walk the rank's stages from the last, per_round micro-batches each.
+        stages = tuple((v - 1 - (n // per_round) % v) * p + rank for n in range(min(2, m * v)))
+        return FirstBackward(warmup + (steady_ops > 0), steady_ops > 1, stages)
     warmup = min(m, p - rank)
-    return FirstBackward(warmup, m > warmup)
+    return FirstBackward(warmup, m > warmup, both)
+
+
+def receive_buffers_in_backward(stage: int, layout: Layout) -> int:
+    """Receive buffers alive beside a backward of `stage`: its own output gradient's, unless it is
+    the last stage. entrypoints/parallel/pipeline.py makes each buffer when its receive is posted
+    and drops it after the chunk that consumes it, and the interleaved schedule posts receives
+    just before their chunk (defer_pp_recv); a received activation is then the stage's input,
+    counted with the activations. Checked against torch's own schedule lowering (_add_send_recv,
+    _defer_recv_ops) in tests/estimate/test_pipeline_buffers.py."""
+    return int(stage < layout.num_stages - 1)
 
 
 def in_flight(rank: int, layout: Layout, schedule: str, microbatches: int) -> float:
     """The most micro-batches' activations a rank holds at once, in units of all its layers."""
     return first_backward(rank, layout, schedule, microbatches).forwards / layout.virtual_stages
+
+
+def sent_outputs_in_backward(rank: int, layout: Layout, schedule: str, microbatches: int, nth: int) -> int:
+    """Chunks whose output the rank still holds at its `nth` backward (0 or 1), for stages that
+    send one on: the runtime keeps each chunk's output for its backward (the stage's fwd_cache),
+    and the last stage's output is a loss. Counted from the order the schedule runs: the k-th
+    forward is stage ((k // per_round) % v)·p + rank, the j-th backward stage
+    (v - 1 - (j // per_round) % v)·p + rank (first_backward)."""
+    p, v, m = layout.pipeline, layout.virtual_stages, microbatches
+    last = layout.num_stages - 1
+    found = first_backward(rank, layout, schedule, m)
+    forwards = found.forwards + (nth if found.steady else 0)
+    if p == 1 or not (schedule == "interleaved_1f1b" and v > 1):
+        return 0 if rank == last else forwards - nth
+    per_round = m // max(1, m // p)
+    in_flight = [0] * v
+    for k in range(forwards):
+        in_flight[(k // per_round) % v] += 1
+    for j in range(nth):
+        in_flight[v - 1 - (j // per_round) % v] -= 1
+    return sum(count for virtual, count in enumerate(in_flight) if virtual * p + rank != last)

@@ -459,9 +459,15 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
     torch.distributed.pipelining's runtime starts each job with a P2P vote and a metadata
     exchange between stages, which a fake process group cannot answer. So the schedule's
     actions are replayed here exactly as torch orders them, on the entrypoints' own stage
-    modules, with what the runtime allocates: a receive buffer per micro-batch for each
-    stage input (and its gradient), FSDP gradient sync off until the last micro-batch, and
-    the runtime's final reduce-scatter (`perform_reduce_grad`).
+    modules, with what the runtime allocates: a receive buffer for a stage input (or its
+    gradient) made just before the chunk that consumes it and dropped after it (the
+    entrypoints' _OnDemandReceiveStage, with the interleaved schedule's deferred receives:
+    tests/estimate/test_pipeline_buffers.py checks the timing against torch's lowering), FSDP
+    gradient sync off until the last micro-batch, and the runtime's final reduce-scatter
+    (`perform_reduce_grad`). A sent tensor is let go once the next action starts, as a
+    completed send is (_SendsInFlight); gloo reports an input gradient's send complete only
+    when waited for at the end of the step (tests/entrypoints/test_pipeline_memory.py), which
+    this replay, like the estimate, does not count.
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -471,8 +477,10 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
     by_stage = dict(zip(ids, parts, strict=True))
     boundary = (micro, training.seq_len // par.context // par.tensor, cfg.model.hidden_size)
     dtype = torch.bfloat16 if cfg.precision.dtype == "bf16" else torch.float32
-    act_recv = {s: [torch.empty(boundary, dtype=dtype) for _ in range(m)] for s in ids if s > 0}
-    grad_recv = {s: [torch.empty(boundary, dtype=dtype) for _ in range(m)] for s in ids if s < num_stages - 1}
+
+    def receive_buffer() -> torch.Tensor:
+        return torch.empty(boundary, dtype=dtype)
+
     for part in parts:
         part.set_is_last_backward(False)
         part.set_reshard_after_backward(False)
@@ -484,7 +492,7 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
         rows = slice(mb * micro, (mb + 1) * micro)
         if action == "F":
             tracker.phase = "forward"
-            inputs = tokens[rows] if stage == 0 else act_recv[stage][mb].requires_grad_()
+            inputs = tokens[rows] if stage == 0 else receive_buffer().requires_grad_()
             last = stage == num_stages - 1
             in_flight[stage, mb] = (inputs, part(inputs, targets=targets[rows] if last else None))
         else:
@@ -493,7 +501,7 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
             if stage == num_stages - 1:
                 output.backward()
             else:
-                torch.autograd.backward(output, grad_tensors=grad_recv[stage][mb])
+                torch.autograd.backward(output, grad_tensors=receive_buffer())
             if stage > 0:
                 # The runtime moves the input gradient to its send cache (stage_backward).
                 sending, inputs.grad = inputs.grad, None

@@ -139,14 +139,15 @@ def test_pipeline_rank_holds_p_micro_batches_all_blocks_gathered_and_fp32_accumu
     w = workload(layout=Layout(pipeline=2, data_shard=2), grad_accum_steps=4)
     moments = fsdp.moments(w, rank=0)
     first, second = moments["first backward (pipeline)"], moments["second backward (pipeline)"]
-    # rank 0 of 2 in 1F1B: 2 micro-batches of its 2 layers in flight
-    assert first["activations"] == 2 * 2 * SAVED_PER_LAYER
+    # rank 0 of 2 in 1F1B: 2 micro-batches of its 2 layers in flight, and each one's output
+    # (256 x 128, bf16), which the stage keeps for that micro-batch's backward
+    assert first["activations"] == 2 * 2 * SAVED_PER_LAYER + 2 * 2 * 256 * 128
     gathered = 2 * 2 * P_BLOCK + 2 * 512 * 128  # its blocks and the embedding, bf16
     assert first["fsdp_buffers"] == gathered + 2 * 128 * 352
     # after the first backward: fp32 unsharded gradients of everything the rank holds
     assert second["fsdp_buffers"] == first["fsdp_buffers"] + 4 * (2 * P_BLOCK + 512 * 128)
-    # a gradient receive buffer per micro-batch for the output it sends on
-    assert first["working"] == 2 * 2 * 256 * 352 + 2 * 256 * 128 + 4 * 2 * 256 * 128
+    # one gradient receive buffer, for the output of the micro-batch in backward
+    assert first["working"] == 2 * 2 * 256 * 352 + 2 * 256 * 128 + 2 * 256 * 128
 
 
 def test_peak_is_the_largest_moment_plus_device_overheads():

@@ -39,9 +39,13 @@ def test_405b_at_128k_with_pp_8_and_16_validates_estimates_and_plans(pipeline, p
     estimate = api.estimate(recipe)
     assert estimate.fits, estimate.breakdown
     assert [stage.layers for stage in estimate.stages] == per_stage
-    # The middle stages hold a layer more than the end stages and hold no output layer, so
-    # one of them (not rank 0 or the last) must fit, and a rank with more in flight peaks.
-    assert 0 < estimate.peak_stage < pipeline - 1
+    # The middle stages hold a layer more than the end stages: stage 1, with a micro-batch fewer
+    # in flight than stage 0, holds at least 99% of stage 0's peak (more at PP 16, where a layer
+    # is an eighth of a stage), and the last stage, with the fewest in flight, the least.
+    stage_0, stage_1 = (estimate.stages[i].allocated_bytes for i in (0, 1))
+    assert stage_1 >= 0.99 * stage_0
+    assert estimate.peak_stage in (0, 1)
+    assert min(estimate.stages, key=lambda s: s.allocated_bytes).stage == pipeline - 1
     found = api.plan_search(recipe, api.SearchOptions(top=1))
     assert found.current is not None and found.current.layout.pipeline == pipeline
     assert found.current.memory.fits and found.current.tokens_per_s_per_gpu > 0

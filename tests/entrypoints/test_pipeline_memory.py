@@ -1,0 +1,63 @@
+"""What a pipelined step keeps alive: torch's runtime as it is against entrypoints/parallel/pipeline.py.
+
+One torchrun launch of tests/entrypoints/pipeline_memory_run.py (2 gloo ranks, the interleaved
+schedule over 4 stages, 8 micro-batches) follows every receive buffer and every sent tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "tests" / "entrypoints" / "pipeline_memory_run.py"
+MICRO_BATCHES = 8
+
+pytestmark = pytest.mark.torchrun
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("pipeline-memory") / "result.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(RUN),
+        str(out),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(out.with_suffix(f".rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def test_a_gloo_send_keeps_its_tensor_alive_until_its_work_is_dropped(counts):
+    # Why torch's runtime, which keeps every send's Work to the end of the step, keeps what it sent.
+    assert counts[0]["work"] == {"alive_after_wait_while_work_is_held": True, "alive_after_work_is_dropped": False}
+
+
+def test_the_entrypoints_pipeline_trains_exactly_as_torchs_runtime(counts):
+    last = counts[1]  # rank 1 holds the last stage
+    assert len(last["ours"]["losses"]) == MICRO_BATCHES
+    assert last["ours"]["losses"] == last["torch"]["losses"]
+    assert {c["ours"]["stage_class"] for c in counts} == {"_OnDemandReceiveStage"}
+
+
+def test_receive_buffers_live_only_around_their_chunk_and_nothing_outlives_the_step(counts):
+    for rank, c in enumerate(counts):
+        torch_run, ours = c["torch"], c["ours"]
+        # torch makes a buffer per micro-batch for each received input and gradient up front
+        # (3 per micro-batch on each of these ranks) and keeps them after the step.
+        assert torch_run["after_step"] >= 2 * MICRO_BATCHES, (rank, torch_run)
+        assert ours["after_step"] == 0, (rank, ours)
+        # At its most, the entrypoints' step holds at least those buffers fewer.
+        assert ours["peak"] <= torch_run["peak"] - torch_run["after_step"], (rank, c)

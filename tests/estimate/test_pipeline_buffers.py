@@ -1,0 +1,72 @@
+"""The receive buffers the memory estimate counts beside a pipelined backward, against torch's own
+lowering of the interleaved schedule into sends and receives (torch 2.13's `_add_send_recv`, then
+`_defer_recv_ops`, which entrypoints/parallel/pipeline.py turns on with defer_pp_recv).
+
+A receive buffer exists from its posted receive to the end of the chunk that consumes it
+(_OnDemandReceiveStage). Replaying each rank's lowered actions gives how many are alive when each
+of its first two backwards runs (the moments the estimate prices), and at any backward."""
+
+from __future__ import annotations
+
+import pytest
+from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _defer_recv_ops
+from torch.distributed.pipelining.schedules import _ComputationType as C
+
+from launcher.contract.layout import Layout
+from launcher.estimate.pipeline import first_backward, receive_buffers_in_backward
+
+from .memory_tracing import pipeline_actions
+
+
+def compute_orders(p: int, v: int, m: int) -> dict[int, list[_Action]]:
+    """Each rank's forwards and backwards in torch's order, as torch's actions."""
+    return {
+        rank: [
+            _Action(stage, C.FORWARD if kind == "F" else C.FULL_BACKWARD, mb)
+            for kind, stage, mb in pipeline_actions(rank, p, v, m, "interleaved_1f1b")
+        ]
+        for rank in range(p)
+    }
+
+
+def lowered(p: int, v: int, m: int, *, deferred: bool = True) -> dict[int, list[_Action]]:
+    with_comms = _add_send_recv(compute_orders(p, v, m), stage_to_rank=lambda s: s % p, num_stages=p * v)
+    return _defer_recv_ops(with_comms, stage_to_rank=lambda s: s % p) if deferred else with_comms
+
+
+def buffers_at_backwards(actions: list[_Action]) -> list[tuple[int, int]]:
+    """(stage of the backward, receive buffers alive) at each backward of one rank."""
+    alive, found = set(), []
+    for action in actions:
+        kind, key = action.computation_type, (action.stage_index, action.microbatch_index)
+        if kind in (C.RECV_F, C.RECV_B):
+            alive.add((kind, *key))
+        elif kind == C.FORWARD:
+            alive.discard((C.RECV_F, *key))  # the buffer is now the stage's input activation
+        elif kind == C.FULL_BACKWARD:
+            found.append((action.stage_index, len(alive)))
+            alive.discard((C.RECV_B, *key))
+    return found
+
+
+@pytest.mark.parametrize("p, v, m", [(2, 2, 4), (2, 3, 8), (4, 2, 8), (4, 5, 16), (8, 5, 64), (8, 2, 8), (3, 2, 12)])
+def test_estimate_counts_the_receive_buffers_torchs_lowered_schedule_holds_at_each_backward(p, v, m):
+    layout = Layout(pipeline=p, virtual_stages=v, data_shard=1)
+    for rank, actions in lowered(p, v, m).items():
+        at_backwards = buffers_at_backwards(actions)
+        schedule = first_backward(rank, layout, "interleaved_1f1b", m)
+        # The stages the estimate prices its two moments at are the ones torch runs them on...
+        assert tuple(stage for stage, _ in at_backwards[: len(schedule.stages)]) == schedule.stages
+        # ...with the buffers it counts: the backward's own output gradient, unless last stage.
+        for stage, alive in at_backwards[:2]:
+            assert alive == receive_buffers_in_backward(stage, layout), (rank, stage)
+        # No later backward holds more than one.
+        assert max(alive for _, alive in at_backwards) <= 1
+
+
+def test_without_deferred_receives_torch_would_post_them_early():
+    # What defer_pp_recv buys: the as-soon-as-possible lowering leaves the last rank with
+    # several gradient buffers posted at once (4 at p = 8).
+    p, v, m = 8, 2, 16
+    early = lowered(p, v, m, deferred=False)
+    assert max(alive for _, alive in buffers_at_backwards(early[p - 1])) >= 3
