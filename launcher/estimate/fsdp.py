@@ -34,7 +34,7 @@ from launcher.contract.layout import rank_layers, rank_stages, stage_layers
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.moe import ROUTING_BOUND, moe_memory
 from launcher.estimate.overheads import device_overheads
-from launcher.estimate.pipeline import first_backward, receive_buffers_in_backward, sent_outputs_in_backward
+from launcher.estimate.pipeline import backward_moments, receive_buffers_in_backward
 from launcher.estimate.workload import Workload
 
 FP32 = 4
@@ -518,7 +518,8 @@ def _tokens(w: Workload) -> float:
 
 
 def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_saved, root_params) -> dict:
-    """A pipeline rank at its first and second backward, with all its blocks gathered.
+    """A pipeline rank at the backwards where it can peak (`backward_moments`), with all its
+    blocks gathered.
 
     Blocks are not resharded after forward (parallelize.py), and torch.distributed.pipelining
     turns FSDP's gradient sync off until the end of the step, so each block's gradient
@@ -527,38 +528,29 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     Receive buffers exist only around the chunk that consumes them (receive_buffers_in_backward).
     """
     layout = w.layout
-    p, v, m = layout.pipeline, layout.virtual_stages, w.grad_accum_steps
+    v, m = layout.virtual_stages, w.grad_accum_steps
     n = rank_layers(w.arch.num_layers, layout, rank)
-    tokens = _tokens(w)
-    schedule = first_backward(rank, layout, w.pipeline_schedule, m)
-    stages = rank_stages(rank, layout)
-    boundary = cb * tokens / layout.tensor * w.arch.hidden_size
+    last_stage = layout.num_stages - 1
+    boundary = cb * _tokens(w) / layout.tensor * w.arch.hidden_size
     total, tp, cp = kept
     # Chunks in flight are counted at the rank's mean stage size (they differ by a layer at most
     # under the balanced split).
     per_chunk = (total - tp - cp) / v, tp / v, cp / v
-    # The first backward reaches the rank's last chunk; its gradients accumulate first.
-    last_chunk_layers = len(stage_layers(w.arch.num_layers, layout, stages[-1]))
-    first_chunk_params = last_chunk_layers * block.params + (root_params if v == 1 or rank == p - 1 else 0)
+    # The embedding's gradient comes with stage 0's backward, the output layer's with the last's.
+    root_stage = 0 if rank == 0 else last_stage
 
     moments = {}
-    for name, chunks, accumulated, stage in zip(
-        ("first backward", "second backward"),
-        (schedule.forwards, schedule.forwards - (not schedule.steady)),
-        (0.0, _grad_bytes(w) * first_chunk_params),
-        schedule.stages,
-        strict=False,
-    ):
-        if chunks < 1 or (accumulated and m == 1):
-            continue
-        receive_buffers = boundary * receive_buffers_in_backward(stage, layout)
-        nth = 0 if name == "first backward" else 1
-        held_outputs = boundary * sent_outputs_in_backward(rank, layout, w.pipeline_schedule, m, nth)
+    for at in backward_moments(rank, layout, w.pipeline_schedule, m):
+        done_params = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done) * block.params
+        accumulated = _grad_bytes(w) * (done_params + (root_params if root_stage in at.done else 0))
         moment = dict(base)
         moment["fsdp_buffers"] = n * block.gathered + cb * root_params + accumulated
-        moment["tp_buffers"] = per_chunk[1] * chunks
-        moment["cp_buffers"] = per_chunk[2] * chunks
-        kept_activations = per_chunk[0] * chunks + (head_saved * chunks if loss else 0)
+        moment["tp_buffers"] = per_chunk[1] * at.in_flight
+        moment["cp_buffers"] = per_chunk[2] * at.in_flight
+        with_loss = loss is not None and at.stage == last_stage
+        kept_activations = per_chunk[0] * at.in_flight + head_saved * (at.in_flight - at.outputs)
+        kept_activations += boundary * at.outputs
+        receive_buffers = boundary * receive_buffers_in_backward(at.stage, layout)
         # In a block's backward: its full set (recomputed if checkpointed) and its working set.
         own, working, weight_grads = block.in_backward(bool(checkpointed))
         in_block = dict(moment)
@@ -566,18 +558,16 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
         in_block["fp8"] = block.fp8_cast
         in_block["working"] = working + receive_buffers
         # The kept set counts the block as saved (or, checkpointed, as its input alone).
-        in_block["activations"] = (
-            kept_activations + own - (block.layer_input if checkpointed else block.saved) + held_outputs
-        )
-        moments[f"{name} (pipeline)"] = in_block
-        if loss:
+        in_block["activations"] = kept_activations + own - (block.layer_input if checkpointed else block.saved)
+        moments[f"{at.name} (pipeline)"] = in_block
+        if with_loss:
             # The last stage's loss backward, with the output weight's bf16 gradient.
             in_loss = dict(moment)
             in_loss["fsdp_buffers"] += cb * w.arch.vocab_size * w.arch.hidden_size / layout.tensor
             in_loss["working"] = receive_buffers
             in_loss["loss"] = loss.backward_working
-            in_loss["activations"] = kept_activations + held_outputs
-            moments[f"{name}, loss (pipeline)"] = in_loss
+            in_loss["activations"] = kept_activations
+            moments[f"{at.name}, loss (pipeline)"] = in_loss
     return moments
 
 

@@ -10,6 +10,7 @@ output layer. A "chunk" is one stage of one micro-batch: about 1/v of a rank's l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from launcher.contract.layout import Layout
 
@@ -74,22 +75,63 @@ def in_flight(rank: int, layout: Layout, schedule: str, microbatches: int) -> fl
     return first_backward(rank, layout, schedule, microbatches).forwards / layout.virtual_stages
 
 
-def sent_outputs_in_backward(rank: int, layout: Layout, schedule: str, microbatches: int, nth: int) -> int:
-    """Chunks whose output the rank still holds at its `nth` backward (0 or 1), for stages that
-    send one on: the runtime keeps each chunk's output for its backward (the stage's fwd_cache),
-    and the last stage's output is a loss. Counted from the order the schedule runs: the k-th
-    forward is stage ((k // per_round) % v)·p + rank, the j-th backward stage
-    (v - 1 - (j // per_round) % v)·p + rank (first_backward)."""
+@dataclass(frozen=True, slots=True)
+class BackwardMoment:
+    """A backward of one of the rank's chunks, where the rank's memory can peak."""
+
+    name: str
+    stage: int
+    in_flight: int
+    """Chunks whose forward has run and whose backward has not finished, this one included."""
+    outputs: int
+    """Of those, the chunks whose stage sends its output on (not the last stage): the runtime
+    keeps each chunk's output (the stage's fwd_cache) for its backward."""
+    done: tuple[int, ...]
+    """The rank's stages that finished a backward before this one: their gradients have
+    accumulated (unsharded, FSDP's sync is off until the step's end)."""
+
+
+@cache
+def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int) -> tuple[BackwardMoment, ...]:
+    """The first and second backward of the rank and, under the interleaved schedule, the second
+    backward of its first stage: by then every one of its stages has accumulated gradients while
+    as many chunks are in flight as in the steady state (Llama 3 70B, 32K, PP 4 x 2 with 16
+    micro-batches peaks there, 6% above the second backward: tests/estimate/traced_configs.py).
+
+    The interleaved order is torch's (`_get_1f1b_rank_ops`): the warmup's forwards, then a
+    forward and a backward per step, then the cooldown's backwards; the k-th forward runs virtual
+    stage (k // per_round) % v, the j-th backward virtual stage v - 1 - (j // per_round) % v."""
     p, v, m = layout.pipeline, layout.virtual_stages, microbatches
     last = layout.num_stages - 1
     found = first_backward(rank, layout, schedule, m)
-    forwards = found.forwards + (nth if found.steady else 0)
-    if p == 1 or not (schedule == "interleaved_1f1b" and v > 1):
-        return 0 if rank == last else forwards - nth
+    if not (p > 1 and schedule == "interleaved_1f1b" and v > 1):
+
+        def sends(chunks: int) -> int:
+            return 0 if rank == last else chunks
+
+        moments = [BackwardMoment("first backward", rank, found.forwards, sends(found.forwards), ())]
+        if m > 1:
+            chunks = found.forwards - (not found.steady)
+            moments.append(BackwardMoment("second backward", rank, chunks, sends(chunks), (rank,)))
+        return tuple(moments)
     per_round = m // max(1, m // p)
-    in_flight = [0] * v
-    for k in range(forwards):
-        in_flight[(k // per_round) % v] += 1
-    for j in range(nth):
-        in_flight[v - 1 - (j // per_round) % v] -= 1
-    return sum(count for virtual, count in enumerate(in_flight) if virtual * p + rank != last)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    steady_ops = m * v - warmup
+    in_flight, done, forwards, moments = [0] * v, [], 0, []
+    for j in range(m * v):
+        for k in range(forwards, warmup + min(j + 1, steady_ops)):
+            in_flight[(k // per_round) % v] += 1
+        forwards = max(forwards, warmup + min(j + 1, steady_ops))
+        virtual = v - 1 - (j // per_round) % v
+        name = {0: "first backward", 1: "second backward"}.get(j)
+        if name is None and virtual == 0 and 0 in done:
+            name = "backward with every stage's gradients"
+        if name is not None:
+            outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
+            stages = tuple(sorted(x * p + rank for x in set(done)))
+            moments.append(BackwardMoment(name, virtual * p + rank, sum(in_flight), outputs, stages))
+            if name.startswith("backward with"):
+                break
+        in_flight[virtual] -= 1
+        done.append(virtual)
+    return tuple(moments)

@@ -13,7 +13,7 @@ from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _def
 from torch.distributed.pipelining.schedules import _ComputationType as C
 
 from launcher.contract.layout import Layout
-from launcher.estimate.pipeline import first_backward, receive_buffers_in_backward
+from launcher.estimate.pipeline import BackwardMoment, backward_moments, first_backward, receive_buffers_in_backward
 
 from .memory_tracing import pipeline_actions
 
@@ -70,3 +70,29 @@ def test_without_deferred_receives_torch_would_post_them_early():
     p, v, m = 8, 2, 16
     early = lowered(p, v, m, deferred=False)
     assert max(alive for _, alive in buffers_at_backwards(early[p - 1])) >= 3
+
+
+@pytest.mark.parametrize("p, v, m", [(2, 2, 4), (2, 3, 8), (4, 2, 8), (4, 2, 16), (4, 5, 16), (8, 5, 64), (3, 2, 12)])
+def test_backward_moments_follow_torchs_order(p, v, m):
+    """In flight, outputs held and stages already done at each moment the estimate prices, against
+    a replay of torch's own order (`_get_1f1b_rank_ops`, through pipeline_actions)."""
+    layout = Layout(pipeline=p, virtual_stages=v, data_shard=1)
+    last = p * v - 1
+    for rank in range(p):
+        in_flight, done, seen = [], [], []
+        for kind, stage, _mb in pipeline_actions(rank, p, v, m, "interleaved_1f1b"):
+            if kind == "F":
+                in_flight.append(stage)
+                continue
+            seen.append((stage, len(in_flight), sum(s != last for s in in_flight), tuple(sorted(set(done)))))
+            in_flight.remove(stage)
+            done.append(stage)
+        moments = backward_moments(rank, layout, "interleaved_1f1b", m)
+        for moment in moments:
+            assert (moment.stage, moment.in_flight, moment.outputs, moment.done) in seen, (rank, moment)
+        assert moments[0] == BackwardMoment("first backward", *seen[0])
+        # The last moment has every stage of the rank done, with the most in flight that any
+        # backward with every stage done has.
+        every = [s for s in seen if len(s[3]) == v]
+        if every:
+            assert moments[-1].in_flight == max(s[1] for s in every)

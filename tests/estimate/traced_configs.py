@@ -72,6 +72,14 @@ def qwen3_moe(layers: int) -> dict:
 # global_batch_size is the data-parallel size times the micro-batches wanted: 1 for most
 # (a trace costs a forward and backward per micro-batch), 2 where gradient accumulation
 # matters, and at least the pipeline degree under PP.
+PP4_INTERLEAVED_TP2 = {
+    "pipeline": 4,
+    "virtual_stages": 2,
+    "pipeline_schedule": "interleaved_1f1b",
+    "tensor": 2,
+    "activation_checkpointing": "selective",
+}
+
 CONFIGS: list[TracedConfig] = [
     TracedConfig("8B 8K fsdp8", llama8b(), 8192, global_batch_size=8),
     TracedConfig(
@@ -167,14 +175,19 @@ CONFIGS: list[TracedConfig] = [
         32768,
         instances=4,
         instance_type="ml.p5e.48xlarge",
-        parallel={
-            "pipeline": 4,
-            "virtual_stages": 2,
-            "pipeline_schedule": "interleaved_1f1b",
-            "tensor": 2,
-            "activation_checkpointing": "selective",
-        },
+        parallel=PP4_INTERLEAVED_TP2,
         global_batch_size=16,
+    ),
+    # The same with 8 micro-batches: the steady state reaches stage 0's second backward with
+    # both stages' gradients accumulated and as many chunks in flight, its peak.
+    TracedConfig(
+        "70B 32K pp4 v2 tp2 dp4 selective, 8 micro-batches (8 layers)",
+        llama70b(8),
+        32768,
+        instances=4,
+        instance_type="ml.p5e.48xlarge",
+        parallel=PP4_INTERLEAVED_TP2,
+        global_batch_size=32,
     ),
     TracedConfig(
         "8B 8K fsdp8 sync_last_gathered selective, 2 micro-batches (4 layers)",
