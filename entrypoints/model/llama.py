@@ -39,6 +39,7 @@ from entrypoints.model.documents import DocumentMask, document_positions
 from entrypoints.model.loss import linear_cross_entropy
 from entrypoints.model.moe import MoE, router_losses
 from entrypoints.model.sdpa import causal_attention
+from entrypoints.model.swiglu import swiglu
 from launcher.contract.config import ModelConfig, RopeScaling
 
 
@@ -133,7 +134,7 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU: w2(silu(w1 x) * w3 x), the gating saving its inputs only (swiglu.py)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -142,7 +143,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
 class TransformerBlock(nn.Module):

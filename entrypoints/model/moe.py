@@ -31,6 +31,7 @@ from torch.distributed.nn.functional import all_reduce
 from torch.distributed.tensor import DTensor
 
 from entrypoints.model.dispatch import dispatch_to_experts
+from entrypoints.model.swiglu import swiglu
 from launcher.contract.config import ModelConfig, MoeConfig
 
 
@@ -131,7 +132,7 @@ class GroupedExperts(nn.Module):
         # are its own experts, which `counts` describes.
         w1, w2, w3 = (_local(w, self.grad_scale) for w in (self.w1, self.w2, self.w3))
         gate, up = grouped_linear(x, w1, counts), grouped_linear(x, w3, counts)
-        return grouped_linear(F.silu(gate) * up, w2, counts)
+        return grouped_linear(swiglu(gate, up), w2, counts)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -160,7 +161,7 @@ class SharedExperts(nn.Module):
         self.w3 = nn.Linear(hidden_size, ffn_hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
 class MoE(nn.Module):

@@ -56,8 +56,9 @@ class _Block:
       sequence, c x that), the attention output (T x h/t, once: the CP kernel writes its
       merged output laid out [B, S, H, D], so wo's input is a view of it) and an fp32
       log-sum-exp per head and token;
-    - the SwiGLU intermediates w1 x, w3 x, silu(w1 x) and their product: 4 x T x f/t; in a
-      mixture-of-experts block, the router, dispatch and experts' tensors instead (moe.py).
+    - the SwiGLU's w1 x and w3 x (entrypoints/model/swiglu.py recomputes silu(w1 x) in
+      backward) and their product, w2's input: 3 x T x f/t; in a mixture-of-experts block, the
+      router, dispatch and experts' tensors instead (moe.py).
     """
 
     __slots__ = (
@@ -188,8 +189,8 @@ class _Mlp:
         h, f = arch.hidden_size, arch.ffn_hidden_size
         if arch.moe is None:
             tokens = _tokens(w)
-            self.saved = cb * tokens * 4 * f / t  # SwiGLU intermediates
-            # MLP backward: the gradients of w2's input, of silu(w1 x) and of w3 x are alive
+            self.saved = cb * tokens * 3 * f / t  # w1 x, w3 x and their gated product
+            # MLP backward: the gradient of w2's input and the two the gating makes are alive
             # while w2's input is freed (net: two T x f/t), with w2's weight gradient.
             self.backward_working = cb * 2 * tokens * f / t
             self.weight_grads = cb * h * f / t

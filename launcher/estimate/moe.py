@@ -12,7 +12,8 @@ Saved for backward, per layer:
   (N x E each), the top-k ids (int64) and the fp32 top-k weights with their sums;
 - dispatch: the copies' source tokens and the combine's inverse order (int64, C each); under EP
   also the received rows' regrouping order and its inverse (int64, R each);
-- the experts: their input rows (R x h), and the SwiGLU's four R x f intermediates;
+- the experts: their input rows (R x h), and the SwiGLU's three R x f intermediates (w1 x, w3 x
+  and their gated product; entrypoints/model/swiglu.py recomputes silu(w1 x) in backward);
 - the combine: the experts' outputs back in token order (C x h) and the weights in the compute
   dtype (`combine`'s batched matmul saves nothing else);
 - shared experts, if any: a dense SwiGLU of N x (shared x f).
@@ -20,9 +21,9 @@ Saved for backward, per layer:
 A layer's backward peaks inside the experts, at one of three moments:
 - w2's backward: the combine's saved tensors are released; the gradient of the experts' output
   (R x h), of w2's input (R x f) and w2's weight gradient are alive;
-- the SwiGLU product's backward, just after: w2's input is released, and the gradient of w2's
-  input with the two gradients it makes (3 x R x f) are alive (the largest when f > h, Mixtral);
-- w1's backward (the last grouped GEMM reached): the four intermediates are released; the
+- the SwiGLU's backward, just after: w2's input is released, and the gradient of w2's input
+  with the two gradients it makes (3 x R x f) are alive (the largest when f > h, Mixtral);
+- w1's backward (the last grouped GEMM reached): the three intermediates are released; the
   gradient of w1's output (R x f), the two gradients of the experts' input (R x h, one from w3,
   one being made) and all three weight gradients are alive.
 Weight gradients are the local experts' (E / ep), unsharded in the compute dtype until FSDP
@@ -47,7 +48,7 @@ ROUTING_BOUND = 1.25
 so a rank whose experts are popular receives more than the balanced share, with no cap. The
 estimate prices 25% above balance: the capacity factor Switch Transformer trained with (Fedus et
 al. 2021, arXiv 2101.03961, section 2.2 and Table 1), which the auxiliary loss keeps routing
-under in practice. Past it, each extra row costs the rank (2h + 4f) x dtype bytes per layer until
+under in practice. Past it, each extra row costs the rank (2h + 3f) x dtype bytes per layer until
 backward; the 20% headroom of the verdict's threshold absorbs some of it, and a rank that runs
 out of memory fails the job with an OOM the failure file names. Without expert parallelism every
 rank computes all C rows of its own tokens whatever the routing, so no bound is needed."""
@@ -95,15 +96,15 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
 
     router = FP32 * tokens * (2 * experts + 1) + INT64 * tokens * k + FP32 * tokens * (k + 1) + FP32 * tokens
     dispatch = INT64 * 2 * sent + (INT64 * 2 * rows if ep > 1 else 0)
-    expert_set = cb * rows * h + cb * 4 * rows * f
+    expert_set = cb * rows * h + cb * 3 * rows * f
     combine = cb * sent * h + cb * tokens * k
-    shared = cb * 4 * tokens * shared_f
+    shared = cb * 3 * tokens * shared_f
     saved = router + dispatch + expert_set + combine + shared
 
     one_weight = cb * (experts / ep) * h * f
     at_w2 = (cb * rows * (h + f), one_weight, combine)
     at_product = (cb * 3 * rows * f, one_weight, combine + cb * rows * f)
-    at_w1 = (cb * rows * (f + 2 * h), 3 * one_weight, combine + cb * 4 * rows * f)
+    at_w1 = (cb * rows * (f + 2 * h), 3 * one_weight, combine + cb * 3 * rows * f)
     working, weights, freed = max(at_w2, at_product, at_w1, key=lambda moment: moment[0] + moment[1] - moment[2])
 
     router_params = experts * h

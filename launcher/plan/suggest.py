@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, format_bytes
+from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
 from launcher.plan.rank import Scored, candidate_workloads, first_that_fit
 from launcher.plan.result import recipe_settings
@@ -91,9 +91,18 @@ def find_fitting_change(
                 scored = [
                     (Scored(item.workload, _speed_or_none(item.workload, budget)), fit) for item, fit in found.fitting
                 ]
-                item, estimate = min(scored, key=lambda pair: pair[0].sort_key())
-                return Change(_edits(recipe, current, item.workload, budget)), estimate
+                item, _ = min(scored, key=lambda pair: pair[0].sort_key())
+                change = Change(_edits(recipe, current, item.workload, budget))
+                return change, _estimate_changed(recipe, change, mode, threshold)
     return None
+
+
+def _estimate_changed(recipe: Recipe, change: Change, mode: Mode, threshold: float) -> MemoryEstimate:
+    """The estimate of the recipe with the change applied, as `launcher estimate` would make it:
+    a candidate's accumulation mode is not an edit where the recipe says auto, so the changed
+    recipe runs the mode auto picks for it, which can hold more than the candidate's."""
+    changed = recipe.with_changes(change.as_overrides())
+    return estimate_memory(Workload.from_recipe(changed), changed.hardware, mode=mode, threshold=threshold)
 
 
 def _scales(recipe: Recipe) -> tuple[int, ...]:

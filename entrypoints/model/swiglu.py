@@ -1,0 +1,39 @@
+"""SwiGLU's gating, silu(gate) * up, keeping only its two inputs for backward.
+
+    hidden = swiglu(self.w1(x), self.w3(x))        # then w2(hidden)
+
+Written out, `F.silu(gate) * up` makes autograd keep three tensors of the MLP's width per token:
+silu's input (gate), and both factors of the product (silu(gate) and up); w2 then keeps the
+product as its input. This function keeps gate and up and recomputes silu(gate) in backward, as
+Megatron-Core's fused SwiGLU does (megatron/core/fusions/fused_bias_swiglu.py saves the
+projection's output and recomputes the activation): one T x f/t tensor less per layer, for an
+elementwise recomputation. The backward is autograd's own arithmetic, op for op (the product's
+gradients, then `aten.silu_backward`), so gradients are bitwise those of the written-out form.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        # Three tensors of the MLP's width at most beside the saved ones, as autograd's own
+        # backward of the written-out form: the incoming gradient, gate's and one more (the
+        # product's gradient, then the recomputed activation that becomes up's in place).
+        grad_gate = torch.ops.aten.silu_backward(grad * up, gate)
+        grad_up = F.silu(gate).mul_(grad)
+        return grad_gate, grad_up
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, saving gate and up only (the module docstring)."""
+    return _SwiGLU.apply(gate, up)
