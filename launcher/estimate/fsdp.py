@@ -333,7 +333,9 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
         # Every micro-batch in flight on each of the rank's stages holds its own document masks.
         kept = (kept[0] + layout.virtual_stages * context.documents, kept[1], kept[2])
         found.update(
-            _pipelined_moments(w, block, context.cb, rank, kept, checkpointed, base, loss, head_saved, root_params)
+            _pipelined_moments(
+                w, block, context.cb, rank, kept, checkpointed, base, loss, head_saved, root_params, device
+            )
         )
     else:
         found.update(_unpipelined_moments(context, n, base, root_params, grads_full))
@@ -518,7 +520,7 @@ def _tokens(w: Workload) -> float:
     return w.micro_batch_size * w.seq_len / w.layout.context
 
 
-def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_saved, root_params) -> dict:
+def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_saved, root_params, device) -> dict:
     """A pipeline rank at the backwards where it can peak (`backward_moments`), with all its
     blocks gathered.
 
@@ -551,6 +553,8 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
         with_loss = loss is not None and at.stage == last_stage
         kept_activations = per_chunk[0] * at.in_flight + head_saved * (at.in_flight - at.outputs)
         kept_activations += boundary * at.outputs
+        if collective_backend(device) == "gloo":
+            kept_activations += boundary * at.sent_gradients
         receive_buffers = boundary * receive_buffers_in_backward(at.stage, layout)
         # In a block's backward: its full set (recomputed if checkpointed) and its working set.
         own, working, weight_grads = block.in_backward(bool(checkpointed))

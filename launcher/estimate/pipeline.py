@@ -89,6 +89,10 @@ class BackwardMoment:
     done: tuple[int, ...]
     """The rank's stages that finished a backward before this one: their gradients have
     accumulated (unsharded, FSDP's sync is off until the step's end)."""
+    sent_gradients: int = 0
+    """Input gradients the rank sent back before this backward under the interleaved schedule:
+    gloo reports such a send complete only when it is waited for, at the step's end, so a CPU
+    rank keeps each until then (entrypoints/parallel/pipeline.py, _SendsInFlight)."""
 
 
 @cache
@@ -117,7 +121,7 @@ def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int
     per_round = m // max(1, m // p)
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
     steady_ops = m * v - warmup
-    in_flight, done, forwards, moments = [0] * v, [], 0, []
+    in_flight, done, forwards, moments, sent = [0] * v, [], 0, [], 0
     for j in range(m * v):
         for k in range(forwards, warmup + min(j + 1, steady_ops)):
             in_flight[(k // per_round) % v] += 1
@@ -125,13 +129,14 @@ def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int
         virtual = v - 1 - (j // per_round) % v
         name = {0: "first backward", 1: "second backward"}.get(j)
         if name is None and virtual == 0 and 0 in done:
-            name = "backward with every stage's gradients"
+            name = "steady backward"  # the steady state's, once every stage holds gradients
         if name is not None:
             outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
             stages = tuple(sorted(x * p + rank for x in set(done)))
-            moments.append(BackwardMoment(name, virtual * p + rank, sum(in_flight), outputs, stages))
-            if name.startswith("backward with"):
+            moments.append(BackwardMoment(name, virtual * p + rank, sum(in_flight), outputs, stages, sent))
+            if name == "steady backward":
                 break
         in_flight[virtual] -= 1
         done.append(virtual)
+        sent += virtual * p + rank > 0  # stage 0 sends no gradient back
     return tuple(moments)

@@ -465,9 +465,9 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
     tests/estimate/test_pipeline_buffers.py checks the timing against torch's lowering), FSDP
     gradient sync off until the last micro-batch, and the runtime's final reduce-scatter
     (`perform_reduce_grad`). A sent tensor is let go once the next action starts, as a
-    completed send is (_SendsInFlight); gloo reports an input gradient's send complete only
-    when waited for at the end of the step (tests/entrypoints/test_pipeline_memory.py), which
-    this replay, like the estimate, does not count.
+    completed send is on NCCL (_SendsInFlight); gloo reports an input gradient's send complete
+    only when waited for at the end of the step (tests/entrypoints/test_pipeline_memory.py),
+    which the estimate of a CPU rank counts and this replay of a GPU rank does not.
     """
     from torch.distributed.fsdp import fully_shard
 

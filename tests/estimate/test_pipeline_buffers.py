@@ -84,12 +84,14 @@ def test_backward_moments_follow_torchs_order(p, v, m):
             if kind == "F":
                 in_flight.append(stage)
                 continue
-            seen.append((stage, len(in_flight), sum(s != last for s in in_flight), tuple(sorted(set(done)))))
+            sent = sum(s > 0 for s in done)  # input gradients sent back so far (stage 0 sends none)
+            seen.append((stage, len(in_flight), sum(s != last for s in in_flight), tuple(sorted(set(done))), sent))
             in_flight.remove(stage)
             done.append(stage)
         moments = backward_moments(rank, layout, "interleaved_1f1b", m)
         for moment in moments:
-            assert (moment.stage, moment.in_flight, moment.outputs, moment.done) in seen, (rank, moment)
+            fields = (moment.stage, moment.in_flight, moment.outputs, moment.done, moment.sent_gradients)
+            assert fields in seen, (rank, moment)
         assert moments[0] == BackwardMoment("first backward", *seen[0])
         # The last moment has every stage of the rank done, with the most in flight that any
         # backward with every stage done has.
