@@ -899,7 +899,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none for the entrypoints; `p2p_overlap` (planner-only: Megatron's overlap_p2p_comm, interleaved only) hides each behind a chunk's compute |
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
 | optimizer | AdamW over the fp32 shard, HBM-bound | - |
-| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16 (FP8 converts nn.Linear layers only), at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), never divided by TP (tensor.py keeps the MoE whole on every tp rank); elementwise: the SwiGLU on every copy and the permutations by expert and back | - |
+| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16 (the entrypoints do not use torchao's FP8 grouped GEMMs yet), at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), never divided by TP (tensor.py keeps the MoE whole on every tp rank); elementwise: the SwiGLU on every copy and the permutations by expert and back | - |
 | EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp (tp apart); FSDP gathers and reduces E / ep experts per rank | none (the router and the experts wait for them) |
 
 ### Links

@@ -136,8 +136,9 @@ class _Block:
         # exist. What the compiled block holds instead is to be measured on a GPU
         # (scripts/estimator_gpu.py); under fake tensors torch.compile falls back to eager,
         # so the CPU trace cannot see it.
-        # A mixture-of-experts block's experts stay in the compute dtype (their weights are not
-        # nn.Linear modules, which is what torchao converts).
+        # A mixture-of-experts block's experts stay in the compute dtype: torchao 0.18's FP8
+        # grouped GEMM (torchao.prototype.moe_training, Float8TrainingOpConfig: rowwise, Triton
+        # kernels on CUDA, hooking torch._grouped_mm) is not wired into the entrypoints yet.
         moe = arch.moe is not None
         if w.fp8 and not w.compile and not moe and fp8_moment > self.backward_working + self.weight_grad_w2:
             # The block peaks at that cast, before any of its weight gradients exist.
@@ -617,7 +618,7 @@ def notes(workload: Workload) -> list[str]:
         return found
     if moe is not None:
         found.append(
-            "fp8: the experts run in the compute dtype (torchao converts nn.Linear layers, which they are not)"
+            "fp8: the experts run in the compute dtype (the entrypoints do not use torchao's FP8 grouped GEMMs yet)"
         )
     if workload.fp8_recipe == "tensorwise":
         return [*found, "fp8 tensorwise: FSDP all-gathers float8 weights on GPUs (nccl); gloo gathers bf16"]

@@ -720,7 +720,7 @@ def _tp_gemm_roles(step: _Step) -> list[tuple[float, float, float]]:
 
 def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> float:
     """A mixture-of-experts layer's GEMMs, forward and backward, in the compute dtype (the
-    experts stay bf16 under FP8: torchao converts nn.Linear modules, which they are not).
+    experts stay bf16 under FP8: the entrypoints do not use torchao's FP8 grouped GEMMs yet).
 
     Every tp rank runs its whole micro-batch (tensor.py), so nothing here is divided by t. The
     router is N x h x E; each of the N x k copies goes through one expert's three h x f GEMMs,
