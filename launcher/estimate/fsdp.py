@@ -137,8 +137,7 @@ class _Block:
         # (scripts/estimator_gpu.py); under fake tensors torch.compile falls back to eager,
         # so the CPU trace cannot see it.
         # A mixture-of-experts block's experts stay in the compute dtype: torchao 0.18's FP8
-        # grouped GEMM (torchao.prototype.moe_training, Float8TrainingOpConfig: rowwise, Triton
-        # kernels on CUDA, hooking torch._grouped_mm) is not wired into the entrypoints yet.
+        # grouped GEMM (prototype/moe_training, CUDA only) is not wired in yet (docs/estimator.md).
         moe = arch.moe is not None
         if w.fp8 and not w.compile and not moe and fp8_moment > self.backward_working + self.weight_grad_w2:
             # The block peaks at that cast, before any of its weight gradients exist.
