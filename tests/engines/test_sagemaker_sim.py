@@ -68,6 +68,19 @@ def wait_for_step(attempt, step: int) -> None:
         )
 
 
+def just_after_a_save(attempt) -> None:
+    """Until a host logs a save newer than those logged so far: the stop that follows then falls
+    in a step's compute, where the watchdog's limit is min_stall_s. During a save the limit is
+    runtime.collective_timeout_s (at least 600 s, launcher/resolve.py), so that a slow save
+    never counts as a stall; a stop landing there would outlast STEP_LIMIT_S."""
+
+    def saves(a) -> int:
+        return sum(host.stdout().count("checkpoint step=") for host in a.hosts)
+
+    logged = saves(attempt)
+    attempt.wait_for(lambda a: saves(a) > logged, timeout_s=2 * STEP_LIMIT_S, what="a save after those logged")
+
+
 def wait_to_the_end(attempt):
     """The attempt's outcome, waiting for each new step (or a container's exit) within its limit,
     then for the exit: after the last step only the final checkpoint is left."""
@@ -352,6 +365,7 @@ def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_wi
         )
         stopped = workers_of(attempt.host("algo-2"))
         assert sorted(stopped) == [RANKS_PER_HOST], stopped
+        just_after_a_save(attempt)
         os.kill(stopped[RANKS_PER_HOST], signal.SIGSTOP)
         outcome = wait_to_the_end(attempt)
     assert outcome.status == "Completed", outcome.report()
