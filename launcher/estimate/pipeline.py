@@ -27,8 +27,6 @@ class FirstBackward:
 
     forwards: int
     steady: bool
-    stages: tuple[int, ...] = ()
-    """The stage of the first backward and, where there is one, of the second."""
 
 
 def first_backward(rank: int, layout: Layout, schedule: str, microbatches: int) -> FirstBackward:
@@ -43,21 +41,18 @@ def first_backward(rank: int, layout: Layout, schedule: str, microbatches: int) 
       its layers, Megatron's interleaving factor.
     """
     p, v, m = layout.pipeline, layout.virtual_stages, microbatches
-    both = (rank, rank) if m > 1 else (rank,)
     if p == 1:
-        return FirstBackward(1, m > 1, both)
+        return FirstBackward(1, m > 1)
     if schedule == "gpipe":
-        return FirstBackward(m, False, both)
+        return FirstBackward(m, False)
     if schedule == "interleaved_1f1b" and v > 1:
         rounds = max(1, m // p)
         per_round = m // rounds
         warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
         steady_ops = m * v - warmup
-        # Backwards walk the rank's stages from the last, per_round micro-batches each.
-        stages = tuple((v - 1 - (n // per_round) % v) * p + rank for n in range(min(2, m * v)))
-        return FirstBackward(warmup + (steady_ops > 0), steady_ops > 1, stages)
+        return FirstBackward(warmup + (steady_ops > 0), steady_ops > 1)
     warmup = min(m, p - rank)
-    return FirstBackward(warmup, m > warmup, both)
+    return FirstBackward(warmup, m > warmup)
 
 
 def receive_buffers_in_backward(stage: int, layout: Layout) -> int:

@@ -13,7 +13,7 @@ from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _def
 from torch.distributed.pipelining.schedules import _ComputationType as C
 
 from launcher.contract.layout import Layout
-from launcher.estimate.pipeline import BackwardMoment, backward_moments, first_backward, receive_buffers_in_backward
+from launcher.estimate.pipeline import BackwardMoment, backward_moments, receive_buffers_in_backward
 
 from .memory_tracing import pipeline_actions
 
@@ -54,9 +54,9 @@ def test_estimate_counts_the_receive_buffers_torchs_lowered_schedule_holds_at_ea
     layout = Layout(pipeline=p, virtual_stages=v, data_shard=1)
     for rank, actions in lowered(p, v, m).items():
         at_backwards = buffers_at_backwards(actions)
-        schedule = first_backward(rank, layout, "interleaved_1f1b", m)
-        # The stages the estimate prices its two moments at are the ones torch runs them on...
-        assert tuple(stage for stage, _ in at_backwards[: len(schedule.stages)]) == schedule.stages
+        moments = backward_moments(rank, layout, "interleaved_1f1b", m)
+        # The first two moments the estimate prices are on the stages torch runs them on...
+        assert tuple(at.stage for at in moments[:2]) == tuple(stage for stage, _ in at_backwards[:2])
         # ...with the buffers it counts: the backward's own output gradient, unless last stage.
         for stage, alive in at_backwards[:2]:
             assert alive == receive_buffers_in_backward(stage, layout), (rank, stage)
