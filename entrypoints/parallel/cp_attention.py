@@ -41,12 +41,20 @@ to kernels that return the LSE and honouring what `sdpa_kernel` has switched off
 - anywhere else, or for inputs no fused kernel takes (fp32 on CUDA, odd head sizes): an exact
   math piece that materialises the piece's [C, keys] scores.
 
-Memory saved per layer (what launcher/estimate models): q, the gathered K and V (every piece
-reads views of them), the merged output and an fp32 LSE per head and token; no piece keeps its
-own output. The merged output is laid out [B, S, H, D] so that the model's transpose + reshape
-into wo's input is a view, not a second copy.
+Memory saved per layer (what launcher/estimate models): q, K and V, the merged output and an
+fp32 LSE per head and token; no piece keeps its own output. The merged output is laid out
+[B, S, H, D] so that the model's transpose + reshape into wo's input is a view, not a second copy.
+Given the whole sequence's K/V, the call saves them. Given the rank's own K/V and a `KVGather`
+(`gather=`), it gathers them itself and saves only the rank's share: its backward gathers them
+again and reduce-scatters dK/dV, as Megatron-Core's sequence-parallel linears re-gather their
+input in backward (megatron/core/tensor_parallel/layers.py,
+LinearWithGradAccumulationAndAsyncCommunication) and TE's ring attention sends K/V round the
+ring again in backward. A layer then keeps 1/c of the gathered K/V until its backward, for one
+more K/V all-gather per layer; the whole sequence's K/V exist only inside one layer's forward
+and backward.
 
     lse_merged_attention(q, k_full, v_full, chunk_ids)          # [B, H, len(chunk_ids)·C, D]
+    lse_merged_attention(q, k, v, chunk_ids, gather=kv_gather)   # K/V regathered in backward
     lse_merged_attention(..., backend="flash")                   # pin one kernel
     piece_backend(q)                                              # the kernel a call would use
 
@@ -55,7 +63,7 @@ into wo's input is a view, not a second copy.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch.nn.attention import SDPBackend
@@ -213,9 +221,22 @@ def _merge(results: list, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
+class KVGather(Protocol):
+    """The context-parallel group's K/V collectives, outside autograd (parallel/context.py)."""
+
+    def full(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, Hkv, 2C, D] of this rank -> [B, Hkv, S, D] of the whole sequence, in natural order."""
+        ...
+
+    def reduce(self, x_full: torch.Tensor) -> torch.Tensor:
+        """The gradient of `full`: [B, Hkv, S, D] summed over the group, this rank's [B, Hkv, 2C, D]."""
+        ...
+
+
 class _LseMergedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k_full, v_full, chunk_ids: tuple[int, ...], backend: str):
+    def forward(ctx, q, k, v, chunk_ids: tuple[int, ...], backend: str, gather: KVGather | None):
+        k_full, v_full = (k, v) if gather is None else (gather.full(k), gather.full(v))
         forward_kernel = _KERNELS[backend][0]
         batch, heads, local, head_dim = q.shape
         scale = head_dim**-0.5
@@ -229,35 +250,47 @@ class _LseMergedAttention(torch.autograd.Function):
             out_chunk.copy_(merged_out)
             lse_chunk.copy_(merged_lse)
             states.append([state for _, _, state in results])
-        ctx.save_for_backward(q, k_full, v_full, out, lse)
-        ctx.chunk_ids, ctx.backend, ctx.scale, ctx.states = chunk_ids, backend, scale, states
+        # Under `gather` the rank's own K/V are saved; the gathered ones die with this frame.
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.chunk_ids, ctx.backend, ctx.scale, ctx.states, ctx.gather = chunk_ids, backend, scale, states, gather
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k_full, v_full, out, lse = ctx.saved_tensors
-        backward_kernel = _KERNELS[ctx.backend][1]
-        heads, kv_heads = q.shape[1], k_full.shape[1]
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k_full), torch.zeros_like(v_full)
-        for (q_chunk, out_chunk, lse_chunk, n), dout_chunk, dq_chunk, states in zip(
-            _chunks(q, out, lse, ctx.chunk_ids), dout.chunk(len(ctx.chunk_ids), dim=2),
-            dq.chunk(len(ctx.chunk_ids), dim=2), ctx.states, strict=True,
-        ):  # fmt: skip
-            diag, *prefix = _chunk_pieces(q_chunk, k_full, v_full, n)
-            chunk, start = q_chunk.shape[2], n * q_chunk.shape[2]
-            # Each piece's backward with the merged output and LSE: its share of the exact gradient.
-            args = (dout_chunk.contiguous(), out_chunk.contiguous(), lse_chunk.contiguous())
-            dq_diag, dk_diag, dv_diag = backward_kernel(diag, *args, states[0], ctx.scale)
-            dq_chunk.copy_(dq_diag)
-            dk[:, :, start : start + chunk] += dk_diag.unflatten(1, (kv_heads, -1)).sum(2)
-            dv[:, :, start : start + chunk] += dv_diag.unflatten(1, (kv_heads, -1)).sum(2)
-            if prefix:
-                stacked = [_stack_groups(t, kv_heads).contiguous() for t in args]
-                dq_prefix, dk_prefix, dv_prefix = backward_kernel(prefix[0], *stacked, states[1], ctx.scale)
-                dq_chunk.add_(_unstack_groups(dq_prefix, heads))
-                dk[:, :, :start] += dk_prefix
-                dv[:, :, :start] += dv_prefix
-        return dq, dk, dv, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        gather = ctx.gather
+        k_full, v_full = (k, v) if gather is None else (gather.full(k), gather.full(v))
+        dq, dk, dv = _backward_pieces(ctx, dout, q, k_full, v_full, out, lse)
+        del k_full, v_full
+        if gather is not None:
+            dk, dv = gather.reduce(dk), gather.reduce(dv)
+        return dq, dk, dv, None, None, None
+
+
+def _backward_pieces(ctx, dout, q, k_full, v_full, out, lse):
+    """(dq, dK, dV of the whole sequence): every piece's backward with the merged output and LSE."""
+    backward_kernel = _KERNELS[ctx.backend][1]
+    heads, kv_heads = q.shape[1], k_full.shape[1]
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k_full), torch.zeros_like(v_full)
+    for (q_chunk, out_chunk, lse_chunk, n), dout_chunk, dq_chunk, states in zip(
+        _chunks(q, out, lse, ctx.chunk_ids), dout.chunk(len(ctx.chunk_ids), dim=2),
+        dq.chunk(len(ctx.chunk_ids), dim=2), ctx.states, strict=True,
+    ):  # fmt: skip
+        diag, *prefix = _chunk_pieces(q_chunk, k_full, v_full, n)
+        chunk, start = q_chunk.shape[2], n * q_chunk.shape[2]
+        # Each piece's backward with the merged output and LSE: its share of the exact gradient.
+        args = (dout_chunk.contiguous(), out_chunk.contiguous(), lse_chunk.contiguous())
+        dq_diag, dk_diag, dv_diag = backward_kernel(diag, *args, states[0], ctx.scale)
+        dq_chunk.copy_(dq_diag)
+        dk[:, :, start : start + chunk] += dk_diag.unflatten(1, (kv_heads, -1)).sum(2)
+        dv[:, :, start : start + chunk] += dv_diag.unflatten(1, (kv_heads, -1)).sum(2)
+        if prefix:
+            stacked = [_stack_groups(t, kv_heads).contiguous() for t in args]
+            dq_prefix, dk_prefix, dv_prefix = backward_kernel(prefix[0], *stacked, states[1], ctx.scale)
+            dq_chunk.add_(_unstack_groups(dq_prefix, heads))
+            dk[:, :, :start] += dk_prefix
+            dv[:, :, :start] += dv_prefix
+    return dq, dk, dv
 
 
 def _chunks(q, out, lse, chunk_ids):
@@ -268,25 +301,29 @@ def _chunks(q, out, lse, chunk_ids):
 
 def lse_merged_attention(
     q: torch.Tensor,
-    k_full: torch.Tensor,
-    v_full: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     chunk_ids: tuple[int, ...],
     *,
     backend: str | None = None,
+    gather: KVGather | None = None,
 ) -> torch.Tensor:
     """Causal attention of q's chunks (global chunk indices `chunk_ids`) over the whole K/V.
 
-    q: [B, H, len(chunk_ids)·C, D]; k_full, v_full: [B, Hkv, S, D] in natural order, Hkv
-    dividing H. Returns [B, H, len(chunk_ids)·C, D]. `backend` pins one of BACKENDS; by
-    default `piece_backend(q)`.
+    q: [B, H, len(chunk_ids)·C, D]; k, v: [B, Hkv, S, D] of the whole sequence in natural order,
+    or with `gather` this rank's [B, Hkv, len(chunk_ids)·C, D], which `gather.full` makes whole
+    (in forward, and again in backward). Hkv divides H. Returns [B, H, len(chunk_ids)·C, D].
+    `backend` pins one of BACKENDS; by default `piece_backend(q)`.
     """
     backend = backend or piece_backend(q)
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; valid: {', '.join(BACKENDS)}")
-    if q.shape[2] % len(chunk_ids) or q.shape[1] % k_full.shape[1]:
+    if q.shape[2] % len(chunk_ids) or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"q {tuple(q.shape)} does not split into {len(chunk_ids)} chunks or into groups of K/V's {k_full.shape[1]} heads"
+            f"q {tuple(q.shape)} does not split into {len(chunk_ids)} chunks or into groups of K/V's {k.shape[1]} heads"
         )
-    if k_full.shape[2] < (max(chunk_ids) + 1) * (q.shape[2] // len(chunk_ids)):
-        raise ValueError(f"K/V hold {k_full.shape[2]} tokens, fewer than chunks {chunk_ids} of q reach")
-    return _LseMergedAttention.apply(q, k_full, v_full, tuple(chunk_ids), backend)
+    if gather is None and k.shape[2] < (max(chunk_ids) + 1) * (q.shape[2] // len(chunk_ids)):
+        raise ValueError(f"K/V hold {k.shape[2]} tokens, fewer than chunks {chunk_ids} of q reach")
+    if gather is not None and k.shape[2] != q.shape[2]:
+        raise ValueError(f"K/V to gather hold {k.shape[2]} tokens; this rank's q holds {q.shape[2]}")
+    return _LseMergedAttention.apply(q, k, v, tuple(chunk_ids), backend, gather)

@@ -15,7 +15,7 @@ import torch
 
 from entrypoints.fp8 import Fp8Settings, convert_to_float8
 from entrypoints.model.llama import Transformer, build_model
-from entrypoints.parallel.activation import apply_activation_checkpointing
+from entrypoints.parallel.activation import apply_activation_checkpointing, checkpointed_layers
 from entrypoints.parallel.context import apply_context_parallel
 from entrypoints.parallel.expert import apply_expert_parallel, apply_routing_group, build_expert_mesh, expert_fsdp_mesh
 from entrypoints.parallel.fsdp import apply_fsdp
@@ -44,7 +44,8 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
     #    all-gather or Ulysses' all-to-alls. Touches no parameter; FSDP shards over cp as well.
     if par.context > 1:
         ulysses = UlyssesAttention(mesh["cp"]) if par.cp_attention == "ulysses" else None
-        apply_context_parallel(model, mesh["cp"], ulysses)
+        checkpointed = checkpointed_layers(par.activation_checkpointing, [int(key) for key in model.layers])
+        apply_context_parallel(model, mesh["cp"], ulysses, checkpointed=set(checkpointed))
 
     # 3. Expert parallel after TP (which leaves the MoE layers whole) and before AC and FSDP,
     #    as torchtitan's llama4 parallelize_llama does: experts become ep-sharded DTensors, which

@@ -19,7 +19,8 @@ the KV heads those queries read, because both counts are divisible by cp (the ru
 
 Memory per layer and rank (what the estimator models): SDPA saves q, k, v and the output for
 H/c heads of the whole sequence, the same number of elements as the local q, k, v and output
-they replace, so nothing grows with cp (the all-gather path keeps K/V of the whole sequence).
+they replace, so nothing grows with cp (the all-gather path holds K/V of the whole sequence
+within each layer's attention, and keeps them where a layer is recomputed).
 """
 
 from __future__ import annotations

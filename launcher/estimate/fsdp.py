@@ -52,10 +52,10 @@ class _Block:
       each T/t x h, with an fp32 rstd per token (CUDA's fused RMSNorm);
     - the inputs of the attention and MLP projections: the norm outputs, all-gathered along
       the sequence under TP, so T x h each (DTensor keeps the gathered tensor, not the shard);
-    - rotated q (T x h/t), k and v (T x kv/t; under CP the K/V all-gathered from the whole
-      sequence, c x that), the attention output (T x h/t, once: the CP kernel writes its
-      merged output laid out [B, S, H, D], so wo's input is a view of it) and an fp32
-      log-sum-exp per head and token;
+    - rotated q (T x h/t), k and v (T x kv/t; under CP a checkpointed block's recomputation
+      keeps the K/V all-gathered from the whole sequence, c x that), the attention output
+      (T x h/t, once: the CP kernel writes its merged output laid out [B, S, H, D], so wo's
+      input is a view of it) and an fp32 log-sum-exp per head and token;
     - the SwiGLU's w1 x and w3 x (entrypoints/model/swiglu.py recomputes silu(w1 x) in
       backward) and their product, w2's input: 3 x T x f/t; in a mixture-of-experts block, the
       router, dispatch and experts' tensors instead (moe.py).
@@ -65,6 +65,10 @@ class _Block:
         "saved",
         "tp_gathered",
         "cp_gathered",
+        "regathers_kv",
+        "recomputed_kv",
+        "attention_backward",
+        "mlp_saved",
         "layer_input",
         "backward_working",
         "fp8_cast",
@@ -94,16 +98,16 @@ class _Block:
         )
         mlp = _Mlp(w, cb)
         local += mlp.saved
+        self.mlp_saved = mlp.saved
         if arch.qk_norm:
             # Qwen3's q_norm and k_norm (RMSNorm per head, before RoPE) save their inputs, the
             # projections' outputs, and an fp32 rstd per head and token.
             local += cb * tokens * (q + kv) / t + FP32 * tokens * (heads + arch.num_kv_heads) / t
         # Sequence parallel keeps the all-gathered norm outputs: (t - 1) more shards of each.
         self.tp_gathered = cb * (tokens - sharded) * h * 2
-        # Context parallel keeps K and V of the whole sequence: (c - 1) more chunks of each.
-        # Ulysses (parallel/ulysses.py) instead saves q, k, v and the output of the whole
-        # sequence for heads/c heads, as many values as the local ones counted above: nothing more.
-        self.cp_gathered = 0 if w.cp_attention_path == "ulysses" else cb * tokens * (c - 1) * 2 * kv / t
+        self.regathers_kv, self.recomputed_kv, self.cp_gathered, self.attention_backward = _context_parallel_kv(
+            w, cb, tokens
+        )
         self.saved = local + self.tp_gathered + self.cp_gathered
         self.layer_input = cb * sharded * h
         # MLP backward, where a block's backward peaks (_Mlp), with the incoming gradient (and
@@ -158,15 +162,45 @@ class _Block:
         # parallelism the block without its experts, a unit reduced before it.
         self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
 
-    def in_backward(self, checkpointed: bool) -> tuple[float, float, float]:
-        """(the block's own activations, working set, weight gradients) at its backward's peak:
-        inside the MLP's backward, or for a checkpointed MoE block inside its recomputation
-        when that holds more."""
-        backward = (self.saved - self.freed_in_backward, self.backward_working, self.weight_grad_w2)
+    def in_backward(self, checkpointed: bool) -> tuple[float, float, float, float]:
+        """(the block's own activations, working set, weight gradients, float8 cast) at its
+        backward's peak: inside the MLP's backward, or, where it holds more, inside the
+        attention's backward under K/V regathering, or for a checkpointed MoE block inside its
+        recomputation."""
+        own = self.saved - self.freed_in_backward + (self.recomputed_kv if checkpointed else 0.0)
+        backward = (own, self.backward_working, self.weight_grad_w2, self.fp8_cast)
+        if not checkpointed and self.regathers_kv:
+            # Later, in the attention's backward, the MLP's saved set is gone.
+            attention = (self.saved - self.mlp_saved, self.attention_backward, self.weight_grad_w2, 0.0)
+            backward = max(backward, attention, key=sum)
         if not checkpointed or self.recompute is None:
             return backward
         working, missing = self.recompute
-        return max(backward, (self.saved - missing, working, 0.0), key=sum)
+        return max(backward, (self.saved + self.recomputed_kv - missing, working, 0.0, 0.0), key=sum)
+
+
+def _context_parallel_kv(w: Workload, cb: int, tokens: float) -> tuple[bool, float, float, float]:
+    """(whether kept blocks regather K/V in backward, what a checkpointed block's recomputation
+    keeps of the gathered K/V, what a kept block saves of it, the attention backward's working
+    set under regathering), per block and micro-batch on one rank of T = `tokens` tokens.
+
+    Context parallel gathers K and V of the whole sequence: (c - 1) more chunks of each.
+    Ulysses (parallel/ulysses.py) instead saves q, k, v and the output of the whole sequence for
+    heads/c heads, as many values as the local ones `_Block` counts: nothing more. A block that
+    keeps its activations saves only the rank's K/V and gathers the rest again in its backward
+    (parallel/context.py); a checkpointed block's recomputation, and document masking's masked
+    path, keep the gathered K/V. The attention's backward under regathering
+    (cp_attention._LseMergedAttention) holds K, V gathered again and dK, dV of the whole
+    sequence, the prefix pieces' dK and dV (up to (2c - 1)/2c of it), and the incoming gradient
+    and dq of the rank's queries."""
+    arch, t, c = w.arch, w.layout.tensor, w.layout.context
+    kv, q = arch.kv_dim, arch.q_dim
+    gathered_kv = 0 if w.cp_attention_path == "ulysses" else cb * tokens * (c - 1) * 2 * kv / t
+    if gathered_kv == 0 or w.document_masking:
+        return False, 0.0, gathered_kv, 0.0
+    whole_kv = cb * tokens * c * kv / t
+    attention_backward = (4 + 2 * (2 * c - 1) / (2 * c)) * whole_kv + 2 * cb * tokens * q / t
+    return True, gathered_kv, 0.0, attention_backward
 
 
 class _Mlp:
@@ -362,7 +396,9 @@ def _evaluation_moment(context: _Context, n: int, base: dict, root_params: float
     gathered = n if w.layout.pipeline > 1 or w.grad_accumulation == "sync_last_gathered" else min(n, 2)
     moment = dict(base)
     moment["fsdp_buffers"] = cb * root_params + gathered * block.gathered
-    moment["activations"] = block.saved + block.layer_input + cb * _tokens(w) * w.arch.head_dim + context.documents
+    moment["activations"] = (
+        block.saved + block.recomputed_kv + block.layer_input + cb * _tokens(w) * w.arch.head_dim + context.documents
+    )
     moment["loss"] = context.loss.forward_working if last else 0.0
     return moment
 
@@ -485,8 +521,10 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
         index = n - 1 - k
         below_checkpointed = _checkpointed_below(mode, index)
         below = _kept(block, index, below_checkpointed)
-        own, working, weight_grads = block.in_backward(_checkpointed_below(mode, index + 1) > below_checkpointed)
-        alive = (below[0] + own, below[1] + block.tp_gathered, below[2] + block.cp_gathered)
+        recomputed = _checkpointed_below(mode, index + 1) > below_checkpointed
+        own, working, weight_grads, fp8_cast = block.in_backward(recomputed)
+        own_kv = block.cp_gathered + (block.recomputed_kv if recomputed else 0.0)
+        alive = (below[0] + own, below[1] + block.tp_gathered, below[2] + own_kv)
         moment = dict(base)
         moment["gradients"] = acc.gradients(k)
         prefetch = block.gathered if index > 0 else 0
@@ -499,7 +537,7 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
             + weight_grads
         )
         moment["working"] = working
-        moment["fp8"] = block.fp8_cast
+        moment["fp8"] = fp8_cast
         found[f"backward of layer {index}"] = _with_activations(moment, alive, rope_cast)
     # The embedding's backward, last: every block's gradient shard and the last block's
     # reduce-scatter input exist, and the embedding gradient is dense over the whole
@@ -557,10 +595,10 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
             kept_activations += boundary * at.sent_gradients
         receive_buffers = boundary * receive_buffers_in_backward(at.stage, layout)
         # In a block's backward: its full set (recomputed if checkpointed) and its working set.
-        own, working, weight_grads = block.in_backward(bool(checkpointed))
+        own, working, weight_grads, fp8_cast = block.in_backward(bool(checkpointed))
         in_block = dict(moment)
         in_block["fsdp_buffers"] += weight_grads
-        in_block["fp8"] = block.fp8_cast
+        in_block["fp8"] = fp8_cast
         in_block["working"] = working + receive_buffers
         # The kept set counts the block as saved (or, checkpointed, as its input alone).
         in_block["activations"] = kept_activations + own - (block.layer_input if checkpointed else block.saved)

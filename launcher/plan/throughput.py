@@ -855,9 +855,11 @@ def _overlapped_tp_layer(step: _Step, gather: float, collective: float) -> float
 
 
 def context_parallel_time(step: _Step) -> float:
-    """allgather (and the older zigzag_sdpa): the K/V all-gathers (forward, recomputed forward) and
-    their gradients' reduce-scatter. ulysses: all-to-alls of q, k, v in and of the output back, in
-    forward, recomputed forward and backward."""
+    """allgather (and the older zigzag_sdpa): the K/V all-gathers and their gradients'
+    reduce-scatter, three per layer: a layer that keeps its activations gathers K/V again in
+    backward (parallel/context.py), a checkpointed one in its recomputed forward. Under document
+    masking a kept layer saves the gathered K/V instead (two). ulysses: all-to-alls of q, k, v in
+    and of the output back, in forward, recomputed forward and backward."""
     c, k = step.c, step.k
     if c == 1:
         return 0.0
@@ -873,7 +875,8 @@ def context_parallel_time(step: _Step) -> float:
         2 * k.activation_bytes * step.b * step.s * step.kv / step.t
     )  # K and V of the whole sequence, this TP rank's heads
     collective = kv_bytes * (c - 1) / c / bw + lat
-    return step.layers * (2 + step.recompute) * collective * (1 - k.cp_overlap)
+    per_layer = 2 + step.recompute if step.w.document_masking else 3
+    return step.layers * per_layer * collective * (1 - k.cp_overlap)
 
 
 class _FsdpTraffic(NamedTuple):

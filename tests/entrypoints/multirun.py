@@ -41,47 +41,58 @@ def run_train(job: dict, env) -> dict:
 
 
 def run_cp_attention(job: dict, env) -> dict:
-    """Zigzag context-parallel attention vs full causal attention, forward and backward."""
+    """Zigzag context-parallel attention vs full causal attention, forward and backward, with the
+    K/V regathered in backward and kept gathered; and the bytes each way saves for backward."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (env.world_size,), mesh_dim_names=("cp",))
-    cp = ContextParallelAttention(mesh["cp"])
-    rank, size = cp.rank, cp.size
-    errors = {}
+    size = mesh.size()
+    errors, saved = {}, {}
     for heads, kv_heads in job["cases"]:
         batch, seq, dim = 2, 8 * size * 3, 16
         generator = torch.Generator().manual_seed(heads * 100 + kv_heads)
         q, k, v, grad_out = (
             torch.randn(shape, generator=generator)
-            for shape in [
-                (batch, heads, seq, dim),
-                (batch, kv_heads, seq, dim),
-                (batch, kv_heads, seq, dim),
-                (batch, heads, seq, dim),
-            ]
+            for shape in [(batch, heads, seq, dim), *[(batch, kv_heads, seq, dim)] * 2, (batch, heads, seq, dim)]
         )
         gqa = heads != kv_heads
         full = [t.clone().requires_grad_() for t in (q, k, v)]
         reference = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=gqa)
         reference.backward(grad_out)
+        for regather in (True, False):
+            cp = ContextParallelAttention(mesh["cp"], regather=regather)
+            case, saved[f"{heads}/{kv_heads} regather={regather}"] = _cp_case(cp, full, reference, grad_out, gqa)
+            worst = torch.tensor(list(case.values()))
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            errors[f"{heads}/{kv_heads} regather={regather}"] = dict(zip(case, worst.tolist(), strict=True))
+    return {"cp": size, "max_abs_error": errors, "saved_bytes": saved}
 
-        local = [shard_sequence(t, 2, rank, size).detach().requires_grad_() for t in (q, k, v)]
+
+def _cp_case(cp, full, reference, grad_out, gqa) -> tuple[dict, int]:
+    """(max abs errors of out, dq, dk, dv on this rank, bytes autograd saved for the backward)."""
+    rank, size = cp.rank, cp.size
+    local = [shard_sequence(t.detach(), 2, rank, size).requires_grad_() for t in full]
+    stored: dict[int, int] = {}
+
+    def pack(tensor):
+        stored[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         out = cp(*local, enable_gqa=gqa)
-        out.backward(shard_sequence(grad_out, 2, rank, size))
+    out.backward(shard_sequence(grad_out, 2, rank, size))
 
-        def err(mine, theirs):
-            return (mine - shard_sequence(theirs, 2, rank, size)).abs().max().item()
+    def err(mine, theirs):
+        return (mine - shard_sequence(theirs, 2, rank, size)).abs().max().item()
 
-        case = {
-            "out": err(out.detach(), reference.detach()),
-            "dq": err(local[0].grad, full[0].grad),
-            "dk": err(local[1].grad, full[1].grad),
-            "dv": err(local[2].grad, full[2].grad),
-        }
-        worst = torch.tensor(list(case.values()))
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        errors[f"{heads}/{kv_heads}"] = dict(zip(case, worst.tolist(), strict=True))
-    return {"cp": size, "max_abs_error": errors}
+    case = {
+        "out": err(out.detach(), reference.detach()),
+        **{
+            name: err(mine.grad, theirs.grad)
+            for name, mine, theirs in zip(("dq", "dk", "dv"), local, full, strict=True)
+        },
+    }
+    return case, sum(stored.values())
 
 
 def run_vocab_parallel_loss(job: dict, env) -> dict:

@@ -139,11 +139,27 @@ def test_checkpoints_are_marked_complete_and_keep_the_newest(runs):
 
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("heads", [f"{h}/{kv}" for h, kv in CP_CASES])
-def test_context_parallel_attention_matches_full_attention(runs, cp, heads):
+@pytest.mark.parametrize("regather", [True, False])
+def test_context_parallel_attention_matches_full_attention(runs, cp, heads, regather):
     result = runs.cp_attention[cp]
     assert result["cp"] == cp
-    errors = result["max_abs_error"][heads]
+    errors = result["max_abs_error"][f"{heads} regather={regather}"]
     assert max(errors.values()) <= 1e-5, errors
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("heads", [f"{h}/{kv}" for h, kv in CP_CASES])
+def test_regathering_attention_saves_only_the_ranks_own_kv(runs, cp, heads):
+    # Saved for backward, by storage: q, K and V as the rank holds them, the output and the LSE;
+    # kept gathered, K and V of the whole sequence instead: (cp - 1) x the rank's K and V more.
+    heads_q, kv_heads = (int(n) for n in heads.split("/"))
+    batch, local_tokens, dim = 2, 8 * 3, 16  # multirun.run_cp_attention: 8 x cp x 3 tokens over cp ranks
+    own_kv = 2 * 4 * batch * kv_heads * local_tokens * dim
+    saved = runs.cp_attention[cp]["saved_bytes"]
+    regathered, kept = saved[f"{heads} regather=True"], saved[f"{heads} regather=False"]
+    assert kept - regathered == (cp - 1) * own_kv, saved
+    # What remains: q, K, V and the output in fp32, the fp32 LSE.
+    assert regathered == 4 * batch * local_tokens * (2 * heads_q * dim + 2 * kv_heads * dim + heads_q), saved
 
 
 def test_fp8_trains_on_cpu_with_decreasing_loss(runs):

@@ -15,13 +15,27 @@ LAYER = "backward of layer 3"
 
 
 def test_ulysses_keeps_no_gathered_k_and_v():
-    allgather = workload(layout=Layout(context=2), cp_attention="allgather")
+    allgather = workload(layout=Layout(context=2), cp_attention="allgather", document_masking=True)
     ulysses = replace(allgather, cp_attention="ulysses")
     assert ulysses.cp_attention_path == "ulysses"
     gathered, alone = fsdp.moments(allgather)[LAYER], fsdp.moments(ulysses)[LAYER]
+    # Document masking's masked path keeps the gathered K/V in every layer.
     assert gathered["cp_buffers"] == 4 * 2 * 128 * 2 * 64  # 4 layers x K and V of the other 128 tokens
     assert alone["cp_buffers"] == 0
-    assert alone["activations"] == gathered["activations"]  # q, k, v, out move between ranks, not grow
+
+
+def test_the_all_gather_path_keeps_gathered_k_and_v_only_where_a_layer_is_recomputed():
+    kept = workload(layout=Layout(context=2), cp_attention="allgather")
+    assert fsdp.moments(kept)[LAYER]["cp_buffers"] == 0  # every layer regathers K/V in its backward
+    full = replace(kept, activation_checkpointing="full")
+    assert fsdp.moments(full)[LAYER]["cp_buffers"] == 2 * 128 * 2 * 64  # layer 3's recomputation: K and V
+    # Without the gathered K/V each layer saves what Ulysses saves: the same number of values.
+    ulysses = replace(kept, cp_attention="ulysses")
+    block, ulysses_block = (
+        fsdp._Block(kept, 2, float8_all_gather=False),
+        fsdp._Block(ulysses, 2, float8_all_gather=False),
+    )
+    assert block.saved == ulysses_block.saved
 
 
 def test_auto_picks_ulysses_only_where_it_moves_fewer_bytes():

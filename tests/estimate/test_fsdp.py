@@ -129,10 +129,12 @@ def test_tensor_parallel_keeps_gathered_norm_outputs_and_shards_the_rest():
     assert moment["activations"] == round(4 * saved_tp + ROPE)
 
 
-def test_context_parallel_keeps_the_whole_sequence_k_and_v_per_layer():
-    moment = fsdp.moments(workload(layout=Layout(context=2)))["backward of layer 3"]
-    # 128 local tokens; K and V of the other rank's 128 tokens, 64 wide each, per layer
-    assert moment["cp_buffers"] == 4 * 2 * 128 * 2 * 64
+def test_context_parallel_keeps_the_whole_sequence_k_and_v_only_where_the_masked_path_runs():
+    # 128 local tokens; K and V of the other rank's 128 tokens, 64 wide each, per layer. The
+    # fused path regathers them in backward instead (test_attention_memory.py).
+    masked = fsdp.moments(workload(layout=Layout(context=2), document_masking=True))["backward of layer 3"]
+    assert masked["cp_buffers"] == 4 * 2 * 128 * 2 * 64
+    assert fsdp.moments(workload(layout=Layout(context=2)))["backward of layer 3"]["cp_buffers"] == 0
 
 
 def test_pipeline_rank_holds_p_micro_batches_all_blocks_gathered_and_fp32_accumulated_grads():

@@ -99,6 +99,10 @@ def test_fp8_changes_only_float8_casts_gathered_weights_and_the_block_working_se
     moment of a block's backward is largest."""
     bf16, fp8 = replace(w, fp8=False), replace(w, fp8=True)
     changeable = {"fp8", "fsdp_buffers", "working"}
+    if w.layout.context > 1 and w.cp_attention_path == "allgather" and not w.document_masking:
+        # A block regathering K/V has two backward moments, the MLP's and the attention's (after
+        # the MLP's saved set is freed); the float8 cast can tip which is larger.
+        changeable.add("activations")
     for rank in range(w.layout.pipeline):
         before, after = fsdp.moments(bf16, rank=rank), fsdp.moments(fp8, rank=rank)
         assert before.keys() == after.keys()

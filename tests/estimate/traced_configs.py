@@ -113,6 +113,15 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=4,
     ),
     TracedConfig(
+        # No recomputation: every layer keeps its K/V for backward, the rank's share only
+        # (parallel/context.py regathers them in backward).
+        "8B 64K cp8 none (4 layers)",
+        llama8b(4),
+        65536,
+        parallel={"context": 8, "cp_attention": "allgather", "activation_checkpointing": "none"},
+        global_batch_size=1,
+    ),
+    TracedConfig(
         "8B 128K cp8 full",
         llama8b(),
         131072,
