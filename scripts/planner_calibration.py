@@ -78,6 +78,10 @@ class Point:
     attention_kernel: str = "cudnn"  # the attention kernel the run used (Constants.attention_kernel_factor)
     tp_overlap: str = "none"  # TP collectives overlapped with GEMMs: async (torch) or userbuffers (TE) (Workload)
     p2p_overlap: bool = False  # Megatron's overlap_p2p_comm under the interleaved schedule (Workload)
+    # Megatron's distributed optimizer (ZeRO-1, grads reduce-scattered and params all-gathered
+    # once per step, overlapped): priced with FSDP's sync_last_gathered traffic (workload_of).
+    distributed_optimizer: bool = False
+    cp_ring: bool = False  # CP as Transformer Engine's p2p ring, transfers beside attention (Workload)
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
     arch_changes: dict = field(default_factory=dict)
@@ -134,10 +138,16 @@ ROW_REQUIRED = (
     "measured",
     "unit",
 )
-ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm", "note",
-                "assumed", "fitted")  # fmt: skip
-# A source's defaults for its rows (a row's own value wins): what its configs set, cited in the source.
-SOURCE_DEFAULTS = ("tp_comm_overlap", "overlap_p2p_comm")
+ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
+                "distributed_optimizer", "cp_ring", "note", "assumed", "fitted")  # fmt: skip
+# A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
+# source under the evidence key beside each.
+SOURCE_DEFAULTS = {
+    "tp_comm_overlap": "overlap_evidence",
+    "overlap_p2p_comm": "overlap_evidence",
+    "distributed_optimizer": "optimizer_evidence",
+    "cp_ring": "cp_evidence",
+}
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
 UNITS = {"tokens/s/GPU": False, "model TFLOP/s/GPU": True}
 
@@ -166,12 +176,12 @@ def load_benchmark(path: Path = BENCHMARK) -> tuple[dict[str, dict], list[Point]
             or not (record.get("url") or all(record.get(k) for k in ("repo", "path", "commit")))
         ):
             raise BenchmarkError(f"{path.name}: source {key!r} needs a title and a url, or repo, path and commit")
-        settings = {k: record[k] for k in SOURCE_DEFAULTS if k in record}
-        if settings and (not all(isinstance(v, bool) for v in settings.values()) or not record.get("overlap_evidence")):
-            raise BenchmarkError(
-                f"{path.name}: source {key!r} sets {', '.join(settings)}: each must be true or false, and "
-                "overlap_evidence must say where the source's configs set them"
-            )
+        for setting, evidence in SOURCE_DEFAULTS.items():
+            if setting in record and (not isinstance(record[setting], bool) or not record.get(evidence)):
+                raise BenchmarkError(
+                    f"{path.name}: source {key!r} sets {setting}: it must be true or false, and {evidence} "
+                    "must say where the source's configs set it"
+                )
         kernel = record.get("attention_kernel", "cudnn")
         if kernel not in CONSTANTS.attention_kernel_factor:
             raise BenchmarkError(
@@ -237,6 +247,8 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         attention_kernel=source.get("attention_kernel", "cudnn"),
         tp_overlap=_tp_overlap(row, source, layout),
         p2p_overlap=layout.virtual_stages > 1 and _setting(row, source, "overlap_p2p_comm"),
+        distributed_optimizer=_setting(row, source, "distributed_optimizer"),
+        cp_ring=layout.context > 1 and _setting(row, source, "cp_ring"),
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
     )
@@ -262,6 +274,10 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("TE TP overlap (tp_overlap)")
     if row.get("vp", 1) > 1 and _setting(row, source, "overlap_p2p_comm"):
         parts.append("p2p overlap")
+    if row.get("dp", 1) > 1 and row.get("pp", 1) == 1 and _setting(row, source, "distributed_optimizer"):
+        parts.append("distributed optimizer (priced as sync_last_gathered)")
+    if row.get("cp", 1) > 1 and _setting(row, source, "cp_ring"):
+        parts.append("TE p2p ring CP (cp_ring)")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
         parts.append("fp8-cs priced as tensorwise")
     if row["precision"] == "fp8-rowwise":
@@ -314,9 +330,10 @@ def workload_of(point: Point) -> Workload:
         activation_checkpointing=point.ac,
         pipeline_schedule=point.schedule,
         compile=point.compile,
-        cp_attention="allgather",  # the published systems' ring attention moves K/V like an all-gather
+        cp_attention="allgather",  # K/V of the whole sequence per layer, as a ring moves them (cp_ring: overlapped)
         tp_overlap=point.tp_overlap,
         p2p_overlap=point.p2p_overlap,
+        cp_ring=point.cp_ring,
     )
 
 
@@ -327,7 +344,17 @@ def run(point: Point) -> tuple[float, float, object, object]:
     constants = PUBLISHED_CP
     if point.attention_kernel != constants.attention_kernel:
         constants = dataclasses.replace(constants, attention_kernel=point.attention_kernel)
-    speed = predict(workload, hardware(point), constants=constants)
+    # Megatron's distributed optimizer moves what FSDP's sync_last_gathered moves: the gradients
+    # reduce-scattered once per step, overlapped with the last micro-batch's backward
+    # (overlap_grad_sync / overlap_grad_reduce), and the parameters all-gathered once, overlapped
+    # with the next step's first forward (overlap_param_sync / overlap_param_gather). The memory
+    # verdict stays our program's, which reshards per micro-batch (sync_each).
+    priced = (
+        dataclasses.replace(workload, grad_accumulation="sync_last_gathered")
+        if point.distributed_optimizer
+        else workload
+    )
+    speed = predict(priced, hardware(point), constants=constants)
     measured = point.measured
     if point.tflops:
         measured = point.measured * 1e12 / model_flops_per_token(arch, point.seq_len, causal=False)
@@ -893,7 +920,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3 | - |
 | recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | - |
 | TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink | none for the entrypoints (DTensor's collectives sit between dependent matmuls); `tp_overlap` (planner-only: torch's async TP, TE userbuffers) cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time |
-| CP | allgather: all-gather of K and V in forward, again in backward (a kept layer regathers them, parallel/context.py) or in the recomputed forward, and reduce-scatter of their gradients: three per layer (two under document masking, which keeps the gathered K/V); ulysses: all-to-alls of q, k, v in and the output back, forward, recomputed forward and backward | none |
+| CP | allgather: all-gather of K and V in forward, again in backward (a kept layer regathers them, parallel/context.py) or in the recomputed forward, and reduce-scatter of their gradients: three per layer (two under document masking, which keeps the gathered K/V); ulysses: all-to-alls of q, k, v in and the output back, forward, recomputed forward and backward | none for the entrypoints; `cp_ring` (planner-only: Transformer Engine's p2p ring) moves each K/V chunk (with dK/dV in backward) beside one of the c attention steps, exposed only by what outlasts the step |
 | FSDP | by `parallel.grad_accumulation`: sync_each gathers each block before forward and backward and reduce-scatters gradients (in `parallel.reduce_dtype`) every micro-batch; sync_last reduce-scatters on the last micro-batch only; sync_last_gathered also gathers once per step, as under PP, where torch.distributed.pipelining keeps blocks gathered | hidden behind 85% of the micro-batch's compute (the step's under PP); the first block's gather always exposed |
 | HSDP | all-reduce of the gradient shards between replicas, once per step | half hidden |
 | PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none for the entrypoints; `p2p_overlap` (planner-only: Megatron's overlap_p2p_comm, interleaved only) hides each behind a chunk's compute |
@@ -1011,9 +1038,17 @@ Where the errors come from (read the tables above for their size):
   at 32K for the same 8B FP8 layout; with it, +26% and +35%.
 - NeMo and Megatron-Bridge (Megatron-Core, Transformer Engine, 700 W DGX H100) run kernels
   (TE's fused attention and context parallelism) that beat the entrypoints' torch ones that the
-  constants describe, and their TP overlap is priced at torch async TP's fitted interference; their
-  data parallelism is Megatron's distributed optimizer, modelled as FSDP. NeMo 24.07's table
-  mixes GPT-3 and Nemotron-4 (two-matrix MLPs, modelled as a SwiGLU of equal size) with Llama.
+  constants describe, and their TP overlap is priced at torch async TP's fitted interference.
+  Their data parallelism is Megatron's distributed optimizer (`distributed_optimizer` in the
+  benchmark's sources, with the configs that set it): gradients reduce-scattered and parameters
+  all-gathered once per step, overlapped, which is FSDP's `sync_last_gathered` traffic and is
+  priced so; FSDP's per-micro-batch gathers had priced NeMo's GPT-3 20B (TP 2, 32-way data
+  parallel over InfiniBand) 21% too slow, now +3%. Their context parallelism is Transformer
+  Engine's p2p ring (`cp_ring`): each K/V chunk (and dK/dV in backward) moves beside one of the
+  c attention steps and is exposed only by what outlasts that step. Priced as our exposed
+  all-gathers instead, NeMo's Llama 2 7B rows at 512K and 1M (CP 16 and 32) were 28% and 27%
+  too slow; now within 2%. NeMo 24.07's table mixes GPT-3 and Nemotron-4 (two-matrix MLPs,
+  modelled as a SwiGLU of equal size) with Llama.
 - NeMo's long-sequence sweep and the Llama 3 rows leave micro batch and recomputation unstated
   (marked `assumed`); the Llama 3 rows also assume 2 virtual stages.
 - Our own runs on one H200 are close, but most of them set constants.

@@ -39,6 +39,7 @@ class Workload:
     # them (launcher/plan/throughput.py prices them; docs/planner.md).
     tp_overlap: str = "none"  # TP collectives in t pieces beside their GEMMs: async (torch), userbuffers (TE)
     p2p_overlap: bool = False  # pipeline sends/recvs beside the next chunk's compute: Megatron's overlap_p2p_comm
+    cp_ring: bool = False  # CP as Transformer Engine's p2p ring: K/V (and dK/dV) steps beside attention (planner-only)
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Workload:

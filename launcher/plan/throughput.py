@@ -874,9 +874,27 @@ def context_parallel_time(step: _Step) -> float:
     kv_bytes = (
         2 * k.activation_bytes * step.b * step.s * step.kv / step.t
     )  # K and V of the whole sequence, this TP rank's heads
+    if step.w.cp_ring:
+        return _ring_exposed_time(step, kv_bytes / c / bw + lat)
     collective = kv_bytes * (c - 1) / c / bw + lat
     per_layer = 2 + step.recompute if step.w.document_masking else 3
     return step.layers * per_layer * collective * (1 - k.cp_overlap)
+
+
+def _ring_exposed_time(step: _Step, kv_step_s: float) -> float:
+    """Workload.cp_ring: Transformer Engine's p2p ring (AttnFuncWithCPAndKVP2P in
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py, NVIDIA/
+    TransformerEngine d0067d0d): attention runs in c steps, each on the K/V chunk received in the
+    step before, while the next chunk is sent and received on another stream. Forward sends K/V
+    c - 1 times, backward K/V with dK/dV (twice the bytes) c - 1 times. A step's transfer is
+    exposed only by as much as it outlasts the step's attention (1/c of the layer's, zigzag
+    balancing the causal work); the recomputed forward of checkpointed layers rings again."""
+    c = step.c
+    attention_s = _layer_terms(step)[2]  # one layer's attention, forward and backward
+    forward_step, backward_step = attention_s / 3 / c, 2 * attention_s / 3 / c
+    forward = (c - 1) * max(0.0, kv_step_s - forward_step)
+    backward = (c - 1) * max(0.0, 2 * kv_step_s - backward_step)
+    return step.layers * ((1 + step.recompute) * forward + backward)
 
 
 class _FsdpTraffic(NamedTuple):

@@ -75,7 +75,17 @@ BAD_ROWS = [
     (
         "accelerator: h100-80gb}",
         "accelerator: h100-80gb, tp_comm_overlap: true}",
-        r"source 'tt' sets tp_comm_overlap: each must be true or false, and overlap_evidence must say where",
+        r"source 'tt' sets tp_comm_overlap: it must be true or false, and overlap_evidence must say where",
+    ),
+    (
+        "accelerator: h100-80gb}",
+        "accelerator: h100-80gb, cp_ring: 1, cp_evidence: TE}",
+        r"source 'tt' sets cp_ring: it must be true or false, and cp_evidence must say where",
+    ),
+    (
+        "accelerator: h100-80gb}",
+        "accelerator: h100-80gb, distributed_optimizer: true}",
+        r"source 'tt' sets distributed_optimizer: it must be true or false, and optimizer_evidence must say",
     ),
     (
         "accelerator: h100-80gb}",

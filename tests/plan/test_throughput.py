@@ -223,6 +223,35 @@ def test_context_parallel_across_nodes_is_slower_than_within_a_node():
     assert 360 / 160 < ratio < 1.1 * 360 / 160  # the rest: 40 us latency per collective, not 15
 
 
+def test_the_all_gather_path_moves_k_and_v_three_times_per_layer_and_twice_under_document_masking():
+    # Kept layers gather K/V in forward and again in backward, then reduce-scatter dK/dV; a
+    # checkpointed layer gathers in its recomputed forward instead. Document masking keeps the
+    # gathered K/V of kept layers: two. Latency makes the counts exact multiples.
+    layout = Layout(context=4, data_shard=2)
+    cp = {
+        (ac, masked): run(
+            layout=layout, seq_len=65536, activation_checkpointing=ac, cp_attention="allgather", document_masking=masked
+        ).breakdown["context_parallel"]
+        for ac in ("none", "full")
+        for masked in (False, True)
+    }
+    assert cp[("none", False)] == pytest.approx(cp[("full", False)]) == pytest.approx(cp[("full", True)])
+    assert cp[("none", True)] == pytest.approx(2 / 3 * cp[("none", False)])
+
+
+def test_a_p2p_ring_hides_k_and_v_behind_attention_at_long_sequences_only():
+    # Transformer Engine's ring sends each K/V chunk beside a step's attention: at 128K a step's
+    # attention outlasts its chunk's transfer; at 4K across nodes it does not, and the ring's
+    # c - 1 transfers per pass pay their latency c - 1 times where one all-gather pays it once.
+    long = Layout(context=8)
+    hidden = run(layout=long, seq_len=131072, activation_checkpointing="full", cp_attention="allgather", cp_ring=True)
+    gathered = run(layout=long, seq_len=131072, activation_checkpointing="full", cp_attention="allgather")
+    assert hidden.breakdown["context_parallel"] == 0 < gathered.breakdown["context_parallel"]
+    short = Layout(tensor=2, context=8)  # the cp group spans two nodes
+    exposed = run(layout=short, seq_len=4096, cp_attention="allgather", cp_ring=True).breakdown["context_parallel"]
+    assert exposed > run(layout=short, seq_len=4096, cp_attention="allgather").breakdown["context_parallel"] > 0
+
+
 def test_smaller_tensor_parallel_matrices_run_less_efficiently():
     # The same FLOPs per token either way; TP 8 cuts the 1024 KV columns into 128-wide slices.
     tp2, tp8 = (run(layout=Layout(tensor=t, data_shard=8 // t)) for t in (2, 8))
