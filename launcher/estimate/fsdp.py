@@ -105,6 +105,8 @@ class _Block:
             local += cb * tokens * (q + kv) / t + FP32 * tokens * (heads + arch.num_kv_heads) / t
         # Sequence parallel keeps the all-gathered norm outputs: (t - 1) more shards of each.
         self.tp_gathered = cb * (tokens - sharded) * h * 2
+        if float8_all_gather and t > 1:
+            local, self.tp_gathered = _float8_tp_styles_saved(w, cb, local)
         self.regathers_kv, self.recomputed_kv, self.cp_gathered, self.attention_backward = _context_parallel_kv(
             w, cb, tokens
         )
@@ -118,13 +120,10 @@ class _Block:
         self.freed_in_backward = mlp.freed_in_backward
         # A checkpointed MoE block may peak in its recomputation instead: (working, not yet saved).
         self.recompute = None if mlp.recompute is None else (mlp.recompute[0] + incoming, mlp.recompute[1])
-        # FP8 (torchao float8 linears save their bf16 inputs, so nothing saved changes): w2
-        # casts its T x f/t input to float8 through an fp32 copy, an fp32 scaled and an fp32
-        # clamped tensor, 9 bytes per value on top of the block's saved set: in its forward
-        # (or recomputation), and again in its backward for the weight gradient, where w2's
-        # input gradient (T x f/t) and two float8 copies of its incoming T x h gradient are
-        # alive too. Under TP with float8 all-gather, torchao's Float8 TP styles hand w2 a
-        # float8 input and the backward cast does not happen.
+        # FP8, eager: w2 casts its T x f/t input to float8 through an fp32 copy, an fp32 scaled
+        # and an fp32 clamped tensor, 9 bytes per value on top of the saved set, in its forward
+        # (or recomputation) and again in its backward, beside w2's input gradient and two
+        # float8 copies of its incoming T x h gradient (Float8 TP styles: no backward cast).
         float8_tp_styles = float8_all_gather and t > 1
         fp8_moment = 9 * tokens * f / t + cb * sharded * h
         if not float8_tp_styles:
@@ -177,6 +176,28 @@ class _Block:
             return backward
         working, missing = self.recompute
         return max(backward, (self.saved + self.recomputed_kv - missing, working, 0.0, 0.0), key=sum)
+
+
+def _float8_tp_styles_saved(w: Workload, cb: int, local: float) -> tuple[float, float]:
+    """(the block's saved bytes but the gathered shards, and those) under torchao's Float8 TP
+    styles (parallel/tensor.py, tensorwise FP8 on nccl). PrepareFloat8ModuleInput casts the norm
+    output to float8 before the all-gather, and Float8Linear saves the gathered float8 tensor
+    (matmul_with_hp_or_float8_args saves its input as given): the attention's, and the dense
+    MLP's (an MoE block gathers its input in the compute dtype), 1 byte per value of the whole
+    sequence with no bf16 shard kept. Float8RowwiseParallel hands wo and w2 float8 inputs: w2's
+    replaces the bf16 gated product, wo's is a copy beside the attention output, which attention
+    keeps for its own backward. Found by tracing 8B, 8K, TP 2 without recomputation: 0.81 GiB
+    over 8 layers that the bf16 accounting had added."""
+    arch, t = w.arch, w.layout.tensor
+    tokens = _tokens(w)
+    sharded, h = tokens / t, arch.hidden_size
+    float8_inputs = 2 if arch.moe is None else 1
+    local -= float8_inputs * (cb - 1) * sharded * h  # the float8 inputs' own shards
+    local += tokens * arch.q_dim / t  # wo's float8 input
+    gathered = float8_inputs * (tokens - sharded) * h + (2 - float8_inputs) * cb * (tokens - sharded) * h
+    if arch.moe is None:
+        local -= (cb - 1) * tokens * arch.ffn_hidden_size / t  # w2's input, in float8
+    return local, gathered
 
 
 def _context_parallel_kv(w: Workload, cb: int, tokens: float) -> tuple[bool, float, float, float]:

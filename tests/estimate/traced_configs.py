@@ -91,6 +91,15 @@ CONFIGS: list[TracedConfig] = [
     ),
     TracedConfig("8B 8K dp4 tp2 (8 layers)", llama8b(8), 8192, parallel={"tensor": 2}, global_batch_size=4),
     TracedConfig(
+        # Tensorwise FP8 on nccl: torchao's Float8 TP styles save the gathered inputs in float8.
+        "8B 8K dp4 tp2 fp8 (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"tensor": 2, "activation_checkpointing": "none"},
+        precision={"fp8": True},
+        global_batch_size=4,
+    ),
+    TracedConfig(
         "8B 8K hsdp 2x4 full (8 layers)",
         llama8b(8),
         8192,
