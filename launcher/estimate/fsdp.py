@@ -123,9 +123,10 @@ class _Block:
         # FP8, eager: w2 casts its T x f/t input to float8 through an fp32 copy, an fp32 scaled
         # and an fp32 clamped tensor, 9 bytes per value on top of the saved set, in its forward
         # (or recomputation) and again in its backward, beside w2's input gradient and two
-        # float8 copies of its incoming T x h gradient (Float8 TP styles: no backward cast).
+        # float8 copies of its incoming T x h gradient (Float8 TP styles: no backward cast, and
+        # the bf16 product being cast beside the float8 one the block saves).
         float8_tp_styles = float8_all_gather and t > 1
-        fp8_moment = 9 * tokens * f / t + cb * sharded * h
+        fp8_moment = 9 * tokens * f / t + cb * sharded * h + (cb - 1) * tokens * f / t * float8_tp_styles
         if not float8_tp_styles:
             fp8_moment += cb * tokens * f / t + 2 * tokens * h
         if w.fp8_recipe == "rowwise":
@@ -479,11 +480,11 @@ class _Accumulation:
         self.unsynced = mode != "sync_each"
         self.root_grads = self.grad_bytes * root_params
         t = w.layout.tensor
-        if self.grad_bytes == cb and t > 1:
-            # Nothing converts the gradient (reduce dtype = compute dtype), and under TP the
-            # embedding's gradient is a shard viewing the dense V x h tensor DTensor computes
-            # (see the embedding's backward below): the whole tensor stays alive (traced).
-            self.root_grads += cb * w.arch.vocab_size * w.arch.hidden_size * (1 - 1 / t)
+        if t > 1:
+            # Under TP the embedding's accumulated gradient is a shard viewing the dense V x h
+            # tensor DTensor computes (see the embedding's backward below), or its copy in the
+            # reduce dtype: the whole tensor stays alive (traced, bf16 and fp32 reduce alike).
+            self.root_grads += self.grad_bytes * w.arch.vocab_size * w.arch.hidden_size * (1 - 1 / t)
         self.gathered = mode == "sync_last_gathered"
         # sync_each: every shard already holds the earlier micro-batches' gradient sums.
         self.earlier_shards = grads_full if w.grad_accum_steps > 1 and not self.unsynced else 0.0
@@ -605,6 +606,9 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     for at in backward_moments(rank, layout, w.pipeline_schedule, m):
         done_params = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done) * block.params
         accumulated = _grad_bytes(w) * (done_params + (root_params if root_stage in at.done else 0))
+        if rank == 0 and 0 in at.done and layout.tensor > 1:
+            # The embedding's accumulated gradient views the dense V x h tensor (_Accumulation).
+            accumulated += _grad_bytes(w) * w.arch.vocab_size * w.arch.hidden_size * (1 - 1 / layout.tensor)
         moment = dict(base)
         moment["fsdp_buffers"] = n * block.gathered + cb * root_params + accumulated
         moment["tp_buffers"] = per_chunk[1] * at.in_flight

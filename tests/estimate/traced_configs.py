@@ -100,6 +100,21 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=4,
     ),
     TracedConfig(
+        # TP x CP keeping every activation, and an earlier micro-batch's embedding gradient,
+        # which under TP views the dense V x h tensor in the fp32 reduce dtype.
+        "8B 8K tp2 cp2 dp2, 2 micro-batches (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={
+            "tensor": 2,
+            "context": 2,
+            "cp_attention": "allgather",
+            "activation_checkpointing": "none",
+            "grad_accumulation": "sync_last_gathered",  # what auto picks
+        },
+        global_batch_size=4,
+    ),
+    TracedConfig(
         "8B 8K hsdp 2x4 full (8 layers)",
         llama8b(8),
         8192,

@@ -39,12 +39,11 @@ def test_405b_at_128k_with_pp_8_and_16_validates_estimates_and_plans(pipeline, p
     estimate = api.estimate(recipe)
     assert estimate.fits, estimate.breakdown
     assert [stage.layers for stage in estimate.stages] == per_stage
-    # The middle stages hold a layer more than the end stages: stage 1, with a micro-batch fewer
-    # in flight than stage 0, holds at least 99% of stage 0's peak (more at PP 16, where a layer
-    # is an eighth of a stage), and the last stage, with the fewest in flight, the least.
-    stage_0, stage_1 = (estimate.stages[i].allocated_bytes for i in (0, 1))
-    assert stage_1 >= 0.99 * stage_0
-    assert estimate.peak_stage in (0, 1)
+    # Stage 0 holds the embedding, whose gradient under TP keeps the dense V x h tensor in the
+    # fp32 reduce dtype (traced): the largest. Of the others, which hold a layer more than the end
+    # stages, stage 1 has the most micro-batches in flight; the last stage, the fewest, the least.
+    assert estimate.peak_stage == 0
+    assert max(estimate.stages[1:], key=lambda s: s.allocated_bytes).stage == 1
     assert min(estimate.stages, key=lambda s: s.allocated_bytes).stage == pipeline - 1
     found = api.plan_search(recipe, api.SearchOptions(top=1))
     assert found.current is not None and found.current.layout.pipeline == pipeline
@@ -61,7 +60,7 @@ def test_a_stage_counts_the_layers_it_really_holds():
         block, abs=2
     )
     assert [s.layers for s in moved.stages][:3] == [15, 15, 17]
-    assert moved.peak_stage == 2
+    assert max(moved.stages[1:], key=lambda s: s.allocated_bytes).stage == 2  # stage 0 holds the embedding
 
 
 def test_the_slowest_stage_sets_the_pipeline_pace():
