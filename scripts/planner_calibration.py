@@ -1016,7 +1016,9 @@ hardware for its source (`h100-80gb`: 989 dense BF16 TFLOP/s, 3.35 TB/s, 900 GB/
 torchtitan's Grand Teton hosts `h100-96gb-500w`: 884, 2.4 TB/s; 400 Gb/s of network per GPU).
 Rows that ran torchtitan's async TP, or Megatron's TP communication overlap or p2p overlap where
 the source's configs set them (cited in docs/published_benchmark.yaml), are priced with the
-planner-only `tp_overlap` and `p2p_overlap` (below); Transformer Engine's FP8 current scaling is priced as tensorwise (one scale per
+planner-only `tp_overlap` and `p2p_overlap` (below); Megatron's distributed optimizer and Transformer
+Engine's p2p ring CP likewise (`distributed_optimizer`, `cp_ring`, under "Where the errors come
+from"); Transformer Engine's FP8 current scaling is priced as tensorwise (one scale per
 tensor), torchao's rowwise as rowwise (its GEMMs at `fp8_rowwise_factor`, an assumption not
 fitted to these rows, and weights gathered in bf16). Searched and not used: Fujii et al. 2024
 (arXiv 2411.06465) ran 454 layouts on A100s and H100s, but its throughput tables were not
