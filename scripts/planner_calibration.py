@@ -82,6 +82,9 @@ class Point:
     # once per step, overlapped): priced with FSDP's sync_last_gathered traffic (workload_of).
     distributed_optimizer: bool = False
     cp_ring: bool = False  # CP as Transformer Engine's p2p ring, transfers beside attention (Workload)
+    # Gradients reduced (and, under FSDP, accumulated unsharded) in bf16: Megatron's
+    # grad_reduce_in_fp32 False, our parallel.reduce_dtype bf16 (Workload.reduce_dtype).
+    grad_reduce_bf16: bool = False
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
     arch_changes: dict = field(default_factory=dict)
@@ -91,7 +94,7 @@ class Point:
         container version, the FP8 recipe beyond tensorwise/rowwise) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
-                self.p2p_overlap)  # fmt: skip
+                self.p2p_overlap, self.grad_reduce_bf16)  # fmt: skip
 
     @property
     def held_apart(self) -> bool:
@@ -139,7 +142,7 @@ ROW_REQUIRED = (
     "unit",
 )
 ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
-                "distributed_optimizer", "cp_ring", "note", "assumed", "fitted")  # fmt: skip
+                "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "note", "assumed", "fitted")  # fmt: skip
 # A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
 # source under the evidence key beside each.
 SOURCE_DEFAULTS = {
@@ -147,6 +150,7 @@ SOURCE_DEFAULTS = {
     "overlap_p2p_comm": "overlap_evidence",
     "distributed_optimizer": "optimizer_evidence",
     "cp_ring": "cp_evidence",
+    "grad_reduce_bf16": "grad_reduce_evidence",
 }
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
 UNITS = {"tokens/s/GPU": False, "model TFLOP/s/GPU": True}
@@ -249,6 +253,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         p2p_overlap=layout.virtual_stages > 1 and _setting(row, source, "overlap_p2p_comm"),
         distributed_optimizer=_setting(row, source, "distributed_optimizer"),
         cp_ring=layout.context > 1 and _setting(row, source, "cp_ring"),
+        grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
     )
@@ -278,6 +283,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("distributed optimizer (priced as sync_last_gathered)")
     if row.get("cp", 1) > 1 and _setting(row, source, "cp_ring"):
         parts.append("TE p2p ring CP (cp_ring)")
+    if _setting(row, source, "grad_reduce_bf16"):
+        parts.append("bf16 gradient reduce (reduce_dtype bf16)")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
         parts.append("fp8-cs priced as tensorwise")
     if row["precision"] == "fp8-rowwise":
@@ -334,6 +341,7 @@ def workload_of(point: Point) -> Workload:
         tp_overlap=point.tp_overlap,
         p2p_overlap=point.p2p_overlap,
         cp_ring=point.cp_ring,
+        reduce_dtype="bf16" if point.grad_reduce_bf16 else "fp32",
     )
 
 
@@ -1049,7 +1057,12 @@ Where the errors come from (read the tables above for their size):
   Engine's p2p ring (`cp_ring`): each K/V chunk (and dK/dV in backward) moves beside one of the
   c attention steps and is exposed only by what outlasts that step. Priced as our exposed
   all-gathers instead, NeMo's Llama 2 7B rows at 512K and 1M (CP 16 and 32) were 28% and 27%
-  too slow; now within 2%. NeMo 24.07's table mixes GPT-3 and Nemotron-4 (two-matrix MLPs,
+  too slow; now within 2%. Megatron-Bridge's performance configs reduce gradients in bf16
+  (`grad_reduce_bf16`: grad_reduce_in_fp32 False), priced as `parallel.reduce_dtype: bf16` for
+  speed and for our program's memory: the accumulated unsharded gradients halve (its 70B TP 4
+  PP 8 rows went from 90.8 to 84.5 GiB, its 405B rows from 95.7 to 79.8). With the entrypoints'
+  vocabulary-parallel embedding, whose gradient holds V/t rows where DTensor's held a dense
+  V x h tensor (docs/estimator.md), they are at 82.9 and 78.0 GiB. NeMo 24.07's table mixes GPT-3 and Nemotron-4 (two-matrix MLPs,
   modelled as a SwiGLU of equal size) with Llama.
 - NeMo's long-sequence sweep and the Llama 3 rows leave micro batch and recomputation unstated
   (marked `assumed`); the Llama 3 rows also assume 2 virtual stages.

@@ -8,9 +8,10 @@ plain local tensor. Per block:
 - attention / feed_forward inputs: all-gathered along the sequence (Shard(1) -> Replicate);
 - wq, wk, wv, w1, w3: ColwiseParallel (heads / ffn columns split over tp);
 - wo, w2: RowwiseParallel whose output is reduce-scattered back to Shard(1).
-The embedding is RowwiseParallel over the vocabulary with a Shard(1) output; the final norm is
-SequenceParallel; the output weight is ColwiseParallel (vocab rows split over tp) and the loss
-is vocab-parallel (model/loss.py), so no rank holds logits for the whole vocabulary.
+The embedding is vocabulary-parallel (`VocabParallelEmbedding`, Megatron's) with a Shard(1)
+output; the final norm is SequenceParallel; the output weight is ColwiseParallel (vocab rows
+split over tp) and the loss is vocab-parallel (model/loss.py), so no rank holds logits or
+gradients for the whole vocabulary.
 
 A mixture-of-experts block keeps its MLP whole on every tp rank (experts are not TP-sharded; the
 issue's layout keeps TP on attention and the dense layers): the MoE gathers the sequence as the
@@ -25,7 +26,10 @@ in float8; only backends with float8 collectives (nccl) take them.
 
 from __future__ import annotations
 
-from torch.distributed.tensor import Replicate, Shard
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -54,7 +58,7 @@ def apply_tensor_parallel(model, tp_mesh, *, float8_styles: bool = False) -> Non
 
     root_plan = {}
     if model.tok_embeddings is not None:
-        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        model.tok_embeddings = VocabParallelEmbedding(model.tok_embeddings, tp_mesh)
     if model.norm is not None:
         root_plan["norm"] = SequenceParallel(use_local_output=True)
         # Only the weight's sharding is used: the loss reads `output.weight` directly.
@@ -103,3 +107,44 @@ def _moe_plan() -> dict:
             use_local_output=True,
         )
     }
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The token embedding with its rows split over tp (Megatron-Core's VocabParallelEmbedding,
+    megatron/core/tensor_parallel/layers.py), output sequence-sharded [B, S/tp, D].
+
+    Each rank looks up the tokens its rows hold, zeroes the others, and the partial sums are
+    reduce-scattered along the sequence; backward all-gathers the output gradient and
+    accumulates it into the rank's V/tp rows only. DTensor's RowwiseParallel computes the same
+    values, but its embedding_dense_backward runs at the global vocabulary size and keeps the
+    rank's shard as a view of that dense V x h gradient: tp times the memory, live from the
+    first backward to the optimizer step (the traced grid showed it as rank 0's peak under PP).
+
+    The weight stays a DTensor sharded Shard(0) on the tp mesh, as RowwiseParallel left it, so
+    FSDP, checkpoints, the tied output layer and HF export see the same parameter.
+    """
+
+    def __init__(self, embedding: nn.Embedding, tp_mesh):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.weight.shape
+        self.tp_mesh = tp_mesh
+        weight = distribute_tensor(embedding.weight.detach(), tp_mesh, [Shard(0)])
+        self.weight = nn.Parameter(weight, requires_grad=embedding.weight.requires_grad)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+        rows = weight.shape[0]
+        # Shard(0) splits as torch.chunk does: ceil(V / tp) rows per rank, the last ones fewer.
+        chunk = -(-self.num_embeddings // self.tp_mesh.size())
+        start = min(self.tp_mesh.get_local_rank() * chunk, self.num_embeddings)
+        outside = (tokens < start) | (tokens >= start + rows)
+        if rows:
+            local = F.embedding(torch.where(outside, 0, tokens - start), weight)
+            local = local.masked_fill(outside.unsqueeze(-1), 0)
+        else:  # a rank past the vocabulary's end holds no rows
+            local = weight.new_zeros((*tokens.shape, self.embedding_dim))
+        partial = DTensor.from_local(local, self.tp_mesh, [Partial()], run_check=False)
+        return partial.redistribute(self.tp_mesh, [Shard(1)]).to_local()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, vocab-parallel over tp {self.tp_mesh.size()}"

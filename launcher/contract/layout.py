@@ -148,7 +148,7 @@ def seq_len_divisor(context: int, tensor: int) -> int:
 EMBEDDING_WEIGHT = 1
 """The embedding counted as this many transformer layers when stages are balanced: its lookup
 costs nothing, but its V x h weight, fp32 master and AdamW states are about 2/3 of a Llama 3.1
-405B block's (and its gradient is dense over the whole vocabulary)."""
+405B block's."""
 OUTPUT_WEIGHT = 1
 """The final norm, output layer and loss counted as this many layers: the fused loss recomputes
 the logits in backward, 8 FLOPs per output weight and token against a block's 6 per weight,

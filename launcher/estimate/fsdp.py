@@ -479,12 +479,6 @@ class _Accumulation:
         self.grad_bytes = _grad_bytes(w)
         self.unsynced = mode != "sync_each"
         self.root_grads = self.grad_bytes * root_params
-        t = w.layout.tensor
-        if t > 1:
-            # Under TP the embedding's accumulated gradient is a shard viewing the dense V x h
-            # tensor DTensor computes (see the embedding's backward below), or its copy in the
-            # reduce dtype: the whole tensor stays alive (traced, bf16 and fp32 reduce alike).
-            self.root_grads += self.grad_bytes * w.arch.vocab_size * w.arch.hidden_size * (1 - 1 / t)
         self.gathered = mode == "sync_last_gathered"
         # sync_each: every shard already holds the earlier micro-batches' gradient sums.
         self.earlier_shards = grads_full if w.grad_accum_steps > 1 and not self.unsynced else 0.0
@@ -562,15 +556,16 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
         moment["fp8"] = fp8_cast
         found[f"backward of layer {index}"] = _with_activations(moment, alive, rope_cast)
     # The embedding's backward, last: every block's gradient shard and the last block's
-    # reduce-scatter input exist, and the embedding gradient is dense over the whole
-    # vocabulary even under TP (DTensor computes the row-parallel embedding's gradient at
-    # its global size before sharding it). Under TP the output weight's unsharded
+    # reduce-scatter input exist, with the embedding's dense gradient over the rank's V / tp
+    # rows (parallel/tensor.py's VocabParallelEmbedding) and the output gradient it reads,
+    # all-gathered along the sequence under TP. Under TP the output weight's unsharded
     # gradient also has a copy (DTensor's to_local backward).
     moment = dict(base)
     moment["gradients"] = acc.gradients(n)
     moment["fsdp_buffers"] = (
-        gathered_root + output_grad * (2 if t > 1 else 1) + reduce_scatter + cb * V * h + acc.unsharded_grads(n)
+        gathered_root + output_grad * (2 if t > 1 else 1) + reduce_scatter + cb * vocab_matrix + acc.unsharded_grads(n)
     )
+    moment["working"] = cb * _tokens(w) * h
     found["backward of the embedding"] = moment
     return found
 
@@ -606,9 +601,6 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     for at in backward_moments(rank, layout, w.pipeline_schedule, m):
         done_params = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done) * block.params
         accumulated = _grad_bytes(w) * (done_params + (root_params if root_stage in at.done else 0))
-        if rank == 0 and 0 in at.done and layout.tensor > 1:
-            # The embedding's accumulated gradient views the dense V x h tensor (_Accumulation).
-            accumulated += _grad_bytes(w) * w.arch.vocab_size * w.arch.hidden_size * (1 - 1 / layout.tensor)
         moment = dict(base)
         moment["fsdp_buffers"] = n * block.gathered + cb * root_params + accumulated
         moment["tp_buffers"] = per_chunk[1] * at.in_flight
@@ -628,6 +620,10 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
         # The kept set counts the block as saved (or, checkpointed, as its input alone).
         in_block["activations"] = kept_activations + own - (block.layer_input if checkpointed else block.saved)
         moments[f"{at.name} (pipeline)"] = in_block
+        if at.stage == 0:
+            moments[f"{at.name}, embedding (pipeline)"] = _pipelined_embedding_backward(
+                w, cb, moment, kept_activations - per_chunk[0], per_chunk, at.in_flight - 1
+            )
         if with_loss:
             # The last stage's loss backward, with the output weight's bf16 gradient.
             in_loss = dict(moment)
@@ -637,6 +633,22 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
             in_loss["activations"] = kept_activations
             moments[f"{at.name}, loss (pipeline)"] = in_loss
     return moments
+
+
+def _pipelined_embedding_backward(w, cb, moment, kept_activations, per_chunk, in_flight) -> dict:
+    """Stage 0's embedding backward, right after its first block's: that chunk's saved set is
+    freed, and the micro-batch's dense embedding gradient over the rank's V / tp rows exists
+    beside the one accumulated from earlier micro-batches and the output gradient it reads
+    (all-gathered along the sequence under TP). With few layers per rank this can be rank 0's
+    peak (traced: "70B 8K pp4 v2 tp4 dp2 fp8 none, bf16 reduce, 8 micro-batches")."""
+    arch = w.arch
+    at_embedding = dict(moment)
+    at_embedding["fsdp_buffers"] += cb * arch.vocab_size * arch.hidden_size / w.layout.tensor
+    at_embedding["tp_buffers"] = per_chunk[1] * in_flight
+    at_embedding["cp_buffers"] = per_chunk[2] * in_flight
+    at_embedding["activations"] = kept_activations
+    at_embedding["working"] = cb * _tokens(w) * arch.hidden_size
+    return at_embedding
 
 
 class _Loss:

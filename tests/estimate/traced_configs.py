@@ -100,8 +100,8 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=4,
     ),
     TracedConfig(
-        # TP x CP keeping every activation, and an earlier micro-batch's embedding gradient,
-        # which under TP views the dense V x h tensor in the fp32 reduce dtype.
+        # TP x CP keeping every activation, and an earlier micro-batch's embedding gradient
+        # (V / tp rows, in the fp32 reduce dtype).
         "8B 8K tp2 cp2 dp2, 2 micro-batches (8 layers)",
         llama8b(8),
         8192,
@@ -221,6 +221,27 @@ CONFIGS: list[TracedConfig] = [
         instance_type="ml.p5e.48xlarge",
         parallel=PP4_INTERLEAVED_TP2,
         global_batch_size=32,
+    ),
+    # Megatron-Bridge's 70B layout (TP 4, PP 8 x 5, FP8, no recomputation, bf16 gradients)
+    # scaled down, one layer per chunk. Stage 0's embedding backward holds the micro-batch's
+    # embedding gradient beside the accumulated one while 10 chunks are in flight; with
+    # DTensor's RowwiseParallel both were dense V x h and this peaked there at 15.46 GiB
+    # (VocabParallelEmbedding keeps V / tp rows: 12.98).
+    TracedConfig(
+        "70B 8K pp4 v2 tp4 dp2 fp8 none, bf16 reduce, 8 micro-batches (8 layers)",
+        llama70b(8),
+        8192,
+        instances=4,
+        parallel={
+            "pipeline": 4,
+            "virtual_stages": 2,
+            "pipeline_schedule": "interleaved_1f1b",
+            "tensor": 4,
+            "reduce_dtype": "bf16",
+            "activation_checkpointing": "none",
+        },
+        precision={"fp8": True},
+        global_batch_size=16,
     ),
     TracedConfig(
         "8B 8K fsdp8 sync_last_gathered selective, 2 micro-batches (4 layers)",

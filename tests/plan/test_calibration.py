@@ -89,6 +89,11 @@ BAD_ROWS = [
     ),
     (
         "accelerator: h100-80gb}",
+        "accelerator: h100-80gb, grad_reduce_bf16: true}",
+        r"source 'tt' sets grad_reduce_bf16: it must be true or false, and grad_reduce_evidence must say",
+    ),
+    (
+        "accelerator: h100-80gb}",
         "accelerator: h100-80gb, attention_kernel: flash9}",
         r"source 'tt' attention_kernel 'flash9' is not one of cudnn, flash2",
     ),
@@ -146,3 +151,15 @@ def test_async_tp_pairs_fit_the_interference_and_the_held_apart_pairs_check_it(c
         _, overlapped, *_ = calibration.run(pair.overlapped)
         assert pair.ideal_gain > 0.15
         assert abs((overlapped / vanilla - 1) - pair.measured_gain) < 0.1, pair
+
+
+def test_megatron_bridge_rows_reduce_gradients_in_bf16_as_their_configs_set(calibration):
+    """Megatron-Bridge's performance configs set grad_reduce_in_fp32 False (the evidence cited in
+    docs/published_benchmark.yaml): its rows are priced and estimated with reduce_dtype bf16, the
+    others keep the entrypoints' fp32 default."""
+    sources, published = calibration.load_benchmark()
+    bf16 = {record["title"] for record in sources.values() if record.get("grad_reduce_bf16")}
+    assert any("Megatron-Bridge" in title for title in bf16)
+    for point in published:
+        expected = "bf16" if point.source in bf16 else "fp32"
+        assert calibration.workload_of(point).reduce_dtype == expected, point.source

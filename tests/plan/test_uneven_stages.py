@@ -39,10 +39,11 @@ def test_405b_at_128k_with_pp_8_and_16_validates_estimates_and_plans(pipeline, p
     estimate = api.estimate(recipe)
     assert estimate.fits, estimate.breakdown
     assert [stage.layers for stage in estimate.stages] == per_stage
-    # Stage 0 holds the embedding, whose gradient under TP keeps the dense V x h tensor in the
-    # fp32 reduce dtype (traced): the largest. Of the others, which hold a layer more than the end
-    # stages, stage 1 has the most micro-batches in flight; the last stage, the fewest, the least.
-    assert estimate.peak_stage == 0
+    # Stage 0 holds the embedding (its weight, states and V / tp rows of gradient) and a layer
+    # fewer than the middle stages; stage 1, a micro-batch fewer in flight than stage 0. One of
+    # the two peaks: stage 0 at PP 8, stage 1 at PP 16, where a layer is an eighth of a stage.
+    # Of the middle stages stage 1 holds the most; the last stage, the fewest in flight, the least.
+    assert estimate.peak_stage == (0 if pipeline == 8 else 1)
     assert max(estimate.stages[1:], key=lambda s: s.allocated_bytes).stage == 1
     assert min(estimate.stages, key=lambda s: s.allocated_bytes).stage == pipeline - 1
     found = api.plan_search(recipe, api.SearchOptions(top=1))
