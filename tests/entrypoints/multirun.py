@@ -96,7 +96,8 @@ def _cp_case(cp, full, reference, grad_out, gqa) -> tuple[dict, int]:
 
 
 def run_vocab_parallel_loss(job: dict, env) -> dict:
-    """The fused loss with the output weight split over the vocabulary (tp = world), vs unfused."""
+    """The fused loss with the output weight split over the vocabulary (tp = world), vs unfused;
+    and the vocabulary-parallel embedding vs nn.Embedding."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -127,7 +128,46 @@ def run_vocab_parallel_loss(job: dict, env) -> dict:
         ]
     )
     dist.all_reduce(errors, op=dist.ReduceOp.MAX)
-    return {"tp": size, "max_abs_error": dict(zip(["loss", "dh", "dweight"], errors.tolist(), strict=True))}
+    embedding_errors, rows_held = _vocab_parallel_embedding(tp, weight, generator)
+    return {
+        "tp": size,
+        "max_abs_error": dict(zip(["loss", "dh", "dweight"], errors.tolist(), strict=True)),
+        "embedding_max_abs_error": embedding_errors,
+        "embedding_grad_rows": rows_held,
+    }
+
+
+def _vocab_parallel_embedding(tp, weight: torch.Tensor, generator) -> tuple[dict, list[int]]:
+    """VocabParallelEmbedding (uneven rows: 37 over tp) vs nn.Embedding: the rank's sequence slice
+    of the output, the whole weight gradient, and how many rows each rank's gradient storage holds."""
+    from entrypoints.parallel.tensor import VocabParallelEmbedding
+
+    rank, size = tp.get_local_rank(), tp.size()
+    vocab, dim = weight.shape
+    tokens = torch.randint(vocab, (2, 6 * size), generator=generator)
+    grad_out = torch.randn(2, 6 * size, dim, generator=generator)
+    reference = torch.nn.Embedding(vocab, dim)
+    parallel = torch.nn.Embedding(vocab, dim)
+    with torch.no_grad():
+        reference.weight.copy_(weight)
+        parallel.weight.copy_(weight)
+    reference(tokens).backward(grad_out)
+    expected = F.embedding(tokens, weight).chunk(size, dim=1)[rank]
+    parallel = VocabParallelEmbedding(parallel, tp)
+    out = parallel(tokens)
+    out.backward(grad_out.chunk(size, dim=1)[rank])
+    errors = torch.tensor(
+        [
+            (out - expected).abs().max().item(),
+            (parallel.weight.grad.full_tensor() - reference.weight.grad).abs().max().item(),
+        ]
+    )
+    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+    local = parallel.weight.grad.to_local()
+    rows = torch.tensor([local.untyped_storage().nbytes() // (dim * local.element_size())])
+    held = [torch.zeros_like(rows) for _ in range(size)]
+    dist.all_gather(held, rows, group=tp.get_group())
+    return dict(zip(["out", "dweight"], errors.tolist(), strict=True)), [int(r) for r in held]
 
 
 def run_fp8_collectives(job: dict, env) -> dict:

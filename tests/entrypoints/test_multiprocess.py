@@ -196,6 +196,15 @@ def test_vocab_parallel_fused_loss_matches_the_unfused_loss(runs):
     assert max(result["max_abs_error"].values()) <= 1e-5, result
 
 
+def test_vocab_parallel_embedding_matches_nn_embedding_and_holds_only_its_rows(runs):
+    """37 rows over tp 2 (19 | 18): the output slice and the whole weight gradient equal
+    nn.Embedding's, and each rank's gradient storage holds its own rows, not the vocabulary
+    (DTensor's RowwiseParallel kept the shard as a view of a dense 37-row gradient)."""
+    result = runs.vocab_parallel_loss
+    assert max(result["embedding_max_abs_error"].values()) <= 1e-6, result
+    assert result["embedding_grad_rows"] == [19, 18]
+
+
 KEY_OF_METRIC_NAME = {name: key for key, name in SAGEMAKER_METRIC_NAMES.items()}
 
 
