@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import http.client
 import json
 import os
 import queue
@@ -120,6 +121,8 @@ class MlflowRest:
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise MlflowError(f"{method} {url.split('?')[0]}: {reason}") from None
+        except http.client.HTTPException as error:  # a server gone mid-answer: IncompleteRead, BadStatusLine
+            raise MlflowError(f"{method} {url.split('?')[0]}: {type(error).__name__}: {error!r}") from None
 
     def error_code(self, error: MlflowError) -> str:
         return next((c for c in ("RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS") if c in str(error)), "")

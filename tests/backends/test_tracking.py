@@ -215,6 +215,35 @@ def test_a_server_that_is_gone_gives_one_warning_and_never_blocks_a_step(home, c
     assert warnings[0].endswith("Connection refused; training goes on without MLflow logging"), warnings[0]
 
 
+def test_a_server_that_dies_mid_answer_gives_one_warning_not_a_traceback(home, capsys):
+    """The server killed while it answers (tests/backends/test_local_e2e.py kills a real one with
+    SIGKILL): the body ends short of its Content-Length, http.client raises IncompleteRead, which
+    is no OSError. Found as a thread traceback in a job's log, with no warning."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+
+        def answer_short():
+            for _ in range(3):  # the sink's first request, and any retry
+                connection, _ = server.accept()
+                with connection:
+                    connection.recv(65536)
+                    connection.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 64\r\n\r\n{}"
+                    )
+
+        threading.Thread(target=answer_short, daemon=True).start()
+        sink = mlflow_sink.MlflowSink.start(job_config(home, f"http://127.0.0.1:{server.getsockname()[1]}"))
+        sink.add({"step": 1, "loss": 1.0})
+        sink.close("FINISHED")
+        sink.thread.join(mlflow_sink.REQUEST_TIMEOUT_S + 5)
+    assert not sink.thread.is_alive() and sink.failed.is_set()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (warning,) = [line for line in err.splitlines() if line.startswith("warning: mlflow")]
+    assert "IncompleteRead" in warning and warning.endswith("; training goes on without MLflow logging"), warning
+
+
 def test_a_server_that_never_answers_fills_the_bounded_queue_without_blocking(home, capsys, monkeypatch):
     monkeypatch.setattr(mlflow_sink, "QUEUE_RECORDS", 10)
     monkeypatch.setattr(mlflow_sink, "CLOSE_TIMEOUT_S", 0.2)
