@@ -122,7 +122,13 @@ def settle(recipe: Recipe, *, threshold: float = DEFAULT_THRESHOLD) -> dict[str,
     """The value of each key of `recipe.unsettled`, as recipe overrides."""
     choices: dict[str, Callable[[], Any]] = {
         "parallel.data_shard": lambda: recipe.layout.data_shard,
-        "parallel.cp_attention": lambda: cp_attention_for(recipe.parallel.cp_attention, recipe.arch, recipe.layout),
+        "parallel.cp_attention": lambda: cp_attention_for(
+            recipe.parallel.cp_attention,
+            recipe.arch,
+            recipe.layout,
+            activation_checkpointing=recipe.parallel.activation_checkpointing,
+            document_masking=recipe.data.document_masking,
+        ),
         "parallel.grad_accumulation": lambda: grad_accumulation(recipe, threshold=threshold),
         "checkpoint.every_minutes": lambda: auto_every_minutes(recipe).minutes,
     }

@@ -488,22 +488,40 @@ def ulysses_fits(model: ModelShape, layout: Layout) -> bool:
     return model.num_heads % split == 0 and model.num_kv_heads % split == 0
 
 
-def cp_attention_for(choice: str, model: ModelShape, layout: Layout) -> str:
+def cp_attention_for(
+    choice: str,
+    model: ModelShape,
+    layout: Layout,
+    *,
+    activation_checkpointing: str = "full",
+    document_masking: bool = False,
+) -> str:
     """The concrete path ("allgather" or "ulysses") for a recipe's `parallel.cp_attention`.
 
-    auto picks Ulysses when the heads allow it and it moves no more bytes than the all-gather:
-    Ulysses sends (h + kv)/c per token and layer against the all-gather's kv, so it wins when
-    num_heads / num_kv_heads <= context - 1 (MHA from cp 2; Llama 3 8B's 32/8 from cp 8). Where
-    it wins on bytes it also saves memory (no gathered K/V) and runs the plain causal kernel on
-    the whole sequence. For GQA with few KV heads per rank the gathered K/V are small, and the
-    all-gather stays cheaper. Without context parallelism the choice does not matter: allgather.
+    auto picks Ulysses when the heads allow it and it moves no more bytes than the all-gather.
+    Per layer and pass, Ulysses sends (h + kv)/c per token against one all-gather's kv. The
+    all-gather path runs three K/V collectives per layer: the forward gather, the gather again
+    in backward (a kept layer regathers, entrypoints/parallel/context.py) or in the recomputed
+    forward, and the dK/dV reduce-scatter; document masking keeps a kept layer's K/V gathered,
+    two. Ulysses runs its all-to-alls once per pass: forward and backward, and the recomputed
+    forward of a checkpointed layer. So Ulysses wins when num_heads + num_kv_heads <=
+    context x num_kv_heads x (all-gather collectives / Ulysses passes), averaged over the
+    layers: 3/2 with every layer kept, 1 with every layer checkpointed, 6/5 under selective
+    (every other layer checkpointed), 1 under document masking. MHA wins from cp 2; Llama 3
+    8B's 32/8 from cp 4 with no checkpointing, from cp 8 with full. For GQA with few KV heads
+    per rank the gathered K/V are small, and the all-gather stays cheaper. Without context
+    parallelism the choice does not matter: allgather.
     """
     if choice != "auto":
         return choice
     c = layout.context
     if c == 1 or not ulysses_fits(model, layout):
         return "allgather"
-    return "ulysses" if model.num_heads + model.num_kv_heads <= c * model.num_kv_heads else "allgather"
+    kept_share = {"none": 1.0, "selective": 0.5, "full": 0.0}[activation_checkpointing]
+    allgather_collectives = kept_share * (2 if document_masking else 3) + (1 - kept_share) * 3
+    ulysses_passes = kept_share * 2 + (1 - kept_share) * 3
+    wins = (model.num_heads + model.num_kv_heads) * ulysses_passes <= c * model.num_kv_heads * allgather_collectives
+    return "ulysses" if wins else "allgather"
 
 
 def cp_attention_problems(choice: str, model: ModelShape, layout: Layout) -> list[LayoutProblem]:

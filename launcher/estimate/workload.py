@@ -67,7 +67,13 @@ class Workload:
     @property
     def cp_attention_path(self) -> str:
         """The concrete path, allgather or ulysses, that the entrypoints run for this layout (the contract's rule)."""
-        return cp_attention_for(self.cp_attention, self.arch, self.layout)
+        return cp_attention_for(
+            self.cp_attention,
+            self.arch,
+            self.layout,
+            activation_checkpointing=self.activation_checkpointing,
+            document_masking=self.document_masking,
+        )
 
     @property
     def tokens_per_step(self) -> int:

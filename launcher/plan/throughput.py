@@ -462,7 +462,9 @@ class _Machine:
         and accumulation mode; a family shares its steps, each switched to the member asked for
         (`_Step.switch`). The family key is every other Workload field (the model by identity:
         the workloads outlive this machine's call)."""
-        key = (id(workload.arch), *[getattr(workload, name) for name in _FAMILY_FIELDS])
+        # The context-parallel path follows the checkpointing (contract.layout.cp_attention_for):
+        # members that resolve `auto` differently are priced apart.
+        key = (id(workload.arch), workload.cp_attention_path, *[getattr(workload, name) for name in _FAMILY_FIELDS])
         steps = self.steps.get(key)
         if steps is None:
             ranks = _slowest_rank_candidates(workload)
@@ -550,6 +552,7 @@ class _Step:
         self.w = workload
         self.recompute = AC_RECOMPUTE[workload.activation_checkpointing]
         self.accumulation = mode(workload, "grad_accumulation")
+        self.cp_attention = mode(workload, "cp_attention")
 
     def link(self, stride: int, size: int) -> tuple[float, float]:
         """(bus bandwidth, latency) of a collective over `size` ranks `stride` apart in the mesh.

@@ -298,7 +298,9 @@ class Parallel(Section):
     cp_attention: Literal["auto", "allgather", "ulysses"] = "auto"
     """Attention under context parallelism: allgather (K/V gathered from the whole sequence), ulysses
     (all-to-all over heads; needs num_heads and num_kv_heads divisible by tensor x context), or auto:
-    ulysses where the heads allow it and it moves no more bytes (num_heads / num_kv_heads <= context - 1)."""
+    ulysses where the heads allow it and it moves no more bytes: the all-gather path runs three K/V
+    collectives per layer (two under document masking), Ulysses one set of all-to-alls per pass
+    (two passes, three in a checkpointed layer); launcher/contract/layout.py cp_attention_for."""
     grad_accumulation: Literal["auto", "sync_each", "sync_last", "sync_last_gathered"] = "auto"
     """How FSDP treats the micro-batches of one step: sync_each all-gathers parameters and
     reduce-scatters gradients for every micro-batch; sync_last keeps gradients unsharded until

@@ -39,9 +39,18 @@ def test_the_all_gather_path_keeps_gathered_k_and_v_only_where_a_layer_is_recomp
 
 
 def test_auto_picks_ulysses_only_where_it_moves_fewer_bytes():
-    # 8 heads / 4 KV heads: Ulysses sends (8 + 4)/c head-widths per token, the all-gather 4.
-    assert workload(layout=Layout(context=2)).cp_attention_path == "allgather"  # 6 > 4
-    assert workload(layout=Layout(context=4)).cp_attention_path == "ulysses"  # 3 < 4
+    # 8 heads / 4 KV heads: per pass Ulysses sends (8 + 4)/c head-widths per token, one all-gather 4.
+    # Every layer checkpointed: 3 all-gather collectives against 3 Ulysses passes.
+    full = workload(layout=Layout(context=2), activation_checkpointing="full")
+    assert full.cp_attention_path == "allgather"  # 3 x 6 > 3 x 4
+    assert replace(full, layout=Layout(context=4)).cp_attention_path == "ulysses"  # 3 x 3 < 3 x 4
+    # Every layer kept: the all-gather path regathers (3 collectives), Ulysses runs 2 passes.
+    kept = replace(full, activation_checkpointing="none")
+    assert kept.cp_attention_path == "ulysses"  # 2 x 6 <= 3 x 4
+    # Document masking keeps the gathered K/V: 2 collectives against 2 passes.
+    assert replace(kept, document_masking=True).cp_attention_path == "allgather"  # 2 x 6 > 2 x 4
+    # Selective: half the layers each way, 6 collectives against 5 passes per two layers.
+    assert replace(full, activation_checkpointing="selective").cp_attention_path == "allgather"  # 5 x 6 > 6 x 4
 
 
 def test_document_masking_on_the_cpu_keeps_one_additive_mask_per_query_range():

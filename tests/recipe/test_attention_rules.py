@@ -74,12 +74,21 @@ def resolved(**changes) -> dict:
         ("llama3-8b", 1, "allgather"),  # no context parallelism: the choice does not matter
         ("llama3-8b", 2, "allgather"),  # GQA 32/8: Ulysses moves (32 + 8)/2 = 20 heads' worth, all-gather 8
         ("llama3-8b", 8, "ulysses"),  # (32 + 8)/8 = 5 < 8: Ulysses moves fewer bytes
+        # cp 4, every layer kept: 2 passes x (32 + 8)/4 = 20 against 3 regathering collectives x 8 = 24
+        ("llama3-8b", 4, "ulysses"),
         ({"base": "llama3-8b", "num_kv_heads": 32}, 2, "ulysses"),  # MHA: equal bytes, plain causal kernel
     ],
 )
 def test_auto_resolves_to_the_path_that_moves_fewer_bytes(model, context, expected):
     found = resolved(**{"model": model, "parallel.context": context})
     assert found["parallel"]["cp_attention"] == expected
+
+
+def test_auto_weighs_checkpointing_since_kept_layers_regather_their_k_and_v():
+    # Llama 3 8B at cp 4: with full checkpointing both paths run three times per layer, and
+    # Ulysses' (32 + 8)/4 = 10 heads' worth loses to the all-gather's 8.
+    found = resolved(**{"parallel.context": 4, "parallel.activation_checkpointing": "full"})
+    assert found["parallel"]["cp_attention"] == "allgather"
 
 
 def test_auto_falls_back_to_allgather_when_heads_do_not_split():
