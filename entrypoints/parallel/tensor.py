@@ -141,8 +141,8 @@ class VocabParallelEmbedding(nn.Module):
         if rows:
             local = F.embedding(torch.where(outside, 0, tokens - start), weight)
             local = local.masked_fill(outside.unsqueeze(-1), 0)
-        else:  # a rank past the vocabulary's end holds no rows
-            local = weight.new_zeros((*tokens.shape, self.embedding_dim))
+        else:  # a rank past the vocabulary's end holds no rows; its gradient stays an empty tensor, not None
+            local = weight.new_zeros((*tokens.shape, self.embedding_dim)) + weight.sum()
         partial = DTensor.from_local(local, self.tp_mesh, [Partial()], run_check=False)
         return partial.redistribute(self.tp_mesh, [Shard(1)]).to_local()
 

@@ -493,8 +493,8 @@ def cp_attention_for(
     model: ModelShape,
     layout: Layout,
     *,
-    activation_checkpointing: str = "full",
-    document_masking: bool = False,
+    activation_checkpointing: str,
+    document_masking: bool,
 ) -> str:
     """The concrete path ("allgather" or "ulysses") for a recipe's `parallel.cp_attention`.
 
