@@ -96,6 +96,8 @@ def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int
     backward of its first stage: by then every one of its stages has accumulated gradients while
     as many chunks are in flight as in the steady state (Llama 3 70B, 32K, PP 4 x 2 with 16
     micro-batches peaks there, 6% above the second backward: tests/estimate/traced_configs.py).
+    On the rank that holds the loss, also the loss stage's first backward after every one of its
+    stages holds gradients: the output weight's gradient beside all of them.
 
     The interleaved order is torch's (`_get_1f1b_rank_ops`): the warmup's forwards, then a
     forward and a backward per step, then the cooldown's backwards; the k-th forward runs virtual
@@ -117,19 +119,25 @@ def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
     steady_ops = m * v - warmup
     in_flight, done, forwards, moments, sent = [0] * v, [], 0, [], 0
+    holds_loss, loss_seen, steady_seen = last % p == rank, False, False
     for j in range(m * v):
         for k in range(forwards, warmup + min(j + 1, steady_ops)):
             in_flight[(k // per_round) % v] += 1
         forwards = max(forwards, warmup + min(j + 1, steady_ops))
         virtual = v - 1 - (j // per_round) % v
         name = {0: "first backward", 1: "second backward"}.get(j)
-        if name is None and virtual == 0 and 0 in done:
+        if name is None and virtual == 0 and 0 in done and not steady_seen:
             name = "steady backward"  # the steady state's, once every stage holds gradients
+        elif name is None and virtual * p + rank == last and len(set(done)) == v and not loss_seen:
+            # The loss stage's backward once every stage of the last rank holds gradients: its
+            # output weight's and every layer's (traced at Qwen3-30B-A3B pp 2 x 2, rank 1).
+            name, loss_seen = "steady loss backward", True
         if name is not None:
             outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
             stages = tuple(sorted(x * p + rank for x in set(done)))
             moments.append(BackwardMoment(name, virtual * p + rank, sum(in_flight), outputs, stages, sent))
-            if name == "steady backward":
+            steady_seen = steady_seen or name == "steady backward"
+            if steady_seen and (loss_seen or not holds_loss):
                 break
         in_flight[virtual] -= 1
         done.append(virtual)
