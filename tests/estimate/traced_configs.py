@@ -82,6 +82,16 @@ PP4_INTERLEAVED_TP2 = {
     "activation_checkpointing": "selective",
 }
 
+# Megatron-Bridge's Llama 3 70B H100 layout: TP 4, interleaved PP, no recomputation, bf16 gradients.
+MEGATRON_BRIDGE_70B = {
+    "pipeline": 4,
+    "virtual_stages": 2,
+    "pipeline_schedule": "interleaved_1f1b",
+    "tensor": 4,
+    "reduce_dtype": "bf16",
+    "activation_checkpointing": "none",
+}
+
 CONFIGS: list[TracedConfig] = [
     TracedConfig("8B 8K fsdp8", llama8b(), 8192, global_batch_size=8),
     TracedConfig(
@@ -234,14 +244,7 @@ CONFIGS: list[TracedConfig] = [
         llama70b(8),
         8192,
         instances=4,
-        parallel={
-            "pipeline": 4,
-            "virtual_stages": 2,
-            "pipeline_schedule": "interleaved_1f1b",
-            "tensor": 4,
-            "reduce_dtype": "bf16",
-            "activation_checkpointing": "none",
-        },
+        parallel=MEGATRON_BRIDGE_70B,
         precision={"fp8": True},
         global_batch_size=16,
     ),
@@ -252,14 +255,7 @@ CONFIGS: list[TracedConfig] = [
         llama70b(8),
         8192,
         instances=4,
-        parallel={
-            "pipeline": 4,
-            "virtual_stages": 2,
-            "pipeline_schedule": "interleaved_1f1b",
-            "tensor": 4,
-            "reduce_dtype": "bf16",
-            "activation_checkpointing": "none",
-        },
+        parallel=MEGATRON_BRIDGE_70B,
         precision={"fp8": True},
         global_batch_size=16,
         stage=3,
