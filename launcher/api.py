@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
 import socket
 import subprocess
@@ -427,7 +428,8 @@ def _predicted_speed(run: RunForecast | None) -> dict[str, float] | None:
     """What the job record keeps of the forecast, for status to compare the live metrics with."""
     if run is None:
         return None
-    return {"tokens_per_s_per_gpu": run.speed.tokens_per_s_per_gpu, "mfu": run.speed.mfu}
+    predicted = {"tokens_per_s_per_gpu": run.speed.tokens_per_s_per_gpu, "mfu": run.speed.mfu}
+    return {key: value for key, value in predicted.items() if not math.isnan(value)}  # no MFU on host CPUs
 
 
 def _submit_recorded(target, rendering: Rendering, *, predicted: dict[str, float] | None = None) -> JobRef:

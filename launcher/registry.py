@@ -63,7 +63,8 @@ class JobRef:
     time, host), so that a record whose submit died is told from one still under way."""
     predicted: dict[str, float] | None = None
     """The planner's speed for this job's layout, settled at submit (`PREDICTED_KEYS`: tokens/s per
-    GPU, MFU), which status compares with the live metrics; None where nothing predicts it (cpu)."""
+    GPU, MFU; no MFU on host CPUs), which status compares with the live metrics; None where nothing
+    predicts it (MoE on CPUs)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -258,6 +259,7 @@ _REF_TYPES = {f.name: _OPTIONAL_TEXT for f in fields(JobRef)} | {
     "predicted": (dict, type(None)),
 }
 PREDICTED_KEYS = ("tokens_per_s_per_gpu", "mfu")
+OPTIONAL_PREDICTED_KEYS = ("mfu",)  # no MFU is predicted on host CPUs
 
 
 def save(ref: JobRef, spec: JobSpec) -> Path:
@@ -310,8 +312,11 @@ def load(name: str) -> JobRef | None:
 
 
 def _check_prediction(predicted: dict | None, path: Path) -> None:
-    """A record's `predicted` holds a positive finite number under each of PREDICTED_KEYS."""
+    """A record's `predicted` holds a positive finite number under each of PREDICTED_KEYS (those of
+    OPTIONAL_PREDICTED_KEYS where present)."""
     for key in PREDICTED_KEYS if predicted is not None else ():
+        if key in OPTIONAL_PREDICTED_KEYS and key not in predicted:
+            continue
         value = predicted.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float):
             found = json_type(value) if key in predicted else "missing"

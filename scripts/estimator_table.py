@@ -120,10 +120,11 @@ def gpu_table() -> str:
     return "\n".join(rows)
 
 
-def replace_section(text: str, name: str, body: str) -> str:
+def replace_section(text: str, name: str, body: str, *, doc: Path = DOC) -> str:
+    """`text` (of `doc`) with the body of its `<!-- generated: NAME -->` section replaced."""
     pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(<!-- end generated -->)", re.S)
     if not pattern.search(text):
-        raise SystemExit(f"{DOC}: no '<!-- generated: {name} -->' section")
+        raise SystemExit(f"{doc}: no '<!-- generated: {name} -->' section")
     return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
 
 

@@ -28,6 +28,7 @@ from launcher.contract.layout import Layout  # noqa: E402
 from launcher.estimate import Workload, estimate_memory, format_bytes  # noqa: E402
 from launcher.plan import SearchOptions, search, throughput  # noqa: E402
 from launcher.plan.explain import against_recipe  # noqa: E402
+from launcher.plan.modes import mode  # noqa: E402
 from launcher.plan.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
 from launcher.recipe.hardware import Hardware, hardware_for  # noqa: E402
@@ -847,16 +848,16 @@ def recipes_section() -> str:
     notes = []
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         recipe = Recipe.load(path)
-        if recipe.hardware.accelerator.peak_bf16_tflops is None:
-            lines.append(f"| {path.name} | {recipe.layout} | CPU: not predicted | | | |")
-            continue
+        per = "" if recipe.hardware.accelerator.peak_bf16_tflops else " per CPU rank"  # launcher.plan.host_cpu
         found = search(recipe, SearchOptions(top=100_000))
         current = found.current
-        rank = next((i for i, p in enumerate(found.ranked, 1) if p.settings() == current.settings()), None)
+        # the recipe's grad_accumulation "auto" is priced as sync_each (launcher.plan.modes), as the search ranks it
+        own = {**current.settings(), "parallel.grad_accumulation": mode(current.workload, "grad_accumulation")}
+        rank = next((i for i, p in enumerate(found.ranked, 1) if p.settings() == own), None)
         where = f"#{rank} of {len(found.ranked)} that fit" if rank else "does not fit"
         lines.append(
-            f"| {path.name} | {current.describe()} ({where}) | {current.tokens_per_s_per_gpu:,.0f} | "
-            f"{found.best.describe()} | {found.best.tokens_per_s_per_gpu:,.0f} | "
+            f"| {path.name} | {current.describe()} ({where}) | {current.tokens_per_s_per_gpu:,.0f}{per} | "
+            f"{found.best.describe()} | {found.best.tokens_per_s_per_gpu:,.0f}{per} | "
             f"{current.tokens_per_s_per_gpu / found.best.tokens_per_s_per_gpu - 1:+.0%} |"
         )
         note = against_recipe(found)

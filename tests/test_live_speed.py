@@ -1,6 +1,6 @@
 """Live against predicted (issue 25, part 4): submit keeps the planner's speed for the job's layout
 in its record, and `status`, the `submit --wait` line and the Job repr compare the newest step's
-tokens/s per GPU with it. Nothing is said where nothing was predicted (cpu)."""
+tokens/s per GPU with it. Nothing is said where nothing was predicted (MoE on CPUs)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from launcher.registry import load, write_json
 from tests.backends.helpers import recipe_path
 
 NONE = "(no straggler named, data wait under 20% of the step, saves are outside the step)"
-# tiny-cpu as if on one H100: the planner predicts a speed for it (it has none for the host CPU).
+# tiny-cpu as if on one H100: the planner predicts a speed and an MFU for it (no MFU on host CPUs).
 ON_A_GPU = ["cluster.device=cuda", "cluster.accelerator=h100-80gb"]
 
 
@@ -63,7 +63,7 @@ def write_running_job(home, name: str, record: dict) -> None:
 
 def test_a_running_job_says_running_at_and_a_job_with_no_prediction_says_nothing(home, cli):
     write_running_job(home, "predicted-job", {"predicted": {"tokens_per_s_per_gpu": 2469.0, "mfu": 0.4}})
-    write_running_job(home, "cpu-job", {})
+    write_running_job(home, "cpu-job", {})  # as a CPU MoE job's record: nothing predicted
     running = cli("status", "predicted-job")
     assert running.code == 0 and "  speed    running at 50% of predicted\n" in running.out
     assert repr(Job(load("predicted-job"))) == "Job('predicted-job', backend='local'): running at 50% of predicted"
@@ -80,7 +80,8 @@ def test_a_running_job_says_running_at_and_a_job_with_no_prediction_says_nothing
             {"tokens_per_s_per_gpu": "fast", "mfu": 0.4},
             "predicted.tokens_per_s_per_gpu is a string, not a positive number",
         ),
-        ({"tokens_per_s_per_gpu": 2469.0}, "predicted.mfu is missing, not a positive number"),
+        ({"tokens_per_s_per_gpu": 2469.0, "mfu": "high"}, "predicted.mfu is a string, not a positive number"),
+        ({"mfu": 0.4}, "predicted.tokens_per_s_per_gpu is missing, not a positive number"),
         ({"tokens_per_s_per_gpu": -1.0, "mfu": 0.4}, "predicted.tokens_per_s_per_gpu is -1.0, not a positive number"),
         (
             {"tokens_per_s_per_gpu": True, "mfu": 0.4},

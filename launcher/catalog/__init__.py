@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import math
 import os
 from functools import cache
 from importlib.resources import files
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_serializer, field_validator
 
 from launcher.contract.config import active_ffn_width
 from launcher.contract.text import choices  # noqa: F401  (catalog.choices: how messages list valid values)
@@ -214,6 +215,29 @@ class InstanceType(BaseModel):
         return self.efa_interfaces > 0
 
 
+HOST_CPU_WORK = (
+    "per_step", "per_layer", "per_layer_micro_batch", "matmul_gflop", "attention_gflop", "fsdp_mb",
+    "tp_layer_micro_batch", "tp_mb", "cp_layer_micro_batch", "pp_step",
+)  # fmt: skip
+"""The kinds of work a CPU step is priced by (launcher.plan.host_cpu.cpu_work)."""
+
+
+class HostCpuRates(BaseModel):
+    """Seconds per unit of each kind of CPU step work, measured on one host (host_cpu.yaml)."""
+
+    model_config = _FROZEN
+    seconds_per_unit: dict[str, float]
+    measured_on: str
+    source: str
+
+    @field_validator("seconds_per_unit")
+    @classmethod
+    def _every_kind(cls, rates: dict[str, float]) -> dict[str, float]:
+        if set(rates) != set(HOST_CPU_WORK) or any(not 0 <= rate < math.inf for rate in rates.values()):
+            raise ValueError(f"needs a rate >= 0 for each of {', '.join(HOST_CPU_WORK)}")
+        return rates
+
+
 def _load(filename: str) -> dict:
     return yaml.safe_load(files(__package__).joinpath(filename).read_text())
 
@@ -233,6 +257,16 @@ def accelerators() -> dict[str, Accelerator]:
 @cache
 def instance_types() -> dict[str, InstanceType]:
     return {str(key): InstanceType(**value) for key, value in _load("instances.yaml").items()}
+
+
+@cache
+def host_cpu_rates() -> HostCpuRates:
+    return HostCpuRates(**_load("host_cpu.yaml"))
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0))
 
 
 def _host_memory_bytes() -> int:

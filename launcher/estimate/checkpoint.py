@@ -212,13 +212,14 @@ class StopGrace:
     """The seconds from SIGTERM to SIGKILL a job sets itself (cluster.stop_grace), and why."""
 
     grace_s: int
-    step_s: float | None  # predicted; None: not modelled (the host CPU)
+    step_s: float | None  # predicted; None: not modelled (MoE on host CPUs)
     save_s: float | None  # until durable, per host; None: not modelled
 
     def line(self, engine_title: str) -> str:
         if self.step_s is None or self.save_s is None:
+            unknown = " and ".join(name for name, s in (("step", self.step_s), ("save", self.save_s)) if s is None)
             return (
-                f"cluster.stop_grace: {self.grace_s} s on {engine_title} (no predicted step and save time here; "
+                f"cluster.stop_grace: {self.grace_s} s on {engine_title} (no predicted {unknown} time here; "
                 f"torchrun --shutdown-timeout and the final-save budget {self.grace_s - STOP_EXIT_S} s)"
             )
         return (

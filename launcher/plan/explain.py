@@ -16,9 +16,9 @@ def why(search: Search) -> str:
     """'<best> is fastest at N tokens/s/GPU (M% MFU): X% ahead of the runner-up (...), which spends
     ...; K faster layouts need more than T% of GPU memory' (K: those faster than the best)."""
     best = search.best
-    head = (
-        f"{best.describe()} is fastest at {best.tokens_per_s_per_gpu:,.0f} {speed_unit(best)} "
-        f"({best.throughput.mfu:.0%} MFU)"
+    mfu = best.throughput.mfu_text()
+    head = f"{best.describe()} is fastest at {best.tokens_per_s_per_gpu:,.0f} {speed_unit(best)}" + (
+        f" ({mfu} MFU)" if mfu != "-" else ""
     )
     clauses = []
     if len(search.ranked) > 1:

@@ -28,9 +28,9 @@ from launcher.plan.throughput import (
     CONSTANTS,
     Constants,
     Throughput,
+    host_cpu_note,
     predict,
     predict_many,
-    with_declared_cpu_rates,
 )  # fmt: skip
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
@@ -74,12 +74,9 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
         raise UsageError(f"--top {top}: use 1 or more")
     started = time.perf_counter()
     budget = resolve_budget(recipe, gpus=options.gpus, instances=options.instances, instance_type=options.instance_type)
-    # Speeds on the host CPU come from declared rates; its memory stays what the estimator knows.
-    speed_budget, cpu_note = with_declared_cpu_rates(budget)
     scored = score_layouts(
-        recipe, budget, vary_fp8=options.vary_fp8, constants=constants, vary_accumulation=options.vary_accumulation,
-        speed_budget=speed_budget,
-    )  # fmt: skip
+        recipe, budget, vary_fp8=options.vary_fp8, constants=constants, vary_accumulation=options.vary_accumulation
+    )
     if not scored:
         training = recipe.training
         raise UsageError(
@@ -107,8 +104,8 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
         faster_but_too_big=found.faster_than_best,
         threshold=threshold,
         elapsed_s=time.perf_counter() - started,
-        current=_current(recipe, budget, threshold, constants, speed_budget),
-        notes=([cpu_note] if cpu_note else []) + _notes(recipe, ranked[0], speed_budget, constants),
+        current=_current(recipe, budget, threshold, constants),
+        notes=[note for note in (host_cpu_note(budget),) if note] + _notes(recipe, ranked[0], budget, constants),
     )
 
 
@@ -161,12 +158,10 @@ def score_layouts(
     vary_fp8: bool = False,
     constants: Constants = CONSTANTS,
     vary_accumulation: bool = True,
-    speed_budget: Hardware | None = None,
 ) -> list[Scored]:
-    """Every candidate workload with its predicted speed, unsorted (predicted on `speed_budget`
-    where given: the budget with declared CPU rates)."""
+    """Every candidate workload with its predicted speed, unsorted."""
     workloads = candidate_workloads(recipe, budget, vary_fp8=vary_fp8, vary_accumulation=vary_accumulation)
-    speeds = predict_many(workloads, speed_budget or budget, constants=constants)
+    speeds = predict_many(workloads, budget, constants=constants)
     return [Scored(workload, speed) for workload, speed in zip(workloads, speeds, strict=True)]
 
 
@@ -226,14 +221,12 @@ def _as_plan(item: Scored, estimate: MemoryEstimate, budget: Hardware) -> Layout
     return LayoutPlan(workload=item.workload, hardware=budget, memory=estimate, throughput=item.throughput)
 
 
-def _current(
-    recipe: Recipe, budget: Hardware, threshold: float, constants: Constants, speed_budget: Hardware
-) -> LayoutPlan | None:
+def _current(recipe: Recipe, budget: Hardware, threshold: float, constants: Constants) -> LayoutPlan | None:
     """The recipe's own layout, when the budget is the recipe's own GPUs."""
     if budget.instance_key != recipe.cluster.instance_type or budget.world_size != recipe.world_size:
         return None
     workload = Workload.from_recipe(recipe)
-    speed = predict(workload, speed_budget, constants=constants)
+    speed = predict(workload, budget, constants=constants)
     return _as_plan(Scored(workload, speed), estimate_memory(workload, budget, threshold=threshold), budget)
 
 

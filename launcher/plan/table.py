@@ -66,7 +66,7 @@ GRAD = Column("grad\nsync", lambda rank, plan: GRAD_SYNC[plan.grad_accumulation]
 FP8 = Column("fp8", lambda rank, plan: "yes" if plan.fp8 else "no")
 MEMORY = Column("peak\nmemory", lambda rank, plan: f"{plan.memory.utilization:.0%}")
 SPEED = Column("tokens/s\n/GPU", lambda rank, plan: f"{plan.throughput.tokens_per_s_per_gpu:,.0f}")
-MFU = Column("MFU", lambda rank, plan: f"{plan.throughput.mfu:.0%}")
+MFU = Column("MFU", lambda rank, plan: plan.throughput.mfu_text())
 PER_TOKEN = Column("$ per 1M\ntokens", lambda rank, plan: f"{plan.throughput.usd_per_million_tokens:.2f}")
 RUN_TIME = Column(
     "run\ntime",

@@ -34,16 +34,19 @@ calibrated set (docs/planner.md: each published measurement, the prediction and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+import math
+from dataclasses import dataclass, field, fields
 from functools import cache
 from math import ceil
 from typing import Any, NamedTuple
 
+from launcher import catalog
 from launcher.catalog import Accelerator, ModelArch
 from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import layers_by_rank, rank_layers
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
+from launcher.plan.host_cpu import CpuStepUnknown, cpu_step_seconds
 from launcher.plan.modes import mode
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
@@ -229,8 +232,24 @@ BREAKDOWN = (
     "pipeline_bubble",
     "data_replicate",
     "optimizer",
+    "host_overhead",
 )
 """Where a step's time goes, in seconds per step; they add up to the step time."""
+
+HOST_CPU_TERMS = {
+    "per_step": "host_overhead",
+    "per_layer": "host_overhead",
+    "per_layer_micro_batch": "host_overhead",
+    "matmul_gflop": "matmul",
+    "attention_gflop": "attention",
+    "recompute_gflop": "recompute",
+    "fsdp_mb": "fsdp",
+    "tp_layer_micro_batch": "tensor_parallel",
+    "tp_mb": "tensor_parallel",
+    "cp_layer_micro_batch": "context_parallel",
+    "pp_step": "pipeline_p2p",
+}
+"""The BREAKDOWN term each kind of host-CPU work (launcher.plan.host_cpu.cpu_work) is counted under."""
 
 BREAKDOWN_WORDS = {
     "matmul": "matrix multiplies",
@@ -245,6 +264,7 @@ BREAKDOWN_WORDS = {
     "pipeline_bubble": "the pipeline bubble",
     "data_replicate": "the HSDP gradient all-reduce",
     "optimizer": "the optimizer step",
+    "host_overhead": "per-operation host overhead",
 }
 
 
@@ -272,6 +292,10 @@ class Throughput:
     def tokens_per_s(self) -> float:
         return self.tokens_per_s_per_gpu * self.world_size
 
+    def mfu_text(self, places: int = 0) -> str:
+        """The MFU as a percentage; "-" where no peak is known (host CPUs)."""
+        return "-" if math.isnan(self.mfu) else f"{self.mfu:.{places}%}"
+
     @property
     def time_to_train_s(self) -> float | None:
         return None if self.steps is None else self.steps * self.step_time_s
@@ -294,7 +318,7 @@ class Throughput:
     def to_dict(self) -> dict[str, Any]:
         return {
             "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu, 1),
-            "mfu": round(self.mfu, 4),
+            "mfu": None if math.isnan(self.mfu) else round(self.mfu, 4),
             "step_time_s": round(self.step_time_s, 4),
             "tokens_per_step": self.tokens_per_step,
             "time_to_train_s": None if self.time_to_train_s is None else round(self.time_to_train_s, 1),
@@ -306,32 +330,28 @@ class Throughput:
         }
 
 
-DECLARED_CPU_RATES = {"peak_bf16_tflops": 0.1, "hbm_gbps": 20.0, "nvlink_gbps": 10.0}
-"""What `launcher plan` assumes of one CPU rank, where no datasheet gives a peak: 100 GFLOP/s of
-fp32 matrix multiply (one modern core with AVX2/AVX-512 FMA), 20 GB/s of memory bandwidth and
-10 GB/s between ranks (gloo over loopback, both directions). They rank layouts; they do not
-predict a CPU run's speed well, and the plan says so."""
-
-CPU_NOTE = (
-    "the host CPU has no datasheet peak: speeds assume {tflops:g} TFLOP/s, {gbps:g} GB/s of memory and "
-    "{link:g} GB/s between ranks per CPU rank, so they rank the layouts but are rough; tokens/s are per CPU rank"
+HOST_CPU_NOTE = (
+    "the host CPU has no datasheet peak: speeds are this layout's counted work at the seconds per unit measured on "
+    "{measured_on} (launcher/catalog/host_cpu.yaml), with {cores} cores here; tokens/s are per CPU rank"
 )
 
 
 def has_speed_model(hardware: Hardware) -> bool:
+    """A GPU with datasheet peaks: the analytic model below prices it; else the host-CPU rates do."""
     accelerator = hardware.accelerator
     return bool(accelerator.peak_bf16_tflops and accelerator.hbm_gbps)
 
 
-def with_declared_cpu_rates(hardware: Hardware) -> tuple[Hardware, str | None]:
-    """`hardware` as the planner predicts it, and a note: the host CPU with DECLARED_CPU_RATES
-    (its memory is left as it is), any other hardware unchanged with no note."""
+def host_cpu_note(hardware: Hardware) -> str | None:
+    """What `launcher plan` says of CPU speeds; None for GPUs."""
     if has_speed_model(hardware):
-        return hardware, None
-    rates = DECLARED_CPU_RATES
-    declared = replace(hardware, accelerator=hardware.accelerator.model_copy(update=rates))
-    note = CPU_NOTE.format(tflops=rates["peak_bf16_tflops"], gbps=rates["hbm_gbps"], link=rates["nvlink_gbps"])
-    return declared, note
+        return None
+    return HOST_CPU_NOTE.format(measured_on=catalog.host_cpu_rates().measured_on, cores=_cores(hardware))
+
+
+def _cores(hardware: Hardware) -> int:
+    """A CPU instance type's vCPUs, or this machine's cores for `local`."""
+    return hardware.instance.vcpus or catalog.host_cores()
 
 
 def generation(accelerator: Accelerator) -> str:
@@ -342,9 +362,12 @@ def generation(accelerator: Accelerator) -> str:
 def predict(workload: Workload, hardware: Hardware, *, constants: Constants = CONSTANTS) -> Throughput:
     """Predicted tokens/s/GPU, MFU, step time and cost of one workload on one cluster.
 
-    Each term of the step time is one function below, in seconds per micro-batch or per step.
-    Raises ThroughputUnknown for hardware without a peak FLOP/s (the host CPU).
+    Each term of the step time is one function below, in seconds per micro-batch or per step; on
+    host CPUs, `launcher.plan.host_cpu` prices the step instead. Raises ThroughputUnknown for a
+    CPU layout its measured rates do not cover.
     """
+    if not has_speed_model(hardware):
+        return _predict_host_cpu(workload, hardware)
     return _predict(workload, _Machine(hardware, constants))
 
 
@@ -357,6 +380,8 @@ def predict_many(
     all of them (`_Machine`); every number is the one `predict` gives."""
     if not workloads:
         return []
+    if not has_speed_model(hardware):
+        return [_predict_host_cpu(workload, hardware) for workload in workloads]
     machine = _Machine(hardware, constants)
     return [_predict(workload, machine) for workload in workloads]
 
@@ -370,6 +395,33 @@ def _predict(workload: Workload, machine: _Machine) -> Throughput:
             slowest = step, breakdown
     assert slowest is not None
     return _throughput(*slowest)
+
+
+def _predict_host_cpu(workload: Workload, hardware: Hardware) -> Throughput:
+    """A CPU step priced by `launcher.plan.host_cpu`, its seconds put under BREAKDOWN's terms;
+    MFU is NaN, as the entrypoints log it where no peak is known."""
+    try:
+        seconds = cpu_step_seconds(workload, catalog.host_cpu_rates(), cores=_cores(hardware))
+    except CpuStepUnknown as unknown:
+        raise ThroughputUnknown(str(unknown)) from None
+    breakdown = dict.fromkeys(BREAKDOWN, 0.0)
+    for kind, value in seconds.items():
+        breakdown[HOST_CPU_TERMS[kind]] += value
+    step_s = sum(breakdown.values())
+    world = workload.layout.world_size
+    return Throughput(
+        tokens_per_s_per_gpu=workload.tokens_per_step / step_s / world,
+        mfu=math.nan,
+        step_time_s=step_s,
+        tokens_per_step=workload.tokens_per_step,
+        world_size=world,
+        bubble_fraction=bubble_fraction(workload.layout.pipeline, workload.grad_accum_steps),
+        model_flops_per_token=model_flops_per_token(workload.arch, workload.seq_len),
+        breakdown=breakdown,
+        instance_count=hardware.instance_count,
+        usd_per_hour=hardware.usd_per_hour * hardware.instance_count,
+        steps=workload.steps,
+    )
 
 
 def _slowest_rank_candidates(workload: Workload) -> list[int]:
@@ -406,20 +458,19 @@ def _rank_breakdown(step: _Step) -> dict[str, float]:
         "pipeline_bubble": pipeline_bubble_time(step, micro_batch_s),
         "data_replicate": data_replicate_time(step),
         "optimizer": optimizer_time(step),
+        "host_overhead": 0.0,  # a GPU's kernels run behind the host's launches (host CPUs: _predict_host_cpu)
     }
 
 
 def predicted_summary(recipe: Recipe) -> dict[str, float] | None:
-    """`{tokens_per_s_per_gpu, mfu, step_time_s}` for the recipe's layout; None on the host CPU."""
+    """`{tokens_per_s_per_gpu, mfu, step_time_s}` for the recipe's layout (mfu None on host CPUs);
+    None where nothing predicts it (MoE on CPUs)."""
     try:
         speed = predict(Workload.from_recipe(recipe), recipe.hardware)
     except ThroughputUnknown:
         return None
-    return {
-        "tokens_per_s_per_gpu": round(speed.tokens_per_s_per_gpu, 1),
-        "mfu": round(speed.mfu, 4),
-        "step_time_s": round(speed.step_time_s, 4),
-    }
+    summary = speed.to_dict()
+    return {key: summary[key] for key in ("tokens_per_s_per_gpu", "mfu", "step_time_s")}
 
 
 _VARIANT_FIELDS = ("activation_checkpointing", "grad_accumulation")

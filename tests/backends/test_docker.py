@@ -282,7 +282,9 @@ def test_without_aws_credentials_the_error_is_the_one_login_command_to_run(fake_
     aws_clients._session.cache_clear()
     result = cli(*submit_args())
     assert result.code != 0
-    assert len(result.err_lines) == 1 + result.err.count("memory:") + result.err.count("job tiny-cpu")
+    # submit's stage lines (memory, the predicted time, the checkpoint cost, the grace, the job), then the one error
+    stages = ("memory: ", "time: ", "checkpoint ", "cluster.stop_grace: ", "job tiny-cpu")
+    assert all(line.startswith(stages) for line in result.err_lines[:-1]), result.err_lines
     assert result.err_lines[-1].endswith(f"`{LOGIN}`")
     assert "Traceback" not in result.err
     assert ["run", "--detach"] not in fake_docker.commands()

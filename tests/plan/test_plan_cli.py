@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from launcher import catalog
 from tests import REPO
 
 RECIPES = REPO / "recipes"
@@ -109,17 +110,29 @@ def test_bad_plan_input_is_one_line_and_exit_2(cli, args, line):
     assert "Traceback" not in result.err
 
 
-def test_plan_on_the_host_cpu_ranks_layouts_on_declared_rates_per_cpu_rank_and_says_so(cli):
+def test_plan_on_the_host_cpu_ranks_layouts_on_the_measured_cpu_rates_per_cpu_rank_and_says_so(cli):
     result = cli("plan", RECIPES / "tiny-cpu.yaml", "--top", "3")
     assert (result.code, result.err) == (0, ""), result.err
     assert "/CPU rank" in result.out and "/GPU" not in result.out
-    assert " tokens/s per CPU rank (" in result.out and "tokens/s/GPU" not in result.out
+    assert " tokens/s per CPU rank: " in result.out and "tokens/s/GPU" not in result.out and "nan" not in result.out
+    measured_on = catalog.host_cpu_rates().measured_on
     assert (
-        "note: the host CPU has no datasheet peak: speeds assume 0.1 TFLOP/s, 20 GB/s of memory and 10 GB/s "
-        "between ranks per CPU rank, so they rank the layouts but are rough; tokens/s are per CPU rank"
-    ) in result.out
+        f"note: the host CPU has no datasheet peak: speeds are this layout's counted work at the seconds per unit "
+        f"measured on {measured_on} (launcher/catalog/host_cpu.yaml), with {catalog.host_cores()} cores here; "
+        "tokens/s are per CPU rank"
+    ) in " ".join(result.out.split())
     plans = json.loads(cli("plan", RECIPES / "tiny-cpu.yaml", "--top", "3", "--json").out)
-    assert len(plans) == 3 and all(plan["tokens_per_s_per_gpu"] > 0 for plan in plans)
+    assert len(plans) == 3 and all(plan["tokens_per_s_per_gpu"] > 0 and plan["mfu"] is None for plan in plans)
+
+
+def test_plan_of_an_moe_model_on_the_host_cpu_is_one_line_saying_no_rates_cover_it(cli):
+    moe = "model={base: qwen3-30b-a3b, num_layers: 2}"
+    result = cli("plan", RECIPES / "tiny-cpu.yaml", "--set", moe)
+    assert result.code == 2 and "Traceback" not in result.err
+    assert result.err_lines == [
+        "model: no speed is predicted for an MoE model on host CPUs (launcher/catalog/host_cpu.yaml's rates were "
+        "measured on dense models only); plan it on GPUs, e.g. --instance-type ml.p5.48xlarge"
+    ]
 
 
 def test_the_count_of_faster_layouts_that_do_not_fit_is_of_those_faster_than_the_best_whatever_top_is():
@@ -138,10 +151,11 @@ def test_estimate_json_carries_the_predicted_throughput(cli):
     assert predicted["tokens_per_s_per_gpu"] > 0 and 0 < predicted["mfu"] < 1
 
 
-def test_estimate_json_predicts_nothing_on_the_cpu(cli):
+def test_estimate_json_predicts_a_cpu_step_with_no_mfu(cli):
     result = cli("estimate", RECIPES / "tiny-cpu.yaml", "--json")
     assert result.code == 0, result.err
-    assert json.loads(result.out)["predicted"] is None
+    predicted = json.loads(result.out)["predicted"]
+    assert predicted["mfu"] is None and predicted["tokens_per_s_per_gpu"] > 0 and predicted["step_time_s"] > 0
 
 
 def test_submit_auto_plan_applies_the_best_layout_and_shows_what_changed(cli):

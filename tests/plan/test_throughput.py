@@ -14,7 +14,6 @@ from launcher.plan.rank import candidate_workloads
 from launcher.plan.throughput import (
     BREAKDOWN,
     CONSTANTS,
-    ThroughputUnknown,
     bubble_fraction,
     model_flops_per_token,
     predict,
@@ -269,12 +268,6 @@ def test_fp8_speeds_up_large_matmuls():
     layout = Layout(tensor=8, data_shard=4)
     bf16, fp8 = (run(LLAMA70B, layout, fp8=f, activation_checkpointing="full") for f in (False, True))
     assert fp8.breakdown["matmul"] < 0.75 * bf16.breakdown["matmul"]
-
-
-def test_the_host_cpu_has_no_throughput_to_predict():
-    cpu = catalog.accelerators()["cpu"]
-    with pytest.raises(ThroughputUnknown, match="throughput is predicted for GPUs only"):
-        run(layout=Layout(), accelerator=cpu, gpus_per_node=4)
 
 
 def test_a_hand_built_arch_without_a_catalog_entry_predicts():

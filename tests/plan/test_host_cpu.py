@@ -1,0 +1,108 @@
+"""The host-CPU step model (launcher/plan/host_cpu.py): a CPU step is the work its layout counts at
+the seconds per unit measured on a host (launcher/catalog/host_cpu.yaml), with the ranks beyond
+the cores taking turns. How well it predicts is measured, not asserted here:
+scripts/bench_cpu_step.py's held-out layouts, in docs/monitoring.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import pytest
+
+from launcher import catalog
+from launcher.contract.layout import Layout
+from launcher.estimate import Workload
+from launcher.plan.forecast import forecast
+from launcher.plan.throughput import ThroughputUnknown, predict
+from launcher.recipe import Recipe
+from launcher.recipe.hardware import hardware_for
+from tests import REPO
+
+TINY = catalog.models()["llama-tiny"]
+RATES = catalog.host_cpu_rates().seconds_per_unit
+
+
+def cpu(procs: int):
+    return hardware_for("local", accelerator_key="cpu", procs_per_node=procs)
+
+
+def tiny(layout: Layout, *, micro_batch_size=2, grad_accum_steps=1) -> Workload:
+    return Workload(
+        arch=TINY,
+        layout=layout,
+        seq_len=256,
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=grad_accum_steps,
+        dtype="fp32",
+    )
+
+
+def test_one_rank_costs_its_layers_micro_batches_and_flops_at_the_measured_rates(monkeypatch):
+    monkeypatch.setattr(catalog, "host_cores", lambda: 2)
+    speed = predict(tiny(Layout(), grad_accum_steps=4), cpu(1))
+    # llama-tiny's blocks: q, k, v, o and the SwiGLU MLP; 2 x 256 tokens x 4 micro-batches
+    h, kv, f, vocab, layers, tokens = 128, 64, 352, 512, 4, 2048
+    block = 2 * h * h + 2 * h * kv + 3 * h * f
+    expected = (
+        RATES["per_step"]
+        + layers * RATES["per_layer"]
+        + layers * 4 * RATES["per_layer_micro_batch"]
+        + 6 * tokens * (layers * block + h * vocab) / 1e9 * RATES["matmul_gflop"]
+        + 6 * tokens * layers * h * 256 / 1e9 * RATES["attention_gflop"]
+    )
+    assert speed.step_time_s == pytest.approx(expected, rel=1e-12)
+    assert speed.tokens_per_s_per_gpu == pytest.approx(tokens / expected)
+    assert math.isnan(speed.mfu) and speed.mfu_text() == "-" and speed.to_dict()["mfu"] is None
+
+
+def test_ranks_beyond_the_cores_take_turns_on_them(monkeypatch):
+    workload = tiny(Layout(tensor=2, data_shard=2), grad_accum_steps=2)
+    steps = {}
+    for cores in (1, 2, 4, 16):
+        monkeypatch.setattr(catalog, "host_cores", lambda cores=cores: cores)
+        steps[cores] = predict(workload, cpu(4)).step_time_s
+    assert steps[1] == pytest.approx(4 * steps[4]) and steps[2] == pytest.approx(2 * steps[4])
+    assert steps[16] == steps[4]  # one thread per rank: spare cores do not help
+
+
+def test_a_cpu_instance_type_shares_its_vcpus_not_this_machines_cores(monkeypatch):
+    monkeypatch.setattr(catalog, "host_cores", lambda: 1)
+    c5 = hardware_for("ml.c5.2xlarge", accelerator_key="cpu", procs_per_node=8)  # 8 vCPUs
+    one_core = dataclasses.replace(c5, instance=cpu(8).instance)
+    workload = tiny(Layout(data_shard=8))
+    assert predict(workload, one_core).step_time_s == pytest.approx(8 * predict(workload, c5).step_time_s)
+
+
+def test_a_pipeline_stretches_its_micro_batches_over_the_bubble_and_idles_its_cores_in_it(monkeypatch):
+    monkeypatch.setattr(catalog, "host_cores", lambda: 8)  # no turns taken
+    workload = tiny(Layout(pipeline=2), grad_accum_steps=4)
+    speed = predict(workload, cpu(2))
+    # 2 of 4 layers on the slowest rank, 4 micro-batches in 4 + 1 slots
+    per_micro_batch = 2 * 4 * RATES["per_layer_micro_batch"]
+    assert speed.breakdown["host_overhead"] == pytest.approx(
+        RATES["per_step"] + 2 * RATES["per_layer"] + 5 / 4 * per_micro_batch
+    )
+    assert speed.breakdown["pipeline_p2p"] == pytest.approx(RATES["pp_step"])
+    monkeypatch.setattr(catalog, "host_cores", lambda: 1)
+    # busy 4/5 of the step: the two ranks share one core 1.6 times over
+    assert predict(workload, cpu(2)).step_time_s == pytest.approx(1.6 * speed.step_time_s)
+
+
+def test_an_moe_model_on_cpus_is_not_predicted_and_its_forecast_is_none():
+    recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {"model": {"base": "qwen3-30b-a3b", "num_layers": 2}})
+    with pytest.raises(ThroughputUnknown, match="no speed is predicted for an MoE model on host CPUs"):
+        predict(Workload.from_recipe(recipe), recipe.hardware)
+    assert forecast(recipe, time_limit_s=None) is None
+
+
+def test_the_shipped_rates_are_the_fit_of_the_stored_measurements():
+    """scripts/bench_cpu_step.py --check: the catalog and docs/monitoring.md's table are what
+    docs/cpu_step_measured.json gives (no timing runs here)."""
+    done = subprocess.run(
+        [sys.executable, "scripts/bench_cpu_step.py", "--check"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "held-out: 9 layouts" in done.stdout
