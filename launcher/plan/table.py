@@ -97,10 +97,11 @@ def plan_table(search: Search, title: str = "", width: int | None = None) -> Gro
     if note:
         lines.append(Text(note))
     lines += [Text(f"note: {note}", style="yellow") for note in search.notes]
+    errors = "docs/planner.md" if search.budget.accelerator.peak_bf16_tflops else "docs/monitoring.md, on CPUs,"
     lines.append(
         Text(
             f"{search.considered:,} valid layouts scored, {search.estimated:,} memory estimates, "
-            f"{search.elapsed_s * 1000:.0f} ms; speeds are model predictions (docs/planner.md gives their error).",
+            f"{search.elapsed_s * 1000:.0f} ms; speeds are model predictions ({errors} gives their error).",
             style="dim",
         )
     )
