@@ -64,7 +64,7 @@ class JobRef:
     predicted: dict[str, float] | None = None
     """The planner's speed for this job's layout, settled at submit (`PREDICTED_KEYS`: tokens/s per
     GPU, MFU; no MFU on host CPUs), which status compares with the live metrics; None where nothing
-    predicts it (MoE on CPUs)."""
+    predicts it (a GPU without datasheet peaks)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,6 +1,6 @@
 """Measure CPU step times, fit launcher/catalog/host_cpu.yaml to them, and check the fit on held-out layouts.
 
-    .venv/bin/python scripts/bench_cpu_step.py --measure   # run every layout (about 15 minutes on 2 cores)
+    .venv/bin/python scripts/bench_cpu_step.py --measure   # run every layout (about 20 minutes on 2 cores)
     .venv/bin/python scripts/bench_cpu_step.py             # fit, rewrite the catalog and docs/monitoring.md's table
     .venv/bin/python scripts/bench_cpu_step.py --check     # both already match the stored measurements
 
@@ -9,8 +9,9 @@ Each layout is recipes/tiny-cpu.yaml with a few `--set` changes, run as a user r
 median `step_time_s` of steps 4 to 12 (the first steps warm up). The measurements go to
 docs/cpu_step_measured.json with the host they ran on. The rates are fitted (non-negative least
 squares on relative error) to the layouts marked "fit" only; the "held-out" ones try layouts the
-fit never saw (TP 4, CP 4, PP 4, PP with TP, CP at 1024 tokens), so their errors say how far the
-shipped rates can be trusted.
+fit never saw (TP 4, CP 4, PP 4, PP with TP, CP at 1024 tokens, EP within a larger FSDP group, EP
+with CP), so their errors say how far the shipped rates can be trusted. MoE layouts train
+qwen3-moe-tiny (8 experts, top-2).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ RUN = ("training.steps=12", "checkpoint.every_steps=0")
 FIRST_TIMED_STEP = 4
 
 H512 = "model={base: llama-tiny, hidden_size: 512, ffn_hidden_size: 1408}"
+MOE = "model=qwen3-moe-tiny"
 ONE, TWO = ("cluster.nproc_per_node=1", "parallel.tensor=1"), ("cluster.nproc_per_node=2",)
 FIT = {
     "1 rank": ONE,
@@ -84,6 +86,17 @@ FIT = {
     "tp 4": ("parallel.tensor=4",),
     "cp 2 x fsdp 2": ("parallel.tensor=1", "parallel.context=2"),
     "pp 2 x fsdp 2": ("parallel.tensor=1", "parallel.pipeline=2"),
+    "replicate 2": (*TWO, "parallel.tensor=1", "parallel.data_replicate=2"),
+    "replicate 2 x fsdp 2": ("parallel.tensor=1", "parallel.data_replicate=2"),
+    "replicate 2 x tp 2": ("parallel.data_replicate=2",),
+    "moe: 1 rank": (*ONE, MOE),
+    "moe: 1 rank, micro-batch 8": (*ONE, MOE, "training.micro_batch_size=8"),
+    "moe: 1 rank, sequence 1024": (*ONE, MOE, "training.seq_len=1024"),
+    "moe: fsdp 2": (*TWO, "parallel.tensor=1", MOE),
+    "moe: fsdp 2 x ep 2": (*TWO, "parallel.tensor=1", MOE, "parallel.expert=2"),
+    "moe: fsdp 4": ("parallel.tensor=1", MOE),
+    "moe: fsdp 4 x ep 4": ("parallel.tensor=1", MOE, "parallel.expert=4"),
+    "moe: tp 2 x fsdp 2 x ep 2": (MOE, "parallel.expert=2"),
 }
 HELD_OUT = {
     "tp 4, micro-batch 8": ("parallel.tensor=4", "training.micro_batch_size=8"),
@@ -95,6 +108,11 @@ HELD_OUT = {
     "pp 4": ("parallel.tensor=1", "parallel.pipeline=4", "training.micro_batch_size=1"),
     "pp 2 x tp 2": ("parallel.pipeline=2", "training.micro_batch_size=1"),
     "tp 2, sequence 1024": (*TWO, "parallel.tensor=2", "training.seq_len=1024"),
+    "replicate 4": ("parallel.tensor=1", "parallel.data_replicate=4"),
+    "moe: replicate 2 x fsdp 2 x ep 2": ("parallel.tensor=1", MOE, "parallel.data_replicate=2", "parallel.expert=2"),
+    "moe: fsdp 4 x ep 2": ("parallel.tensor=1", MOE, "parallel.expert=2"),
+    "moe: fsdp 4 x ep 4, micro-batch 1": ("parallel.tensor=1", MOE, "parallel.expert=4", "training.micro_batch_size=1"),
+    "moe: cp 2 x fsdp 2 x ep 4": ("parallel.tensor=1", MOE, "parallel.context=2", "parallel.expert=4"),
 }
 
 
@@ -113,16 +131,20 @@ def measure_one(changes: tuple[str, ...]) -> list[float]:
     return timed
 
 
-def measure() -> None:
+def measure(*, new_only: bool) -> None:
     import torch
 
+    stored = json.loads(MEASURED.read_text()) if new_only else {"layouts": {}}
     layouts = {}
     for role, group in (("fit", FIT), ("held-out", HELD_OUT)):
         for name, changes in group.items():
+            if name in stored["layouts"]:
+                layouts[name] = stored["layouts"][name]
+                continue
             times = measure_one(changes)
             layouts[name] = {"role": role, "set": list(changes), "step_time_s": times}
             print(f"{name:36s} {statistics.median(times):.3f} s", flush=True)
-    host = {
+    host = stored.get("host") or {
         "cpu": _cpu_model(),
         "cores": catalog.host_cores(),
         "python": platform.python_version(),
@@ -226,10 +248,11 @@ def table(measured: dict, rates: dict[str, float]) -> tuple[str, dict[str, list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", action="store_true", help="run every layout first (about 15 minutes)")
+    parser.add_argument("--new", action="store_true", help="with --measure: only layouts not yet measured (same host)")
     parser.add_argument("--check", action="store_true", help="fail if the catalog or the doc is not the fit")
     args = parser.parse_args()
     if args.measure:
-        measure()
+        measure(new_only=args.new)
     measured = json.loads(MEASURED.read_text())
     rates = fit(measured)
     body, errors = table(measured, rates)

@@ -1,6 +1,7 @@
 """Live against predicted (issue 25, part 4): submit keeps the planner's speed for the job's layout
 in its record, and `status`, the `submit --wait` line and the Job repr compare the newest step's
-tokens/s per GPU with it. Nothing is said where nothing was predicted (MoE on CPUs)."""
+tokens/s per GPU with it. Nothing is said where nothing was predicted (a record from before
+predictions, or a GPU without datasheet peaks)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def write_running_job(home, name: str, record: dict) -> None:
 
 def test_a_running_job_says_running_at_and_a_job_with_no_prediction_says_nothing(home, cli):
     write_running_job(home, "predicted-job", {"predicted": {"tokens_per_s_per_gpu": 2469.0, "mfu": 0.4}})
-    write_running_job(home, "cpu-job", {})  # as a CPU MoE job's record: nothing predicted
+    write_running_job(home, "cpu-job", {})  # a record with nothing predicted
     running = cli("status", "predicted-job")
     assert running.code == 0 and "  speed    running at 50% of predicted\n" in running.out
     assert repr(Job(load("predicted-job"))) == "Job('predicted-job', backend='local'): running at 50% of predicted"

@@ -216,8 +216,8 @@ class InstanceType(BaseModel):
 
 
 HOST_CPU_WORK = (
-    "per_step", "per_layer", "per_layer_micro_batch", "matmul_gflop", "attention_gflop", "fsdp_mb",
-    "tp_layer_micro_batch", "tp_mb", "cp_layer_micro_batch", "pp_step",
+    "per_step", "per_layer", "per_layer_micro_batch", "matmul_gflop", "attention_gflop", "fsdp_mb", "replicate_mb",
+    "tp_layer_micro_batch", "tp_mb", "cp_layer_micro_batch", "pp_step", "expert_layer_micro_batch", "ep_mb",
 )  # fmt: skip
 """The kinds of work a CPU step is priced by (launcher.plan.host_cpu.cpu_work)."""
 

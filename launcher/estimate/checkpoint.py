@@ -212,7 +212,7 @@ class StopGrace:
     """The seconds from SIGTERM to SIGKILL a job sets itself (cluster.stop_grace), and why."""
 
     grace_s: int
-    step_s: float | None  # predicted; None: not modelled (MoE on host CPUs)
+    step_s: float | None  # predicted; None: not modelled (a GPU without datasheet peaks)
     save_s: float | None  # until durable, per host; None: not modelled
 
     def line(self, engine_title: str) -> str:

@@ -6,12 +6,13 @@ DTensor and FSDP hooks) and gloo collectives over loopback, and ranks beyond the
 on them. So a CPU step is priced as the work it counts, each kind at the seconds per unit measured
 on a host CPU (`launcher/catalog/host_cpu.yaml`, fitted by scripts/bench_cpu_step.py):
 
-    step = share x (  per step + per layer + FSDP: per MB gathered and reduced
+    step = share x (  per step + per layer + FSDP: per MB gathered and reduced + HSDP: per MB all-reduced
                     + PP: per step
                     + slots x ( per layer and micro-batch
                               + matmul GFLOPs x s/GFLOP + attention GFLOPs x s/GFLOP
                               + TP: per layer and micro-batch + per MB gathered and scattered
-                              + CP: per layer and micro-batch ) )
+                              + CP: per layer and micro-batch
+                              + MoE: per local expert, layer and micro-batch + EP: per MB sent ) )
 
 Every rank runs one thread (the launcher sets OMP_NUM_THREADS=1 for CPU jobs,
 `launcher.spec.job_environment`), so `share` = max(1, busy ranks / cores) is how many ranks take
@@ -22,7 +23,9 @@ bubble). The counts are those of the entrypoints' program (entrypoints/parallel/
 each block's parameters twice and reduces their gradients once (a per-group latency was fitted
 too and came out 0, so the megabytes carry it); sequence-parallel TP gathers and scatters each block's [micro-batch, sequence, hidden]
 activations four times forward and four times backward; context parallelism splits the
-sequence and regathers K/V per layer.
+sequence and regathers K/V per layer; an MoE layer runs one matmul per local expert on CPUs (the
+grouped GEMM's fallback) and, under EP, sends each routed token's hidden state to its experts'
+ranks and back, forward and backward.
 
 Measured: scripts/bench_cpu_step.py, docs/monitoring.md ("How a CPU job is predicted").
 """
@@ -30,62 +33,84 @@ Measured: scripts/bench_cpu_step.py, docs/monitoring.md ("How a CPU job is predi
 from __future__ import annotations
 
 from launcher.catalog import HostCpuRates
-from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
 
 MB = 1e6
 GFLOP = 1e9
 TP_COLLECTIVES_PER_LAYER = 8  # sequence-parallel: all-gather + reduce-scatter around attention and the MLP, x2 backward
 FSDP_TRANSFERS = 3  # the forward all-gather, backward's all-gather again (reshard after forward), the reduce-scatter
+EP_TRANSFERS = 4  # dispatch and combine all-to-alls, forward and backward
 RECOMPUTE = {"none": 0.0, "selective": 0.5, "full": 1.0}
 """Blocks whose forward runs again in backward (launcher.plan.throughput.AC_RECOMPUTE's fractions);
 a forward is a third of a block's forward and backward."""
-
-
-class CpuStepUnknown(UsageError):
-    """A CPU layout the measured rates do not cover."""
 
 
 def cpu_work(workload: Workload) -> dict[str, float]:
     """What one rank of the slowest pipeline stage does in a step, in the units of HostCpuRates'
     fields: counts, GFLOPs and MB (before cores are shared)."""
     arch, layout = workload.arch, workload.layout
-    if arch.moe is not None or layout.expert > 1:
-        raise CpuStepUnknown(
-            "model: no speed is predicted for an MoE model on host CPUs (launcher/catalog/host_cpu.yaml's rates "
-            "were measured on dense models only); plan it on GPUs, e.g. --instance-type ml.p5.48xlarge"
-        )
     t, c, p = layout.tensor, layout.context, layout.pipeline
-    h, q, kv, f, vocab = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.ffn_hidden_size, arch.vocab_size
+    h, q, kv, vocab = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.vocab_size
     s, mb, micro_batches = workload.seq_len, workload.micro_batch_size, workload.grad_accum_steps
     layers = -(-arch.num_layers // p)  # the stage with the most layers sets the pace
     tokens = s * mb * micro_batches / c  # this rank's: its data-parallel share, 1/c of each sequence
-    block = 2 * h * q + 2 * h * kv + 3 * h * f
-    output = h * vocab / p  # the loss stage's output layer, spread as the stage split would
-    dense = 6 * tokens * (layers * block + output) / t
+    attention_params = (2 * h * q + 2 * h * kv) / t
+    # An MoE layer runs whole on every TP rank (entrypoints/parallel/tensor.py): the router and
+    # the top-k experts a token passes through; a dense MLP's columns are split over TP.
+    ffn_params = 3 * h * arch.moe.active_ffn_width() if arch.moe else 3 * h * arch.ffn_hidden_size / t
+    output = h * vocab / p / t  # the loss stage's output layer, spread as the stage split would
+    dense = 6 * tokens * (layers * (attention_params + ffn_params) + output)
     attention = 6 * tokens * layers * q * s / t  # causal: each query sees s/2 keys, forward and backward
     width = 4 if workload.dtype == "fp32" else 2  # bytes per parameter and activation
     slots = 1 / (1 - pipeline_bubble(workload))
+    per_micro_batch = slots * layers * micro_batches
     work = {
         "per_step": 1.0,
         "per_layer": float(layers),
-        "per_layer_micro_batch": slots * layers * micro_batches,
+        "per_layer_micro_batch": per_micro_batch,
         "matmul_gflop": slots * dense / GFLOP,
         "attention_gflop": slots * attention / GFLOP,
         "recompute_gflop": slots * RECOMPUTE[workload.activation_checkpointing] * (dense + attention) / 3 / GFLOP,
     }
-    shard = layout.fsdp_shard
-    if shard > 1:
-        params = (layers * block + 2 * h * vocab / p) / t
-        work["fsdp_mb"] = FSDP_TRANSFERS * params * width * (shard - 1) / shard / MB
+    work.update(_sharded_parameters(workload, layers, attention_params, width))
     if t > 1:
         activations = mb * s / c * h * width
-        work["tp_layer_micro_batch"] = slots * layers * micro_batches
-        work["tp_mb"] = slots * layers * micro_batches * TP_COLLECTIVES_PER_LAYER * activations * (t - 1) / t / MB
+        work["tp_layer_micro_batch"] = per_micro_batch
+        work["tp_mb"] = per_micro_batch * TP_COLLECTIVES_PER_LAYER * activations * (t - 1) / t / MB
     if c > 1:
-        work["cp_layer_micro_batch"] = slots * layers * micro_batches
+        work["cp_layer_micro_batch"] = per_micro_batch
     if p > 1:
         work["pp_step"] = 1.0
+    if arch.moe:
+        ep = layout.expert
+        # the CPU fallback of the grouped GEMM runs one matmul per local expert (entrypoints/model/moe.py)
+        work["expert_layer_micro_batch"] = per_micro_batch * arch.moe.num_experts / ep
+        if ep > 1:  # each routed token goes to its experts' ranks and back, forward and backward
+            routed = mb * s / c * arch.moe.top_k * h * width
+            work["ep_mb"] = per_micro_batch * EP_TRANSFERS * routed * (ep - 1) / ep / MB
+    return work
+
+
+def _sharded_parameters(workload: Workload, layers: int, attention_params: float, width: int) -> dict[str, float]:
+    """FSDP's megabytes (the dense weights over dp_shard x cp, each layer's local experts over
+    dp_shard x cp / ep, `Layout.expert_fsdp`) and HSDP's all-reduce megabytes between replicas."""
+    arch, layout = workload.arch, workload.layout
+    t, p, shard = layout.tensor, layout.pipeline, layout.fsdp_shard
+    dense = layers * attention_params + 2 * arch.hidden_size * arch.vocab_size / p / t
+    experts, expert_shard = 0.0, 1
+    if arch.moe:
+        shared = arch.moe.shared_experts * arch.moe.expert_params(arch.hidden_size)
+        dense += layers * (arch.moe.num_experts * arch.hidden_size + shared)  # the router, shared experts
+        experts = layers * arch.moe.num_experts / layout.expert * arch.moe.expert_params(arch.hidden_size)
+        expert_shard = layout.expert_fsdp
+    else:
+        dense += layers * 3 * arch.hidden_size * arch.ffn_hidden_size / t
+    gathered = dense * (shard - 1) / shard + experts * (expert_shard - 1) / expert_shard
+    work = {"fsdp_mb": FSDP_TRANSFERS * gathered * width / MB} if gathered else {}
+    replicas = layout.data_replicate
+    if replicas > 1:  # HSDP: each rank's gradient shard all-reduced over the replicas (twice its bytes)
+        held = dense / shard + experts / expert_shard
+        work["replicate_mb"] = 2 * held * width * (replicas - 1) / replicas / MB
     return work
 
 

@@ -46,7 +46,7 @@ from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import layers_by_rank, rank_layers
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
-from launcher.plan.host_cpu import CpuStepUnknown, cpu_step_seconds
+from launcher.plan.host_cpu import cpu_step_seconds
 from launcher.plan.modes import mode
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
@@ -244,10 +244,13 @@ HOST_CPU_TERMS = {
     "attention_gflop": "attention",
     "recompute_gflop": "recompute",
     "fsdp_mb": "fsdp",
+    "replicate_mb": "data_replicate",
     "tp_layer_micro_batch": "tensor_parallel",
     "tp_mb": "tensor_parallel",
     "cp_layer_micro_batch": "context_parallel",
     "pp_step": "pipeline_p2p",
+    "expert_layer_micro_batch": "host_overhead",
+    "ep_mb": "expert_parallel",
 }
 """The BREAKDOWN term each kind of host-CPU work (launcher.plan.host_cpu.cpu_work) is counted under."""
 
@@ -364,7 +367,7 @@ def predict(workload: Workload, hardware: Hardware, *, constants: Constants = CO
 
     Each term of the step time is one function below, in seconds per micro-batch or per step; on
     host CPUs, `launcher.plan.host_cpu` prices the step instead. Raises ThroughputUnknown for a
-    CPU layout its measured rates do not cover.
+    GPU without datasheet peaks.
     """
     if not has_speed_model(hardware):
         return _predict_host_cpu(workload, hardware)
@@ -400,10 +403,7 @@ def _predict(workload: Workload, machine: _Machine) -> Throughput:
 def _predict_host_cpu(workload: Workload, hardware: Hardware) -> Throughput:
     """A CPU step priced by `launcher.plan.host_cpu`, its seconds put under BREAKDOWN's terms;
     MFU is NaN, as the entrypoints log it where no peak is known."""
-    try:
-        seconds = cpu_step_seconds(workload, catalog.host_cpu_rates(), cores=_cores(hardware))
-    except CpuStepUnknown as unknown:
-        raise ThroughputUnknown(str(unknown)) from None
+    seconds = cpu_step_seconds(workload, catalog.host_cpu_rates(), cores=_cores(hardware))
     breakdown = dict.fromkeys(BREAKDOWN, 0.0)
     for kind, value in seconds.items():
         breakdown[HOST_CPU_TERMS[kind]] += value
@@ -464,7 +464,7 @@ def _rank_breakdown(step: _Step) -> dict[str, float]:
 
 def predicted_summary(recipe: Recipe) -> dict[str, float] | None:
     """`{tokens_per_s_per_gpu, mfu, step_time_s}` for the recipe's layout (mfu None on host CPUs);
-    None where nothing predicts it (MoE on CPUs)."""
+    None where nothing predicts it (a GPU without datasheet peaks)."""
     try:
         speed = predict(Workload.from_recipe(recipe), recipe.hardware)
     except ThroughputUnknown:

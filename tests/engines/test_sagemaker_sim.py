@@ -99,6 +99,12 @@ def checkpoint_dirs(s3, request: dict) -> set[str]:
     return {key.removeprefix(prefix).split("/", 1)[0] for key in list_keys(s3, uri)}
 
 
+def synced_markers(s3, request: dict, step: int) -> int:
+    """The hosts' COMPLETE markers of checkpoint `step` that CheckpointConfig's sync has put in S3."""
+    uri = request["CheckpointConfig"]["S3Uri"].rstrip("/") + f"/step-{step:08d}/"
+    return sum("COMPLETE" in key.rsplit("/", 1)[-1] for key in list_keys(s3, uri))
+
+
 def assert_same_losses(got: dict[int, float], want: dict[int, float], steps: range) -> None:
     assert sorted(got) == list(steps), f"logged steps {sorted(got)}, expected {list(steps)}"
     for step in steps:
@@ -276,9 +282,15 @@ def test_a_host_killed_mid_checkpoint_then_a_spot_interruption_each_resume_with_
     assert request["EnableManagedSpotTraining"] is True
 
     # Every host writes the step-4 checkpoint, but algo-2's part is still on its way to S3 (a big
-    # shard uploads for minutes) when algo-2 is lost, after step 5.
+    # shard uploads for minutes) when algo-2 is lost, after step 5 and once both hosts' step-2
+    # markers are synced (a busy machine can still be uploading them at step 5).
     torn_step = "step-00000004"
     with sim.start(request, hold_uploads={"algo-2": lambda path: path.startswith(torn_step + "/")}) as first:
+        first.wait_for(
+            lambda a: synced_markers(s3, request, 2) == 2,
+            timeout_s=STARTUP_LIMIT_S + 3 * STEP_LIMIT_S,
+            what="both hosts' markers of the step-2 checkpoint in S3",
+        )
         wait_for_step(first, 5)
         first.kill("algo-2")
         torn = first.wait(timeout_s=STEP_LIMIT_S)

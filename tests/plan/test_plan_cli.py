@@ -125,14 +125,11 @@ def test_plan_on_the_host_cpu_ranks_layouts_on_the_measured_cpu_rates_per_cpu_ra
     assert len(plans) == 3 and all(plan["tokens_per_s_per_gpu"] > 0 and plan["mfu"] is None for plan in plans)
 
 
-def test_plan_of_an_moe_model_on_the_host_cpu_is_one_line_saying_no_rates_cover_it(cli):
-    moe = "model={base: qwen3-30b-a3b, num_layers: 2}"
-    result = cli("plan", RECIPES / "tiny-cpu.yaml", "--set", moe)
-    assert result.code == 2 and "Traceback" not in result.err
-    assert result.err_lines == [
-        "model: no speed is predicted for an MoE model on host CPUs (launcher/catalog/host_cpu.yaml's rates were "
-        "measured on dense models only); plan it on GPUs, e.g. --instance-type ml.p5.48xlarge"
-    ]
+def test_plan_of_an_moe_model_on_the_host_cpu_searches_expert_parallelism(cli):
+    result = cli("plan", RECIPES / "tiny-cpu.yaml", "--set", "model=qwen3-moe-tiny", "--top", "300", "--json")
+    assert (result.code, result.err) == (0, ""), result.err
+    experts = {plan["expert"] for plan in json.loads(result.out)}
+    assert experts >= {1, 2, 4}, experts
 
 
 def test_the_count_of_faster_layouts_that_do_not_fit_is_of_those_faster_than_the_best_whatever_top_is():
