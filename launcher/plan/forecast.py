@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from launcher.display.text import duration
 from launcher.estimate import Workload
+from launcher.plan.modes import FORWARD_SHARE
 from launcher.plan.throughput import Throughput, ThroughputUnknown, predict
 from launcher.recipe import Recipe
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
@@ -34,8 +35,6 @@ from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
 # A suggested time limit leaves this much room over the prediction (startup, checkpoints, a
 # slower node), rounded up to whole days (whole hours under a day).
 TIME_LIMIT_HEADROOM = 1.15
-FORWARD_SHARE = 1 / 3
-"""A forward pass's share of a training step's compute and communication (see above)."""
 
 
 @dataclass(frozen=True, slots=True)

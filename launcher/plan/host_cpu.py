@@ -6,8 +6,8 @@ DTensor and FSDP hooks) and gloo collectives over loopback, and ranks beyond the
 on them. So a CPU step is priced as the work it counts, each kind at the seconds per unit measured
 on a host CPU (`launcher/catalog/host_cpu.yaml`, fitted by scripts/bench_cpu_step.py):
 
-    step = share x (  per step + per layer + FSDP: per MB gathered and reduced + HSDP: per MB all-reduced
-                    + PP: per step
+    step = share x (  per step + per layer + PP: per step
+                    + FSDP: per MB gathered and reduced + HSDP: per MB all-reduced
                     + slots x ( per layer and micro-batch
                               + matmul GFLOPs x s/GFLOP + attention GFLOPs x s/GFLOP
                               + TP: per layer and micro-batch + per MB gathered and scattered
@@ -19,13 +19,14 @@ Every rank runs one thread (the launcher sets OMP_NUM_THREADS=1 for CPU jobs,
 turns on each core. A pipeline runs its m micro-batches of v chunks in m·v + p - 1 slots, so the
 micro-batch work stretches by `slots` = (m·v + p - 1) / (m·v), and a rank waits in the bubble
 (p - 1) / (m·v + p - 1) of the step, leaving its core to the others: busy ranks = ranks x (1 -
-bubble). The counts are those of the entrypoints' program (entrypoints/parallel/): FSDP gathers
-each block's parameters twice and reduces their gradients once (a per-group latency was fitted
-too and came out 0, so the megabytes carry it); sequence-parallel TP gathers and scatters each block's [micro-batch, sequence, hidden]
-activations four times forward and four times backward; context parallelism splits the
-sequence and regathers K/V per layer; an MoE layer runs one matmul per local expert on CPUs (the
-grouped GEMM's fallback) and, under EP, sends each routed token's hidden state to its experts'
-ranks and back, forward and backward.
+bubble). The counts are those of the entrypoints' program (entrypoints/parallel/):
+- FSDP gathers each block's parameters twice and reduces their gradients once (a per-group
+  latency was fitted too and came out 0, so the megabytes carry it);
+- sequence-parallel TP gathers and scatters each block's [micro-batch, sequence, hidden]
+  activations four times forward and four times backward;
+- context parallelism splits the sequence and regathers K/V per layer;
+- an MoE layer runs one matmul per local expert on CPUs (the grouped GEMM's fallback) and, under
+  EP, sends each routed token's hidden state to its experts' ranks and back, forward and backward.
 
 Measured: scripts/bench_cpu_step.py, docs/monitoring.md ("How a CPU job is predicted").
 """
@@ -34,15 +35,13 @@ from __future__ import annotations
 
 from launcher.catalog import HostCpuRates
 from launcher.estimate.workload import Workload
+from launcher.plan.modes import AC_RECOMPUTE, FORWARD_SHARE
 
 MB = 1e6
 GFLOP = 1e9
 TP_COLLECTIVES_PER_LAYER = 8  # sequence-parallel: all-gather + reduce-scatter around attention and the MLP, x2 backward
 FSDP_TRANSFERS = 3  # the forward all-gather, backward's all-gather again (reshard after forward), the reduce-scatter
 EP_TRANSFERS = 4  # dispatch and combine all-to-alls, forward and backward
-RECOMPUTE = {"none": 0.0, "selective": 0.5, "full": 1.0}
-"""Blocks whose forward runs again in backward (launcher.plan.throughput.AC_RECOMPUTE's fractions);
-a forward is a third of a block's forward and backward."""
 
 
 def cpu_work(workload: Workload) -> dict[str, float]:
@@ -64,13 +63,14 @@ def cpu_work(workload: Workload) -> dict[str, float]:
     width = 4 if workload.dtype == "fp32" else 2  # bytes per parameter and activation
     slots = 1 / (1 - pipeline_bubble(workload))
     per_micro_batch = slots * layers * micro_batches
+    recomputed = AC_RECOMPUTE[workload.activation_checkpointing] * FORWARD_SHARE  # forwards run again
     work = {
         "per_step": 1.0,
         "per_layer": float(layers),
         "per_layer_micro_batch": per_micro_batch,
         "matmul_gflop": slots * dense / GFLOP,
         "attention_gflop": slots * attention / GFLOP,
-        "recompute_gflop": slots * RECOMPUTE[workload.activation_checkpointing] * (dense + attention) / 3 / GFLOP,
+        "recompute_gflop": slots * recomputed * (dense + attention) / GFLOP,
     }
     work.update(_sharded_parameters(workload, layers, attention_params, width))
     if t > 1:
@@ -131,6 +131,6 @@ def cpu_step_seconds(workload: Workload, rates: HostCpuRates, *, cores: int) -> 
     beyond the cores taking turns."""
     share = core_share(workload, cores)
     per_unit = rates.seconds_per_unit
-    # recomputed FLOPs run at the matmul and attention rates in proportion; the matmul rate bounds them
+    # Recomputation is priced at the matmul rate: no measured layout checkpoints activations.
     per_unit = {**per_unit, "recompute_gflop": per_unit["matmul_gflop"]}
     return {kind: share * amount * per_unit.get(kind, 0.0) for kind, amount in cpu_work(workload).items()}

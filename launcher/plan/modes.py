@@ -9,11 +9,19 @@ fields; `mode()` names what the entrypoints really run for each:
 - cp_attention: the layout's path (`Workload.cp_attention_path`: allgather or ulysses), and
   "zigzag_sdpa" where document masking sends the all-gather path to its masked kernel (the
   fused LSE pieces take no mask).
+
+And the shares of a step's compute that activation checkpointing and evaluation run.
 """
 
 from __future__ import annotations
 
 from launcher.estimate import Workload
+
+AC_RECOMPUTE = {"none": 0.0, "selective": 0.5, "full": 1.0}
+"""Fraction of the blocks whose forward runs again in backward. selective = every other block."""
+FORWARD_SHARE = 1 / 3
+"""A forward pass's share of a training step's compute and communication (backward is twice it):
+what evaluation runs, and what recomputation runs again."""
 
 GRAD_ACCUMULATION_MODES = ("sync_each", "sync_last", "sync_last_gathered")
 """What FSDP does between micro-batches of one step, most traffic (and least memory) first:

@@ -47,7 +47,7 @@ from launcher.contract.layout import layers_by_rank, rank_layers
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
 from launcher.plan.host_cpu import cpu_step_seconds
-from launcher.plan.modes import mode
+from launcher.plan.modes import AC_RECOMPUTE, mode
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
 
@@ -216,8 +216,6 @@ class Constants:
 
 CONSTANTS = Constants()
 
-AC_RECOMPUTE = {"none": 0.0, "selective": 0.5, "full": 1.0}
-"""Fraction of the blocks whose forward runs again in backward. selective = every other block."""
 
 BREAKDOWN = (
     "matmul",
