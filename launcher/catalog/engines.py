@@ -33,6 +33,9 @@ class Capabilities(BaseModel):
     """Can attach EFA devices, so a multi-node job on an EFA instance gets its bandwidth."""
     s3_data: bool = False
     cpu: bool = True
+    cpu_core_per_rank: bool = False
+    """A CPU job's allocation gives each rank one core (Slurm's --cpus-per-task), which the
+    host-CPU step model then shares out (launcher.plan.host_cpu)."""
     pipeline_parallel: bool = True
     submits: bool = True
     """False for render-only targets (the accelerate config)."""

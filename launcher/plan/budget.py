@@ -47,6 +47,7 @@ def resolve_budget(
         procs_per_node=per_node,
         instance_count=count,
         usd_per_hour=recipe.cluster.usd_per_hour if same_type else None,
+        backend=recipe.cluster.backend,
     )
     # The recipe layer's hardware rules (FP8 needs FP8 tensor cores, ...) for the planned hardware.
     problems = rules.hardware_problems(recipe, recipe.arch, hardware)

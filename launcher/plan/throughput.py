@@ -351,8 +351,8 @@ def host_cpu_note(hardware: Hardware) -> str | None:
 
 
 def _cores(hardware: Hardware) -> int:
-    """A CPU instance type's vCPUs, or this machine's cores for `local`."""
-    return hardware.instance.vcpus or catalog.host_cores()
+    """The cores the job's CPU ranks share per node (`Hardware.cpu_cores`), or this machine's."""
+    return hardware.cpu_cores or catalog.host_cores()
 
 
 def generation(accelerator: Accelerator) -> str:

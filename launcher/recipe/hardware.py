@@ -24,6 +24,8 @@ class Hardware:
     procs_per_node: int
     instance_count: int = 1
     usd_per_hour: float = 0.0
+    cpu_cores: int | None = None
+    """The cores a CPU job's ranks share on each node (`cpu_cores_for`); None: this machine's."""
 
     @property
     def world_size(self) -> int:
@@ -44,6 +46,15 @@ def find_instance_type(key: str) -> tuple[InstanceType | None, Problem | None]:
     return instances[key], None
 
 
+def cpu_cores_for(backend: str, instance: InstanceType, procs_per_node: int) -> int | None:
+    """The cores a CPU job's ranks share on each node: one per rank where the engine allocates
+    them so (Slurm), else the instance type's vCPUs, else None (`local`: this machine's, read
+    when a step is predicted)."""
+    if capabilities(backend).cpu_core_per_rank:
+        return procs_per_node
+    return instance.vcpus
+
+
 def hardware_for(
     instance_key: str,
     *,
@@ -51,12 +62,14 @@ def hardware_for(
     procs_per_node: int | None = None,
     instance_count: int = 1,
     usd_per_hour: float | None = None,
+    backend: str = "local",
 ) -> Hardware:
     """The hardware of `instance_count` instances of a catalog instance type.
 
     An ml.* instance type fixes its GPUs and runs one process per GPU; `local` (this machine)
     takes the accelerator and the process count given. `usd_per_hour` (one instance) defaults to
-    the catalog's price. Names must be in the catalogs (`find_instance_type` checks the first).
+    the catalog's price; `backend` says how many cores a CPU job gets (`cpu_cores_for`). Names
+    must be in the catalogs (`find_instance_type` checks the first).
     """
     instance = catalog.instance_types()[instance_key]
     if instance.gpus_per_node:  # an ml.* GPU type; `local` and CPU types take what they are given
@@ -70,6 +83,7 @@ def hardware_for(
         procs_per_node=procs_per_node,
         instance_count=instance_count,
         usd_per_hour=instance.usd_per_hour if usd_per_hour is None else usd_per_hour,
+        cpu_cores=cpu_cores_for(backend, instance, procs_per_node) if accelerator_key == "cpu" else None,
     )
 
 
@@ -98,6 +112,7 @@ def resolve_hardware(spec: RecipeSpec) -> tuple[Hardware | None, list[Problem]]:
         procs_per_node=cluster.nproc_per_node or 1,
         instance_count=cluster.instance_count,
         usd_per_hour=cluster.usd_per_hour,
+        backend=cluster.backend,
     )
     return hardware, problems
 

@@ -70,12 +70,15 @@ def test_ranks_beyond_the_cores_take_turns_on_them(monkeypatch):
     assert steps[16] == steps[4]  # one thread per rank: spare cores do not help
 
 
-def test_a_cpu_instance_type_shares_its_vcpus_not_this_machines_cores(monkeypatch):
+def test_a_cpu_instance_type_shares_its_vcpus_and_slurm_gives_a_core_per_rank(monkeypatch):
     monkeypatch.setattr(catalog, "host_cores", lambda: 1)
     c5 = hardware_for("ml.c5.2xlarge", accelerator_key="cpu", procs_per_node=8)  # 8 vCPUs
-    one_core = dataclasses.replace(c5, instance=cpu(8).instance)
+    assert c5.cpu_cores == 8 and cpu(8).cpu_cores is None  # local: this machine's, here 1
     workload = tiny(Layout(data_shard=8))
-    assert predict(workload, one_core).step_time_s == pytest.approx(8 * predict(workload, c5).step_time_s)
+    assert predict(workload, cpu(8)).step_time_s == pytest.approx(8 * predict(workload, c5).step_time_s)
+    # Slurm's --cpus-per-task=<ranks> (launcher/backends/slurm.py)
+    slurm = hardware_for("local", accelerator_key="cpu", procs_per_node=8, backend="slurm")
+    assert slurm.cpu_cores == 8 and predict(workload, slurm).step_time_s == predict(workload, c5).step_time_s
 
 
 def test_a_pipeline_stretches_its_micro_batches_over_the_bubble_and_idles_its_cores_in_it(monkeypatch):
