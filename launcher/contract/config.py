@@ -358,7 +358,7 @@ class PeakFlops:
 
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
-"""A collective's timeout where nothing predicts the step (cpu): torch's default for gloo, and what
+"""A collective's timeout where nothing predicts the step: torch's default for gloo, and what
 the entrypoints used before the launcher predicted one."""
 
 

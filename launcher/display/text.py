@@ -129,7 +129,7 @@ def wait_text(status: JobStatusFields) -> str:
 def speed_text(status: JobStatusFields) -> str:
     """`running at 62% of predicted (MFU 31%)`: the newest step's tokens/s per GPU against what the
     planner predicted for the layout (details["predicted"], from the job record); "" where nothing
-    was predicted (cpu) or no step has been measured yet."""
+    was predicted or no step has been measured yet."""
     predicted = status.details.get("predicted") or {}
     metrics = {key.removeprefix("train:"): value for key, value in status.metrics.items()}
     expected, live = predicted.get("tokens_per_s_per_gpu"), metrics.get("tokens_per_s_per_gpu")

@@ -129,7 +129,7 @@ def _lightest_first(item: Scored) -> tuple[int, int, float]:
 
 
 def _speed_or_none(workload: Workload, hardware: Hardware) -> Throughput | None:
-    # The host CPU has no speed model: its candidates are ordered by simplicity alone.
+    # A GPU without datasheet peaks has no speed model: its candidates are ordered by simplicity alone.
     try:
         return predict(workload, hardware)
     except ThroughputUnknown:

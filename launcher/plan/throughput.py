@@ -270,7 +270,7 @@ BREAKDOWN_WORDS = {
 
 
 class ThroughputUnknown(UsageError):
-    """The hardware has no known peak FLOP/s (the host CPU): there is nothing to predict from."""
+    """A GPU with no known peak FLOP/s or memory bandwidth: there is nothing to predict from."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -337,15 +337,14 @@ HOST_CPU_NOTE = (
 )
 
 
-def has_speed_model(hardware: Hardware) -> bool:
-    """A GPU with datasheet peaks: the analytic model below prices it; else the host-CPU rates do."""
-    accelerator = hardware.accelerator
-    return bool(accelerator.peak_bf16_tflops and accelerator.hbm_gbps)
+def on_host_cpus(hardware: Hardware) -> bool:
+    """The catalog's host CPU (`cluster.device: cpu`): `launcher.plan.host_cpu` prices its steps."""
+    return hardware.accelerator_key == "cpu"
 
 
 def host_cpu_note(hardware: Hardware) -> str | None:
     """What `launcher plan` says of CPU speeds; None for GPUs."""
-    if has_speed_model(hardware):
+    if not on_host_cpus(hardware):
         return None
     return HOST_CPU_NOTE.format(measured_on=catalog.host_cpu_rates().measured_on, cores=_cores(hardware))
 
@@ -367,7 +366,7 @@ def predict(workload: Workload, hardware: Hardware, *, constants: Constants = CO
     host CPUs, `launcher.plan.host_cpu` prices the step instead. Raises ThroughputUnknown for a
     GPU without datasheet peaks.
     """
-    if not has_speed_model(hardware):
+    if on_host_cpus(hardware):
         return _predict_host_cpu(workload, hardware)
     return _predict(workload, _Machine(hardware, constants))
 
@@ -381,7 +380,7 @@ def predict_many(
     all of them (`_Machine`); every number is the one `predict` gives."""
     if not workloads:
         return []
-    if not has_speed_model(hardware):
+    if on_host_cpus(hardware):
         return [_predict_host_cpu(workload, hardware) for workload in workloads]
     machine = _Machine(hardware, constants)
     return [_predict(workload, machine) for workload in workloads]

@@ -347,7 +347,7 @@ class Cluster(Section):
     collective_timeout: Duration | None = None
     """How long a rank waits in one collective before the job fails (init_process_group's
     timeout), e.g. 20m. Default: four times the predicted step plus one save, at least 10 min
-    (settled at submit); 30 min where nothing predicts the step (cpu)."""
+    (settled at submit); 30 min where nothing predicts the step."""
 
 
 class SageMaker(Section):
