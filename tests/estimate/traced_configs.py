@@ -11,7 +11,7 @@ buffers) already appears several times, so the comparison exercises all of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,16 @@ MEGATRON_BRIDGE_70B = {
     "reduce_dtype": "bf16",
     "activation_checkpointing": "none",
 }
+
+MEGATRON_BRIDGE_70B_SCALED = TracedConfig(
+    "70B 8K pp4 v2 tp4 dp2 fp8 none, bf16 reduce, 8 micro-batches (8 layers)",
+    llama70b(8),
+    8192,
+    instances=4,
+    parallel=MEGATRON_BRIDGE_70B,
+    precision={"fp8": True},
+    global_batch_size=16,
+)
 
 CONFIGS: list[TracedConfig] = [
     TracedConfig("8B 8K fsdp8", llama8b(), 8192, global_batch_size=8),
@@ -239,27 +249,10 @@ CONFIGS: list[TracedConfig] = [
     # embedding gradient beside the accumulated one while 10 chunks are in flight; with
     # DTensor's RowwiseParallel both were dense V x h and this peaked there at 15.46 GiB
     # (VocabParallelEmbedding keeps V / tp rows: 12.98).
-    TracedConfig(
-        "70B 8K pp4 v2 tp4 dp2 fp8 none, bf16 reduce, 8 micro-batches (8 layers)",
-        llama70b(8),
-        8192,
-        instances=4,
-        parallel=MEGATRON_BRIDGE_70B,
-        precision={"fp8": True},
-        global_batch_size=16,
-    ),
+    MEGATRON_BRIDGE_70B_SCALED,
     # Its last rank: the loss stage's backward once both of the rank's stages hold gradients
     # (estimated 4.0% under the trace before the schedule replay named that moment).
-    TracedConfig(
-        "70B 8K pp4 v2 tp4 dp2 fp8 none, bf16 reduce, 8 micro-batches (8 layers), last rank",
-        llama70b(8),
-        8192,
-        instances=4,
-        parallel=MEGATRON_BRIDGE_70B,
-        precision={"fp8": True},
-        global_batch_size=16,
-        stage=3,
-    ),
+    replace(MEGATRON_BRIDGE_70B_SCALED, name=f"{MEGATRON_BRIDGE_70B_SCALED.name}, last rank", stage=3),
     TracedConfig(
         "8B 8K fsdp8 sync_last_gathered selective, 2 micro-batches (4 layers)",
         llama8b(4),
