@@ -86,6 +86,10 @@ class Point:
     # Gradients reduced (and, under FSDP, accumulated unsharded) in bf16: Megatron's
     # grad_reduce_in_fp32 False, our parallel.reduce_dtype bf16 (Workload.reduce_dtype).
     grad_reduce_bf16: bool = False
+    # Sequence parallel keeps the shard of its gathered inputs and gathers them again in backward,
+    # async beside the input-gradient GEMM, as Megatron-Core and Transformer Engine do:
+    # parallel.tp_saved_inputs shard with regather_overlap (Workload).
+    tp_saves_shard: bool = False
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
     arch_changes: dict = field(default_factory=dict)
@@ -95,7 +99,7 @@ class Point:
         container version, the FP8 recipe beyond tensorwise/rowwise) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
-                self.p2p_overlap, self.grad_reduce_bf16)  # fmt: skip
+                self.p2p_overlap, self.grad_reduce_bf16, self.tp_saves_shard)  # fmt: skip
 
     @property
     def held_apart(self) -> bool:
@@ -152,6 +156,7 @@ SOURCE_DEFAULTS = {
     "distributed_optimizer": "optimizer_evidence",
     "cp_ring": "cp_evidence",
     "grad_reduce_bf16": "grad_reduce_evidence",
+    "tp_saves_shard": "shard_evidence",
 }
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
 UNITS = {"tokens/s/GPU": False, "model TFLOP/s/GPU": True}
@@ -255,6 +260,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         distributed_optimizer=_setting(row, source, "distributed_optimizer"),
         cp_ring=layout.context > 1 and _setting(row, source, "cp_ring"),
         grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
+        tp_saves_shard=layout.tensor > 1 and _setting(row, source, "tp_saves_shard"),
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
     )
@@ -286,6 +292,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("TE p2p ring CP (cp_ring)")
     if _setting(row, source, "grad_reduce_bf16"):
         parts.append("bf16 gradient reduce (reduce_dtype bf16)")
+    if row.get("tp", 1) > 1 and _setting(row, source, "tp_saves_shard"):
+        parts.append("SP saves the shard (tp_saved_inputs shard)")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
         parts.append("fp8-cs priced as tensorwise")
     if row["precision"] == "fp8-rowwise":
@@ -343,6 +351,8 @@ def workload_of(point: Point) -> Workload:
         p2p_overlap=point.p2p_overlap,
         cp_ring=point.cp_ring,
         reduce_dtype="bf16" if point.grad_reduce_bf16 else "fp32",
+        tp_saved_inputs="shard" if point.tp_saves_shard else "gathered",
+        regather_overlap=point.tp_saves_shard,  # both regather async beside the dgrad GEMM (Workload)
     )
 
 
@@ -928,7 +938,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; at the rate of the fused kernel that runs it (`attention_kernel`: cuDNN, which torch's SDPA prefers on Hopper from torch 2.11 and Transformer Engine runs, or FlashAttention-2 at 0.62 of it); efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: 0.9 allgather (LSE-merged fused pieces), 1.0 ulysses, 0.58 the masked two-SDPA kernel document masking runs) | - |
 | elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3 | - |
 | recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | - |
-| TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink | none for the entrypoints (DTensor's collectives sit between dependent matmuls); `tp_overlap` (planner-only: torch's async TP, TE userbuffers) cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time |
+| TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink; under `parallel.tp_saved_inputs: shard` a kept block all-gathers both inputs once more in backward (an MoE block the attention's) | none for the entrypoints (DTensor's collectives sit between dependent matmuls, and the regathers wait); `tp_overlap` (planner-only: torch's async TP, TE userbuffers) cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time; `regather_overlap` (planner-only: Megatron-Core's and TE's async all-gather before the input-gradient GEMM) hides each regather behind that GEMM at the same interference |
 | CP | allgather: all-gather of K and V in forward, again in backward (a kept layer regathers them, parallel/context.py) or in the recomputed forward, and reduce-scatter of their gradients: three per layer (two under document masking, which keeps the gathered K/V); ulysses: all-to-alls of q, k, v in and the output back, forward, recomputed forward and backward | none for the entrypoints; `cp_ring` (planner-only: Transformer Engine's p2p ring) moves each K/V chunk (with dK/dV in backward) beside one of the c attention steps, exposed only by what outlasts the step |
 | FSDP | by `parallel.grad_accumulation`: sync_each gathers each block before forward and backward and reduce-scatters gradients (in `parallel.reduce_dtype`) every micro-batch; sync_last reduce-scatters on the last micro-batch only; sync_last_gathered also gathers once per step, as under PP, where torch.distributed.pipelining keeps blocks gathered | hidden behind 85% of the micro-batch's compute (the step's under PP); the first block's gather always exposed |
 | HSDP | all-reduce of the gradient shards between replicas, once per step | half hidden |
@@ -963,7 +973,11 @@ fields (launcher/plan/modes.py): `auto` accumulation (decided by memory at submi
 sync_each; CP attention is the layout's path (allgather or ulysses), and the masked two-SDPA
 kernel (zigzag_sdpa) where document masking needs it. The search tries all three accumulation
 modes for FSDP layouts without PP and with more than one micro-batch per step; the memory
-estimator counts each mode's unsharded gradients and gathered parameters. The published sweeps below ran
+estimator counts each mode's unsharded gradients and gathered parameters. It also tries both
+`parallel.tp_saved_inputs` under TP where blocks keep their activations: `shard`
+(entrypoints/parallel/regather.py) costs one all-gather per input in backward and holds (t - 1)/t
+less of each, so it ranks below `gathered` unless it lets a faster layout fit (the table's layout
+then says "TP saves shard"). The published sweeps below ran
 their own CP kernels (ring attention), so they are priced at the masked kernel's measured 0.58,
 not at our fused kernels' goal of 0.9.
 
@@ -1063,7 +1077,15 @@ Where the errors come from (read the tables above for their size):
   speed and for our program's memory: the accumulated unsharded gradients halve (its 70B TP 4
   PP 8 rows went from 90.8 to 84.5 GiB, its 405B rows from 95.7 to 79.8). With the entrypoints'
   vocabulary-parallel embedding, whose gradient holds V/t rows where DTensor's held a dense
-  V x h tensor (docs/estimator.md), they are at 82.9 and 78.0 GiB. NeMo 24.07's table mixes GPT-3 and Nemotron-4 (two-matrix MLPs,
+  V x h tensor (docs/estimator.md), they were at 82.9 and 78.0 GiB. Megatron-Core and Transformer
+  Engine keep the shard of sequence parallel's gathered inputs and all-gather it again beside the
+  input-gradient GEMM (`tp_saves_shard`, evidence in the YAML): priced as
+  `parallel.tp_saved_inputs: shard` with `regather_overlap`, these rows are at 73.6 and 62.0 GiB
+  (risky and fits), NeMo's GPT-3 175B at 512 GPUs went from 85.4 (oom) to 77.2 GiB, and the
+  regathers cost these rows about 1% of predicted speed: Megatron-Bridge's 70B rows moved from
+  -14% to -15% or -16%, which took the share within ±15% from 71% to 68%. Nemotron-4 340B's
+  config reduces gradients in bf16 (optim.grad_sync_dtype, cited on its row): 107.9 GiB before,
+  83.2 now, still `oom`. NeMo 24.07's table mixes GPT-3 and Nemotron-4 (two-matrix MLPs,
   modelled as a SwiGLU of equal size) with Llama.
 - NeMo's long-sequence sweep and the Llama 3 rows leave micro batch and recomputation unstated
   (marked `assumed`); the Llama 3 rows also assume 2 virtual stages.

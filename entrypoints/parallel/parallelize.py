@@ -34,18 +34,26 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
     """Apply TP -> CP -> EP -> AC -> compile -> FSDP to `model` in place (torchtitan's order;
     `expert_mesh`: build_expert_mesh's, under expert parallelism)."""
     par = cfg.parallel
+    checkpointed = set(checkpointed_layers(par.activation_checkpointing, [int(key) for key in model.layers]))
+    regathering = set() if par.tensor == 1 or par.tp_saved_inputs != "shard" else {int(k) for k in model.layers}
+    regathering -= checkpointed
 
     # 1. Tensor + sequence parallel first: it turns weights into TP-sharded DTensors, which
     #    FSDP below shards again (2-D), and it addresses submodules by their plain names.
     if par.tensor > 1:
-        apply_tensor_parallel(model, mesh["tp"], float8_styles=fp8 is not None and fp8.float8_all_gather)
+        apply_tensor_parallel(
+            model,
+            mesh["tp"],
+            float8_styles=fp8 is not None and fp8.float8_all_gather,
+            saved_inputs=par.tp_saved_inputs,
+            checkpointed=checkpointed,
+        )
 
     # 2. Context parallel: zigzag RoPE positions, and attention over the cp group by the K/V
     #    all-gather or Ulysses' all-to-alls. Touches no parameter; FSDP shards over cp as well.
     if par.context > 1:
         ulysses = UlyssesAttention(mesh["cp"]) if par.cp_attention == "ulysses" else None
-        checkpointed = checkpointed_layers(par.activation_checkpointing, [int(key) for key in model.layers])
-        apply_context_parallel(model, mesh["cp"], ulysses, checkpointed=set(checkpointed))
+        apply_context_parallel(model, mesh["cp"], ulysses, checkpointed=checkpointed)
 
     # 3. Expert parallel after TP (which leaves the MoE layers whole) and before AC and FSDP,
     #    as torchtitan's llama4 parallelize_llama does: experts become ep-sharded DTensors, which
@@ -63,8 +71,7 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
     # 5. Compile each block after AC, so the recomputation is compiled with it, and before
     #    FSDP, so FSDP's all-gather/reduce-scatter hooks stay outside the compiled graphs.
     if cfg.training.compile:
-        for block in model.layers.values():
-            block.compile()
+        compile_blocks(model, regathering)
 
     # 6. FSDP last: it shards whatever the steps above left, block by block, then the root.
     #    Under pipeline parallelism and sync_last_gathered, blocks stay gathered between
@@ -77,6 +84,20 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
         reduce_dtype=REDUCE_DTYPES[par.reduce_dtype],
         expert_mesh=None if expert_mesh is None else expert_fsdp_mesh(expert_mesh),
     )
+
+
+def compile_blocks(model: Transformer, regathering: set[int]) -> None:
+    """torch.compile every block whole, but in the blocks that regather their sequence-parallel
+    inputs (parallel/regather.py) only the attention's and the MLP's forward: their input
+    preparation and saved-tensor hooks must run eagerly around the compiled graphs, whose saves
+    they then see (compiling them into the block gave wrong gradients on torch 2.13; eager
+    hooks around compiled forwards matched the eager run, gloo, TP 2)."""
+    for key, block in model.layers.items():
+        if int(key) in regathering:
+            for module in (block.attention, block.feed_forward):
+                module.forward = torch.compile(module.forward)
+        else:
+            block.compile()
 
 
 def build_model_parts(cfg: JobConfig, mesh, *, fp8: Fp8Settings | None = None) -> tuple[list[Transformer], list[int]]:

@@ -26,6 +26,8 @@ in float8; only backends with float8 collectives (nccl) take them.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,9 +42,14 @@ from torch.distributed.tensor.parallel import (
 )
 
 from entrypoints.model.llama import FeedForward
+from entrypoints.parallel.regather import regathering
 
 
-def apply_tensor_parallel(model, tp_mesh, *, float8_styles: bool = False) -> None:
+def apply_tensor_parallel(
+    model, tp_mesh, *, float8_styles: bool = False, saved_inputs: str = "gathered", checkpointed: Collection[int] = ()
+) -> None:
+    """`saved_inputs`: what the gathered attention and MLP inputs leave for backward ("gathered",
+    or "shard": regather.py), in every block whose layer id is not in `checkpointed`."""
     if float8_styles:
         from torchao.float8.float8_tensor_parallel import (
             Float8ColwiseParallel as Colwise,
@@ -68,20 +75,23 @@ def apply_tensor_parallel(model, tp_mesh, *, float8_styles: bool = False) -> Non
     if root_plan:
         parallelize_module(model, tp_mesh, root_plan)
 
-    for block in model.layers.values():
+    for key, block in model.layers.items():
         dense = isinstance(block.feed_forward, FeedForward)
+        prepare = PrepareInput
+        if saved_inputs == "shard" and int(key) not in checkpointed:
+            prepare = regathering(PrepareInput)
         parallelize_module(
             block,
             tp_mesh,
             {
                 "attention_norm": SequenceParallel(),
-                "attention": PrepareInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+                "attention": prepare(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
                 "attention.wq": Colwise(),
                 "attention.wk": Colwise(),
                 "attention.wv": Colwise(),
                 "attention.wo": Rowwise(output_layouts=Shard(1)),
                 "ffn_norm": SequenceParallel(),
-                **(_dense_mlp_plan(Colwise, Rowwise, PrepareInput) if dense else _moe_plan()),
+                **(_dense_mlp_plan(Colwise, Rowwise, prepare) if dense else _moe_plan()),
             },
         )
 

@@ -270,6 +270,8 @@ class ParallelConfig(Layout):
     """Gradient sync across micro-batches (entrypoints/parallel/accumulate.py); never "auto"."""
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """dtype of FSDP's gradient reduce-scatter (MixedPrecisionPolicy.reduce_dtype)."""
+    tp_saved_inputs: Literal["gathered", "shard"] = "gathered"
+    """What sequence parallel saves of its all-gathered inputs (entrypoints/parallel/regather.py)."""
 
     def __post_init__(self):
         product = Layout.world_size.fget(self)

@@ -64,6 +64,7 @@ class _Block:
     __slots__ = (
         "saved",
         "tp_gathered",
+        "tp_regathered",
         "cp_gathered",
         "regathers_kv",
         "recomputed_kv",
@@ -103,10 +104,7 @@ class _Block:
             # Qwen3's q_norm and k_norm (RMSNorm per head, before RoPE) save their inputs, the
             # projections' outputs, and an fp32 rstd per head and token.
             local += cb * tokens * (q + kv) / t + FP32 * tokens * (heads + arch.num_kv_heads) / t
-        # Sequence parallel keeps the all-gathered norm outputs: (t - 1) more shards of each.
-        self.tp_gathered = cb * (tokens - sharded) * h * 2
-        if float8_all_gather and t > 1:
-            local, self.tp_gathered = _float8_tp_styles_saved(w, cb, local)
+        local, self.tp_gathered, self.tp_regathered = _tp_gathered_saved(w, cb, local, float8_all_gather)
         self.regathers_kv, self.recomputed_kv, self.cp_gathered, self.attention_backward = _context_parallel_kv(
             w, cb, tokens
         )
@@ -167,7 +165,8 @@ class _Block:
         backward's peak: inside the MLP's backward, or, where it holds more, inside the
         attention's backward under K/V regathering, or for a checkpointed MoE block inside its
         recomputation."""
-        own = self.saved - self.freed_in_backward + (self.recomputed_kv if checkpointed else 0.0)
+        recomputed = self.recomputed_kv + self.tp_regathered if checkpointed else 0.0
+        own = self.saved - self.freed_in_backward + recomputed
         backward = (own, self.backward_working, self.weight_grad_w2, self.fp8_cast)
         if not checkpointed and self.regathers_kv:
             # Later, in the attention's backward, the MLP's saved set is gone.
@@ -176,7 +175,26 @@ class _Block:
         if not checkpointed or self.recompute is None:
             return backward
         working, missing = self.recompute
-        return max(backward, (self.saved + self.recomputed_kv - missing, working, 0.0, 0.0), key=sum)
+        return max(backward, (self.saved + recomputed - missing, working, 0.0, 0.0), key=sum)
+
+
+def _tp_gathered_saved(w: Workload, cb: int, local: float, float8_all_gather: bool) -> tuple[float, float, float]:
+    """(the block's saved bytes but the gathered shards, the (t - 1) other shards of the gathered
+    inputs a kept block keeps, those it gathers again in backward instead).
+
+    Sequence parallel keeps the all-gathered norm outputs: (t - 1) more shards of each. Under
+    parallel.tp_saved_inputs shard (parallel/regather.py) a kept block keeps only this rank's shard
+    of the attention's and the dense MLP's (an MoE block gathers its own input, tensor.py) and
+    gathers the rest again in backward; a checkpointed block's recomputation keeps them."""
+    t, tokens, h = w.layout.tensor, _tokens(w), w.arch.hidden_size
+    gathered = cb * (tokens - tokens / t) * h * 2
+    if float8_all_gather and t > 1:
+        local, gathered = _float8_tp_styles_saved(w, cb, local)
+    if w.tp_saved_inputs != "shard" or t == 1:
+        return local, gathered, 0.0
+    per_value = 1 if float8_all_gather else cb
+    regathered = per_value * (tokens - tokens / t) * h * (1 if w.arch.moe else 2)
+    return local, gathered - regathered, regathered
 
 
 def _float8_tp_styles_saved(w: Workload, cb: int, local: float) -> tuple[float, float]:
@@ -540,7 +558,8 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
         recomputed = _checkpointed_below(mode, index + 1) > below_checkpointed
         own, working, weight_grads, fp8_cast = block.in_backward(recomputed)
         own_kv = block.cp_gathered + (block.recomputed_kv if recomputed else 0.0)
-        alive = (below[0] + own, below[1] + block.tp_gathered, below[2] + own_kv)
+        own_tp = block.tp_gathered + (block.tp_regathered if recomputed else 0.0)
+        alive = (below[0] + own, below[1] + own_tp, below[2] + own_kv)
         moment = dict(base)
         moment["gradients"] = acc.gradients(k)
         prefetch = block.gathered if index > 0 else 0

@@ -31,6 +31,7 @@ class Workload:
     compile: bool = False  # torch.compile of each block: speed, and FP8's cast temporaries
     grad_accumulation: str = "sync_each"  # or sync_last, sync_last_gathered; "auto" until launcher.resolve settles it
     reduce_dtype: str = "fp32"  # FSDP's gradient reduce-scatter dtype
+    tp_saved_inputs: str = "gathered"  # or shard: SP's gathered inputs regathered in backward (parallel/regather.py)
     steps: int | None = None  # optimizer steps of the run, for its time and cost
     cp_attention: str = "auto"  # parallel.cp_attention as written; `cp_attention_path` resolves it per layout
     document_masking: bool = False  # data.document_masking: attention masks per micro-batch
@@ -40,6 +41,9 @@ class Workload:
     tp_overlap: str = "none"  # TP collectives in t pieces beside their GEMMs: async (torch), userbuffers (TE)
     p2p_overlap: bool = False  # pipeline sends/recvs beside the next chunk's compute: Megatron's overlap_p2p_comm
     cp_ring: bool = False  # CP as Transformer Engine's p2p ring: K/V (and dK/dV) steps beside attention (planner-only)
+    # tp_saved_inputs shard's all-gathers in backward issued async beside the input-gradient GEMM,
+    # as Megatron-Core and Transformer Engine issue them (planner-only; the entrypoints wait on them)
+    regather_overlap: bool = False
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Workload:
@@ -58,6 +62,7 @@ class Workload:
             compile=training.compile,
             grad_accumulation=recipe.grad_accumulation(),
             reduce_dtype=parallel.reduce_dtype,
+            tp_saved_inputs=parallel.tp_saved_inputs,
             steps=training.steps,
             cp_attention=parallel.cp_attention,
             document_masking=recipe.data.document_masking,

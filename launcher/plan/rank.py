@@ -36,6 +36,8 @@ from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
 
 AC_MODES = ("none", "selective", "full")
+TP_SAVED_INPUTS = ("gathered", "shard")
+"""parallel.tp_saved_inputs, least traffic (and most memory) first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,7 @@ class Scored:
             AC_RECOMPUTE[w.activation_checkpointing],
             w.fp8,
             GRAD_ACCUMULATION_MODES.index(run_mode(w, "grad_accumulation")),
+            TP_SAVED_INPUTS.index(w.tp_saved_inputs),
         )
 
 
@@ -133,13 +136,22 @@ def candidate_workloads(
         shaped = base_fields | shape.fields(base)
         modes = accumulation_modes(shape, vary=vary_accumulation)
         for ac in AC_MODES:
-            for fp8 in fp8_options:
-                for accumulation in modes:
-                    changes = {"activation_checkpointing": ac, "fp8": fp8}
-                    if accumulation is not None:
-                        changes["grad_accumulation"] = accumulation
-                    found.append(Workload(**(shaped | changes)))
+            for saved in tp_saved_inputs_choices(shape, ac):
+                for fp8 in fp8_options:
+                    for accumulation in modes:
+                        changes = {"activation_checkpointing": ac, "fp8": fp8, "tp_saved_inputs": saved}
+                        if accumulation is not None:
+                            changes["grad_accumulation"] = accumulation
+                        found.append(Workload(**(shaped | changes)))
     return found
+
+
+def tp_saved_inputs_choices(shape: Shape, activation_checkpointing: str) -> tuple[str, ...]:
+    """What sequence parallel may keep of its gathered inputs: both where it matters (TP, and
+    blocks that keep their activations), else the default."""
+    if shape.layout.tensor == 1 or activation_checkpointing == "full":
+        return TP_SAVED_INPUTS[:1]
+    return TP_SAVED_INPUTS
 
 
 def accumulation_modes(shape: Shape, *, vary: bool) -> tuple[str | None, ...]:
@@ -194,6 +206,7 @@ def first_that_fit(
             layout.virtual_stages,
             workload.fp8,
             run_mode(workload, "grad_accumulation"),
+            workload.tp_saved_inputs,
         )
         shard, b = layout.data_shard, workload.micro_batch_size
         recompute = AC_RECOMPUTE[workload.activation_checkpointing]

@@ -78,6 +78,8 @@ class LayoutPlan:
             extras.append("fp8")
         if self.grad_accumulation != "sync_each":
             extras.append(self.grad_accumulation)
+        if self.workload.tp_saved_inputs == "shard":
+            extras.append("TP saves shard")
         return " x ".join(parts) + ", " + ", ".join(extras)
 
     def settings(self) -> dict[str, Any]:
@@ -130,6 +132,7 @@ class LayoutPlan:
             "grad_accum_steps": self.grad_accum_steps,
             "grad_accumulation": self.grad_accumulation,
             "activation_checkpointing": self.activation_checkpointing,
+            "tp_saved_inputs": self.workload.tp_saved_inputs,
             "fp8": self.fp8,
             "instance_type": self.instance_type,
             "instance_count": self.instance_count,
@@ -212,6 +215,7 @@ def recipe_settings(workload: Workload, hardware: Hardware) -> dict[str, Any]:
     values |= {
         "parallel.pipeline_schedule": workload.pipeline_schedule,
         "parallel.activation_checkpointing": workload.activation_checkpointing,
+        "parallel.tp_saved_inputs": workload.tp_saved_inputs,
         "training.micro_batch_size": workload.micro_batch_size,
         "precision.fp8": workload.fp8,
         "cluster.instance_type": hardware.instance_key,

@@ -24,6 +24,7 @@ INSTANCE_SCALES = (1, 2, 4, 8, 16)  # suggest at most 16x the instances before g
 # The order in which a suggestion names its edits: the least disruptive first.
 EDIT_ORDER = (
     "parallel.activation_checkpointing",
+    "parallel.tp_saved_inputs",
     "training.micro_batch_size",
     "parallel.tensor",
     "parallel.context",

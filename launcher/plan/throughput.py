@@ -859,8 +859,10 @@ def loss_time(step: _Step) -> float:
 def tensor_parallel_time(step: _Step) -> float:
     """Sequence parallel's collectives of one micro-batch: an all-gather before attention and the
     MLP and a reduce-scatter after each, in forward, again in backward and in a recomputed forward;
-    with float8 TP styles the forward all-gathers move 1-byte activations. The loss all-gathers the
-    sequence once more."""
+    with float8 TP styles the forward all-gathers move 1-byte activations. Under
+    tp_saved_inputs shard a kept block all-gathers both inputs once more in backward, for the
+    weight gradients (parallel/regather.py; an MoE block only the attention's). The loss
+    all-gathers the sequence once more."""
     t, k = step.t, step.k
     if t == 1:
         return 0.0
@@ -868,14 +870,39 @@ def tensor_parallel_time(step: _Step) -> float:
     collective = k.activation_bytes * step.rows * step.h * (t - 1) / t / bw + lat
     gather = collective * (0.5 if step.fp8_gather else 1.0)
     loss = 2 * collective
+    regathers = _regathered_inputs(step)
     if _overlapped_tp(step):
-        return step.layers * _overlapped_tp_layer(step, gather, collective) + loss
+        return step.layers * _overlapped_tp_layer(step, gather, collective, regathers) + loss
     # The entrypoints' DTensor sequence parallel: every collective sits between dependent matmuls.
     per_layer = (2 * gather + 2 * collective) * (1 + step.recompute) + 4 * collective
-    return step.layers * per_layer + loss
+    return step.layers * (per_layer + regathers * _regather_exposed(step, gather)) + loss
 
 
-def _overlapped_tp_layer(step: _Step, gather: float, collective: float) -> float:
+def _regather_exposed(step: _Step, gather: float) -> float:
+    """One all-gather again in backward (tp_saved_inputs shard), or, where it is issued async
+    beside the input-gradient GEMM it precedes (Workload.regather_overlap), what that GEMM leaves
+    exposed at `tp_overlap_interference`: Megatron-Core's LinearWithGradAccumulationAndAsyncCommunication
+    (async_op=True before the grad-input matmul, megatron/core/tensor_parallel/layers.py) and
+    Transformer Engine's LayerNormLinear (layernorm_linear.py: "overlapped with dgrad GEMM")."""
+    if not step.w.regather_overlap or step.moe is not None:
+        return gather
+    precision, peak, efficiency = _block_precision(step)
+    half = step.k.gemm_half_dim[precision]
+    per_weight = 2 * step.rows / (peak * efficiency * _dim_eff(step.rows, half))
+    qkv, _, fc1, _ = _shaped_linear_groups(step.h, step.q, step.kv, step.f, step.t, half)
+    dgrad = per_weight * (qkv + fc1) / 2  # wq/wk/wv's and w1/w3's, on average
+    return gather - min(dgrad, gather) * (1 - step.k.tp_overlap_interference)
+
+
+def _regathered_inputs(step: _Step) -> float:
+    """All-gathers a block adds in backward under tp_saved_inputs shard, averaged over the blocks
+    (checkpointed blocks gather in their recomputation instead)."""
+    if step.w.tp_saved_inputs != "shard":
+        return 0.0
+    return (1 if step.moe is not None else 2) * (1 - step.recompute)
+
+
+def _overlapped_tp_layer(step: _Step, gather: float, collective: float, regathers: float) -> float:
     """One block's exposed TP collectives when each is cut into t pieces that run beside t pieces
     of the GEMM next to it: torch's async TP (`_fused_all_gather_matmul` and
     `_fused_matmul_reduce_scatter`, torch/distributed/_symmetric_memory/__init__.py, which
@@ -888,21 +915,24 @@ def _overlapped_tp_layer(step: _Step, gather: float, collective: float) -> float
     reduce-scatters after wo and w2, each beside that forward GEMM. Backward, as large: the
     output gradient's all-gather beside wo's and w2's input-gradient GEMMs, and the input
     gradient's reduce-scatter beside wq/wk/wv's and w1/w3's input-gradient GEMMs (async TP) or
-    their weight-gradient GEMMs (userbuffers' bulk overlap). Which GEMMs run in pieces, on
-    rows / t at a time, is `_CHUNKED_ROLES`."""
+    their weight-gradient GEMMs (userbuffers' bulk overlap). Under tp_saved_inputs shard the
+    inputs' all-gathers again in backward run beside wq/wk/wv's and w1/w3's input-gradient GEMMs
+    (Transformer Engine's layernorm_linear.py: "overlapped with dgrad GEMM"). Which GEMMs run in
+    pieces, on rows / t at a time, is `_CHUNKED_ROLES`."""
     t = step.t
     (qkv, qkv_grad, qkv_wgrad), (wo, wo_grad, _), (fc1, fc1_grad, fc1_wgrad), (fc2, fc2_grad, _) = _tp_gemm_roles(step)
-    if step.w.tp_overlap == "userbuffers":
-        qkv_grad, fc1_grad = qkv_wgrad, fc1_wgrad
     interference = step.k.tp_overlap_interference
 
     def exposed(comm: float, gemm: float) -> float:
         hidden = min(gemm, comm * (t - 1) / t)
         return comm - hidden * (1 - interference)
 
+    regather = regathers * _regather_exposed(step, gather)
+    if step.w.tp_overlap == "userbuffers":
+        qkv_grad, fc1_grad = qkv_wgrad, fc1_wgrad
     forward = exposed(gather, qkv) + exposed(collective, wo) + exposed(gather, fc1) + exposed(collective, fc2)
     backward = sum(exposed(collective, gemm) for gemm in (qkv_grad, wo_grad, fc1_grad, fc2_grad))
-    return forward * (1 + step.recompute) + backward
+    return forward * (1 + step.recompute) + backward + regather
 
 
 def context_parallel_time(step: _Step) -> float:

@@ -311,6 +311,7 @@ class Recipe(RecipeSpec):
                 "grad_accum_steps": self.grad_accum_steps,
                 "grad_accumulation": self.grad_accumulation(),
                 "reduce_dtype": self.parallel.reduce_dtype,
+                "tp_saved_inputs": self.parallel.tp_saved_inputs,
             },
             "data": {
                 **self.data.model_dump(mode="json", exclude=set(DATA_PREPARE_KEYS)),

@@ -309,6 +309,11 @@ class Parallel(Section):
     Pipeline parallelism always runs as sync_last_gathered."""
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """dtype of FSDP's gradient reduce-scatter (and of unsharded gradients under sync_last)."""
+    tp_saved_inputs: Literal["gathered", "shard"] = "gathered"
+    """What sequence parallel keeps for backward of the attention's and MLP's all-gathered
+    inputs: gathered (the whole sequence, torchtitan's) or shard (this rank's 1/tensor of it,
+    all-gathered again in backward: one more all-gather per input, as Megatron-Core does).
+    Checkpointed blocks recompute their inputs either way."""
 
 
 class Cluster(Section):

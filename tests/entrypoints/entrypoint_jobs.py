@@ -7,11 +7,13 @@ test module that needs one are batched by world size in `multirun.py`: `launch_t
 one launch per world size for all of them, beside the serial tests (tests/background.py). Each module's part is a
 `Planned`:
 
-- `plan_runs` (test_multiprocess.py): 1 process: the single-process references; 4 processes:
+- `plan_runs` (test_multiprocess.py): 1 process: the single-process references and a float8
+  input rebuilt from its regathered shard (parallel/regather.py); 4 processes:
   every 4-rank layout (also the source of the checkpoint that is resumed; the reference and
   the VALIDATED layouts also evaluate held-out data after steps 2 and 3), FSDP's gradient
   accumulation modes, and context-parallel attention at cp 4; 2 processes: resume of the 4-rank
-  checkpoint on 2 ranks, FP8, tied embeddings under TP, uneven pipeline stages, context-parallel
+  checkpoint on 2 ranks, FP8, tied embeddings under TP, compiled blocks keeping the TP shard
+  (parallel.tp_saved_inputs shard), uneven pipeline stages, context-parallel
   attention at cp 2, the vocab-parallel fused loss, and the collectives of one FP8 and one fp32
   step under TP 2;
 - `plan_hf` (test_hf_weights.py): 4 processes: Hugging Face checkpoints loaded and exported
@@ -70,6 +72,21 @@ LAYOUTS = {
         "parallel.pipeline_schedule": "interleaved_1f1b",
     },
     "pp2_cp2_gpipe": {"parallel.pipeline": 2, "parallel.context": 2, "parallel.pipeline_schedule": "gpipe"},
+    # Sequence parallel keeping only the shard of its gathered inputs (parallel/regather.py):
+    # under the interleaved schedule, with several micro-batches' tokens pending at once, and
+    # beside checkpointed blocks (odd layers), which keep what they gather.
+    "pp2_tp2_interleaved_shard_saved": {
+        "parallel.pipeline": 2,
+        "parallel.tensor": 2,
+        "parallel.virtual_stages": 2,
+        "parallel.pipeline_schedule": "interleaved_1f1b",
+        "parallel.tp_saved_inputs": "shard",
+    },
+    "dp_shard2_tp2_selective_shard_saved": {
+        "parallel.tensor": 2,
+        "parallel.activation_checkpointing": "selective",
+        "parallel.tp_saved_inputs": "shard",
+    },
 }
 # Validation (entrypoints/evaluate.py) after steps 2 and 3 in the reference and these layouts: dp,
 # tp, cp and pp (1F1B and the interleaved schedule) must give the reference's validation loss, and
@@ -110,6 +127,7 @@ UNEVEN = {
     },
 }
 FP8_STEPS = 12
+COMPILED_SHARD_SAVED = {"parallel.tensor": 2, "parallel.tp_saved_inputs": "shard", "training.compile": True}
 CP_CASES = [[4, 4], [6, 2], [3, 1], [5, 5], [8, 1]]  # heads / kv heads: MHA, GQA, odd counts, MQA
 
 
@@ -197,11 +215,13 @@ class Runs:
     resumed: Job
     fp8: Job
     tied_tp: Job
+    compiled_shard_saved: Job
     five_layers: Job
     uneven: dict[str, Job]
     cp_attention: dict[int, dict]
     vocab_parallel_loss: dict
     fp8_collectives: dict
+    float8_regather: dict
     stdout: str
 
 
@@ -284,19 +304,23 @@ def plan_runs(root: Path) -> Planned:
         procs=2,
     )
     tied_tp = write_job(root, "tied-tp2", {**TIED, "parallel.tensor": 2}, procs=2)
+    # torch.compile beside the regathering hooks (parallelize.compile_blocks).
+    compiled_shard_saved = write_job(root, "tp2-shard-saved-compiled", COMPILED_SHARD_SAVED, procs=2)
     collectives = {
         name: str(write_job(root, f"collectives-{name}", {"parallel.tensor": 2, "precision.fp8": fp8}, procs=2).config)
         for name, fp8 in (("fp32", False), ("fp8", True))
     }
     loss_check = {"kind": "vocab_parallel_loss", "result": str(root / "vocab-parallel-loss.json")}
+    float8_regather = {"kind": "float8_regather", "result": str(root / "float8-regather.json")}
     fp8_check = {"kind": "fp8_collectives", "configs": collectives, "result": str(root / "fp8-collectives.json")}
     jobs = {
-        1: [train(reference), train(tied_reference), train(five_layers)],
+        1: [train(reference), train(tied_reference), train(five_layers), float8_regather],
         4: [*(train(j) for j in [*layouts.values(), *accumulation.values()]), cp_attention("4")],
         2: [
             train(resumed),
             train(fp8),
             train(tied_tp),
+            train(compiled_shard_saved),
             *(train(job) for job in uneven.values()),
             cp_attention("2"),
             loss_check,
@@ -313,11 +337,13 @@ def plan_runs(root: Path) -> Planned:
             resumed=resumed,
             fp8=fp8,
             tied_tp=tied_tp,
+            compiled_shard_saved=compiled_shard_saved,
             five_layers=five_layers,
             uneven=uneven,
             cp_attention={n: json.loads((root / f"cp-attention-{n}.json").read_text()) for n in (2, 4)},
             vocab_parallel_loss=json.loads((root / "vocab-parallel-loss.json").read_text()),
             fp8_collectives=json.loads((root / "fp8-collectives.json").read_text()),
+            float8_regather=json.loads((root / "float8-regather.json").read_text()),
             stdout=stdout[4] + stdout[2],
         )
 

@@ -228,8 +228,47 @@ def run_attention_paths(job: dict, env) -> dict:
     return run_checks(job, env)
 
 
+def run_float8_regather(job: dict, env) -> dict:
+    """What parallel/regather.py makes of a saved float8 sequence-parallel input on a 1-rank tp
+    mesh: its view, its DTensor and float8 wrappers and its scale, rebuilt over the gathered data
+    again (gloo runs no float8 collectives, so this is the float8 path's one run on real data)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import GemmInputRole, LinearMMConfig
+
+    from entrypoints.parallel.regather import _Gather, _packer, _plain, _Token, _unpack
+
+    mesh = init_device_mesh("cpu", (env.world_size,), mesh_dim_names=("tp",))
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    shard = hp_tensor_to_float8_dynamic(
+        DTensor.from_local(x, mesh, [Shard(1)], run_check=False),
+        torch.float8_e4m3fn,
+        LinearMMConfig(),
+        gemm_input_role=GemmInputRole.INPUT,
+    )
+    gathered = shard.redistribute(placements=[Replicate()])
+    pack = _packer([_Gather(shard, _plain(gathered))])
+    saved = gathered.view(-1, 16)
+    token = pack(saved)
+    other = pack(x)  # a tensor of another storage passes through
+    rebuilt = _unpack(token)
+    local, original = rebuilt.to_local(), saved.to_local()
+    return {
+        "tokenised": isinstance(token, _Token),
+        "other_passed_through": other is x,
+        "types": [type(rebuilt).__name__, type(local).__name__],
+        "placements": [type(p).__name__ for p in rebuilt.placements],
+        "shape": list(rebuilt.shape),
+        "same_scale": bool(torch.equal(local._scale, original._scale)),
+        "same_bytes": bool(torch.equal(local._data.view(torch.uint8), original._data.view(torch.uint8))),
+        "max_abs_error": (local.to_original_precision() - original.to_original_precision()).abs().max().item(),
+    }
+
+
 KINDS = {
     "train": run_train,
+    "float8_regather": run_float8_regather,
     "cp_attention": run_cp_attention,
     "vocab_parallel_loss": run_vocab_parallel_loss,
     "fp8_collectives": run_fp8_collectives,

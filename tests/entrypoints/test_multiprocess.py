@@ -111,6 +111,22 @@ def test_tied_embeddings_under_tensor_parallel_match_single_process(runs):
     assert_same_model(got, want, TOLERANCE)
 
 
+def test_compiled_blocks_that_regather_their_inputs_match_single_process(runs):
+    # parallel.tp_saved_inputs shard under training.compile: the attention's and MLP's forwards
+    # compiled, their regathering hooks eager around them (parallelize.compile_blocks).
+    job = runs.compiled_shard_saved
+    assert job.losses() == pytest.approx(runs.reference.losses(), abs=TOLERANCE)
+    assert_same_model(job.final_model(3), runs.reference.final_model(3), TOLERANCE)
+
+
+def test_a_saved_float8_input_is_rebuilt_from_its_regathered_shard(runs):
+    found = runs.float8_regather
+    assert found["tokenised"] and found["other_passed_through"]
+    assert found["types"] == ["DTensor", "Float8TrainingTensor"]
+    assert found["placements"] == ["Replicate"] and found["shape"] == [16, 16]
+    assert found["same_scale"] and found["same_bytes"] and found["max_abs_error"] == 0
+
+
 def test_four_rank_checkpoint_resumes_on_two_ranks_like_the_uninterrupted_run(runs):
     uninterrupted = runs.layouts["dp_shard2_tp2"]
     resumed = runs.resumed
@@ -211,7 +227,9 @@ KEY_OF_METRIC_NAME = {name: key for key, name in SAGEMAKER_METRIC_NAMES.items()}
 def test_metrics_lines_parse_with_the_sagemaker_metric_definitions(runs, metric_definitions):
     lines = [line for line in runs.stdout.splitlines() if line.startswith("metrics ")]
     records = [m for job in [*runs.layouts.values(), *runs.accumulation.values()] for m in job.metrics()]
-    records += runs.resumed.metrics() + runs.fp8.metrics() + runs.tied_tp.metrics()
+    records += (
+        runs.resumed.metrics() + runs.fp8.metrics() + runs.tied_tp.metrics() + runs.compiled_shard_saved.metrics()
+    )
     records += [m for job in runs.uneven.values() for m in job.metrics()]
     assert len(lines) == len(records) > 20
     for line, record in zip(lines, records, strict=True):

@@ -131,6 +131,24 @@ def test_tensor_parallel_keeps_gathered_norm_outputs_and_shards_the_rest():
     assert moment["activations"] == round(4 * saved_tp + ROPE)
 
 
+def test_tp_saved_inputs_shard_keeps_no_gathered_norm_outputs_in_kept_blocks():
+    # parallel/regather.py: the (t - 1) other shards of both gathered inputs are not kept; the
+    # rest of the block is unchanged.
+    layout = Layout(tensor=2, data_shard=2)
+    gathered = fsdp.moments(workload(layout=layout))["backward of layer 3"]
+    shard = fsdp.moments(workload(layout=layout, tp_saved_inputs="shard"))["backward of layer 3"]
+    assert shard["tp_buffers"] == 0
+    assert shard["activations"] == gathered["activations"]
+    assert gathered["tp_buffers"] - shard["tp_buffers"] == 4 * 2 * 2 * 128 * 128
+
+
+def test_tp_saved_inputs_shard_changes_nothing_under_full_checkpointing():
+    # Checkpointed blocks are not given the regathering styles: their recomputation keeps what it gathers.
+    layout = Layout(tensor=2, data_shard=2)
+    full = {"layout": layout, "activation_checkpointing": "full"}
+    assert fsdp.moments(workload(**full, tp_saved_inputs="shard")) == fsdp.moments(workload(**full))
+
+
 def test_context_parallel_keeps_the_whole_sequence_k_and_v_only_where_the_masked_path_runs():
     # 128 local tokens; K and V of the other rank's 128 tokens, 64 wide each, per layer. The
     # fused path regathers them in backward instead (test_attention_memory.py).

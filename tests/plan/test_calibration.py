@@ -155,11 +155,26 @@ def test_async_tp_pairs_fit_the_interference_and_the_held_apart_pairs_check_it(c
 
 def test_megatron_bridge_rows_reduce_gradients_in_bf16_as_their_configs_set(calibration):
     """Megatron-Bridge's performance configs set grad_reduce_in_fp32 False (the evidence cited in
-    docs/published_benchmark.yaml): its rows are priced and estimated with reduce_dtype bf16, the
-    others keep the entrypoints' fp32 default."""
+    docs/published_benchmark.yaml): its rows are priced and estimated with reduce_dtype bf16, as is
+    NeMo's Nemotron-4 340B, whose config sets optim.grad_sync_dtype bf16; the others keep the
+    entrypoints' fp32 default."""
     sources, published = calibration.load_benchmark()
     bf16 = {record["title"] for record in sources.values() if record.get("grad_reduce_bf16")}
     assert any("Megatron-Bridge" in title for title in bf16)
     for point in published:
-        expected = "bf16" if point.source in bf16 else "fp32"
+        expected = "bf16" if point.source in bf16 or point.model == "nemotron-340b" else "fp32"
         assert calibration.workload_of(point).reduce_dtype == expected, point.source
+
+
+def test_megatron_core_rows_keep_the_tensor_parallel_shard_and_regather_beside_the_dgrad_gemm(calibration):
+    """NeMo and Megatron-Bridge run Megatron-Core and Transformer Engine, which keep the shard of
+    sequence parallel's gathered inputs (the evidence cited in docs/published_benchmark.yaml): their
+    TP rows are priced and estimated with tp_saved_inputs shard, torchtitan's keep the gathered inputs."""
+    _, published = calibration.load_benchmark()
+    tp_rows = [point for point in published if point.layout.tensor > 1]
+    for point in tp_rows:
+        workload = calibration.workload_of(point)
+        megatron = "NeMo" in point.source or "Megatron-Bridge" in point.source
+        assert workload.tp_saved_inputs == ("shard" if megatron else "gathered"), point.source
+        assert workload.regather_overlap == megatron
+    assert {calibration.workload_of(p).tp_saved_inputs for p in tp_rows} == {"shard", "gathered"}

@@ -37,13 +37,15 @@ def mistral7b_32k() -> list[LayoutPlan]:
 
 
 def pairs_differing_in(plans: list[LayoutPlan], varied: str) -> list[tuple[LayoutPlan, LayoutPlan]]:
-    """(a, b) with a's `varied` smaller than b's and everything else equal but data_shard/accumulation."""
+    """(a, b) with a's `varied` smaller than b's and everything else equal but data_shard/accumulation
+    (what sequence parallel keeps of its gathered inputs too: the shard costs more all-gathers)."""
     groups = defaultdict(list)
     for p in plans:
         key = {**dataclasses.asdict(p.layout), "micro_batch_size": p.micro_batch_size}
         key.pop(varied)
         key.pop("data_shard")
         key |= {"ac": p.activation_checkpointing, "fp8": p.fp8, "schedule": p.pipeline_schedule}
+        key["tp_saved_inputs"] = p.workload.tp_saved_inputs
         groups[tuple(sorted(key.items()))].append(p)
     value = (lambda p: getattr(p.layout, varied)) if varied != "micro_batch_size" else (lambda p: p.micro_batch_size)
     return [(a, b) for group in groups.values() for a in group for b in group if value(a) < value(b)]

@@ -12,7 +12,7 @@ from launcher.estimate import DEFAULT_THRESHOLD, Workload, estimate_memory
 from launcher.plan import SearchOptions, search
 from launcher.plan.candidates import shapes
 from launcher.plan.explain import why
-from launcher.plan.rank import AC_MODES
+from launcher.plan.rank import AC_MODES, tp_saved_inputs_choices
 from launcher.plan.throughput import predict
 from launcher.recipe import Recipe
 from tests import REPO
@@ -35,18 +35,20 @@ def exhaustive(recipe, threshold=DEFAULT_THRESHOLD):
         schedule=recipe.parallel.pipeline_schedule,
     ):
         for ac in AC_MODES:
-            workload = replace(
-                base,
-                layout=shape.layout,
-                micro_batch_size=shape.micro_batch_size,
-                grad_accum_steps=shape.grad_accum_steps,
-                pipeline_schedule=shape.pipeline_schedule,
-                activation_checkpointing=ac,
-            )
-            if estimate_memory(workload, hw, threshold=threshold).verdict != "fits":
-                continue
-            speed = predict(workload, hw)
-            found.append((shape.layout, shape.micro_batch_size, ac, speed.tokens_per_s_per_gpu))
+            for saved in tp_saved_inputs_choices(shape, ac):
+                workload = replace(
+                    base,
+                    layout=shape.layout,
+                    micro_batch_size=shape.micro_batch_size,
+                    grad_accum_steps=shape.grad_accum_steps,
+                    pipeline_schedule=shape.pipeline_schedule,
+                    activation_checkpointing=ac,
+                    tp_saved_inputs=saved,
+                )
+                if estimate_memory(workload, hw, threshold=threshold).verdict != "fits":
+                    continue
+                speed = predict(workload, hw)
+                found.append((shape.layout, shape.micro_batch_size, ac, saved, speed.tokens_per_s_per_gpu))
     return found
 
 
@@ -55,8 +57,8 @@ def test_pruned_search_returns_exactly_the_fitting_layouts_fastest_first(path):
     recipe = Recipe.load(RECIPES / path)
     expected = exhaustive(recipe)
     planned = plan(recipe, top=100_000)
-    got = [(p.layout, p.micro_batch_size, p.activation_checkpointing) for p in planned]
-    assert set(got) == {(layout, b, ac) for layout, b, ac, _ in expected}
+    got = [(p.layout, p.micro_batch_size, p.activation_checkpointing, p.workload.tp_saved_inputs) for p in planned]
+    assert set(got) == {(layout, b, ac, saved) for layout, b, ac, saved, _ in expected}
     speeds = [p.tokens_per_s_per_gpu for p in planned]
     assert speeds == sorted(speeds, reverse=True)
 
@@ -70,6 +72,7 @@ def test_every_planned_layout_is_a_valid_recipe(path):
         assert changed.training.micro_batch_size == planned.micro_batch_size
         assert changed.grad_accum_steps == planned.grad_accum_steps
         assert changed.parallel.activation_checkpointing == planned.activation_checkpointing
+        assert changed.parallel.tp_saved_inputs == planned.workload.tp_saved_inputs
         assert estimate(changed).per_gpu_peak_bytes == planned.memory.per_gpu_peak_bytes
 
 
@@ -191,3 +194,28 @@ def test_searching_accumulation_modes_keeps_those_whose_unsharded_state_fits():
         )
     )
     assert gathered.tokens_per_s_per_gpu > twin.tokens_per_s_per_gpu
+
+
+def test_the_planner_keeps_the_tensor_parallel_shard_where_that_lets_a_faster_layout_fit():
+    # Llama 3.1 70B at 8K, FP8, bf16 gradients, on 64 H100 80GB: TP 4 x FSDP 16 without
+    # recomputation fits only when sequence parallel keeps the shard of its gathered inputs
+    # (parallel/regather.py), and beats every layout that fits without it.
+    recipe = Recipe.load(RECIPES / "llama70b-128k.yaml").with_changes(
+        {
+            "training.seq_len": 8192,
+            "training.global_batch_size": 128,
+            "cluster.instance_type": "ml.p5.48xlarge",
+            "cluster.instance_count": 8,
+            "parallel.context": 1,
+            "precision.fp8": True,
+            "training.compile": True,
+            "parallel.reduce_dtype": "bf16",
+        }
+    )
+    best = plan(recipe, top=1)[0]
+    assert best.workload.tp_saved_inputs == "shard" and best.layout.tensor > 1
+    assert "TP saves shard" in best.describe()
+    planned = recipe.with_changes(best.overrides(recipe))
+    assert planned.parallel.tp_saved_inputs == "shard"
+    assert estimate(planned).verdict == "fits"
+    assert estimate(planned.with_changes({"parallel.tp_saved_inputs": "gathered"})).verdict != "fits"

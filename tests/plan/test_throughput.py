@@ -174,6 +174,28 @@ def test_tensor_parallel_traffic_is_exposed_unless_overlapped():
     assert run(layout=Layout(data_shard=8), tp_overlap="async").breakdown["tensor_parallel"] == 0
 
 
+def test_tp_saved_inputs_shard_gathers_both_block_inputs_again_in_backward():
+    # Exposed (the entrypoints wait on it), or beside the input-gradient GEMM (Megatron-Core's
+    # and Transformer Engine's async all-gather): 70B at 16K on TP 4, where that GEMM outlasts it,
+    # so only the interference share remains.
+    layout = Layout(tensor=4, data_shard=2)
+    gathered, shard, overlapped = (
+        run(LLAMA70B, layout, seq_len=16384, **changes).breakdown["tensor_parallel"]
+        for changes in ({}, {"tp_saved_inputs": "shard"}, {"tp_saved_inputs": "shard", "regather_overlap": True})
+    )
+    collective = gathered / (LLAMA70B.num_layers * 8 + 2)
+    assert shard - gathered == pytest.approx(LLAMA70B.num_layers * 2 * collective)
+    assert overlapped - gathered == pytest.approx(
+        LLAMA70B.num_layers * 2 * collective * CONSTANTS.tp_overlap_interference
+    )
+    selective = {"activation_checkpointing": "selective"}
+    assert run(LLAMA70B, layout, seq_len=16384, tp_saved_inputs="shard", **selective).breakdown[
+        "tensor_parallel"
+    ] - run(LLAMA70B, layout, seq_len=16384, **selective).breakdown["tensor_parallel"] == pytest.approx(
+        LLAMA70B.num_layers * collective
+    )  # half the blocks are checkpointed and regather in their recomputation anyway
+
+
 def test_overlapped_tensor_parallel_leaves_one_piece_of_each_collective_behind_long_gemms():
     # Llama 3.1 70B at 16K tokens per micro-batch on TP 4: every GEMM outlasts its collective, so
     # each of a block's 8 collectives shows 1/t of itself and the interference share of the rest;
