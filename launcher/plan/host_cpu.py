@@ -75,8 +75,13 @@ def cpu_work(workload: Workload) -> dict[str, float]:
     work.update(_sharded_parameters(workload, layers, attention_params, width))
     if t > 1:
         activations = mb * s / c * h * width
-        work["tp_layer_micro_batch"] = per_micro_batch
-        work["tp_mb"] = per_micro_batch * TP_COLLECTIVES_PER_LAYER * activations * (t - 1) / t / MB
+        # parallel.tp_saved_inputs shard: kept blocks all-gather their inputs once more in backward.
+        regathers = 0.0
+        if workload.tp_saved_inputs == "shard":
+            regathers = (1 if workload.arch.moe else 2) * (1 - AC_RECOMPUTE[workload.activation_checkpointing])
+        collectives = TP_COLLECTIVES_PER_LAYER + regathers
+        work["tp_layer_micro_batch"] = per_micro_batch * collectives / TP_COLLECTIVES_PER_LAYER
+        work["tp_mb"] = per_micro_batch * collectives * activations * (t - 1) / t / MB
     if c > 1:
         work["cp_layer_micro_batch"] = per_micro_batch
     if p > 1:

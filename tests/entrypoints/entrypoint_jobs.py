@@ -75,15 +75,11 @@ LAYOUTS = {
     # Sequence parallel keeping only the shard of its gathered inputs (parallel/regather.py):
     # under the interleaved schedule, with several micro-batches' tokens pending at once, and
     # beside checkpointed blocks (odd layers), which keep what they gather.
-    "pp2_tp2_interleaved_shard_saved": {
+    "pp2_tp2_interleaved_selective_shard_saved": {
         "parallel.pipeline": 2,
         "parallel.tensor": 2,
         "parallel.virtual_stages": 2,
         "parallel.pipeline_schedule": "interleaved_1f1b",
-        "parallel.tp_saved_inputs": "shard",
-    },
-    "dp_shard2_tp2_selective_shard_saved": {
-        "parallel.tensor": 2,
         "parallel.activation_checkpointing": "selective",
         "parallel.tp_saved_inputs": "shard",
     },
