@@ -44,6 +44,10 @@ class Workload:
     # tp_saved_inputs shard's all-gathers in backward issued async beside the input-gradient GEMM,
     # as Megatron-Core and Transformer Engine issue them (planner-only; the entrypoints wait on them)
     regather_overlap: bool = False
+    # FP8 weights cast (and transposed) on a step's first micro-batch and reused by the rest, as
+    # Transformer Engine caches them when Megatron-Core passes is_first_microbatch (planner-only;
+    # torchao's float8 linears in the entrypoints cast every micro-batch)
+    fp8_weights_cached: bool = False
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Workload:

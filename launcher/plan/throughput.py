@@ -674,6 +674,7 @@ def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]
     w = step.w
     key = (
         w.dtype, w.fp8_recipe, w.compile, w.tp_overlap, step.fp8, step.fp8_gather, step.rows, step.s, step.h,
+        w.fp8_weights_cached and w.grad_accum_steps,
         step.q, step.kv, step.f, step.vocab, step.t, step.c, step.shard, step.cp_attention,
         None if step.moe is None else (step.moe.num_experts, step.moe.top_k, step.moe.expert_ffn_hidden_size,
                                        step.moe.shared_experts, step.ep),
@@ -840,13 +841,24 @@ def elementwise_time(step: _Step) -> float:
 def fp8_cast_time(step: _Step) -> float:
     """One block's forward float8 casts; backward casts as many again (gradients, transposes).
 
-    Forward casts: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each), the inputs of wo and w2
+    Forward casts: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each; with float8 all-gather,
+    cast on this rank's s/t rows before the gather, as torchao 0.18's PrepareFloat8ModuleInput and
+    Float8ColwiseParallel do and Transformer Engine's norm-fused cast does), the inputs of wo and w2
     (h/t, f/t) and this rank's weights (its local shard, with float8 all-gather)."""
     if not step.fp8:
         return 0.0
     k, h, kv, f, t = step.k, step.h, step.kv, step.f, step.t
-    weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t / (step.shard if step.fp8_gather else 1)
-    elements = step.rows * (2 * h + (h + f) / t) + weights
+    weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t
+    if step.w.fp8_weights_cached:
+        # Transformer Engine casts the whole local weight on a step's first micro-batch only
+        # (Linear.forward's is_first_microbatch, NVIDIA/TransformerEngine 3ec87875,
+        # transformer_engine/pytorch/module/linear.py), which Megatron-Core sets once per step
+        # (NVIDIA/Megatron-LM 00611e6e, megatron/core/pipeline_parallel/schedules.py forward_step).
+        weights /= step.w.grad_accum_steps
+    elif step.fp8_gather:
+        weights /= step.shard
+    gathered = 2 * h / t if step.fp8_gather else 2 * h
+    elements = step.rows * (gathered + (h + f) / t) + weights
     cast_factor = 1.0 if step.w.compile else k.fp8_eager_cast_factor
     return cast_factor * k.fp8_cast_bytes_per_element * elements / step.hbm
 

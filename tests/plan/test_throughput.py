@@ -292,6 +292,43 @@ def test_fp8_speeds_up_large_matmuls():
     assert fp8.breakdown["matmul"] < 0.75 * bf16.breakdown["matmul"]
 
 
+def test_cached_fp8_weights_are_cast_once_per_step_not_per_micro_batch():
+    # Transformer Engine's is_first_microbatch cache (Workload.fp8_weights_cached): the forward and
+    # backward casts of this rank's weights (2 x 5 bytes per element) are paid once in m micro-batches.
+    layout, m = Layout(tensor=4, pipeline=8, data_shard=2), 64
+    arch, k = LLAMA70B, CONSTANTS
+    kwargs = dict(fp8=True, compile=True, grad_accum_steps=m, pipeline_schedule="1f1b")
+    fresh, cached = (run(arch, layout, fp8_weights_cached=c, **kwargs) for c in (False, True))
+    h, kv, f, t = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, layout.tensor
+    weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t
+    layers = arch.num_layers // layout.pipeline
+    hbm = H100.hbm_gbps * 1e9 * k.hbm_efficiency
+    # Uncached, float8 all-gather casts the FSDP shard (1/2) every micro-batch; cached, the whole
+    # local weight once.
+    saved = 2 * k.fp8_cast_bytes_per_element * layers * (m * weights / layout.data_shard - weights) / hbm
+    assert fresh.breakdown["elementwise"] - cached.breakdown["elementwise"] == pytest.approx(saved, rel=1e-6)
+
+
+def test_fp8_casts_the_sequence_parallel_inputs_on_the_shard_before_the_gather():
+    # torchao's PrepareFloat8ModuleInput casts this rank's s/t rows, then all-gathers float8: the
+    # two h-wide block inputs cost 2h/t per token, not 2h.
+    arch, k = LLAMA70B, CONSTANTS
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    hbm = H100.hbm_gbps * 1e9 * k.hbm_efficiency
+
+    def cast_seconds(t):
+        layout = Layout(tensor=t, data_shard=8 // t)
+        fp8, bf16 = (run(arch, layout, fp8=p, compile=True) for p in (True, False))
+        return fp8.breakdown["elementwise"] - bf16.breakdown["elementwise"]
+
+    t = 8
+    rows, layers = 8192, arch.num_layers
+    activations = 2 * k.fp8_cast_bytes_per_element * layers * rows * (2 * h / t + (h + f) / t) / hbm
+    weights = (2 * h * h + 2 * h * arch.kv_dim + 3 * h * f) / t / (8 // t)
+    expected = activations + 2 * k.fp8_cast_bytes_per_element * layers * weights / hbm
+    assert cast_seconds(t) == pytest.approx(expected, rel=1e-6)
+
+
 def test_a_hand_built_arch_without_a_catalog_entry_predicts():
     arch = ModelArch(
         hidden_size=1024,
