@@ -9,9 +9,11 @@ parameter group per device mesh: under expert parallelism the experts' shards li
 expert mesh and the rest on the main one, and DTensor's foreach kernels take one mesh at a time
 (torchtitan's `_clip_grad_norm_with_ep`, torchtitan/distributed/utils.py, splits the norm the
 same way). The
-parameters are FSDP's fp32 shards, so the states are fp32 too: 8 bytes per parameter per
-rank's shard (exp_avg, exp_avg_sq), plus the fp32 gradient shard. On CUDA the fused
-implementation runs (no parameter-sized temporaries); on CPU the foreach one.
+parameters are FSDP's fp32 shards, so torch's AdamW keeps fp32 states too: 8 bytes per parameter
+per rank's shard (exp_avg, exp_avg_sq), plus the fp32 gradient shard. On CUDA the fused
+implementation runs (no parameter-sized temporaries); on CPU the foreach one. With
+`training.optimizer.state_dtype: bf16`, `AdamWBf16Moments` keeps the two moments in bf16 (4 bytes
+per parameter) and runs torch's AdamW update in fp32 on chunks of each shard.
 
 The learning rate warms up linearly over `warmup_steps` (step k of warmup uses (k+1)/(w+1)
 of the peak), then decays to `min_lr` at the last step: cosine, linear or constant.
@@ -30,8 +32,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import Optimizer
 
-from launcher.contract.config import OptimizerConfig
+from launcher.contract.config import BF16_MOMENTS_CHUNK, OptimizerConfig
 
 
 def lr_at(step: int, cfg: OptimizerConfig, total_steps: int) -> float:
@@ -55,19 +58,83 @@ logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERR
 STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+class AdamWBf16Moments(Optimizer):
+    """AdamW with exp_avg and exp_avg_sq stored in bf16, as Apex's DistributedFusedAdam stores its
+    state in `dtype` (NeMo's optim.dtype: bf16). Each step is torch.optim.AdamW's update
+    (decoupled weight decay, bias-corrected moments, eps outside the square root), computed in
+    fp32 on the fp32 parameter and gradient, BF16_MOMENTS_CHUNK elements of a shard at a time, and
+    the moments rounded to nearest bf16 on the way back. The state keys are torch's, so
+    checkpoints reshard and resume alike (a checkpoint with fp32 moments loads, rounded).
+
+    Elementwise and shard-local: a DTensor's local tensors are updated in place, so the moments
+    stay DTensors placed as their parameter (what the checkpoint's sharded state dict needs)."""
+
+    def __init__(self, params, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        # Optimizer.load_state_dict casts floating state to its parameter's dtype (fp32): back to bf16.
+        self.register_load_state_dict_post_hook(_moments_to_bf16)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("AdamWBf16Moments.step takes no closure")
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self._update(param, group)
+
+    def _update(self, param: torch.Tensor, group: dict) -> None:
+        state = self.state[param]
+        if not state:  # torch's AdamW keeps `step` as a CPU float tensor: the same in checkpoints
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(param, dtype=torch.bfloat16)
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=torch.bfloat16)
+        state["step"] += 1
+        step = state["step"].item()
+        (beta1, beta2), lr = group["betas"], group["lr"]
+        step_size = lr / (1 - beta1**step)
+        root_correction = math.sqrt(1 - beta2**step)
+        tensors = (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
+        flat = [(t.to_local() if isinstance(t, DTensor) else t).view(-1) for t in tensors]
+        chunk = BF16_MOMENTS_CHUNK
+        for start in range(0, flat[0].numel(), chunk):
+            p, g, m, v = (t[start : start + chunk] for t in flat)
+            g = g.float()  # the gradient itself when it is fp32 (FSDP's sharded gradients are)
+            exp_avg = m.float().lerp_(g, 1 - beta1)
+            exp_avg_sq = v.float().mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            m.copy_(exp_avg)
+            v.copy_(exp_avg_sq)
+            p.mul_(1 - lr * group["weight_decay"])
+            # The denominator in exp_avg_sq's own storage: two fp32 temporaries per chunk.
+            p.addcdiv_(exp_avg, exp_avg_sq.sqrt_().div_(root_correction).add_(group["eps"]), value=-step_size)
+
+
+def _moments_to_bf16(optimizer: Optimizer) -> None:
+    for state in optimizer.state.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state and state[key].dtype != torch.bfloat16:
+                state[key] = state[key].to(torch.bfloat16)
+
+
+def adamw(params: list[dict], cfg: OptimizerConfig, *, lr: float, device_type: str) -> Optimizer:
+    """The AdamW that keeps `cfg.state_dtype` moments: torch's (fused on CUDA, foreach on CPU) or ours."""
+    settings = {"lr": lr, "betas": cfg.betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+    if cfg.state_dtype == "bf16":
+        return AdamWBf16Moments(params, **settings)
+    fused = device_type == "cuda"
+    return torch.optim.AdamW(params, **settings, fused=fused, foreach=not fused)
+
+
 class Optimizers:
     def __init__(self, parts: list[torch.nn.Module], cfg: OptimizerConfig, *, total_steps: int):
         self.parts, self.cfg, self.total_steps = parts, cfg, total_steps
-        fused = next(parts[0].parameters()).device.type == "cuda"
+        device_type = next(parts[0].parameters()).device.type
         self.optimizers = [
-            torch.optim.AdamW(
+            adamw(
                 [{"params": group} for group in by_mesh(list(part.parameters()))],
+                cfg,
                 lr=lr_at(0, cfg, total_steps),
-                betas=cfg.betas,
-                eps=cfg.eps,
-                weight_decay=cfg.weight_decay,
-                fused=fused,
-                foreach=not fused,
+                device_type=device_type,
             )
             for part in parts
         ]

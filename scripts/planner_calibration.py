@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from launcher import catalog  # noqa: E402
+from launcher.contract.config import OPTIMIZER_STATE_BYTES  # noqa: E402
 from launcher.contract.layout import Layout  # noqa: E402
 from launcher.estimate import Workload, estimate_memory, format_bytes  # noqa: E402
 from launcher.plan import SearchOptions, search, throughput  # noqa: E402
@@ -92,6 +93,7 @@ class Point:
     tp_saves_shard: bool = False
     # FP8 weights cast once per step and reused by its micro-batches (Workload.fp8_weights_cached).
     fp8_weights_cached: bool = False
+    optimizer_state_dtype: str = "fp32"  # AdamW's moments: training.optimizer.state_dtype (Workload)
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
     arch_changes: dict = field(default_factory=dict)
@@ -101,7 +103,8 @@ class Point:
         container version, the FP8 recipe beyond tensorwise/rowwise) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
-                self.p2p_overlap, self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached)  # fmt: skip
+                self.p2p_overlap, self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached,
+                self.optimizer_state_dtype)  # fmt: skip
 
     @property
     def held_apart(self) -> bool:
@@ -149,8 +152,8 @@ ROW_REQUIRED = (
     "unit",
 )
 ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
-                "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "note", "assumed",
-                "fitted")  # fmt: skip
+                "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "optimizer_state_dtype",
+                "note", "assumed", "fitted")  # fmt: skip
 # A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
 # source under the evidence key beside each.
 SOURCE_DEFAULTS = {
@@ -238,6 +241,8 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
             f"{at}: ep {degrees['ep']} must divide dp x cp = {degrees['dp'] * degrees['cp']}: expert parallelism "
             "borrows ranks of dp_shard x cp (launcher/contract/layout.py)"
         )
+    if row.get("optimizer_state_dtype", "fp32") not in OPTIMIZER_STATE_BYTES:
+        raise BenchmarkError(f"{at}: optimizer_state_dtype must be one of {', '.join(OPTIMIZER_STATE_BYTES)}")
     flags = {k: row[k] for k in ("async_tp", *SOURCE_DEFAULTS) if k in row}
     if not all(isinstance(v, bool) for v in flags.values()):
         raise BenchmarkError(f"{at}: {', '.join(flags)} must be true or false")
@@ -266,6 +271,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
         tp_saves_shard=layout.tensor > 1 and _setting(row, source, "tp_saves_shard"),
         fp8_weights_cached=row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"),
+        optimizer_state_dtype=row.get("optimizer_state_dtype", "fp32"),
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
     )
@@ -301,6 +307,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("SP saves the shard (tp_saved_inputs shard)")
     if row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"):
         parts.append("FP8 weights cached per step (fp8_weights_cached)")
+    if row.get("optimizer_state_dtype") == "bf16":
+        parts.append("bf16 optimizer states (training.optimizer.state_dtype bf16)")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
         parts.append("fp8-cs priced as tensorwise")
     if row["precision"] == "fp8-rowwise":
@@ -361,6 +369,7 @@ def workload_of(point: Point) -> Workload:
         tp_saved_inputs="shard" if point.tp_saves_shard else "gathered",
         regather_overlap=point.tp_saves_shard,  # both regather async beside the dgrad GEMM (Workload)
         fp8_weights_cached=point.fp8_weights_cached,
+        optimizer_state_dtype=point.optimizer_state_dtype,
     )
 
 
@@ -1093,7 +1102,9 @@ Where the errors come from (read the tables above for their size):
   regathers cost these rows about 1% of predicted speed: Megatron-Bridge's 70B rows moved from
   -14% to -15% or -16%, which took the share within ±15% from 71% to 68%. Nemotron-4 340B's
   config reduces gradients in bf16 (optim.grad_sync_dtype, cited on its row): 107.9 GiB before,
-  83.2 now, still `oom`. NeMo 24.07's table mixes GPT-3 and Nemotron-4 (two-matrix MLPs,
+  83.2 after, still `oom`; it also keeps Apex's optimizer state in bf16 (optim.dtype, the only
+  24.07 config that does), which our program now runs as `training.optimizer.state_dtype: bf16`
+  (entrypoints/optim.py, AdamWBf16Moments: bf16 moments beside the fp32 masters): 71.8 GiB, risky. NeMo 24.07's table mixes GPT-3 and Nemotron-4 (two-matrix MLPs,
   modelled as a SwiGLU of equal size) with Llama.
 - FP8 casts. Transformer Engine casts each FP8 weight on a step's first micro-batch and reuses it
   for the rest (`fp8_weight_cache`, evidence in the YAML; Megatron FSDP's 8B row excepted), priced

@@ -58,7 +58,6 @@ from launcher.backends.tail import follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
 from launcher.backends.wheelhouse import bootstrap_environment, fill, job_wheels, wheelhouse_key
 from launcher.bundle import Bundle
-from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
 from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
 from launcher.registry import checkpoint_home, job_dir, launcher_home, records
@@ -451,7 +450,7 @@ def checkpoint_room_problem(recipe: Recipe, spec: JobSpec) -> str | None:
     )
     named = f"{path} (the default, $LAUNCHER_HOME)" if key == "slurm.shared_dir" and not settings.shared_dir else path
     # A checkpoint's size is the contract's, the estimator's too (launcher/estimate/checkpoint.py).
-    kept, size = recipe.checkpoint.keep, recipe.arch.num_params() * CHECKPOINT_BYTES_PER_PARAM
+    kept, size = recipe.checkpoint.keep, recipe.checkpoint_bytes
     needed = (kept + 1) * size
     existing = next(p for p in (directory, *directory.parents) if p.exists())
     try:

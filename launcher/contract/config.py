@@ -190,6 +190,8 @@ class OptimizerConfig:
     warmup_steps: int = 0
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr: float = 0.0
+    state_dtype: Literal["fp32", "bf16"] = "fp32"
+    """AdamW's exp_avg and exp_avg_sq: fp32, or bf16 (entrypoints/optim.py, AdamWBf16Moments)."""
 
 
 DEFAULT_STALL_FACTOR = 10.0
@@ -333,9 +335,20 @@ class DataConfig:
             )
 
 
-CHECKPOINT_BYTES_PER_PARAM = 12
-"""What a checkpoint holds per parameter (entrypoints/checkpoint.py): fp32 master weights, and
-AdamW's fp32 exp_avg and exp_avg_sq."""
+OPTIMIZER_STATE_BYTES = {"fp32": 4, "bf16": 2}
+"""Bytes of each of AdamW's two moments per parameter, by training.optimizer.state_dtype."""
+
+
+BF16_MOMENTS_CHUNK = 1 << 22
+"""AdamWBf16Moments (entrypoints/optim.py) updates each parameter shard in chunks of this many
+elements, each with two fp32 temporaries (exp_avg, and exp_avg_sq turned into the denominator):
+32 MiB at most beside the states, whatever the largest shard."""
+
+
+def checkpoint_bytes_per_param(state_dtype: str = "fp32") -> int:
+    """What a checkpoint holds per parameter (entrypoints/checkpoint.py): the fp32 master weight and
+    AdamW's exp_avg and exp_avg_sq in `state_dtype` (12 bytes with fp32 moments, 8 with bf16)."""
+    return 4 + 2 * OPTIMIZER_STATE_BYTES[state_dtype]
 
 
 @_config

@@ -43,10 +43,9 @@ import math
 from dataclasses import dataclass
 
 from launcher.catalog.engines import DEFAULT_STOP_GRACE_S, STOP_EXIT_S, capabilities
-from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
+from launcher.contract.config import checkpoint_bytes_per_param
 from launcher.recipe.schema import MAX_DURATION_S
 
-BYTES_PER_PARAM = CHECKPOINT_BYTES_PER_PARAM  # fp32 master weights + fp32 exp_avg + fp32 exp_avg_sq
 # SageMaker's SIGTERM-to-SIGKILL time (launcher/catalog/engines.yaml): the final save must be durable within it.
 SAGEMAKER_STOP_GRACE_S = capabilities("sagemaker").stop_grace_s
 # Without every_minutes, warn when an interruption can lose more than this much work.
@@ -71,6 +70,7 @@ class CheckpointEstimate:
     stop_text: str | None = None  # what a stop (SIGTERM, then SIGKILL after the grace) loses
     restore_bytes_per_host: float | None = None  # copied to each host before every start; None: none
     restore_s: float | None = None  # how long that copy takes; None: bandwidth unknown
+    bytes_per_param: int = checkpoint_bytes_per_param()  # master weight + AdamW's two moments
 
     def restore_line(self) -> str | None:
         """What every start, retry and spot restart copies to each host first, when the engine
@@ -101,7 +101,7 @@ class CheckpointEstimate:
 
     def line(self) -> str:
         """One line for `submit`: size, save time, interval."""
-        text = f"checkpoint {_gb(self.size_bytes)} ({BYTES_PER_PARAM} B/param)"
+        text = f"checkpoint {_gb(self.size_bytes)} ({self.bytes_per_param} B/param)"
         if self.instance_count > 1:
             text += f", {_gb(self.bytes_per_host)} per host"
         if self.write_s is not None:
@@ -111,8 +111,8 @@ class CheckpointEstimate:
         return f"{text}; {self.interval_text}"
 
 
-def checkpoint_bytes(num_params: int) -> int:
-    return num_params * BYTES_PER_PARAM
+def checkpoint_bytes(num_params: int, state_dtype: str = "fp32") -> int:
+    return num_params * checkpoint_bytes_per_param(state_dtype)
 
 
 def estimate_checkpoint(
@@ -128,6 +128,7 @@ def estimate_checkpoint(
     keep: int = 1,
     restores_whole_prefix: bool = False,
     restores_own_share: bool = False,
+    state_dtype: str = "fp32",
 ) -> CheckpointEstimate:
     """Size and timing of one checkpoint of `params` parameters on `instance_count` x `instance`.
 
@@ -136,8 +137,9 @@ def estimate_checkpoint(
     start first copies all `keep` checkpoints to every host) describe SageMaker's CheckpointConfig;
     other backends pass False, None and False. `restores_own_share`: each host reads back only
     its own files (entrypoints/checkpoint_mirror.py), where the engine's copy would be too big.
+    `state_dtype`: training.optimizer.state_dtype, which sizes AdamW's moments.
     """
-    size = checkpoint_bytes(params)
+    size = checkpoint_bytes(params, state_dtype)
     write_s, upload_s = _save_times(size / instance_count, instance, uploads_to_s3=uploads_to_s3)
     interval_s, interval_text = _interval(every_steps, every_minutes, step_time_s)
     durable_s = None if write_s is None else write_s + (upload_s or 0.0)
@@ -151,6 +153,7 @@ def estimate_checkpoint(
         interval_text=interval_text,
         worst_loss_s=worst,
         warnings=(),
+        bytes_per_param=checkpoint_bytes_per_param(state_dtype),
     )
     warnings = _warnings(estimate, every_minutes=every_minutes, step_time_s=step_time_s)
     stop = _stop_text(estimate, step_time_s=step_time_s, stop_grace_s=stop_grace_s)
@@ -181,7 +184,7 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
     interval as RESOLVE settles it)."""
     engine = capabilities(recipe.cluster.backend)
     per_host = engine.per_host_checkpoints(
-        checkpoint_bytes(recipe.arch.num_params()), recipe.checkpoint.keep, recipe.sagemaker.checkpoint_copy
+        recipe.checkpoint_bytes, recipe.checkpoint.keep, recipe.sagemaker.checkpoint_copy
     )
     every_minutes = recipe.checkpoint.every_minutes
     if every_minutes == "auto":
@@ -199,6 +202,7 @@ def estimate_recipe_checkpoint(recipe, step_time_s: float | None) -> CheckpointE
         keep=recipe.checkpoint.keep,
         restores_whole_prefix=engine.restores_whole_checkpoint_prefix and not per_host,
         restores_own_share=per_host,
+        state_dtype=recipe.training.optimizer.state_dtype,
     )
 
 
@@ -287,7 +291,7 @@ def auto_every_minutes(recipe) -> AutoInterval:
     where either is unknown)."""
     engine = capabilities(recipe.cluster.backend)
     instance, hosts = recipe.hardware.instance, recipe.cluster.instance_count
-    per_host = checkpoint_bytes(recipe.arch.num_params()) / hosts
+    per_host = recipe.checkpoint_bytes / hosts
     write_s, upload_s = _save_times(per_host, instance, uploads_to_s3=engine.uploads_checkpoints)
     save_s = None if write_s is None else write_s + (upload_s or 0.0)
     mtbf_s = job_mtbf_s(instance, hosts, spot=recipe.sagemaker.spot)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from math import ceil
 
+from launcher.contract.config import BF16_MOMENTS_CHUNK, OPTIMIZER_STATE_BYTES
 from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import rank_layers, rank_stages, stage_layers
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
@@ -395,7 +396,7 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
 
     base = empty_breakdown()
     base["parameters"] = FP32 * stage_params / shard + FP32 * tokens * arch.head_dim  # + fp32 RoPE table
-    base["optimizer_states"] = 2 * FP32 * stage_params / shard
+    base["optimizer_states"] = 2 * OPTIMIZER_STATE_BYTES[w.optimizer_state_dtype] * stage_params / shard
     grads_full = FP32 * stage_params / shard
 
     found: dict[str, dict] = {}
@@ -417,7 +418,10 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
         found["evaluation (forward only)"] = _evaluation_moment(context, n, base, root_params, last=last)
     optimizer = dict(base)
     optimizer["gradients"] = grads_full
-    if device == "cpu":
+    if w.optimizer_state_dtype == "bf16":  # AdamWBf16Moments: two fp32 chunks of one shard at a time
+        largest = max(vocab_matrix if first or last else 0, h * max(arch.ffn_hidden_size, arch.q_dim) / t) / shard
+        optimizer["optimizer_temp"] = 2 * FP32 * min(BF16_MOMENTS_CHUNK, largest)
+    elif device == "cpu":
         optimizer["optimizer_temp"] = FP32 * stage_params / shard  # foreach AdamW on the CPU
     found["optimizer step"] = optimizer
     return found

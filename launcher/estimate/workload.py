@@ -31,6 +31,7 @@ class Workload:
     compile: bool = False  # torch.compile of each block: speed, and FP8's cast temporaries
     grad_accumulation: str = "sync_each"  # or sync_last, sync_last_gathered; "auto" until launcher.resolve settles it
     reduce_dtype: str = "fp32"  # FSDP's gradient reduce-scatter dtype
+    optimizer_state_dtype: str = "fp32"  # training.optimizer.state_dtype: AdamW's two moments
     tp_saved_inputs: str = "gathered"  # or shard: SP's gathered inputs regathered in backward (parallel/regather.py)
     steps: int | None = None  # optimizer steps of the run, for its time and cost
     cp_attention: str = "auto"  # parallel.cp_attention as written; `cp_attention_path` resolves it per layout
@@ -66,6 +67,7 @@ class Workload:
             compile=training.compile,
             grad_accumulation=recipe.grad_accumulation(),
             reduce_dtype=parallel.reduce_dtype,
+            optimizer_state_dtype=training.optimizer.state_dtype,
             tp_saved_inputs=parallel.tp_saved_inputs,
             steps=training.steps,
             cp_attention=parallel.cp_attention,

@@ -208,6 +208,12 @@ class Constants:
     micro-batch's backward finishes them: about half of it hides."""
 
     optimizer_bytes_per_param: float = 32.0
+    bf16_moments_bytes_per_param: float = 104.0
+    """AdamWBf16Moments (training.optimizer.state_dtype: bf16) runs its update as separate eager
+    kernels on fp32 chunks, each reading and writing what it touches: the moments read from bf16
+    and widened (2 + 4 bytes each), lerp, mul and addcmul (32), both written back to bf16 (12),
+    the weight decay (8), sqrt, div and add on the denominator (24), addcdiv (16): 104 bytes per
+    parameter, counted, not measured."""
     """AdamW over fp32 shards: reads parameter, gradient, exp_avg and exp_avg_sq, writes three."""
 
     activation_bytes: int = 2
@@ -1079,7 +1085,11 @@ def data_replicate_time(step: _Step) -> float:
 def optimizer_time(step: _Step) -> float:
     """AdamW over this rank's fp32 shards: HBM-bound."""
     shard_params = step.state_params / step.t / step.shard
-    return step.k.optimizer_bytes_per_param * shard_params / step.hbm
+    k = step.k
+    per_param = (
+        k.bf16_moments_bytes_per_param if step.w.optimizer_state_dtype == "bf16" else k.optimizer_bytes_per_param
+    )
+    return per_param * shard_params / step.hbm
 
 
 def _throughput(step: _Step, breakdown: dict[str, float]) -> Throughput:

@@ -11,7 +11,13 @@ from pydantic import PrivateAttr, ValidationError, model_validator
 
 from launcher.catalog import ModelArch
 from launcher.catalog.engines import STOP_EXIT_S, capabilities
-from launcher.contract.config import DEFAULT_COLLECTIVE_TIMEOUT_S, SYNTHETIC_DOCUMENT_SEPARATOR, ConfigError, JobConfig
+from launcher.contract.config import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    SYNTHETIC_DOCUMENT_SEPARATOR,
+    ConfigError,
+    JobConfig,
+    checkpoint_bytes_per_param,
+)
 from launcher.contract.config import FORMAT as RESOLVED_FORMAT
 from launcher.contract.layout import Layout
 from launcher.display import html
@@ -48,6 +54,11 @@ class RuleViolations(ValueError):
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         super().__init__("; ".join(str(p) for p in problems))
+
+
+# bf16 keeps 8 significant bits: values within 2^-8 (0.39%) of each other round alike. Above this
+# beta2 an exp_avg_sq update of (1 - beta2) x its size is lost to rounding.
+BF16_STATE_MAX_BETA2 = 0.99
 
 
 class Recipe(RecipeSpec):
@@ -226,6 +237,11 @@ class Recipe(RecipeSpec):
         return self.training.global_batch_size * self.training.seq_len
 
     @property
+    def checkpoint_bytes(self) -> int:
+        """One checkpoint's size: master weights and AdamW's moments (contract.checkpoint_bytes_per_param)."""
+        return self.arch.num_params() * checkpoint_bytes_per_param(self.training.optimizer.state_dtype)
+
+    @property
     def warnings(self) -> list[str]:
         notes = []
         if self.training.seq_len > self.arch.max_context:
@@ -235,6 +251,13 @@ class Recipe(RecipeSpec):
         if self.training.optimizer.warmup_steps >= self.training.steps:
             notes.append(
                 f"training.optimizer.warmup_steps: {self.training.optimizer.warmup_steps} >= steps {self.training.steps}; the run never leaves warmup"
+            )
+        optimizer = self.training.optimizer
+        if optimizer.state_dtype == "bf16" and optimizer.betas[1] > BF16_STATE_MAX_BETA2:
+            notes.append(
+                f"training.optimizer.state_dtype: bf16 with betas[1] {optimizer.betas[1]}: the second moment's "
+                f"per-step change ({1 - optimizer.betas[1]:.2%}) is below bf16's resolution (0.39%), so small "
+                f"gradients stop moving it; use betas[1] <= {BF16_STATE_MAX_BETA2} or state_dtype fp32"
             )
         return notes
 

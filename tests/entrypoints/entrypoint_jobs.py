@@ -12,7 +12,7 @@ one launch per world size for all of them, beside the serial tests (tests/backgr
   every 4-rank layout (also the source of the checkpoint that is resumed; the reference and
   the VALIDATED layouts also evaluate held-out data after steps 2 and 3), FSDP's gradient
   accumulation modes, and context-parallel attention at cp 4; 2 processes: resume of the 4-rank
-  checkpoint on 2 ranks, FP8, tied embeddings under TP, compiled blocks keeping the TP shard
+  checkpoint on 2 ranks (with torch's AdamW and with bf16 moments), FP8, tied embeddings under TP, compiled blocks keeping the TP shard
   (parallel.tp_saved_inputs shard), uneven pipeline stages, context-parallel
   attention at cp 2, the vocab-parallel fused loss, and the collectives of one FP8 and one fp32
   step under TP 2;
@@ -209,6 +209,7 @@ class Runs:
     layouts: dict[str, Job]
     accumulation: dict[str, Job]
     resumed: Job
+    resumed_bf16_moments: Job
     fp8: Job
     tied_tp: Job
     compiled_shard_saved: Job
@@ -293,6 +294,14 @@ def plan_runs(root: Path) -> Planned:
         procs=2,
         resume=str(source.checkpoint_dir / "step-00000002"),
     )
+    # The same checkpoint (fp32 moments) resumed by AdamWBf16Moments, which saves bf16 ones.
+    resumed_bf16_moments = write_job(
+        root,
+        "resumed-on-2-bf16-moments",
+        {"checkpoint.every_steps": 0, "training.optimizer.state_dtype": "bf16"},
+        procs=2,
+        resume=str(source.checkpoint_dir / "step-00000002"),
+    )
     fp8 = write_job(
         root,
         "fp8",
@@ -314,6 +323,7 @@ def plan_runs(root: Path) -> Planned:
         4: [*(train(j) for j in [*layouts.values(), *accumulation.values()]), cp_attention("4")],
         2: [
             train(resumed),
+            train(resumed_bf16_moments),
             train(fp8),
             train(tied_tp),
             train(compiled_shard_saved),
@@ -331,6 +341,7 @@ def plan_runs(root: Path) -> Planned:
             layouts=layouts,
             accumulation=accumulation,
             resumed=resumed,
+            resumed_bf16_moments=resumed_bf16_moments,
             fp8=fp8,
             tied_tp=tied_tp,
             compiled_shard_saved=compiled_shard_saved,

@@ -138,6 +138,24 @@ def test_four_rank_checkpoint_resumes_on_two_ranks_like_the_uninterrupted_run(ru
     assert_same_model(resumed.final_model(3), runs.reference.final_model(3), TOLERANCE)
 
 
+def test_bf16_moments_resume_a_checkpoint_of_fp32_moments_and_save_their_own(runs):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    uninterrupted, resumed = runs.layouts["dp_shard2_tp2"], runs.resumed_bf16_moments
+    # Step 3's loss comes from the loaded weights alone; its update from the fp32 moments loaded
+    # into bf16 ones (rounded, 2^-9 relative), so the weights differ from the uninterrupted run's
+    # by a fraction of one step's update (lr 3e-4 at most) and no more.
+    assert resumed.losses()[0] == pytest.approx(uninterrupted.losses()[2], abs=1e-5)
+    got, want = resumed.final_model(3), uninterrupted.final_model(3)
+    assert_same_model(got, want, 3e-6)
+    assert any(not torch.equal(got[name], want[name]) for name in want)  # the moments really were rounded
+    metadata = FileSystemReader(str(resumed.checkpoint_dir / "step-00000003")).read_metadata()
+    moments = {k: v for k, v in metadata.state_dict_metadata.items() if k.endswith(("exp_avg", "exp_avg_sq"))}
+    assert moments and {v.properties.dtype for v in moments.values()} == {torch.bfloat16}
+    weights = [v for k, v in metadata.state_dict_metadata.items() if k.startswith("model.")]
+    assert {v.properties.dtype for v in weights} == {torch.float32}
+
+
 def test_checkpoints_are_marked_complete_and_keep_the_newest(runs):
     directory = runs.layouts["dp_shard2_tp2"].checkpoint_dir
     names = sorted(p.name for p in directory.iterdir())
@@ -228,7 +246,11 @@ def test_metrics_lines_parse_with_the_sagemaker_metric_definitions(runs, metric_
     lines = [line for line in runs.stdout.splitlines() if line.startswith("metrics ")]
     records = [m for job in [*runs.layouts.values(), *runs.accumulation.values()] for m in job.metrics()]
     records += (
-        runs.resumed.metrics() + runs.fp8.metrics() + runs.tied_tp.metrics() + runs.compiled_shard_saved.metrics()
+        runs.resumed.metrics()
+        + runs.resumed_bf16_moments.metrics()
+        + runs.fp8.metrics()
+        + runs.tied_tp.metrics()
+        + runs.compiled_shard_saved.metrics()
     )
     records += [m for job in runs.uneven.values() for m in job.metrics()]
     assert len(lines) == len(records) > 20

@@ -46,6 +46,20 @@ def test_a_70b_checkpoint_holds_12_bytes_per_parameter():
     assert checkpoint_bytes(PARAMS_70B) == 846_644_477_952
 
 
+def test_bf16_moments_make_the_recipes_checkpoint_8_bytes_per_parameter():
+    # training.optimizer.state_dtype bf16: fp32 weights, bf16 exp_avg and exp_avg_sq.
+    recipe = Recipe.load(REPO / "recipes" / "llama70b-128k.yaml", {"training.optimizer.state_dtype": "bf16"})
+    assert recipe.checkpoint_bytes == 8 * PARAMS_70B == 564_429_651_968
+    est = estimate_recipe_checkpoint(recipe, step_time_s=402.0)
+    assert est.size_bytes == recipe.checkpoint_bytes
+    assert est.line().startswith("checkpoint 564 GB (8 B/param), 141 GB per host:")
+    # A smaller save is durable sooner, so the auto interval shortens (sqrt of the save time).
+    assert (
+        auto_every_minutes(recipe).minutes
+        < auto_every_minutes(Recipe.load(REPO / "recipes" / "llama70b-128k.yaml")).minutes
+    )
+
+
 def test_70b_on_four_p5e_writes_a_quarter_per_host_then_uploads_it():
     est = p5e_70b()
     assert est.bytes_per_host == 211_661_119_488

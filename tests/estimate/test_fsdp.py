@@ -42,6 +42,16 @@ def test_states_are_16_bytes_per_parameter_over_the_fsdp_group():
     assert step["optimizer_temp"] == 0  # fused AdamW on CUDA
 
 
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_bf16_moments_hold_4_bytes_per_parameter_and_two_fp32_chunks_of_the_largest_shard(device):
+    # training.optimizer.state_dtype bf16 (AdamWBf16Moments): exp_avg and exp_avg_sq in bf16, updated
+    # in fp32 one chunk of a shard at a time: the largest here is the embedding's 512 x 128 / 2.
+    step = fsdp.moments(workload(optimizer_state_dtype="bf16"), device=device)["optimizer step"]
+    assert step["optimizer_states"] == 4 * P_RANK // 2
+    assert step["parameters"] == 4 * P_RANK // 2 + 4 * 256 * 16  # the fp32 masters stay
+    assert step["optimizer_temp"] == 2 * 4 * 512 * 128 // 2
+
+
 def test_fsdp_shards_over_dp_shard_times_context_not_replicas():
     hsdp = fsdp.moments(workload(layout=Layout(data_replicate=2, data_shard=2, context=2)))["optimizer step"]
     assert hsdp["optimizer_states"] == 8 * P_RANK // 4

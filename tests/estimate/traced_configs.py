@@ -31,6 +31,7 @@ class TracedConfig:
     global_batch_size: int = 8
     micro_batch_size: int = 1
     stage: int = 0  # the pipeline stage to trace
+    optimizer: dict[str, Any] = field(default_factory=dict)  # training.optimizer
 
     def recipe_dict(self) -> dict:
         return {
@@ -41,6 +42,7 @@ class TracedConfig:
                 "global_batch_size": self.global_batch_size,
                 "micro_batch_size": self.micro_batch_size,
                 "steps": 100,
+                "optimizer": self.optimizer,
             },
             "precision": {"dtype": "bf16", **self.precision},
             "parallel": self.parallel,
@@ -158,6 +160,15 @@ CONFIGS: list[TracedConfig] = [
         llama8b(8),
         8192,
         parallel={"data_replicate": 2, "activation_checkpointing": "full"},
+        global_batch_size=8,
+    ),
+    TracedConfig(
+        # training.optimizer.state_dtype bf16: AdamWBf16Moments' bf16 moments and fp32 chunks.
+        "8B 8K fsdp8 full, bf16 moments (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"activation_checkpointing": "full"},
+        optimizer={"state_dtype": "bf16"},
         global_batch_size=8,
     ),
     TracedConfig(

@@ -329,6 +329,14 @@ def test_fp8_casts_the_sequence_parallel_inputs_on_the_shard_before_the_gather()
     assert cast_seconds(t) == pytest.approx(expected, rel=1e-6)
 
 
+def test_bf16_moments_pay_their_unfused_update_in_optimizer_time():
+    layout = Layout(data_shard=8)
+    fp32, bf16 = (run(LLAMA8B, layout, optimizer_state_dtype=d) for d in ("fp32", "bf16"))
+    ratio = CONSTANTS.bf16_moments_bytes_per_param / CONSTANTS.optimizer_bytes_per_param
+    assert bf16.breakdown["optimizer"] == pytest.approx(ratio * fp32.breakdown["optimizer"])
+    assert bf16.breakdown["matmul"] == fp32.breakdown["matmul"]
+
+
 def test_a_hand_built_arch_without_a_catalog_entry_predicts():
     arch = ModelArch(
         hidden_size=1024,

@@ -231,6 +231,24 @@ def test_recipe_is_immutable():
         recipe.name = "other"
 
 
+def test_bf16_moments_with_a_beta2_finer_than_bf16_is_a_warning_and_0_95_is_not(tmp_path, cli):
+    head = "name: r\nmodel: llama3-8b\ncluster: {backend: sagemaker, instance_type: ml.p5.48xlarge}\n"
+    training = (
+        "training: {seq_len: 8192, global_batch_size: 8, steps: 10, optimizer: {state_dtype: bf16, betas: [0.9, %s]}}\n"
+    )
+    fine = cli("validate", write(tmp_path, "fine.yaml", head + training % "0.999"))
+    assert fine.code == 0 and fine.err.startswith("warning: ")
+    assert (
+        "fine.yaml: training.optimizer.state_dtype: bf16 with betas[1] 0.999: the second moment's per-step change "
+        "(0.10%) is below bf16's resolution (0.39%)"
+    ) in fine.err
+    coarse = cli("validate", write(tmp_path, "coarse.yaml", head + training % "0.95"))
+    assert coarse.code == 0 and "state_dtype" not in coarse.err
+    wrong = cli("validate", write(tmp_path, "wrong.yaml", head + training.replace("bf16", "fp16") % "0.95"))
+    assert wrong.code != 0 and "training.optimizer.state_dtype" in wrong.err and "'fp32' or 'bf16'" in wrong.err
+    assert len(wrong.err.strip().splitlines()) == 1
+
+
 def test_seq_len_beyond_trained_context_is_a_warning_not_an_error(tmp_path, cli):
     path = write(
         tmp_path,

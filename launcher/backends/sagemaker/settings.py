@@ -6,7 +6,6 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from launcher.catalog.engines import capabilities
-from launcher.contract.config import CHECKPOINT_BYTES_PER_PARAM
 from launcher.recipe.schema import SAGEMAKER_MAX_RUN_S
 from launcher.spec import EngineSettings
 
@@ -63,7 +62,7 @@ class SageMakerSettings(EngineSettings):
             training_plan_arn=sm.training_plan_arn,
             infra_check=_infra_check(recipe),
             per_host_checkpoints=capabilities("sagemaker").per_host_checkpoints(
-                recipe.arch.num_params() * CHECKPOINT_BYTES_PER_PARAM, recipe.checkpoint.keep, sm.checkpoint_copy
+                recipe.checkpoint_bytes, recipe.checkpoint.keep, sm.checkpoint_copy
             ),
             networking=Networking(
                 subnets=tuple(sm.subnets),
