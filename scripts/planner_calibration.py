@@ -1170,7 +1170,18 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
 ## What is weak
 
 - Absolute numbers: the held-apart points miss part of issue 23's goal (the list under the
-  table says which). torchtitan's 8B rows at 8K stay
+  table says which). Megatron-Bridge's rows repeat two layouts on four containers whose speed
+  rose by up to 12% (70B 1,602 to 1,664, 405B 292 to 328 tokens/s/GPU): the model prices a
+  layout, not a container, so even predictions equal to each layout's mean measurement rank
+  that source at 0.93; ours rank it 0.72, with its one FSDP row (Llama 3 8B) predicted 14%
+  above the TP x PP rows where it measured in between. Three layouts still say `oom` for our
+  program: Qwen3-30B-A3B at PP 2, micro-batch 2 (its experts stay bf16 under FP8, where
+  Megatron's grouped GEMMs save FP8 inputs, and the estimate budgets 25% routing imbalance;
+  Megatron-Bridge force-balances routing in these runs), and the Llama 3 paper's 405B rows at
+  8K, whose micro batch, virtual stages and recomputation are not published (assumed 1, 2 and
+  none: about 0.53 GB kept per layer and micro-batch, so 66 GB with one stage per rank, where
+  126 layers' worth are in flight, and 97 GB at 2 virtual stages); with selective recomputation
+  and shard-saved TP inputs our estimate is 78.4 GiB (risky), but the paper does not say so. torchtitan's 8B rows at 8K stay
   over-predicted (8-22%: the 500 W clock is a bound, not a measurement; early CP, async TP),
   NeMo and Megatron-Bridge under-predicted (their faster kernels and overlap). The ranking depends on differences between layouts, which the model
   captures better than absolute speed, but a 10% predicted gap is within the noise.
