@@ -5,7 +5,9 @@
 
 Runs before any parallelism, on the meta model (as torchtitan does). Every nn.Linear in the
 blocks becomes a Float8Linear; the output projection stays in the compute dtype (the fused
-loss reads its weight directly), as do layers whose dimensions are not multiples of 16.
+loss reads its weight directly), as do layers whose dimensions are not multiples of 16. With
+precision.fp8_experts a mixture-of-experts block's grouped experts run FP8 grouped GEMMs,
+rowwise (model/fp8_experts.py), where the kernel exists.
 
 - tensorwise: one scale per tensor. Where the collective backend has float8 collectives
   (nccl), FSDP all-gathers the weights in float8 (half the bytes of bf16) and TP uses torchao's
@@ -31,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from launcher.contract.config import ConfigError, JobConfig
-from launcher.contract.fp8 import float8_all_gather
+from launcher.contract.fp8 import float8_all_gather, fp8_experts
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,10 @@ class Fp8Settings:
     """FSDP all-gathers float8 weights and TP uses float8 styles (tensorwise on nccl only)."""
     emulate: bool = False
     """Multiply the dequantised float8 operands in fp32 instead of calling `_scaled_mm` (no FP8 GEMMs: CPU)."""
+    experts: bool = False
+    """precision.fp8_experts, and the experts' FP8 grouped GEMM has a kernel here: torch's
+    `_scaled_grouped_mm` runs on compute capability 9.0 and 10.0 (Hopper, Blackwell), not on
+    Ada's 8.9, where the experts stay in the compute dtype; on the CPU they are emulated with the rest."""
 
 
 def fp8_settings(cfg: JobConfig, *, device_type: str, backend: str) -> Fp8Settings | None:
@@ -61,7 +67,13 @@ def fp8_settings(cfg: JobConfig, *, device_type: str, backend: str) -> Fp8Settin
         raise ConfigError("precision.fp8: torchao is not installed in this image; pip install torchao") from None
     precision = cfg.precision
     gather = float8_all_gather(fp8=precision.fp8, fp8_recipe=precision.fp8_recipe, backend=backend)
-    return Fp8Settings(recipe=precision.fp8_recipe, float8_all_gather=gather, emulate=device_type != "cuda")
+    grouped_kernel = device_type != "cuda" or torch.cuda.get_device_capability()[0] in (9, 10)
+    return Fp8Settings(
+        recipe=precision.fp8_recipe,
+        float8_all_gather=gather,
+        emulate=device_type != "cuda",
+        experts=precision.fp8_experts and grouped_kernel,
+    )
 
 
 def _convertible(module: torch.nn.Module, fqn: str) -> bool:
@@ -79,12 +91,34 @@ def convert_to_float8(model: torch.nn.Module, settings: Fp8Settings) -> None:
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=settings.float8_all_gather)
     config = replace(config, emulate=settings.emulate)
     convert_to_float8_training(model, config=config, module_filter_fn=_convertible)
+    _convert_experts(model, settings)
     if not settings.float8_all_gather:
         # Without float8 collectives, tensor-parallel linears scale their own shards: no
         # amax all-reduce per cast (parallel/float8_shards.py). Without TP nothing changes.
         from entrypoints.parallel.float8_shards import use_shard_scales
 
         use_shard_scales(model)
+
+
+def _convert_experts(model: torch.nn.Module, settings: Fp8Settings) -> None:
+    """With precision.fp8_experts, the MoE blocks' grouped experts run FP8 grouped GEMMs
+    (model/fp8_experts.py), rowwise."""
+    from entrypoints.model.moe import GroupedExperts
+
+    for module in model.modules():
+        if isinstance(module, GroupedExperts):
+            _, ffn, hidden = module.w1.shape
+            if fp8_experts(fp8=True, fp8_experts=settings.experts, hidden_size=hidden, expert_ffn_hidden_size=ffn):
+                module.fp8_emulate = settings.emulate
+
+
+def experts_run_fp8(model_parts: list[torch.nn.Module]) -> bool:
+    """Whether _convert_experts put any grouped experts on FP8 grouped GEMMs."""
+    from entrypoints.model.moe import GroupedExperts
+
+    return any(
+        isinstance(m, GroupedExperts) and m.fp8_emulate is not None for part in model_parts for m in part.modules()
+    )
 
 
 def after_optimizer_step(model_parts: list[torch.nn.Module], settings: Fp8Settings | None) -> None:

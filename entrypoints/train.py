@@ -52,7 +52,7 @@ from entrypoints.checkpoint import Checkpointer, CheckpointWriteFailed, RankHost
 from entrypoints.data import DataLoader
 from entrypoints.evaluate import Evaluator
 from entrypoints.export_hf import export_directory, export_hf
-from entrypoints.fp8 import after_optimizer_step, fp8_settings
+from entrypoints.fp8 import after_optimizer_step, experts_run_fp8, fp8_settings
 from entrypoints.garbage_collection import GarbageCollection, imports_done
 from entrypoints.hf_weights import load_hf_weights
 from entrypoints.metrics import MetricsLogger, flops_per_token
@@ -279,9 +279,10 @@ def _steps_left_after(start: int, steps: int) -> int:
 
 def _announce(cfg: JobConfig, env: DistEnv, parts, fp8, start: int) -> None:
     params = sum(p.numel() for part in parts for p in part.parameters())
+    experts = " fp8_experts=rowwise" if fp8 is not None and experts_run_fp8(parts) else ""
     print(
         f"start job={cfg.name} model={cfg.model.name} layout={cfg.parallel} world_size={env.world_size} "
-        f"device={env.device.type} dtype={cfg.precision.dtype} fp8={fp8.recipe if fp8 else 'off'} "
+        f"device={env.device.type} dtype={cfg.precision.dtype} fp8={fp8.recipe if fp8 else 'off'}{experts} "
         f"rank0_params={params} resumed_from_step={start}",
         flush=True,
     )

@@ -329,7 +329,7 @@ def _check_fit(
         Stage.ESTIMATE,
         f"memory: {memory.verdict}, {format_bytes(memory.per_gpu_peak_bytes)} per {recipe.hardware.accelerator_key} ({memory.utilization:.0%})",
     )
-    # What runs differently from the recipe's words (the experts stay bf16 under FP8) and what
+    # What runs differently from the recipe's words (the experts' FP8 is rowwise) and what
     # the estimate assumed (the routing bound), one line each.
     for note in memory.notes:
         if note.startswith(("experts:", "fp8: the experts")):

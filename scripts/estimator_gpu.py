@@ -43,6 +43,14 @@ BASE = {
 # (name, changes): about 1B to 8B parameters, 4K to 32K tokens, each checkpointing mode,
 # bf16 and both FP8 recipes; each fits one H200 with FSDP over one GPU (16 bytes/param).
 CONFIGS = [
+    # Two MoE blocks of Qwen3-30B-A3B (128 experts, top-8, its 152K vocabulary): experts on bf16
+    # grouped GEMMs, and with precision.fp8_experts on torchao's FP8 grouped GEMMs over 16-row
+    # padded groups.
+    ("Qwen3-30B-A3B (2 layers) 8K none", {"model": {"base": "qwen3-30b-a3b", "num_layers": 2}}),
+    (
+        "Qwen3-30B-A3B (2 layers) 8K fp8 tensorwise, fp8 experts",
+        {"model": {"base": "qwen3-30b-a3b", "num_layers": 2}, "precision": {"fp8": True, "fp8_experts": True}},
+    ),
     ("1B 8K none", {"model": "llama3.2-1b"}),
     ("1B 8K selective", {"model": "llama3.2-1b", "parallel": {"activation_checkpointing": "selective"}}),
     (
@@ -94,7 +102,7 @@ def prepare(directory: Path) -> None:
     print(f"estimator_gpu: {len(prepared)} configs written to {directory / 'configs.json'}")
 
 
-def run(directory: Path) -> dict:
+def run(directory: Path, out: Path | None = None) -> dict:
     """Each config in its own process, so no config sees memory another left behind."""
     import subprocess
 
@@ -114,6 +122,8 @@ def run(directory: Path) -> dict:
             report["checks"]["rms_norm_saves"] = result.pop("rms_norm_saves")
         report["runs"].append(result)
         print(summary_line(result), flush=True)
+        if out is not None:  # after every config: a run stopped at its limit keeps what ran
+            (out / "estimator_gpu.json").write_text(json.dumps(report, indent=1))
     return report
 
 
@@ -214,8 +224,8 @@ def main() -> int:
     if args.one:
         print("RESULT " + json.dumps(run_one(Path(args.one[0]), int(args.one[1]))), flush=True)
         return 0
-    report = run(args.run)
     out = Path(os.environ.get("OUT") or args.run)
+    report = run(args.run, out)
     (out / "estimator_gpu.json").write_text(json.dumps(report, indent=1))
     print(f"checks: {json.dumps(report['checks'])}")
     return 0

@@ -99,19 +99,30 @@ def merged_into(base: dict, changes: dict) -> dict:
 # Issue 11's FP8 goal (compiled FP8 >= 1.3x bf16) on layers of Llama 3.1 8B's shape: 4 of its
 # blocks with its 128K vocabulary, 12 steps each (about a minute per run with compile).
 LAYERS_8B = {"model": {"base": "llama3.1-8b", "num_layers": 4}, "training": {"steps": 12}}
+# Two MoE blocks of Qwen3-30B-A3B (128 experts, top-8) with its 152K vocabulary at 8K tokens: the
+# experts on bf16 grouped GEMMs, under FP8 with the experts still bf16, and with
+# precision.fp8_experts on torchao's FP8 grouped GEMMs (issue 24 part 4).
+LAYERS_MOE = {"model": {"base": "qwen3-30b-a3b", "num_layers": 2}, "training": {"steps": 10}}
+# In the order they run: what no GPU has measured yet first, so that a check cut short by its
+# time budget (--budget-s) still brings those back.
 RUNS = {
-    "bf16": {},
-    "fp8": FP8,
-    "fp8-compile": {**FP8, "training": {"compile": True}},
+    "moe-bf16": LAYERS_MOE,
+    "moe-fp8": merged_into(LAYERS_MOE, FP8),  # the experts bf16, as precision.fp8 alone runs them
+    "moe-fp8-experts": merged_into(LAYERS_MOE, {"precision": {**FP8["precision"], "fp8_experts": True}}),
     "8b-bf16": LAYERS_8B,
     "8b-fp8-compile": merged_into(LAYERS_8B, {**FP8, "training": {"compile": True}}),
+    "bf16": {},
+    "fp8-compile": {**FP8, "training": {"compile": True}},
+    "fp8": FP8,
 }
 
 
 def runs_for(smoke: bool) -> dict:
     """The runs to make; compiling on a CPU takes minutes and 8B-shaped layers are the GPU's
     question, so the smoke test leaves both out."""
-    return {name: c for name, c in RUNS.items() if not (smoke and ("compile" in name or name.startswith("8b")))}
+    return {
+        name: c for name, c in RUNS.items() if not (smoke and ("compile" in name or name.startswith(("8b", "moe"))))
+    }
 
 
 def fp8_speedup(training: dict) -> float | None:
@@ -520,8 +531,8 @@ def table(report: dict) -> str:
         if "skipped" in est:
             lines.append(f"estimate {name}: skipped ({est['skipped']})")
     cp = report["cp_attention"]
-    if "error" in cp:
-        lines.append(f"cp attention: failed ({cp['error']})")
+    if "error" in cp or "skipped" in cp:
+        lines.append(f"cp attention: {cp.get('skipped') or 'failed (' + cp['error'] + ')'}")
     else:
         lines.append("")
         lines.append(
@@ -540,13 +551,16 @@ def table(report: dict) -> str:
         lines.append(f"\n8B-shaped layers: compiled FP8 / bf16 tokens/s = {speedup:.2f} (the goal: >= 1.3)")
     lines += cp_speed_table(report["cp_speed"])
     moe = report["moe_layer"]
-    lines += [f"moe layer: failed ({moe['error']})"] if "error" in moe else gpu_moe_check.table(moe)
+    if "layers" in moe:
+        lines += gpu_moe_check.table(moe)
+    else:
+        lines.append(f"moe layer: {moe.get('skipped') or 'failed (' + moe['error'] + ')'}")
     return "\n".join(lines)
 
 
 def cp_speed_table(speed: dict) -> list[str]:
-    if "error" in speed:
-        return [f"cp attention speed: failed ({speed['error']})"]
+    if "error" in speed or "skipped" in speed:
+        return [f"cp attention speed: {speed.get('skipped') or 'failed (' + speed['error'] + ')'}"]
     hypothesis = speed["hypothesis"]
     lines = ["", f"cp attention speed ({speed['heads']}/{speed['kv_heads']} heads x {speed['head_dim']}, "
              f"{speed['dtype']}, fwd+bwd): TFLOP/s per rank, and its ratio to full causal attention / cp"]  # fmt: skip
@@ -572,12 +586,43 @@ def cp_speed_table(speed: dict) -> list[str]:
     return lines
 
 
+def parts(device: str, smoke: bool, prepared: Path, out: Path, report: dict):
+    """(name, run) of each part in the order they run: the MoE layer, the training runs (RUNS'
+    order), then the CP kernel's errors and speed."""
+
+    def moe_layer() -> None:
+        report["moe_layer"] = gpu_moe_check.run(device, smoke)
+
+    def training(name: str):
+        def run() -> None:
+            report["estimates"][name] = json.loads((prepared / f"{name}.estimate.json").read_text())
+            report["training"][name] = run_training(name, prepared / f"{name}.json", out, smoke)
+            print(f"gpu_check: {name}: {report['training'][name]['status']}", flush=True)
+
+        return run
+
+    def cp_attention() -> None:
+        report["cp_attention"] = cp_kernel_check(CP_SMOKE_SEQ if smoke else CP_SEQ, device)
+
+    def cp_speed() -> None:
+        report["cp_speed"] = cp_speed_check(CP_SPEED_SMOKE_SEQS if smoke else CP_SPEED_SEQS, device)
+
+    yield "moe_layer", moe_layer
+    for name in runs_for(smoke):
+        yield name, training(name)
+    yield "cp_speed", cp_speed
+    yield "cp_attention", cp_attention
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "out", help="output directory")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny model on the CPU: exercise every code path")
     parser.add_argument("--prepare", metavar="DIR", help="only write the configs and estimates into DIR")
     parser.add_argument("--prepared", metavar="DIR", help="use configs and estimates written by --prepare")
+    parser.add_argument(
+        "--budget-s", type=float, default=0, help="start no part after this many seconds (0: no budget)"
+    )
     args = parser.parse_args(argv)
 
     if args.prepare:
@@ -607,30 +652,32 @@ def main(argv: list[str] | None = None) -> int:
         "device": f"{device_name}, torch {torch.__version__}",
         "training": {},
         "estimates": {},
+        "cp_attention": {"skipped": "not reached"},
+        "cp_speed": {"skipped": "not reached"},
+        "moe_layer": {"skipped": "not reached"},
     }
-    for name in runs_for(args.cpu_smoke):
-        report["estimates"][name] = json.loads((prepared / f"{name}.estimate.json").read_text())
-        report["training"][name] = run_training(name, prepared / f"{name}.json", out, args.cpu_smoke)
-        print(f"gpu_check: {name}: {report['training'][name]['status']}", flush=True)
-    try:
-        report["cp_attention"] = cp_kernel_check(CP_SMOKE_SEQ if args.cpu_smoke else CP_SEQ, device)
-    except Exception as err:  # reported with the rest; the exit status says it failed
-        report["cp_attention"] = {"error": f"{type(err).__name__}: {err}"}
-    try:
-        report["cp_speed"] = cp_speed_check(CP_SPEED_SMOKE_SEQS if args.cpu_smoke else CP_SPEED_SEQS, device)
-    except Exception as err:  # reported with the rest; the exit status says it failed
-        report["cp_speed"] = {"error": f"{type(err).__name__}: {err}"}
-    try:
-        report["moe_layer"] = gpu_moe_check.run(device, args.cpu_smoke)
-    except Exception as err:  # reported with the rest; the exit status says it failed
-        report["moe_layer"] = {"error": f"{type(err).__name__}: {err}"}
-    report["fp8_speedup_8b_layers"] = fp8_speedup(report["training"])
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+    deadline = time.monotonic() + args.budget_s if args.budget_s else math.inf
+
+    def save() -> None:  # after every part: a check stopped at its limit still brings back what ran
+        report["fp8_speedup_8b_layers"] = fp8_speedup(report["training"])
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+
+    for name, part in parts(device, args.cpu_smoke, prepared, out, report):
+        if time.monotonic() > deadline:
+            print(f"gpu_check: {name}: skipped, past the {args.budget_s:.0f} s budget", flush=True)
+            continue
+        began = time.monotonic()
+        try:
+            part()
+        except Exception as err:  # reported with the rest; the exit status says it failed
+            report[name] = {"error": f"{type(err).__name__}: {err}"}
+        print(f"gpu_check: {name}: done in {time.monotonic() - began:.0f} s", flush=True)
+        save()
     print(table(report))
     print(f"\ngpu_check: wrote {out / 'gpu_check.json'}")
     failed = [n for n, r in report["training"].items() if r["status"] == "failed"]
     failed += [part for part in ("cp_attention", "cp_speed", "moe_layer") if "error" in report[part]]
-    if "error" not in report["moe_layer"]:
+    if "layers" in report["moe_layer"]:
         failed += gpu_moe_check.failures(report["moe_layer"])
     if failed:
         print(f"gpu_check: failed: {', '.join(failed)}", file=sys.stderr)

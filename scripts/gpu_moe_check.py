@@ -12,13 +12,20 @@ backward, timed after a warm-up:
   entrypoints/fp8.py (torchao Float8Linear, tensorwise), as a dense block trains;
 - moe bf16 / moe fp8: entrypoints/model/moe.py's MoE (router, dropless dispatch, experts on
   `F.grouped_mm`, combine), and the same after entrypoints/fp8.py, which converts the router's
-  nn.Linear and leaves the experts in bf16: what an MoE job runs under `precision.fp8` today;
+  nn.Linear and runs the experts on torchao's FP8 rowwise grouped GEMM, their rows padded to
+  16 per expert (entrypoints/model/fp8_experts.py): what an MoE job runs under `precision.fp8`
+  with `precision.fp8_experts: true`; moe_fp8_bf16_experts keeps the experts in bf16, as
+  `precision.fp8` alone does (and any GPU without the kernel, compute capability 8.9);
 - experts grouped_mm / experts fp8 rowwise: the experts' three grouped GEMMs alone on 512 rows per
   expert (the balanced share), in bf16 on `F.grouped_mm` and in FP8 on torchao 0.18's
   `_to_fp8_rowwise_then_scaled_grouped_mm` (torchao/prototype/moe_training/fp8_grouped_mm.py:
   rowwise scales, Triton casts, `torch._scaled_grouped_mm`; row groups must be multiples of 16,
-  torchtitan's FP8_GROUP_ALIGNMENT_SIZE in torchtitan/components/quantization/__init__.py).
-  This is what FP8 experts (issue 24 part 4) would gain, measured before the trainer adopts it.
+  torchtitan's FP8_GROUP_ALIGNMENT_SIZE in torchtitan/components/quantization/__init__.py);
+- fp8 kernel vs emulation: one grouped GEMM on uneven routing (the padded groups of
+  fp8_experts.pad_groups), forward and backward, by torchao's CUDA kernel and by the entrypoints'
+  CPU emulation of it (the same casts, products in fp32), each also against the exact fp32
+  product: relative errors of the output, the input's and the weight's gradients. The CPU tests
+  rest on the emulation; this is where it meets the kernel.
 
 `--cpu-smoke` runs every path that runs on a CPU (fp32, a tiny layer); the FP8 grouped GEMM is
 CUDA-only and is reported as skipped there. Prints a table; `run()` returns the report that
@@ -87,7 +94,7 @@ def _module_run(module, x, grad):
     return run
 
 
-def _layer(shape: dict, *, moe: bool, fp8: bool, device: str, dtype):
+def _layer(shape: dict, *, moe: bool, fp8: bool, device: str, dtype, fp8_experts: bool = True):
     import torch
 
     from entrypoints.model.llama import FeedForward
@@ -101,7 +108,10 @@ def _layer(shape: dict, *, moe: bool, fp8: bool, device: str, dtype):
     if fp8:
         from entrypoints.fp8 import Fp8Settings, convert_to_float8
 
-        convert_to_float8(module, Fp8Settings(recipe="tensorwise", float8_all_gather=False, emulate=device != "cuda"))
+        settings = Fp8Settings(
+            recipe="tensorwise", float8_all_gather=False, emulate=device != "cuda", experts=fp8_experts
+        )
+        convert_to_float8(module, settings)
     return module.to(device=device, dtype=dtype)
 
 
@@ -122,10 +132,11 @@ def layer_runs(shape: dict, device: str, dtype, repeats: int) -> dict:
     grad = torch.randn_like(x)
     flops = active_flops(shape)
     runs = {}
-    for name, moe, fp8 in (("dense", False, False), ("dense_fp8", False, True), ("moe", True, False),
-                           ("moe_fp8", True, True)):  # fmt: skip
+    for name, moe, fp8, experts in (("dense", False, False, False), ("dense_fp8", False, True, False),
+                                    ("moe", True, False, False), ("moe_fp8", True, True, True),
+                                    ("moe_fp8_bf16_experts", True, True, False)):  # fmt: skip
         try:
-            module = _layer(shape, moe=moe, fp8=fp8, device=device, dtype=dtype)
+            module = _layer(shape, moe=moe, fp8=fp8, device=device, dtype=dtype, fp8_experts=experts)
             seconds = _seconds(_module_run(module, x, grad), device, repeats)
         except Exception as err:  # reported with the rest; the exit status says it failed
             runs[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
@@ -135,6 +146,7 @@ def layer_runs(shape: dict, device: str, dtype, repeats: int) -> dict:
         if moe:
             counts = module.routing.tokens_per_expert
             runs[name]["max_over_mean_rows"] = (counts.max() / counts.mean()).item()
+            runs[name]["fp8_experts"] = module.experts.fp8_emulate is not None
     return runs
 
 
@@ -189,6 +201,53 @@ def expert_gemm_runs(shape: dict, device: str, dtype, repeats: int) -> dict:
     return report
 
 
+def _relative(ours, reference) -> float:
+    return ((ours.float() - reference.float()).norm() / reference.float().norm()).item()
+
+
+def kernel_vs_emulation(shape: dict, device: str) -> dict:
+    """torchao's FP8 grouped GEMM against the entrypoints' emulation of it and the exact product."""
+    import torch
+
+    from entrypoints.model.fp8_experts import fp8_grouped_linear, pad_groups
+    from entrypoints.model.moe import expert_counts, grouped_linear
+
+    # On a CPU only the emulation runs, against the exact product (the smoke test's path).
+    kinds = ("kernel", "emulated", "exact") if device == "cuda" else ("emulated", "exact")
+    torch.manual_seed(0)
+    experts, hidden, width = shape["experts"], shape["hidden"], shape["expert_width"]
+    copies = shape["tokens"] * shape["top_k"]
+    # Uneven routing: a skewed draw, so groups of every size (and some empty) need padding.
+    chosen = torch.multinomial(torch.linspace(0.2, 1.8, experts), copies, replacement=True).to(device)
+    counts = expert_counts(torch.sort(chosen).values, experts)
+    x = torch.randn(copies, hidden, device=device, dtype=torch.bfloat16)
+    weight = 0.02 * torch.randn(experts, width, hidden, device=device, dtype=torch.bfloat16)
+    grad = torch.randn(copies, width, device=device, dtype=torch.bfloat16)
+
+    def product(kind: str):
+        leaf_x = (x.float() if kind == "exact" else x).detach().requires_grad_()
+        leaf_w = (weight.float() if kind == "exact" else weight).detach().requires_grad_()
+        if kind == "exact":
+            out = grouped_linear(leaf_x, leaf_w, counts)  # the per-expert loop in fp32
+        else:
+            groups = pad_groups(leaf_x, counts)
+            out = groups.unpad(fp8_grouped_linear(groups.rows, leaf_w, groups.offsets, emulate=kind == "emulated"))
+        out.backward(grad.to(out.dtype))
+        return out.detach(), leaf_x.grad, leaf_w.grad
+
+    results = {kind: product(kind) for kind in kinds}
+    report = {"rows": copies, "max_over_mean_rows": (counts.max() / counts.float().mean()).item(),
+              "empty_groups": int((counts == 0).sum())}  # fmt: skip
+    for pair in (("kernel", "emulated"), ("kernel", "exact"), ("emulated", "exact")):
+        if pair[0] not in results:
+            continue
+        ours, reference = results[pair[0]], results[pair[1]]
+        report[" vs ".join(pair)] = {
+            name: _relative(a, b) for name, a, b in zip(("out", "grad_x", "grad_w"), ours, reference, strict=True)
+        }
+    return report
+
+
 def run(device: str, smoke: bool) -> dict:
     import torch
 
@@ -201,6 +260,10 @@ def run(device: str, smoke: bool) -> dict:
         "layers": layer_runs(shape, device, dtype, repeats),
     }
     report["experts_only"] = expert_gemm_runs(shape, device, dtype, repeats)
+    try:
+        report["fp8_kernel_vs_emulation"] = kernel_vs_emulation(shape, device)
+    except Exception as err:  # reported with the rest; the exit status says it failed
+        report["fp8_kernel_vs_emulation"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
     layers = report["layers"]
     if "ms" in layers["moe"] and "ms" in layers["dense"]:
         report["moe_over_dense_time"] = layers["moe"]["ms"] / layers["dense"]["ms"]
@@ -211,6 +274,7 @@ def failures(report: dict) -> list[str]:
     """The parts that raised (a skipped part is not a failure)."""
     parts = {f"moe_layer.{name}": entry for name, entry in report["layers"].items()}
     parts["moe_layer.experts_fp8_rowwise"] = report["experts_only"]["fp8_rowwise"]
+    parts["moe_layer.fp8_kernel_vs_emulation"] = report["fp8_kernel_vs_emulation"]
     return [name for name, entry in parts.items() if "error" in entry]
 
 
@@ -223,10 +287,10 @@ def table(report: dict) -> list[str]:
     ]
     for name, entry in report["layers"].items():
         if "error" in entry:
-            lines.append(f"  {name:10} failed: {entry['error']}")
+            lines.append(f"  {name:20} failed: {entry['error']}")
             continue
         balance = f"  rows max/mean {entry['max_over_mean_rows']:.2f}" if "max_over_mean_rows" in entry else ""
-        lines.append(f"  {name:10} {entry['ms']:8.2f} ms {entry['active_tflops']:7.1f} active TFLOP/s{balance}")
+        lines.append(f"  {name:20} {entry['ms']:8.2f} ms {entry['active_tflops']:7.1f} active TFLOP/s{balance}")
     if "moe_over_dense_time" in report:
         lines.append(f"  moe / dense time: {report['moe_over_dense_time']:.2f}")
     experts = report["experts_only"]
@@ -239,6 +303,16 @@ def table(report: dict) -> list[str]:
             lines.append(f"    {name:11} {entry.get('skipped') or 'failed: ' + entry['error']}")
     if "fp8_speedup" in experts:
         lines.append(f"    fp8 rowwise speed-up over grouped_mm: {experts['fp8_speedup']:.2f}x")
+    check = report["fp8_kernel_vs_emulation"]
+    if "skipped" in check or "error" in check:
+        lines.append(f"  fp8 kernel vs emulation: {check.get('skipped') or 'failed: ' + check['error']}")
+    else:
+        lines.append(
+            f"  fp8 grouped GEMM, {check['rows']} uneven rows (max/mean {check['max_over_mean_rows']:.2f}), relative errors:"
+        )
+        for pair, errors in check.items():
+            if " vs " in pair:
+                lines.append(f"    {pair:20} " + "  ".join(f"{k} {v:.2e}" for k, v in errors.items()))
     return lines
 
 

@@ -93,6 +93,8 @@ class Point:
     tp_saves_shard: bool = False
     # FP8 weights cast once per step and reused by its micro-batches (Workload.fp8_weights_cached).
     fp8_weights_cached: bool = False
+    # The experts' grouped GEMMs in FP8 too (precision.fp8_experts, Workload.fp8_experts).
+    fp8_experts: bool = False
     optimizer_state_dtype: str = "fp32"  # AdamW's moments: training.optimizer.state_dtype (Workload)
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
@@ -104,7 +106,7 @@ class Point:
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
                 self.p2p_overlap, self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached,
-                self.optimizer_state_dtype)  # fmt: skip
+                self.fp8_experts, self.optimizer_state_dtype)  # fmt: skip
 
     @property
     def held_apart(self) -> bool:
@@ -152,8 +154,8 @@ ROW_REQUIRED = (
     "unit",
 )
 ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
-                "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "optimizer_state_dtype",
-                "note", "assumed", "fitted")  # fmt: skip
+                "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "fp8_experts",
+                "optimizer_state_dtype", "note", "assumed", "fitted")  # fmt: skip
 # A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
 # source under the evidence key beside each.
 SOURCE_DEFAULTS = {
@@ -164,6 +166,7 @@ SOURCE_DEFAULTS = {
     "grad_reduce_bf16": "grad_reduce_evidence",
     "tp_saves_shard": "shard_evidence",
     "fp8_weight_cache": "fp8_cache_evidence",
+    "fp8_experts": "fp8_experts_evidence",
 }
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
 UNITS = {"tokens/s/GPU": False, "model TFLOP/s/GPU": True}
@@ -271,6 +274,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
         tp_saves_shard=layout.tensor > 1 and _setting(row, source, "tp_saves_shard"),
         fp8_weights_cached=row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"),
+        fp8_experts=row["precision"] != "bf16" and _setting(row, source, "fp8_experts"),
         optimizer_state_dtype=row.get("optimizer_state_dtype", "fp32"),
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
@@ -307,6 +311,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("SP saves the shard (tp_saved_inputs shard)")
     if row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"):
         parts.append("FP8 weights cached per step (fp8_weights_cached)")
+    if row["precision"] != "bf16" and _setting(row, source, "fp8_experts"):
+        parts.append("FP8 experts (precision.fp8_experts)")
     if row.get("optimizer_state_dtype") == "bf16":
         parts.append("bf16 optimizer states (training.optimizer.state_dtype bf16)")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
@@ -369,6 +375,7 @@ def workload_of(point: Point) -> Workload:
         tp_saved_inputs="shard" if point.tp_saves_shard else "gathered",
         regather_overlap=point.tp_saves_shard,  # both regather async beside the dgrad GEMM (Workload)
         fp8_weights_cached=point.fp8_weights_cached,
+        fp8_experts=point.fp8_experts,
         optimizer_state_dtype=point.optimizer_state_dtype,
     )
 
@@ -962,7 +969,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none for the entrypoints; `p2p_overlap` (planner-only: Megatron's overlap_p2p_comm, interleaved only) hides each behind a chunk's compute |
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
 | optimizer | AdamW over the fp32 shard, HBM-bound | - |
-| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16 (the entrypoints do not use torchao's FP8 grouped GEMMs yet), at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), never divided by TP (tensor.py keeps the MoE whole on every tp rank); elementwise: the SwiGLU on every copy and the permutations by expert and back | - |
+| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16, at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), never divided by TP (tensor.py keeps the MoE whole on every tp rank); elementwise: the SwiGLU on every copy and the permutations by expert and back. With `precision.fp8_experts` the experts' GEMMs run at the FP8 rowwise rate on their padded rows (R + 15 x E/ep, in 16-row groups) and add torchao's fused casts (the rows, the gradients and the local experts' weights every micro-batch; once per step under `fp8_weights_cached`) and the padding's copies | `fp8_experts` (Megatron-Bridge's MoE rows: TE's grouped linears run FP8) |
 | EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp (tp apart); FSDP gathers and reduces E / ep experts per rank | none (the router and the experts wait for them) |
 
 ### Links
@@ -1175,8 +1182,9 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   layout, not a container, so even predictions equal to each layout's mean measurement rank
   that source at 0.93; ours rank it 0.72, with its one FSDP row (Llama 3 8B) predicted 14%
   above the TP x PP rows where it measured in between. Three layouts still say `oom` for our
-  program: Qwen3-30B-A3B at PP 2, micro-batch 2 (its experts stay bf16 under FP8, where
-  Megatron's grouped GEMMs save FP8 inputs, and the estimate budgets 25% routing imbalance;
+  program: Qwen3-30B-A3B at PP 2, micro-batch 2 (torchao's FP8 grouped GEMMs, which our experts
+  run under precision.fp8_experts, save bf16 rows where TE's save FP8 ones, and the estimate
+  budgets 25% routing imbalance;
   Megatron-Bridge force-balances routing in these runs), and the Llama 3 paper's 405B rows at
   8K, whose micro batch, virtual stages and recomputation are not published (assumed 1, 2 and
   none: about 0.53 GB kept per layer and micro-batch, so 66 GB with one stage per rank, where

@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.nn.functional import all_reduce
 from torch.distributed.tensor import DTensor
 
+from entrypoints.model import fp8_experts
 from entrypoints.model.dispatch import dispatch_to_experts
 from entrypoints.model.swiglu import swiglu
 from launcher.contract.config import ModelConfig, MoeConfig
@@ -74,6 +75,11 @@ def route(logits: torch.Tensor, moe: MoeConfig) -> tuple[torch.Tensor, torch.Ten
     return weights.to(logits.dtype), experts, probabilities
 
 
+# The public name from torch 2.10 (torch.nn.functional.grouped_mm); the same op as torch._grouped_mm,
+# which older images (SageMaker's PyTorch 2.8 DLC) have alone.
+_GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def _uses_grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """torch's grouped GEMM runs on CUDA in bf16 with rows 16-byte aligned (dims multiple of 8)."""
     return (
@@ -82,7 +88,7 @@ def _uses_grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dtype == torch.bfloat16
         and x.shape[-1] % 8 == 0
         and weight.shape[-2] % 8 == 0
-        and hasattr(F, "grouped_mm")
+        and _GROUPED_MM is not None
     )
 
 
@@ -90,7 +96,7 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     """Rows of x [M, K], sorted by expert with counts [E] rows each, times weight[e].T ([E, N, K])."""
     if _uses_grouped_mm(x, weight):
         offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
-        return F.grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+        return _GROUPED_MM(x, weight.transpose(-2, -1), offs=offsets)
     # The exact fallback (CPU, fp32, odd sizes): one matmul per expert's run of rows.
     runs = torch.split(x, counts.tolist())
     return torch.cat([run @ weight[e].T for e, run in enumerate(runs)])
@@ -126,13 +132,30 @@ class GroupedExperts(nn.Module):
         makes that the mean over all data ranks, as torchtitan's `fsdp_gradient_divide_factor`
         (torchtitan/distributed/parallel_dims.py) does with FSDP's divide factor, whose
         PREMUL_SUM reduction gloo lacks."""
+        self.fp8_emulate: bool | None = None
+        """Set by entrypoints/fp8.py under FP8: None keeps the compute dtype; False runs torchao's
+        FP8 grouped GEMM (CUDA), True the same casts emulated (model/fp8_experts.py)."""
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         # Under expert parallelism the weights are DTensors sharded by expert: this rank's rows
         # are its own experts, which `counts` describes.
         w1, w2, w3 = (_local(w, self.grad_scale) for w in (self.w1, self.w2, self.w3))
+        if self.fp8_emulate is not None:
+            return self._fp8_forward(x, counts, w1, w2, w3)
         gate, up = grouped_linear(x, w1, counts), grouped_linear(x, w3, counts)
         return grouped_linear(swiglu(gate, up), w2, counts)
+
+    def _fp8_forward(self, x, counts, w1, w2, w3) -> torch.Tensor:
+        # One padded copy of the rows feeds w1 and w3; the padding rows stay zero through the
+        # SwiGLU (silu(0) x 0) and w2, and only the real rows come back.
+        groups = fp8_experts.pad_groups(x, counts)
+        del x  # the padded copy is what backward keeps
+
+        def linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            return fp8_experts.fp8_grouped_linear(rows, weight, groups.offsets, emulate=self.fp8_emulate)
+
+        hidden = swiglu(linear(groups.rows, w1), linear(groups.rows, w3))
+        return groups.unpad(linear(hidden, w2))
 
 
 class _ScaleGrad(torch.autograd.Function):

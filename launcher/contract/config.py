@@ -254,6 +254,8 @@ class PrecisionConfig:
     dtype: Literal["bf16", "fp32"] = "bf16"
     fp8: bool = False
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    fp8_experts: bool = False
+    """The experts' grouped GEMMs in FP8 too (launcher.contract.fp8 `fp8_experts`)."""
 
 
 @_config

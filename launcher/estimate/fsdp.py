@@ -139,8 +139,8 @@ class _Block:
         # exist. What the compiled block holds instead is to be measured on a GPU
         # (scripts/estimator_gpu.py); under fake tensors torch.compile falls back to eager,
         # so the CPU trace cannot see it.
-        # A mixture-of-experts block's experts stay in the compute dtype: torchao 0.18's FP8
-        # grouped GEMM (prototype/moe_training, CUDA only) is not wired in yet (docs/estimator.md).
+        # A mixture-of-experts block's FP8 experts hold their casts inside their own backward
+        # (moe.py), where this block peaks; its dense casts are the attention's alone.
         moe = arch.moe is not None
         if w.fp8 and not w.compile and not moe and fp8_moment > self.backward_working + self.weight_grad_w2:
             # The block peaks at that cast, before any of its weight gradients exist.
@@ -713,9 +713,14 @@ def notes(workload: Workload) -> list[str]:
         )
     if not workload.fp8:
         return found
-    if moe is not None:
+    if moe is not None and workload.experts_in_fp8:
         found.append(
-            "fp8: the experts run in the compute dtype (the entrypoints do not use torchao's FP8 grouped GEMMs yet)"
+            "fp8: the experts run torchao's rowwise FP8 grouped GEMMs whatever fp8_recipe says, on rows padded "
+            "to 16 per expert (on Hopper and Blackwell; elsewhere in the compute dtype)"
+        )
+    elif moe is not None:
+        found.append(
+            "fp8: the experts run in the compute dtype; precision.fp8_experts: true runs them as FP8 grouped GEMMs"
         )
     if workload.fp8_recipe == "tensorwise":
         return [*found, "fp8 tensorwise: FSDP all-gathers float8 weights on GPUs (nccl); gloo gathers bf16"]

@@ -32,12 +32,23 @@ reduce-scatters the unit.
 A checkpointed layer's recomputation, inside backward, peaks as its forward does: where the
 experts' outputs are regathered (in token order, or back in source-rank order under EP) while the
 outputs themselves still exist, two R x h tensors beside the saved set, before the combine saves.
+
+FP8 experts (precision.fp8_experts; launcher/contract/fp8.py `fp8_experts`; entrypoints/model/fp8_experts.py) compute on
+a padded copy of their rows: P = R + 15 x E/ep rows rounded up to 16 (each expert's group padded
+to a multiple of 16), which replaces the R rows everywhere above, plus the int64 row map (R).
+torchao's `_Float8GroupedMM` saves the bf16 rows and makes its float8 copies again in backward
+(torchao/prototype/moe_training/fp8_grouped_mm.py): a GEMM of K inputs and N outputs holds, at
+the end of its backward, the gradient's two float8 copies (2 x P x N), the rows' column-wise one
+(P x K) and the weights' transposed one (E/ep x N x K), 1 byte each, beside the bf16 gradients
+it returns. In forward (and a recomputation) it holds the input's and the weights' float8 copies
+beside its output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.contract.fp8 import FP8_GROUP_ALIGNMENT
 from launcher.estimate.workload import Workload
 
 FP32 = 4
@@ -86,6 +97,12 @@ def routed_rows(workload: Workload) -> tuple[float, float]:
     return sent, sent * (ROUTING_BOUND if layout.expert > 1 else 1.0)
 
 
+def padded_rows(rows: float, local_experts: float) -> float:
+    """The FP8 experts' padded buffer (entrypoints/model/fp8_experts.py `padded_capacity`)."""
+    alignment = FP8_GROUP_ALIGNMENT
+    return -(-(rows + local_experts * (alignment - 1)) // alignment) * alignment
+
+
 def moe_memory(workload: Workload, cb: int) -> MoeMemory:
     arch, layout = workload.arch, workload.layout
     moe, h = arch.moe, arch.hidden_size
@@ -93,19 +110,31 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
     tokens = workload.micro_batch_size * workload.seq_len / layout.context
     sent, rows = routed_rows(workload)
     shared_f = moe.shared_experts * f
+    fp8 = workload.experts_in_fp8
+    computed = padded_rows(rows, experts / ep) if fp8 else rows  # the rows the grouped GEMMs see
 
     router = FP32 * tokens * (2 * experts + 1) + INT64 * tokens * k + FP32 * tokens * (k + 1) + FP32 * tokens
-    dispatch = INT64 * 2 * sent + (INT64 * 2 * rows if ep > 1 else 0)
-    expert_set = cb * rows * h + cb * 3 * rows * f
+    dispatch = INT64 * 2 * sent + (INT64 * 2 * rows if ep > 1 else 0) + (INT64 * rows if fp8 else 0)
+    expert_set = cb * computed * h + cb * 3 * computed * f
     combine = cb * sent * h + cb * tokens * k
     shared = cb * 3 * tokens * shared_f
     saved = router + dispatch + expert_set + combine + shared
 
-    one_weight = cb * (experts / ep) * h * f
-    at_w2 = (cb * rows * (h + f), one_weight, combine)
-    at_product = (cb * 3 * rows * f, one_weight, combine + cb * rows * f)
-    at_w1 = (cb * rows * (f + 2 * h), 3 * one_weight, combine + cb * 3 * rows * f)
+    local_experts = experts / ep
+    one_weight = cb * local_experts * h * f
+
+    def float8_backward(inputs: float, outputs: float) -> float:
+        return (2 * computed * outputs + computed * inputs + local_experts * inputs * outputs) if fp8 else 0.0
+
+    at_w2 = (cb * computed * (h + f) + float8_backward(f, h), one_weight, combine)
+    at_product = (cb * 3 * computed * f, one_weight, combine + cb * computed * f)
+    at_w1 = (cb * computed * (f + 2 * h) + float8_backward(h, f), 3 * one_weight, combine + cb * 3 * computed * f)
     working, weights, freed = max(at_w2, at_product, at_w1, key=lambda moment: moment[0] + moment[1] - moment[2])
+    # Recomputed forward: the outputs regathered beside themselves (padded, then in token order),
+    # or w2's float8 copies beside its padded output.
+    recompute = cb * (computed + rows) * h
+    if fp8:
+        recompute = max(recompute, cb * computed * h + computed * f + local_experts * h * f)
 
     router_params = experts * h
     expert_params = moe.expert_params(h)
@@ -115,7 +144,7 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
         backward_working=working,
         weight_grads=weights,
         freed_in_backward=freed,
-        recompute_working=cb * 2 * rows * h,
+        recompute_working=recompute,
         recompute_missing=combine,
         local_params=router_params + shared_params + experts / ep * expert_params,
         state_params=router_params + shared_params + experts * expert_params,

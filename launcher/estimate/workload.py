@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.catalog import ModelArch
+from launcher.contract.fp8 import fp8_experts
 from launcher.contract.layout import Layout, cp_attention_for
 from launcher.recipe import Recipe
 
@@ -26,6 +27,7 @@ class Workload:
     dtype: str = "bf16"
     fp8: bool = False
     fp8_recipe: str = "tensorwise"
+    fp8_experts: bool = False  # precision.fp8_experts as written; `experts_in_fp8` applies the contract's rule
     activation_checkpointing: str = "none"
     pipeline_schedule: str = "1f1b"
     compile: bool = False  # torch.compile of each block: speed, and FP8's cast temporaries
@@ -62,6 +64,7 @@ class Workload:
             dtype=precision.dtype,
             fp8=precision.fp8,
             fp8_recipe=precision.fp8_recipe,
+            fp8_experts=precision.fp8_experts,
             activation_checkpointing=parallel.activation_checkpointing,
             pipeline_schedule=parallel.pipeline_schedule,
             compile=training.compile,
@@ -84,6 +87,17 @@ class Workload:
             self.layout,
             activation_checkpointing=self.activation_checkpointing,
             document_masking=self.document_masking,
+        )
+
+    @property
+    def experts_in_fp8(self) -> bool:
+        """Whether the experts' grouped GEMMs run in FP8 (the contract's rule, entrypoints/fp8.py)."""
+        moe = self.arch.moe
+        return moe is not None and fp8_experts(
+            fp8=self.fp8,
+            fp8_experts=self.fp8_experts,
+            hidden_size=self.arch.hidden_size,
+            expert_ffn_hidden_size=moe.expert_ffn_hidden_size,
         )
 
     @property

@@ -224,6 +224,8 @@ def recipe_settings(workload: Workload, hardware: Hardware) -> dict[str, Any]:
     # As the workload holds it: "auto" stays auto (the estimator's choice by memory), so a plan
     # that searched a concrete mode says so, and its recipe estimates what the plan did.
     values["parallel.grad_accumulation"] = workload.grad_accumulation
+    if workload.fp8_experts:  # it needs precision.fp8, which --vary-fp8 may turn off
+        values["precision.fp8_experts"] = workload.fp8
     if hardware.instance_key == "local":
         values["cluster.nproc_per_node"] = hardware.procs_per_node
     return values

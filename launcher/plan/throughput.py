@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from launcher import catalog
 from launcher.catalog import Accelerator, ModelArch
-from launcher.contract.fp8 import collective_backend, float8_all_gather
+from launcher.contract.fp8 import FP8_GROUP_ALIGNMENT, collective_backend, float8_all_gather
 from launcher.contract.layout import layers_by_rank, rank_layers
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
@@ -537,6 +537,7 @@ class _Step:
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
         "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
         "accumulation", "grad_bytes", "cp_attention", "machine", "moe", "ep", "copies", "state_params", "active_f",
+        "fp8_experts", "expert_rows",
     )  # fmt: skip
 
     def __init__(
@@ -577,7 +578,8 @@ class _Step:
         self.active_f = f  # the MLP width a token's FLOPs see (MFU): the dense f, or the MoE's below
         output = self.vocab * h + h if self.has_output else 0  # the last rank's final norm and output layer
         if self.moe is None:
-            self.copies = 0
+            self.copies = self.expert_rows = 0
+            self.fp8_experts = False
             self.block_params = self.layers * (2 * h * q + 2 * h * kv + 3 * h * f + small)
             self.stage_params = self.state_params = self.block_params + output
         else:
@@ -594,6 +596,12 @@ class _Step:
         dense = moe.num_experts * h + 3 * h * moe.shared_experts * moe.expert_ffn_hidden_size  # router, shared
         attention = 2 * h * q + 2 * h * kv + small
         self.copies = self.rows * moe.top_k  # token copies one rank routes per micro-batch
+        # FP8 experts (entrypoints/model/fp8_experts.py) compute on a buffer of R + 15 x E/ep rows
+        # rounded up to 16, every row of it (the rows past the last group join the last expert).
+        self.fp8_experts = self.fp8 and self.w.experts_in_fp8
+        alignment, local_experts = FP8_GROUP_ALIGNMENT, moe.num_experts // self.ep
+        padded = -(-(self.copies + local_experts * (alignment - 1)) // alignment) * alignment
+        self.expert_rows = padded if self.fp8_experts else self.copies
         self.block_params = self.layers * (attention + t * (dense + moe.num_experts // self.ep * expert))
         self.stage_params = self.block_params + output
         self.state_params = self.layers * (attention + t * (dense + moe.num_experts * expert)) + output
@@ -777,8 +785,10 @@ def _tp_gemm_roles(step: _Step) -> list[tuple[float, float, float]]:
 
 
 def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> float:
-    """A mixture-of-experts layer's GEMMs, forward and backward, in the compute dtype (the
-    experts stay bf16 under FP8: the entrypoints do not use torchao's FP8 grouped GEMMs yet).
+    """A mixture-of-experts layer's GEMMs, forward and backward: the router and shared experts at
+    the compute dtype's rate (a small share of the layer), the experts in the compute dtype or,
+    under FP8, as torchao's rowwise FP8 grouped GEMMs (entrypoints/model/fp8_experts.py) on
+    their padded rows.
 
     Every tp rank runs its whole micro-batch (tensor.py), so nothing here is divided by t. The
     router is N x h x E; each of the N x k copies goes through one expert's three h x f GEMMs,
@@ -788,8 +798,21 @@ def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> 
     f = moe.expert_ffn_hidden_size
     rate = peak * efficiency * _dim_eff(h, half)
     router = 6 * rows * h * moe.num_experts / (rate * _dim_eff(rows, half) * _dim_eff(moe.num_experts, half))
-    rows_per_expert = step.copies * step.ep / moe.num_experts
-    experts = 6 * step.copies * 3 * h * f / (rate * _dim_eff(f, half) * _dim_eff(rows_per_expert, half))
+    rows_per_expert = step.expert_rows * step.ep / moe.num_experts
+    expert_rate, expert_half = rate, half
+    if step.fp8_experts:
+        k = step.k
+        expert_half = k.gemm_half_dim["fp8"]
+        fp8_efficiency = k.matmul_efficiency[f"{step.gen}:fp8"] * k.fp8_rowwise_factor
+        expert_rate = step.accelerator.peak_fp8_tflops * 1e12 * fp8_efficiency * _dim_eff(h, expert_half)
+    experts = (
+        6
+        * step.expert_rows
+        * 3
+        * h
+        * f
+        / (expert_rate * _dim_eff(f, expert_half) * _dim_eff(rows_per_expert, expert_half))
+    )
     shared_f = moe.shared_experts * f
     shared = 6 * rows * 3 * h * shared_f / (rate * _dim_eff(shared_f, half) * _dim_eff(rows, half)) if shared_f else 0.0
     return router + experts + shared
@@ -841,6 +864,8 @@ def elementwise_time(step: _Step) -> float:
     # order (read and written twice; under EP regrouped by local expert and back twice more).
     swiglu = k.elementwise_bytes_per_ffn * step.moe.expert_ffn_hidden_size * step.copies * dtype_scale
     permutes = (2 if step.ep == 1 else 4) * 2 * k.activation_bytes * dtype_scale * step.h * step.copies
+    if step.fp8_experts:  # the rows into their 16-row padded groups and back (fp8_experts.py)
+        permutes += 2 * k.activation_bytes * dtype_scale * step.h * (step.expert_rows + step.copies)
     return (dense + fused * swiglu + permutes) / step.hbm
 
 
@@ -866,7 +891,25 @@ def fp8_cast_time(step: _Step) -> float:
     gathered = 2 * h / t if step.fp8_gather else 2 * h
     elements = step.rows * (gathered + (h + f) / t) + weights
     cast_factor = 1.0 if step.w.compile else k.fp8_eager_cast_factor
-    return cast_factor * k.fp8_cast_bytes_per_element * elements / step.hbm
+    return (cast_factor * elements + _expert_cast_elements(step)) * k.fp8_cast_bytes_per_element / step.hbm
+
+
+def _expert_cast_elements(step: _Step) -> float:
+    """The FP8 experts' casts per layer, as the forward's share (the caller's convention), in
+    torchao's fused Triton cast kernels, compiled or not (torchao/prototype/moe_training/
+    fp8_grouped_mm.py). Forward: the P padded rows for w1 and for w3 (h each), w2's (f), and the
+    local experts' three weights; backward: the gradients per row and per group column (2 x (h +
+    2f)), the rows per group column (2h + f) and the weights transposed. Half their sum."""
+    if not step.fp8_experts:
+        return 0.0
+    moe, h = step.moe, step.h
+    f = moe.expert_ffn_hidden_size
+    weights = moe.num_experts // step.ep * 3 * h * f
+    if step.w.fp8_weights_cached:  # TE's GroupedLinear takes is_first_microbatch too (fp8_cast_time)
+        weights /= step.w.grad_accum_steps
+    forward = step.expert_rows * (2 * h + f) + weights
+    backward = step.expert_rows * (2 * (h + 2 * f) + 2 * h + f) + weights
+    return (forward + backward) / 2
 
 
 def loss_time(step: _Step) -> float:

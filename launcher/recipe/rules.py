@@ -15,6 +15,7 @@ from launcher.catalog.engines import capabilities
 from launcher.contract import layout as contract_layout
 from launcher.contract.config import MLFLOW_ARN_RE, MLFLOW_HTTP_RE
 from launcher.contract.dataset import manifest_problem
+from launcher.contract.fp8 import fp8_experts_problem
 from launcher.contract.hf_names import hf_layout_problem
 from launcher.contract.layout import Layout, fill_data_shard
 from launcher.contract.text import choices
@@ -167,8 +168,24 @@ def fp8_accelerators() -> list[str]:
     return [key for key, accelerator in accelerators().items() if accelerator.has_fp8]
 
 
+def fp8_experts_problems(spec: RecipeSpec, arch: ModelArch) -> list[Problem]:
+    """precision.fp8_experts needs fp8, a mixture of experts, and experts the kernel can take."""
+    if not spec.precision.fp8_experts:
+        return []
+    if not spec.precision.fp8:
+        why = "it adds the experts to FP8 training; set precision.fp8: true too, or drop it"
+    elif arch.moe is None:
+        why = "this model has no experts (no moe: block in its architecture); drop it"
+    else:
+        why = fp8_experts_problem(hidden_size=arch.hidden_size, expert_ffn_hidden_size=arch.moe.expert_ffn_hidden_size)
+        if why is None:
+            return []
+        why += "; drop it"
+    return [Problem("precision.fp8_experts", why)]
+
+
 def hardware_problems(spec: RecipeSpec, arch: ModelArch, hardware: Hardware) -> list[Problem]:
-    problems = []
+    problems = fp8_experts_problems(spec, arch)
     if spec.precision.fp8 and not hardware.accelerator.has_fp8 and spec.cluster.device != "cpu":
         problems.append(
             Problem(

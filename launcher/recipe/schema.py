@@ -272,6 +272,12 @@ class Precision(Section):
     """Run the linear layers' matrix products in FP8 (torchao float8 training). H100/H200, or CPU tests."""
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     """torchao float8 scaling: one scale per tensor, or one per row (more accurate, a little slower)."""
+    fp8_experts: bool = False
+    """Under fp8, also run a mixture-of-experts model's experts as torchao's rowwise FP8 grouped
+    GEMMs (whatever fp8_recipe says), on rows padded to 16 per expert; Hopper and Blackwell only,
+    the experts stay in the compute dtype elsewhere. An opt-in, as in torchtitan (its grouped_mm
+    converter is apart from the linear one): with many small experts per GPU the weights' casts
+    can cost more than the faster GEMMs save, which submit's predicted time shows."""
 
 
 class Parallel(Section):

@@ -70,8 +70,12 @@ def test_cpu_smoke_trains_and_checks_cp_attention(_background):
     assert "cp attention speed (4/2 heads x 16" in proc.stdout
     # The MoE layer against the dense layer of equal active FLOPs, every path a CPU runs.
     moe = report["moe_layer"]
-    assert set(moe["layers"]) == {"dense", "dense_fp8", "moe", "moe_fp8"}
+    assert set(moe["layers"]) == {"dense", "dense_fp8", "moe", "moe_fp8", "moe_fp8_bf16_experts"}
     assert all(entry["ms"] > 0 for entry in moe["layers"].values())
+    # precision.fp8_experts's layer runs its experts in FP8 (emulated here), the other does not.
+    assert moe["layers"]["moe_fp8"]["fp8_experts"] and not moe["layers"]["moe_fp8_bf16_experts"]["fp8_experts"]
+    emulated = moe["fp8_kernel_vs_emulation"]["emulated vs exact"]
+    assert all(0.005 < emulated[key] < 0.1 for key in ("out", "grad_x", "grad_w")), emulated
     # The report counts what entrypoints/fp8.py converted: the dense layer's three linears.
     assert moe["layers"]["dense"]["float8_linears"] == 0 and moe["layers"]["dense_fp8"]["float8_linears"] == 3
     assert 1.0 <= moe["layers"]["moe"]["max_over_mean_rows"] < 2.0

@@ -293,6 +293,48 @@ def _cuda_grouped_linear(x, weight, counts):
     return _GroupedMM.apply(x, weight)
 
 
+class _Float8GroupedMM(torch.autograd.Function):
+    """torchao 0.18's `_Float8GroupedMM` on CUDA (entrypoints/model/fp8_experts.py, its Triton
+    casts and `torch._scaled_grouped_mm`; torchao/prototype/moe_training/fp8_grouped_mm.py):
+    forward casts the rows [P, K] and the weights [E, K, N] to float8 with fp32 scales per row
+    and per column, saves the bf16 rows and weights, and returns [P, N]; backward casts the
+    gradient per row and the weights transposed for the input's gradient, then the gradient and
+    the saved rows per column within each group for the weights', each float8 copy alive until
+    it returns. The CPU emulation casts through fp32 copies instead."""
+
+    @staticmethod
+    def forward(ctx, x, weight, offsets):
+        ctx.save_for_backward(x, weight, offsets)
+        experts, n, k = weight.shape
+        float8 = torch.float8_e4m3fn
+        casts = (x.new_empty(x.shape, dtype=float8), x.new_empty((x.shape[0], 1), dtype=torch.float32))
+        casts += (
+            weight.new_empty((experts, k, n), dtype=float8),
+            weight.new_empty((experts, 1, n), dtype=torch.float32),
+        )
+        out = x.new_empty((x.shape[0], n))
+        del casts
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, _ = ctx.saved_tensors
+        experts, n, k = weight.shape
+        rows, float8, fp32 = x.shape[0], torch.float8_e4m3fn, torch.float32
+        for_input = (grad.new_empty((rows, n), dtype=float8), grad.new_empty((rows, 1), dtype=fp32))
+        for_input += (weight.new_empty((experts, n, k), dtype=float8), weight.new_empty((experts, 1, k), dtype=fp32))
+        grad_x = torch.empty_like(x)
+        for_weight = (grad.new_empty((rows, n), dtype=float8), grad.new_empty((experts, n), dtype=fp32))
+        for_weight += (x.new_empty((rows, k), dtype=float8), x.new_empty((experts, k), dtype=fp32))
+        grad_weight = torch.empty_like(weight)
+        del for_input, for_weight
+        return grad_x, grad_weight, None
+
+
+def _cuda_fp8_grouped_linear(x, weight, offsets, *, emulate):
+    return _Float8GroupedMM.apply(x, weight, offsets)
+
+
 def _bounded_exchange(counts, group):
     """The routing the estimate prices, for entrypoints/model/dispatch.py `exchange_counts` (the
     real exchange reads the counts' values, which fake tensors do not have): this rank sends an
@@ -321,25 +363,26 @@ class cuda_kernels:
         import torch.nn.attention.bias as bias
         import torch.nn.functional as F
 
-        from entrypoints.model import dispatch, moe
+        from entrypoints.model import dispatch, fp8_experts, moe
 
         self._saved = (F.rms_norm, F.scaled_dot_product_attention, torch.optim.AdamW.__init__, bias.causal_lower_right)
-        self._moe = (moe.grouped_linear, dispatch.exchange_counts)
+        self._moe = (moe.grouped_linear, fp8_experts.fp8_grouped_linear, dispatch.exchange_counts)
         F.rms_norm = _cuda_rms_norm
         F.scaled_dot_product_attention = _sdpa_without_materialised_causal_mask(F.scaled_dot_product_attention)
         torch.optim.AdamW.__init__ = _fused_adamw(torch.optim.AdamW.__init__)
         self._rebind(bias.causal_lower_right, _LowerRightCausal)
         moe.grouped_linear = _cuda_grouped_linear
+        fp8_experts.fp8_grouped_linear = _cuda_fp8_grouped_linear
         dispatch.exchange_counts = _bounded_exchange
         return self
 
     def __exit__(self, *args):
         import torch.nn.functional as F
 
-        from entrypoints.model import dispatch, moe
+        from entrypoints.model import dispatch, fp8_experts, moe
 
         F.rms_norm, F.scaled_dot_product_attention, torch.optim.AdamW.__init__, lower_right = self._saved
-        moe.grouped_linear, dispatch.exchange_counts = self._moe
+        moe.grouped_linear, fp8_experts.fp8_grouped_linear, dispatch.exchange_counts = self._moe
         self._rebind(_LowerRightCausal, lower_right)
 
     @staticmethod

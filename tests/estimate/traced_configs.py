@@ -303,11 +303,12 @@ CONFIGS: list[TracedConfig] = [
     # Mixture of experts (launcher/estimate/moe.py): the experts in the block's FSDP unit, then split
     # over EP ranks with the traced rank receiving the routing bound's share of rows.
     TracedConfig("Qwen3-30B-A3B 8K fsdp8 (4 layers)", qwen3_moe(4), 8192, global_batch_size=8),
-    TracedConfig(
-        "Qwen3-30B-A3B 16K fsdp8 ep8 selective (4 layers)",
+    TracedConfig(  # FP8 experts: torchao's grouped GEMM on 16-row padded groups (entrypoints/model/fp8_experts.py)
+        "Qwen3-30B-A3B 16K fsdp8 ep8 fp8 experts selective (4 layers)",
         qwen3_moe(4),
         16384,
         parallel={"expert": 8, "activation_checkpointing": "selective"},
+        precision={"fp8": True, "fp8_experts": True},
         global_batch_size=8,
     ),
     # Pipelined MoE: the contract refuses PP with auxiliary losses (they pool every layer's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -350,14 +351,48 @@ def test_a_mixture_of_experts_model_is_estimated_with_its_experts_and_told_how_t
     assert "note: experts: each EP rank's routed rows are priced at 1.25x the balanced share" in split.out
 
 
-def test_submit_says_in_one_line_that_the_experts_stay_bf16_under_fp8(cli):
-    result = cli("submit", REPO / "recipes" / "qwen3-30b-a3b-64k.yaml", "--dry-run")
-    assert result.code == 0, result.err
-    lines = result.err.splitlines()
+def test_submit_says_in_one_line_how_the_experts_run_under_fp8(cli):
+    recipe = REPO / "recipes" / "qwen3-30b-a3b-64k.yaml"
+    bf16 = cli("submit", recipe, "--dry-run")
+    assert bf16.code == 0, bf16.err
     assert (
-        "fp8: the experts run in the compute dtype (the entrypoints do not use torchao's FP8 grouped GEMMs yet)"
-        in lines
+        "fp8: the experts run in the compute dtype; precision.fp8_experts: true runs them as FP8 grouped GEMMs"
+        in bf16.err.splitlines()
     )
+    fp8 = cli("submit", recipe, "--dry-run", "--set", "precision.fp8_experts=true")
+    assert fp8.code == 0, fp8.err
+    assert (
+        "fp8: the experts run torchao's rowwise FP8 grouped GEMMs whatever fp8_recipe says, on rows padded "
+        "to 16 per expert (on Hopper and Blackwell; elsewhere in the compute dtype)"
+    ) in fp8.err.splitlines()
+    # Priced: the padded rows and the casts (the recipe's comment says by how much).
+    times = [re.search(r"^time: ([\d.]+) s/step", r.err, re.M) for r in (bf16, fp8)]
+    assert float(times[1][1]) > float(times[0][1]), bf16.err + fp8.err
+
+
+@pytest.mark.parametrize(
+    ("changes", "error"),
+    [
+        (
+            ["precision.fp8=false"],
+            "precision.fp8_experts: it adds the experts to FP8 training; set precision.fp8: true too, or drop it",
+        ),
+        (
+            ["model=llama3.1-8b", "parallel.expert=1"],
+            "precision.fp8_experts: this model has no experts (no moe: block in its architecture); drop it",
+        ),
+        (
+            ['model={"base": "qwen3-30b-a3b", "hidden_size": 2056}'],
+            "precision.fp8_experts: FP8 grouped GEMMs need the hidden size and the experts' FFN width to be multiples "
+            "of 16 (this model: 2056 and 768); drop it",
+        ),
+    ],
+)
+def test_fp8_experts_are_refused_where_they_cannot_run(cli, changes, error):
+    args = [item for change in ["precision.fp8_experts=true", *changes] for item in ("--set", change)]
+    result = cli("validate", REPO / "recipes" / "qwen3-30b-a3b-64k.yaml", *args)
+    assert result.code == 2, result.out + result.err
+    assert result.err.splitlines() == [f"--set {error}"], result.err
 
 
 @pytest.mark.parametrize("recipe", ["qwen3-8b-128k.yaml", "qwen3-30b-a3b-64k.yaml", "mixtral-8x7b-32k.yaml"])
