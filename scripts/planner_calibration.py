@@ -1182,10 +1182,11 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   layout, not a container, so even predictions equal to each layout's mean measurement rank
   that source at 0.93; ours rank it 0.72, with its one FSDP row (Llama 3 8B) predicted 14%
   above the TP x PP rows where it measured in between. Three layouts still say `oom` for our
-  program: Qwen3-30B-A3B at PP 2, micro-batch 2 (torchao's FP8 grouped GEMMs, which our experts
-  run under precision.fp8_experts, save bf16 rows where TE's save FP8 ones, and the estimate
-  budgets 25% routing imbalance;
-  Megatron-Bridge force-balances routing in these runs), and the Llama 3 paper's 405B rows at
+  program: Qwen3-30B-A3B at PP 2, micro-batch 2 (91.7 GiB, from 104.4 before the combine
+  stopped keeping the experts' outputs; torchao's FP8 grouped GEMMs, which our experts run under
+  precision.fp8_experts, save bf16 rows where TE's save FP8 ones, and the estimate budgets 25%
+  routing imbalance, 84.6 GiB at balance, where Megatron-Bridge force-balances routing in these
+  runs), and the Llama 3 paper's 405B rows at
   8K, whose micro batch, virtual stages and recomputation are not published (assumed 1, 2 and
   none: about 0.53 GB kept per layer and micro-batch, so 66 GB with one stage per rank, where
   126 layers' worth are in flight, and 97 GB at 2 virtual stages); with selective recomputation

@@ -1,7 +1,7 @@
 """Expert-parallel token dispatch: each MoE layer's token copies go to the rank that holds their
 expert and come back by two all-to-alls, dropless and in a fixed order.
 
-    out = dispatch_to_experts(experts, tokens, source_token, counts, group)   # copies sorted by expert id
+    out = dispatch_to_experts(experts, tokens, source_token, copy_weights, counts, group)   # copies sorted by expert id
 
 Anchor: torchtitan `torchtitan/distributed/expert_parallel.py` (`ExpertParallel._token_dispatch`
 and `_token_combine`): the per-expert counts are exchanged first with one all-to-all, each rank
@@ -49,12 +49,15 @@ def exchange_counts(counts: torch.Tensor, group) -> tuple[torch.Tensor, list[int
 
 
 def dispatch_to_experts(
-    experts, tokens: torch.Tensor, source_token: torch.Tensor, counts: torch.Tensor, group
+    experts, tokens: torch.Tensor, source_token: torch.Tensor, copy_weights: torch.Tensor, counts: torch.Tensor, group
 ) -> torch.Tensor:
-    """`experts(tokens[source_token])` where `experts` holds only this rank's num_experts / ep experts.
+    """`experts(tokens[source_token], counts, copy_weights)` where `experts` holds only this rank's
+    num_experts / ep experts.
 
     tokens [N, D]; source_token [M]: the token of each of this rank's copies, sorted by global
-    expert id, counts [E] of them per expert. Experts are placed in order: rank r of the group holds experts r·E/ep .. (r+1)·E/ep - 1.
+    expert id, counts [E] of them per expert; copy_weights [M]: each copy's router weight, which
+    the experts apply (moe.py `combine`) and which travels with its row. Experts are placed in
+    order: rank r of the group holds experts r·E/ep .. (r+1)·E/ep - 1.
     Returns the experts' outputs for the copies [M, D], in their order.
     """
     ep = dist.get_world_size(group)
@@ -64,6 +67,7 @@ def dispatch_to_experts(
     # 2. The rows, grouped by source rank then local expert; regroup by local expert (stable).
     rows = tokens[source_token]
     arrived = _AllToAll.apply(rows, output_splits, input_splits, group)
+    arrived_weights = _AllToAll.apply(copy_weights, output_splits, input_splits, group)
     # Each intermediate is released as soon as it is used (`del`): the ones autograd does not
     # save would otherwise live until the return, a peak a checkpointed layer's recomputation
     # pays in the middle of backward.
@@ -75,7 +79,7 @@ def dispatch_to_experts(
     by_expert = torch.argsort((segment % local_experts) * ep + segment // local_experts, stable=True)
     local_rows = arrived[by_expert]
     del arrived
-    out = experts(local_rows, received.sum(0))
+    out = experts(local_rows, received.sum(0), arrived_weights[by_expert])
     del local_rows
     # 3. Back to source-rank order, and home.
     restored = torch.empty_like(by_expert)

@@ -55,6 +55,10 @@ class PaddedGroups(NamedTuple):
         """[R, N]: the rows of a grouped GEMM's padded output [P, N] that hold real rows."""
         return padded_out[self.destination]
 
+    def pad(self, per_row: torch.Tensor) -> torch.Tensor:
+        """[P]: a value per unpadded row [R] at its padded row, zero on the padding rows."""
+        return _ScatterRows.apply(per_row.unsqueeze(-1), self.destination, self.rows.shape[0]).squeeze(-1)
+
 
 def padded_capacity(rows: int, experts: int) -> int:
     """Rows of the padded buffer: enough for any split of `rows` over `experts` groups."""

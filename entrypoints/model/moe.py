@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from entrypoints.model import fp8_experts
 from entrypoints.model.dispatch import dispatch_to_experts
-from entrypoints.model.swiglu import swiglu
+from entrypoints.model.swiglu import swiglu, weighted_swiglu
 from launcher.contract.config import ModelConfig, MoeConfig
 
 
@@ -102,20 +102,20 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     return torch.cat([run @ weight[e].T for e, run in enumerate(runs)])
 
 
-def combine(expert_out: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def combine(expert_out: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
     """[N, D]: each token's top-k expert outputs (rows of `expert_out` [N·k, D] in `order`, sorted
-    by expert) back in token order, weighted by the router and summed in top-k order.
+    by expert, already weighted by the router) back in token order and summed in top-k order.
 
-    One batched matmul [N, 1, k] x [N, k, D]: autograd saves the gathered outputs and the weights
-    and nothing more. Weighting the rows and then `index_add_` into the tokens would also save the
-    weighted copy (index_add's source gradient is formula'd on the source), one more N·k x D
-    tensor per layer until backward."""
-    tokens, top_k = weights.shape
+    The router weights are applied inside the experts, to w2's input (`weighted_swiglu`): w2 is
+    linear, so w2(p · h) = p · w2(h), and the weights' gradient comes from the SwiGLU's product,
+    which is recomputed there anyway. Weighting here instead would make autograd keep the
+    gathered N·k x D outputs for that gradient, the largest tensor a layer saved (Qwen3-30B-A3B:
+    as much as its experts' input). The gather and the sum keep only the index."""
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    unsorted = expert_out[inverse].view(tokens, top_k, -1)
-    del expert_out  # the caller keeps no reference: released before the matmul
-    return torch.bmm(weights.unsqueeze(1), unsorted).squeeze(1)
+    unsorted = expert_out[inverse]
+    del expert_out  # the caller keeps no reference: released before the sum
+    return unsorted.view(-1, top_k, unsorted.shape[-1]).sum(1)
 
 
 class GroupedExperts(nn.Module):
@@ -136,25 +136,27 @@ class GroupedExperts(nn.Module):
         """Set by entrypoints/fp8.py under FP8: None keeps the compute dtype; False runs torchao's
         FP8 grouped GEMM (CUDA), True the same casts emulated (model/fp8_experts.py)."""
 
-    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, counts: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """Rows x [R, h] sorted by expert (counts [E]), each expert's output times its row's
+        router weight `scale` [R], applied to w2's input (`weighted_swiglu`)."""
         # Under expert parallelism the weights are DTensors sharded by expert: this rank's rows
         # are its own experts, which `counts` describes.
         w1, w2, w3 = (_local(w, self.grad_scale) for w in (self.w1, self.w2, self.w3))
         if self.fp8_emulate is not None:
-            return self._fp8_forward(x, counts, w1, w2, w3)
+            return self._fp8_forward(x, counts, scale, w1, w2, w3)
         gate, up = grouped_linear(x, w1, counts), grouped_linear(x, w3, counts)
-        return grouped_linear(swiglu(gate, up), w2, counts)
+        return grouped_linear(weighted_swiglu(gate, up, scale), w2, counts)
 
-    def _fp8_forward(self, x, counts, w1, w2, w3) -> torch.Tensor:
+    def _fp8_forward(self, x, counts, scale, w1, w2, w3) -> torch.Tensor:
         # One padded copy of the rows feeds w1 and w3; the padding rows stay zero through the
-        # SwiGLU (silu(0) x 0) and w2, and only the real rows come back.
+        # SwiGLU (silu(0) x 0, whatever their scale) and w2, and only the real rows come back.
         groups = fp8_experts.pad_groups(x, counts)
         del x  # the padded copy is what backward keeps
 
         def linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             return fp8_experts.fp8_grouped_linear(rows, weight, groups.offsets, emulate=self.fp8_emulate)
 
-        hidden = swiglu(linear(groups.rows, w1), linear(groups.rows, w3))
+        hidden = weighted_swiglu(linear(groups.rows, w1), linear(groups.rows, w3), groups.pad(scale))
         return groups.unpad(linear(hidden, w2))
 
 
@@ -212,8 +214,9 @@ class MoE(nn.Module):
         order = torch.argsort(flat_experts, stable=True)
         counts = expert_counts(flat_experts, self.moe.num_experts)
         source_token = order // self.moe.top_k
+        copy_weights = weights.reshape(-1)[order]  # each copy's router weight, in expert order
         # No name holds the experts' output: `combine` releases it once it has gathered it.
-        out = combine(self._run_experts(tokens, source_token, counts), order, weights)
+        out = combine(self._run_experts(tokens, source_token, copy_weights, counts), order, self.moe.top_k)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         self.routing = Routing(
@@ -224,12 +227,14 @@ class MoE(nn.Module):
         )
         return out.reshape(shape)
 
-    def _run_experts(self, tokens: torch.Tensor, source_token: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _run_experts(
+        self, tokens: torch.Tensor, source_token: torch.Tensor, copy_weights: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
         # The copies are made where they are used: under EP they go to other ranks, and no frame
         # here keeps them alive after they are sent.
         if self.expert_group is None:
-            return self.experts(tokens[source_token], counts)
-        return dispatch_to_experts(self.experts, tokens, source_token, counts, self.expert_group)
+            return self.experts(tokens[source_token], counts, copy_weights)
+        return dispatch_to_experts(self.experts, tokens, source_token, copy_weights, counts, self.expert_group)
 
 
 def router_losses(layers: list[MoE], moe: MoeConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,10 @@ Megatron-Core's fused SwiGLU does (megatron/core/fusions/fused_bias_swiglu.py sa
 projection's output and recomputes the activation): one T x f/t tensor less per layer, for an
 elementwise recomputation. The backward is autograd's own arithmetic, op for op (the product's
 gradients, then `aten.silu_backward`), so gradients are bitwise those of the written-out form.
+
+`weighted_swiglu` also multiplies each row by a scale (a mixture of experts' router weight) and
+gives the scale its gradient, the dot product of the incoming gradient with the recomputed
+unscaled product.
 """
 
 from __future__ import annotations
@@ -37,3 +41,30 @@ class _SwiGLU(torch.autograd.Function):
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, saving gate and up only (the module docstring)."""
     return _SwiGLU.apply(gate, up)
+
+
+class _WeightedSwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up, scale)
+        return F.silu(gate) * up * scale.unsqueeze(-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gate, up, scale = ctx.saved_tensors
+        column = scale.unsqueeze(-1)
+        # Each step works in place on the one temporary it made, so at most two tensors of the
+        # MLP's width exist beside the incoming gradient, as in _SwiGLU's backward: the scale's
+        # gradient (the recomputed product's dot with the gradient), then the gate's and up's.
+        grad_scale = F.silu(gate).mul_(up).mul_(grad).sum(-1)
+        grad_gate = torch.ops.aten.silu_backward((grad * up).mul_(column), gate)
+        grad_up = F.silu(gate).mul_(grad).mul_(column)
+        return grad_gate, grad_up, grad_scale
+
+
+def weighted_swiglu(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up * scale[:, None] for rows [R, f] and a scale per row [R]: a mixture of
+    experts' router weights, applied before the down projection (exact: it is linear), so the
+    combine need not keep the experts' outputs for the weights' gradient (entrypoints/model/moe.py).
+    Saves gate, up and the scale only."""
+    return _WeightedSwiGLU.apply(gate, up, scale)

@@ -117,8 +117,8 @@ class _Block:
         self.backward_working = mlp.backward_working + incoming
         # What the MLP's backward has released of the block's saved set at that moment.
         self.freed_in_backward = mlp.freed_in_backward
-        # A checkpointed MoE block may peak in its recomputation instead: (working, not yet saved).
-        self.recompute = None if mlp.recompute is None else (mlp.recompute[0] + incoming, mlp.recompute[1])
+        # A checkpointed MoE block may peak in its recomputation instead: its working set there.
+        self.recompute = None if mlp.recompute is None else mlp.recompute + incoming
         # FP8, eager: w2 casts its T x f/t input to float8 through an fp32 copy, an fp32 scaled
         # and an fp32 clamped tensor, 9 bytes per value on top of the saved set, in its forward
         # (or recomputation) and again in its backward, beside w2's input gradient and two
@@ -175,8 +175,7 @@ class _Block:
             backward = max(backward, attention, key=sum)
         if not checkpointed or self.recompute is None:
             return backward
-        working, missing = self.recompute
-        return max(backward, (self.saved + recomputed - missing, working, 0.0, 0.0), key=sum)
+        return max(backward, (self.saved + recomputed, self.recompute, 0.0, 0.0), key=sum)
 
 
 def _tp_gathered_saved(w: Workload, cb: int, local: float, float8_all_gather: bool) -> tuple[float, float, float]:
@@ -279,7 +278,7 @@ class _Mlp:
         self.backward_working = experts.backward_working
         self.weight_grads = experts.weight_grads
         self.freed_in_backward = experts.freed_in_backward
-        self.recompute = (experts.recompute_working, experts.recompute_missing)
+        self.recompute = experts.recompute_working
         self.linear_params = experts.local_params - experts.local_expert_params
         self.grouped_params = experts.local_expert_params
         self.grouped_state_params = experts.state_params - self.linear_params

@@ -12,15 +12,18 @@ Saved for backward, per layer:
   (N x E each), the top-k ids (int64) and the fp32 top-k weights with their sums;
 - dispatch: the copies' source tokens and the combine's inverse order (int64, C each); under EP
   also the received rows' regrouping order and its inverse (int64, R each);
-- the experts: their input rows (R x h), and the SwiGLU's three R x f intermediates (w1 x, w3 x
-  and their gated product; entrypoints/model/swiglu.py recomputes silu(w1 x) in backward);
-- the combine: the experts' outputs back in token order (C x h) and the weights in the compute
-  dtype (`combine`'s batched matmul saves nothing else);
+- the experts: their input rows (R x h), the SwiGLU's three R x f intermediates (w1 x, w3 x and
+  their router-weighted product, w2's input; entrypoints/model/swiglu.py `weighted_swiglu`
+  recomputes silu(w1 x) in backward) and each row's router weight;
+- the combine: nothing but its index. The router weights are applied to w2's input, which is
+  exact (w2 is linear), so no N x k x h copy of the experts' outputs is kept for the weights'
+  gradient (entrypoints/model/moe.py `combine`; it was the largest tensor saved, 0.5 GiB over
+  Qwen3-30B-A3B's 4 traced layers at 8K);
 - shared experts, if any: a dense SwiGLU of N x (shared x f).
 
 A layer's backward peaks inside the experts, at one of three moments:
-- w2's backward: the combine's saved tensors are released; the gradient of the experts' output
-  (R x h), of w2's input (R x f) and w2's weight gradient are alive;
+- w2's backward: the gradient of the experts' output (R x h), of w2's input (R x f) and w2's
+  weight gradient are alive;
 - the SwiGLU's backward, just after: w2's input is released, and the gradient of w2's input
   with the two gradients it makes (3 x R x f) are alive (the largest when f > h, Mixtral);
 - w1's backward (the last grouped GEMM reached): the three intermediates are released; the
@@ -31,7 +34,7 @@ reduce-scatters the unit.
 
 A checkpointed layer's recomputation, inside backward, peaks as its forward does: where the
 experts' outputs are regathered (in token order, or back in source-rank order under EP) while the
-outputs themselves still exist, two R x h tensors beside the saved set, before the combine saves.
+outputs themselves still exist, two R x h tensors beside the saved set.
 
 FP8 experts (precision.fp8_experts; launcher/contract/fp8.py `fp8_experts`; entrypoints/model/fp8_experts.py) compute on
 a padded copy of their rows: P = R + 15 x E/ep rows rounded up to 16 (each expert's group padded
@@ -59,8 +62,8 @@ ROUTING_BOUND = 1.25
 so a rank whose experts are popular receives more than the balanced share, with no cap. The
 estimate prices 25% above balance: the capacity factor Switch Transformer trained with (Fedus et
 al. 2021, arXiv 2101.03961, section 2.2 and Table 1), which the auxiliary loss keeps routing
-under in practice. Past it, each extra row costs the rank (2h + 3f) x dtype bytes per layer until
-backward; the 20% headroom of the verdict's threshold absorbs some of it, and a rank that runs
+under in practice. Past it, each extra row costs the rank (h + 3f + 1) x dtype bytes (and 16
+of indices) per layer until backward; the 20% headroom of the verdict's threshold absorbs some of it, and a rank that runs
 out of memory fails the job with an OOM the failure file names. Without expert parallelism every
 rank computes all C rows of its own tokens whatever the routing, so no bound is needed."""
 
@@ -79,8 +82,6 @@ class MoeMemory:
     """Of `saved`, what the layer's backward has already released at that peak."""
     recompute_working: float
     """A checkpointed layer's recomputation at its peak: the transient copies beside what is saved."""
-    recompute_missing: float
-    """Of `saved`, what that recomputation has not made yet then (the combine's tensors)."""
     local_params: float
     """Parameters this rank computes with: router, shared experts and its E / ep experts."""
     state_params: float
@@ -115,10 +116,11 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
 
     router = FP32 * tokens * (2 * experts + 1) + INT64 * tokens * k + FP32 * tokens * (k + 1) + FP32 * tokens
     dispatch = INT64 * 2 * sent + (INT64 * 2 * rows if ep > 1 else 0) + (INT64 * rows if fp8 else 0)
-    expert_set = cb * computed * h + cb * 3 * computed * f
-    combine = cb * sent * h + cb * tokens * k
+    # The rows, the SwiGLU's gate and up and w2's (router-weighted) input, and the router weight
+    # of each row (model/swiglu.py `weighted_swiglu`).
+    expert_set = cb * computed * h + cb * 3 * computed * f + cb * computed
     shared = cb * 3 * tokens * shared_f
-    saved = router + dispatch + expert_set + combine + shared
+    saved = router + dispatch + expert_set + shared
 
     local_experts = experts / ep
     one_weight = cb * local_experts * h * f
@@ -126,9 +128,9 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
     def float8_backward(inputs: float, outputs: float) -> float:
         return (2 * computed * outputs + computed * inputs + local_experts * inputs * outputs) if fp8 else 0.0
 
-    at_w2 = (cb * computed * (h + f) + float8_backward(f, h), one_weight, combine)
-    at_product = (cb * 3 * computed * f, one_weight, combine + cb * computed * f)
-    at_w1 = (cb * computed * (f + 2 * h) + float8_backward(h, f), 3 * one_weight, combine + cb * 3 * computed * f)
+    at_w2 = (cb * computed * (h + f) + float8_backward(f, h), one_weight, 0.0)
+    at_product = (cb * 3 * computed * f, one_weight, cb * computed * f)
+    at_w1 = (cb * computed * (f + 2 * h) + float8_backward(h, f), 3 * one_weight, cb * computed * (3 * f + 1))
     working, weights, freed = max(at_w2, at_product, at_w1, key=lambda moment: moment[0] + moment[1] - moment[2])
     # Recomputed forward: the outputs regathered beside themselves (padded, then in token order),
     # or w2's float8 copies beside its padded output.
@@ -145,7 +147,6 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
         weight_grads=weights,
         freed_in_backward=freed,
         recompute_working=recompute,
-        recompute_missing=combine,
         local_params=router_params + shared_params + experts / ep * expert_params,
         state_params=router_params + shared_params + experts * expert_params,
         local_expert_params=experts / ep * expert_params,

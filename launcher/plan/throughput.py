@@ -820,7 +820,8 @@ def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> 
 
 def expert_parallel_time(step: _Step) -> float:
     """The token all-to-alls of one micro-batch under expert parallelism (model/dispatch.py):
-    there and back in forward, both again in backward and in a recomputed forward. Each sends
+    there and back in forward, both again in backward and in a recomputed forward, and the
+    router weights' beside them. Each sends
     (ep - 1)/ep of the rank's N x k copies (balanced routing) over the EP group, ep consecutive
     ranks of dp_shard x cp (tp apart). They sit between the router and the experts, so nothing
     overlaps them."""
@@ -829,7 +830,10 @@ def expert_parallel_time(step: _Step) -> float:
     k, ep = step.k, step.ep
     bw, lat = step.link(step.t, ep)
     all_to_all = k.activation_bytes * step.copies * step.h * (ep - 1) / ep / bw + lat
-    return step.layers * (4 + 2 * step.recompute) * all_to_all
+    # The copies' router weights go with the rows (one scalar each, its gradient back in backward):
+    # latency, all but free of bytes.
+    weights = lat + k.activation_bytes * step.copies * (ep - 1) / ep / bw
+    return step.layers * ((4 + 2 * step.recompute) * all_to_all + (2 + step.recompute) * weights)
 
 
 def attention_time(step: _Step) -> float:

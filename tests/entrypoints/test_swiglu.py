@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from entrypoints.model.swiglu import swiglu
+from entrypoints.model.swiglu import swiglu, weighted_swiglu
 
 
 def saved_bytes(function, *inputs) -> int:
@@ -43,3 +43,20 @@ def test_keeps_gate_and_up_only_where_the_written_out_form_keeps_silu_of_gate_to
     # The inputs are leaves here: what each form saves is its inputs and what it computes.
     assert saved_bytes(lambda a, b: F.silu(a) * b, gate, up) == 3 * width
     assert saved_bytes(swiglu, gate, up) == 2 * width
+
+
+def test_the_weighted_form_scales_each_row_and_gives_the_scale_its_gradient():
+    generator = torch.Generator().manual_seed(1)
+    gate, up, grad = (torch.randn(64, 96, generator=generator, dtype=torch.float64) for _ in range(3))
+    scale = torch.rand(64, generator=generator, dtype=torch.float64)
+    results = []
+    for form in (lambda a, b, s: F.silu(a) * b * s[:, None], weighted_swiglu):
+        a, b, s = (t.clone().requires_grad_() for t in (gate, up, scale))
+        out = form(a, b, s)
+        out.backward(grad)
+        results.append((out.detach(), a.grad, b.grad, s.grad))
+    for written, fused in zip(*results, strict=True):
+        torch.testing.assert_close(fused, written, rtol=1e-12, atol=1e-12)
+    # And it keeps what swiglu keeps, plus the scale: not the product.
+    a, b, s = (t.float().requires_grad_() for t in (gate, up, scale))
+    assert saved_bytes(weighted_swiglu, a, b, s) == 2 * 64 * 96 * 4 + 64 * 4

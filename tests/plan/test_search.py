@@ -113,6 +113,15 @@ def test_vary_fp8_tries_both_precisions_on_hopper():
     assert {p.fp8 for p in plan(recipe, top=100_000)} == {False}
 
 
+def test_a_plan_without_fp8_turns_fp8_experts_off_with_it():
+    recipe = Recipe.load(RECIPES / "qwen3-30b-a3b-64k.yaml").with_changes({"precision.fp8_experts": True})
+    plans = plan(recipe, top=100_000, vary_fp8=True)
+    for fp8 in (False, True):
+        planned = next(p for p in plans if p.fp8 == fp8)
+        assert planned.settings()["precision.fp8_experts"] is fp8
+        recipe.with_changes(planned.settings())  # a recipe that validates either way
+
+
 def test_the_explanation_names_the_runner_up_and_the_reason():
     found = search(
         Recipe.load(RECIPES / "llama3-8b-8k.yaml"), SearchOptions(top=3, vary_accumulation=False)
