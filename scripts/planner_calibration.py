@@ -1194,6 +1194,12 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   over-predicted (8-22%: the 500 W clock is a bound, not a measurement; early CP, async TP),
   NeMo and Megatron-Bridge under-predicted (their faster kernels and overlap). The ranking depends on differences between layouts, which the model
   captures better than absolute speed, but a 10% predicted gap is within the noise.
+- Megatron-Bridge's two MoE rows are over-predicted by 65-75%. The same archive (the source's
+  commit) has a 25.09 DGX-H100 row of the first one's very layout (16 GPUs, PP 2, VP 24, EP 8,
+  micro-batch 2, 4K) with token dropping at 10,494 tokens/s/GPU, twice the 25.11 dropless
+  force-balanced row's 5,275. It is left out of the benchmark (its precision is unpublished and
+  the trainer routes dropless), but the model, pricing dropless balanced routing, predicts 9,211:
+  near the token-dropping row. What halves the 25.11 row is not in its published configuration.
 - Kernel rates come from one H200 with torch 2.11 and short runs; the sustained-clock correction
   comes from one GEMM held for a minute. H100 rates are taken to equal H200 ones except for memory
   bandwidth. No multi-GPU measurement of our own code exists: every communication constant is from

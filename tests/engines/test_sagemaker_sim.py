@@ -29,6 +29,7 @@ from .s3sync import list_keys, split_uri
 STARTUP_LIMIT_S = 300.0
 STEP_LIMIT_S = 180.0
 STEPS = 8
+STALLED_STEPS = 12  # saves at 4 and 8 and two compute-only steps after step 9 (the stalled-rank scenario)
 _METRICS = re.compile(r"^metrics step=(\d+) loss=(\S+)")
 _RESUMED = re.compile(r"resumed_from_step=(\d+)")
 _INTERRUPTED = re.compile(r"interrupted by SIGTERM after step (\d+)")
@@ -119,15 +120,16 @@ def uninterrupted() -> dict:
 
 @pytest.fixture
 def reference(uninterrupted, submit, sim, train_data):
-    def get() -> dict[int, float]:
-        if "losses" not in uninterrupted:
+    def get(steps: int = STEPS) -> dict[int, float]:
+        key = "losses" if steps == STEPS else f"losses of {steps} steps"
+        if key not in uninterrupted:
             # Its own checkpoint prefix: the scenario's job must not find this run's checkpoints.
-            own = f"sagemaker.checkpoint_uri=s3://{DATA_BUCKET}/reference-checkpoints"
-            with sim.start(submit(f"data.source={train_data}", own)) as attempt:
+            own = f"sagemaker.checkpoint_uri=s3://{DATA_BUCKET}/reference-checkpoints-{steps}"
+            with sim.start(submit(f"data.source={train_data}", own, f"training.steps={steps}")) as attempt:
                 outcome = wait_to_the_end(attempt)
             assert outcome.status == "Completed", outcome.report()
-            uninterrupted["losses"] = outcome_losses(outcome)
-        return uninterrupted["losses"]
+            uninterrupted[key] = outcome_losses(outcome)
+        return uninterrupted[key]
 
     return get
 
@@ -345,30 +347,32 @@ def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_wi
 ):
     """The only rank on algo-2 is stopped for good (SIGSTOP) once the step-4 checkpoint is in S3
     (per-host copies: CheckpointConfig would copy the other host's files only at the job's start,
-    so a restart inside the job finds them only this way). Saves every 4 steps leave steps 6 to 8
-    for the stop to land in a step's compute, where the watchdog's limit is min_stall_s: a save's
-    own collectives are held to runtime.collective_timeout_s (at least 600 s, launcher/resolve.py),
-    and with a save every 2 steps a busy machine's stop could land in the next one. Rank 0's
+    so a restart inside the job finds them only this way). The stop waits on progress alone: each
+    host's save waits for its previous upload first (checkpoint_mirror.py `push`), so once step 9
+    is logged both hosts' step-4 files are in S3, and steps 10 and 11 are left for the stop to
+    land in a step's compute, where the watchdog's limit is min_stall_s: a save's own collectives
+    are held to runtime.collective_timeout_s (at least 600 s, launcher/resolve.py). Waiting for
+    the markers in S3 instead raced the upload against the steps: on a busy machine the 8-step
+    run logged its last step first. Rank 0's
     watchdog on algo-1 fires and names it; algo-1's torchrun restarts its worker, which rejoins
     the c10d rendezvous; algo-2's torchrun sees a host waiting and restarts its own (killing the
     stopped one after its 30 s), and both resume from the newest checkpoint and train to the end
     with the uninterrupted run's losses. SageMaker itself never reruns the job: RetryStrategy
     retries only after an InternalServerError (botocore's sagemaker service model)."""
-    want = reference()
+    steps = STALLED_STEPS
+    want = reference(steps)
     watchdog = ["training.watchdog.min_stall_s=10", "training.watchdog.stall_factor=5"]  # defaults: 60 s and 10
-    saves = "checkpoint.every_steps=4"
-    request = submit(f"data.source={train_data}", "sagemaker.checkpoint_copy=per_host", saves, *watchdog)
+    saves = ["checkpoint.every_steps=4", f"training.steps={steps}"]
+    request = submit(f"data.source={train_data}", "sagemaker.checkpoint_copy=per_host", *saves, *watchdog)
     assert "--max-restarts=1" in request["AlgorithmSpecification"]["ContainerArguments"]
     prefix = request["Environment"]["LAUNCHER_CHECKPOINT_S3"]
     with sim.start(request) as attempt:
-        attempt.wait_for(
-            lambda a: sum("COMPLETE" in name for name in per_step_objects(s3, prefix).get(4, {})) == 2,
-            timeout_s=STARTUP_LIMIT_S + 4 * STEP_LIMIT_S,
-            what="both hosts' markers of the step-4 checkpoint in S3",
-        )
+        wait_for_step(attempt, 9)
+        markers = sum("COMPLETE" in name for name in per_step_objects(s3, prefix).get(4, {}))
+        assert markers == 2, f"step 9 ran before the step-4 upload finished: {markers} markers"
         stopped = workers_of(attempt.host("algo-2"))
         assert sorted(stopped) == [RANKS_PER_HOST], stopped
-        assert newest_step(attempt) < STEPS, "the run reached its final save before the stop"
+        assert newest_step(attempt) < steps, "the run reached its final save before the stop"
         os.kill(stopped[RANKS_PER_HOST], signal.SIGSTOP)
         outcome = wait_to_the_end(attempt)
     assert outcome.status == "Completed", outcome.report()
@@ -381,7 +385,7 @@ def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_wi
     starts = [int(s) for s in _RESUMED.findall(outcome.hosts[0].stdout)]
     assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 4, f"resumed_from_step per start: {starts}"
     restarted = outcome.hosts[0].stdout[outcome.hosts[0].stdout.rindex("resumed_from_step=") :]
-    assert_same_losses(losses([restarted]), want, range(starts[1] + 1, STEPS + 1))
+    assert_same_losses(losses([restarted]), want, range(starts[1] + 1, steps + 1))
 
 
 FP8_STEPS = 4
