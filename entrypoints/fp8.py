@@ -5,7 +5,8 @@
 
 Runs before any parallelism, on the meta model (as torchtitan does). Every nn.Linear in the
 blocks becomes a Float8Linear; the output projection stays in the compute dtype (the fused
-loss reads its weight directly), as do layers whose dimensions are not multiples of 16. With
+loss reads its weight directly), as do a mixture of experts' routers and layers whose
+dimensions are not multiples of 16. With
 precision.fp8_experts a mixture-of-experts block's grouped experts run FP8 grouped GEMMs,
 rowwise (model/fp8_experts.py), where the kernel exists.
 
@@ -77,7 +78,11 @@ def fp8_settings(cfg: JobConfig, *, device_type: str, backend: str) -> Fp8Settin
 
 
 def _convertible(module: torch.nn.Module, fqn: str) -> bool:
-    if fqn == "output" or fqn.endswith(".output"):
+    # The output projection, and a mixture of experts' router, whose top-k choice float8
+    # rounding of its logits would shift: torchtitan's MoE configs filter both
+    # (torchtitan/models/deepseek_v3/train_configs/deepseek_v3_16b.py: filter_fqns
+    # ["output", "router.gate"]).
+    if fqn.rpartition(".")[2] in ("output", "router"):
         return False
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 

@@ -20,10 +20,13 @@ MoE layers with under FP8 (torchtitan/components/quantization/float8.py):
 torch's FP8 grouped GEMM needs every group's rows to be a multiple of 16 (torchao asserts it;
 torchtitan's FP8_GROUP_ALIGNMENT_SIZE in torchtitan/components/quantization/__init__.py), and
 dropless routing sends any number of rows to an expert, so `pad_groups` copies each expert's
-rows into a zeroed buffer at 16-row boundaries. The buffer's size depends only on the rows and
-the expert count (R + 15 x E, rounded up to 16: no device synchronisation), and its rows past the
-last group go to the last expert: zero rows, whose products are zero, so every row of the buffer
-belongs to a group and no kernel leaves rows unwritten.
+rows into a zeroed buffer at 16-row boundaries. An expert no row reached still gets 16 zero
+rows, as torchtitan pads empty experts (torchtitan/models/moe/kernels.py
+`generate_permute_indices`: clamp_min to the alignment): no group is empty, so the weight
+gradient's grouped GEMM never has a group of zero length whose output it might leave unwritten.
+The buffer's size depends only on the rows and the expert count (R rounded up to 16, plus 16 x E:
+no device synchronisation), and its rows past the last group go to the last expert: zero rows,
+whose products are zero, so every row of the buffer belongs to a group.
 
 The emulation (CPU, and any device without the kernel) makes the same float8 casts with torchao's
 own reference functions (`tensor_to_scale`, `to_fp8_saturated`) and multiplies the dequantised
@@ -61,9 +64,10 @@ class PaddedGroups(NamedTuple):
 
 
 def padded_capacity(rows: int, experts: int) -> int:
-    """Rows of the padded buffer: enough for any split of `rows` over `experts` groups."""
+    """Rows of the padded buffer: enough for any split of `rows` over `experts` groups of at
+    least 16 rows (a group of c > 0 rows takes at most c + 15, an empty one 16)."""
     alignment = FP8_GROUP_ALIGNMENT
-    return -(-(rows + experts * (alignment - 1)) // alignment) * alignment
+    return -(-rows // alignment) * alignment + experts * alignment
 
 
 def pad_groups(x: torch.Tensor, counts: torch.Tensor) -> PaddedGroups:
@@ -71,7 +75,7 @@ def pad_groups(x: torch.Tensor, counts: torch.Tensor) -> PaddedGroups:
     alignment = FP8_GROUP_ALIGNMENT
     experts, rows = counts.numel(), x.shape[0]
     capacity = padded_capacity(rows, experts)
-    padded_counts = (counts + alignment - 1) // alignment * alignment
+    padded_counts = ((counts + alignment - 1) // alignment * alignment).clamp_min(alignment)
     padded_ends = torch.cumsum(padded_counts, 0)
     padded_starts = padded_ends - padded_counts
     starts = torch.cumsum(counts, 0) - counts

@@ -155,8 +155,11 @@ class _Block:
         # Unsharded, what this rank computes with; sharded, what it holds a 1/(dp_shard x cp) of.
         self.params = linear + small + mlp.grouped_params
         self.state_params = linear + small + mlp.grouped_state_params
-        # FSDP all-gathers float8 weights (tensorwise scaling on nccl, entrypoints/fp8.py).
-        self.gathered = (1 if float8_all_gather else cb) * linear + cb * (small + mlp.grouped_params)
+        # FSDP all-gathers float8 weights (tensorwise scaling on nccl, entrypoints/fp8.py); an
+        # MoE router stays in the compute dtype.
+        float8_linear = linear - mlp.router_params
+        unconverted = small + mlp.grouped_params + mlp.router_params
+        self.gathered = (1 if float8_all_gather else cb) * float8_linear + cb * unconverted
         # The reduce-scatter input kept until the next one: the block's unit, or under expert
         # parallelism the block without its experts, a unit reduced before it.
         self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
@@ -254,6 +257,7 @@ class _Mlp:
         "freed_in_backward",
         "recompute",
         "linear_params",
+        "router_params",
         "grouped_params",
         "grouped_state_params",
     )
@@ -271,7 +275,7 @@ class _Mlp:
             self.freed_in_backward = 0.0
             self.recompute = None
             self.linear_params = 3 * h * f / t
-            self.grouped_params = self.grouped_state_params = 0.0
+            self.router_params = self.grouped_params = self.grouped_state_params = 0.0
             return
         experts = moe_memory(w, cb)
         self.saved = experts.saved
@@ -280,6 +284,7 @@ class _Mlp:
         self.freed_in_backward = experts.freed_in_backward
         self.recompute = experts.recompute_working
         self.linear_params = experts.local_params - experts.local_expert_params
+        self.router_params = arch.moe.num_experts * h  # in linear_params, never float8 (entrypoints/fp8.py)
         self.grouped_params = experts.local_expert_params
         self.grouped_state_params = experts.state_params - self.linear_params
 

@@ -37,8 +37,9 @@ experts' outputs are regathered (in token order, or back in source-rank order un
 outputs themselves still exist, two R x h tensors beside the saved set.
 
 FP8 experts (precision.fp8_experts; launcher/contract/fp8.py `fp8_experts`; entrypoints/model/fp8_experts.py) compute on
-a padded copy of their rows: P = R + 15 x E/ep rows rounded up to 16 (each expert's group padded
-to a multiple of 16), which replaces the R rows everywhere above, plus the int64 row map (R).
+a padded copy of their rows: P = R rounded up to 16, plus 16 x E/ep (each expert's group padded
+to a multiple of 16, and at least 16), which replaces the R rows everywhere above, plus the
+int64 row map (R).
 torchao's `_Float8GroupedMM` saves the bf16 rows and makes its float8 copies again in backward
 (torchao/prototype/moe_training/fp8_grouped_mm.py): a GEMM of K inputs and N outputs holds, at
 the end of its backward, the gradient's two float8 copies (2 x P x N), the rows' column-wise one
@@ -101,7 +102,7 @@ def routed_rows(workload: Workload) -> tuple[float, float]:
 def padded_rows(rows: float, local_experts: float) -> float:
     """The FP8 experts' padded buffer (entrypoints/model/fp8_experts.py `padded_capacity`)."""
     alignment = FP8_GROUP_ALIGNMENT
-    return -(-(rows + local_experts * (alignment - 1)) // alignment) * alignment
+    return -(-rows // alignment) * alignment + local_experts * alignment
 
 
 def moe_memory(workload: Workload, cb: int) -> MoeMemory:

@@ -596,11 +596,11 @@ class _Step:
         dense = moe.num_experts * h + 3 * h * moe.shared_experts * moe.expert_ffn_hidden_size  # router, shared
         attention = 2 * h * q + 2 * h * kv + small
         self.copies = self.rows * moe.top_k  # token copies one rank routes per micro-batch
-        # FP8 experts (entrypoints/model/fp8_experts.py) compute on a buffer of R + 15 x E/ep rows
-        # rounded up to 16, every row of it (the rows past the last group join the last expert).
+        # FP8 experts (entrypoints/model/fp8_experts.py) compute on a buffer of R rounded up to 16
+        # plus 16 x E/ep rows, every row of it (the rows past the last group join the last expert).
         self.fp8_experts = self.fp8 and self.w.experts_in_fp8
         alignment, local_experts = FP8_GROUP_ALIGNMENT, moe.num_experts // self.ep
-        padded = -(-(self.copies + local_experts * (alignment - 1)) // alignment) * alignment
+        padded = -(-self.copies // alignment) * alignment + local_experts * alignment
         self.expert_rows = padded if self.fp8_experts else self.copies
         self.block_params = self.layers * (attention + t * (dense + moe.num_experts // self.ep * expert))
         self.stage_params = self.block_params + output

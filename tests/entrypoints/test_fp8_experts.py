@@ -29,19 +29,34 @@ def test_groups_are_padded_to_16_rows_in_place_and_unpadded_exactly():
     counts = torch.tensor([3, 0, 17, 16, 1])
     x = torch.randn(int(counts.sum()), 8)
     groups = pad_groups(x, counts)
-    assert groups.rows.shape == (padded_capacity(37, 5), 8) == (112, 8)
-    # Group ends at 16-row multiples, the last one taking the buffer's remaining zero rows.
-    assert groups.offsets.tolist() == [16, 16, 48, 64, 112]
+    assert groups.rows.shape == (padded_capacity(37, 5), 8) == (48 + 5 * 16, 8)
+    # Group ends at 16-row multiples, the empty expert's 16 zero rows included (as torchtitan pads
+    # empty experts), and the last one taking the buffer's remaining zero rows.
+    assert groups.offsets.tolist() == [16, 32, 64, 80, 128]
     assert groups.offsets.dtype == torch.int32
-    starts = [0, 16, 16, 48, 64]
+    starts = [0, 16, 32, 64, 80]
     first = 0
     for expert, count in enumerate(counts.tolist()):
-        block = groups.rows[starts[expert] : starts[expert] + 16 * -(-count // 16)]
+        block = groups.rows[starts[expert] : starts[expert] + max(16, 16 * -(-count // 16))]
         assert torch.equal(block[:count], x[first : first + count])
         assert not block[count:].any()
         first += count
-    assert not groups.rows[80:].any()
+    assert not groups.rows[81:].any()
     assert torch.equal(groups.unpad(groups.rows), x)
+    assert torch.equal(groups.pad(torch.arange(1.0, 38.0))[groups.destination], torch.arange(1.0, 38.0))
+
+
+def test_the_buffer_holds_the_worst_split_of_the_rows():
+    # Every expert but one with a single row (16 rows each), the rest on one expert: the most
+    # padding any split of R rows over E experts needs, and it fits.
+    for rows, experts in ((100, 8), (16, 16), (1, 1), (257, 64)):
+        counts = torch.ones(experts, dtype=torch.long)
+        counts[0] = rows - (experts - 1)
+        groups = pad_groups(torch.randn(rows, 4), counts)
+        sizes = torch.diff(groups.offsets, prepend=torch.zeros(1, dtype=torch.int32))
+        assert int(groups.offsets[-1]) == padded_capacity(rows, experts)
+        assert bool((sizes >= 16).all()) and bool((sizes % 16 == 0).all()), sizes
+        assert int(groups.destination.max()) < padded_capacity(rows, experts)
 
 
 def test_padding_changes_no_product_nor_gradient():

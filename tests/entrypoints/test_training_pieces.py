@@ -14,7 +14,7 @@ from entrypoints.metrics import MetricsLogger, flops_per_token, matmul_params
 from entrypoints.model.llama import build_model
 from entrypoints.optim import lr_at
 from launcher.catalog import models
-from launcher.contract.config import ConfigError, ModelConfig, OptimizerConfig
+from launcher.contract.config import ConfigError, ModelConfig, MoeConfig, OptimizerConfig
 from launcher.contract.metrics import SAGEMAKER_METRIC_NAMES, parse_fields
 
 
@@ -78,6 +78,22 @@ def test_fp8_converts_the_block_linears_but_not_the_output_projection():
     linears = {name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     assert converted == linears - {"output"}
     assert len(converted) == 2 * 7
+
+
+def test_fp8_leaves_an_moe_router_in_the_compute_dtype():
+    from torchao.float8.float8_linear import Float8Linear
+
+    cfg = ModelConfig(
+        name="t", family="qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        ffn_hidden_size=160, vocab_size=128, max_context=64, rope_theta=1e4, head_dim=16, qk_norm=True,
+        moe=MoeConfig(num_experts=16, top_k=2, expert_ffn_hidden_size=32),
+    )  # fmt: skip
+    model = build_model(cfg, seq_len=32)
+    convert_to_float8(model, Fp8Settings(recipe="tensorwise", float8_all_gather=False))
+    routers = {name for name, _ in model.named_modules() if name.endswith(".router")}
+    converted = {name for name, m in model.named_modules() if isinstance(m, Float8Linear)}
+    assert len(routers) == 2 and not routers & converted
+    assert {name.rpartition(".")[2] for name in converted} == {"wq", "wk", "wv", "wo"}
 
 
 def test_fp8_is_refused_on_a_gpu_without_fp8_tensor_cores(monkeypatch):
