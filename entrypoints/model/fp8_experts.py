@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import torch
 
-from launcher.contract.fp8 import FP8_GROUP_ALIGNMENT
+from launcher.contract.fp8 import FP8_GROUP_ALIGNMENT, padded_group_rows
 
 FLOAT8 = torch.float8_e4m3fn
 
@@ -63,18 +63,11 @@ class PaddedGroups(NamedTuple):
         return _ScatterRows.apply(per_row.unsqueeze(-1), self.destination, self.rows.shape[0]).squeeze(-1)
 
 
-def padded_capacity(rows: int, experts: int) -> int:
-    """Rows of the padded buffer: enough for any split of `rows` over `experts` groups of at
-    least 16 rows (a group of c > 0 rows takes at most c + 15, an empty one 16)."""
-    alignment = FP8_GROUP_ALIGNMENT
-    return -(-rows // alignment) * alignment + experts * alignment
-
-
 def pad_groups(x: torch.Tensor, counts: torch.Tensor) -> PaddedGroups:
     """x [R, K], sorted by expert with counts [E] rows each, into groups of 16-row multiples."""
     alignment = FP8_GROUP_ALIGNMENT
     experts, rows = counts.numel(), x.shape[0]
-    capacity = padded_capacity(rows, experts)
+    capacity = padded_group_rows(rows, experts)
     padded_counts = ((counts + alignment - 1) // alignment * alignment).clamp_min(alignment)
     padded_ends = torch.cumsum(padded_counts, 0)
     padded_starts = padded_ends - padded_counts

@@ -18,6 +18,14 @@ FP8_GROUP_ALIGNMENT = 16
 The entrypoints pad each group to it (entrypoints/model/fp8_experts.py); the estimators price the padding."""
 
 
+def padded_group_rows(rows: int, experts: int) -> int:
+    """Rows of the FP8 experts' padded buffer: enough for any split of `rows` over `experts`
+    groups of 16-row multiples, none empty (a group of c > 0 rows takes at most c + 15, an
+    empty one 16): `rows` rounded up to 16, plus 16 per expert."""
+    alignment = FP8_GROUP_ALIGNMENT
+    return -(-rows // alignment) * alignment + experts * alignment
+
+
 def collective_backend(device: str) -> str:
     """The torch.distributed backend the entrypoints use on a device: nccl on CUDA, gloo on the CPU."""
     return "nccl" if device == "cuda" else "gloo"

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.contract.fp8 import FP8_GROUP_ALIGNMENT
+from launcher.contract.fp8 import padded_group_rows
 from launcher.estimate.workload import Workload
 
 FP32 = 4
@@ -99,12 +99,6 @@ def routed_rows(workload: Workload) -> tuple[float, float]:
     return sent, sent * (ROUTING_BOUND if layout.expert > 1 else 1.0)
 
 
-def padded_rows(rows: float, local_experts: float) -> float:
-    """The FP8 experts' padded buffer (entrypoints/model/fp8_experts.py `padded_capacity`)."""
-    alignment = FP8_GROUP_ALIGNMENT
-    return -(-rows // alignment) * alignment + local_experts * alignment
-
-
 def moe_memory(workload: Workload, cb: int) -> MoeMemory:
     arch, layout = workload.arch, workload.layout
     moe, h = arch.moe, arch.hidden_size
@@ -113,7 +107,7 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
     sent, rows = routed_rows(workload)
     shared_f = moe.shared_experts * f
     fp8 = workload.experts_in_fp8
-    computed = padded_rows(rows, experts / ep) if fp8 else rows  # the rows the grouped GEMMs see
+    computed = padded_group_rows(rows, experts / ep) if fp8 else rows  # the rows the grouped GEMMs see
 
     router = FP32 * tokens * (2 * experts + 1) + INT64 * tokens * k + FP32 * tokens * (k + 1) + FP32 * tokens
     dispatch = INT64 * 2 * sent + (INT64 * 2 * rows if ep > 1 else 0) + (INT64 * rows if fp8 else 0)

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from launcher import catalog
 from launcher.catalog import Accelerator, ModelArch
-from launcher.contract.fp8 import FP8_GROUP_ALIGNMENT, collective_backend, float8_all_gather
+from launcher.contract.fp8 import collective_backend, float8_all_gather, padded_group_rows
 from launcher.contract.layout import layers_by_rank, rank_layers
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
@@ -599,8 +599,7 @@ class _Step:
         # FP8 experts (entrypoints/model/fp8_experts.py) compute on a buffer of R rounded up to 16
         # plus 16 x E/ep rows, every row of it (the rows past the last group join the last expert).
         self.fp8_experts = self.fp8 and self.w.experts_in_fp8
-        alignment, local_experts = FP8_GROUP_ALIGNMENT, moe.num_experts // self.ep
-        padded = -(-self.copies // alignment) * alignment + local_experts * alignment
+        padded = padded_group_rows(self.copies, moe.num_experts // self.ep)
         self.expert_rows = padded if self.fp8_experts else self.copies
         self.block_params = self.layers * (attention + t * (dense + moe.num_experts // self.ep * expert))
         self.stage_params = self.block_params + output
@@ -805,14 +804,8 @@ def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> 
         expert_half = k.gemm_half_dim["fp8"]
         fp8_efficiency = k.matmul_efficiency[f"{step.gen}:fp8"] * k.fp8_rowwise_factor
         expert_rate = step.accelerator.peak_fp8_tflops * 1e12 * fp8_efficiency * _dim_eff(h, expert_half)
-    experts = (
-        6
-        * step.expert_rows
-        * 3
-        * h
-        * f
-        / (expert_rate * _dim_eff(f, expert_half) * _dim_eff(rows_per_expert, expert_half))
-    )
+    expert_flops = 6 * step.expert_rows * 3 * h * f
+    experts = expert_flops / (expert_rate * _dim_eff(f, expert_half) * _dim_eff(rows_per_expert, expert_half))
     shared_f = moe.shared_experts * f
     shared = 6 * rows * 3 * h * shared_f / (rate * _dim_eff(shared_f, half) * _dim_eff(rows, half)) if shared_f else 0.0
     return router + experts + shared

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from entrypoints.fp8 import Fp8Settings, convert_to_float8
-from entrypoints.model.fp8_experts import fp8_grouped_linear, pad_groups, padded_capacity
+from entrypoints.model.fp8_experts import fp8_grouped_linear, pad_groups
 from entrypoints.model.moe import MoE
 from launcher.contract.config import MoeConfig
-from launcher.contract.fp8 import fp8_experts
+from launcher.contract.fp8 import fp8_experts, padded_group_rows
 
 from .tiny_models import tiny
 
@@ -29,7 +29,7 @@ def test_groups_are_padded_to_16_rows_in_place_and_unpadded_exactly():
     counts = torch.tensor([3, 0, 17, 16, 1])
     x = torch.randn(int(counts.sum()), 8)
     groups = pad_groups(x, counts)
-    assert groups.rows.shape == (padded_capacity(37, 5), 8) == (48 + 5 * 16, 8)
+    assert groups.rows.shape == (padded_group_rows(37, 5), 8) == (48 + 5 * 16, 8)
     # Group ends at 16-row multiples, the empty expert's 16 zero rows included (as torchtitan pads
     # empty experts), and the last one taking the buffer's remaining zero rows.
     assert groups.offsets.tolist() == [16, 32, 64, 80, 128]
@@ -54,9 +54,9 @@ def test_the_buffer_holds_the_worst_split_of_the_rows():
         counts[0] = rows - (experts - 1)
         groups = pad_groups(torch.randn(rows, 4), counts)
         sizes = torch.diff(groups.offsets, prepend=torch.zeros(1, dtype=torch.int32))
-        assert int(groups.offsets[-1]) == padded_capacity(rows, experts)
+        assert int(groups.offsets[-1]) == padded_group_rows(rows, experts)
         assert bool((sizes >= 16).all()) and bool((sizes % 16 == 0).all()), sizes
-        assert int(groups.destination.max()) < padded_capacity(rows, experts)
+        assert int(groups.destination.max()) < padded_group_rows(rows, experts)
 
 
 def test_padding_changes_no_product_nor_gradient():
