@@ -31,6 +31,7 @@ from .slurm_cluster import SlurmCluster
 
 RECIPE = REPO / "recipes" / "tiny-cpu.yaml"
 STEPS = 20  # enough that USR1 lands well before the end, even on a fast machine
+SPARSE_SAVES = 20  # the stalled-rank job saves at 20 and 40: 19 compute-only steps after the first
 JOB_TIMEOUT_S = 240.0  # the longest a job's log may stay silent (start-up on a loaded machine)
 
 pytestmark = pytest.mark.engines
@@ -179,12 +180,23 @@ def test_a_stalled_rank_is_named_and_torchrun_restarts_it_inside_the_allocation(
     its stacks are on disk, the failure names rank 1 and its host, it exits with 5, and torchrun
     (--max-restarts=1 on Slurm, which reruns a job only after node failure, preemption or an
     explicit requeue, never after its script failed: sbatch(1) --requeue) restarts the workers,
-    which resume from the newest checkpoint and train to the end. The job COMPLETED, never requeued."""
+    which resume from the newest checkpoint and train to the end. The job COMPLETED, never requeued.
+
+    The stop lands in a step's compute, where the watchdog's limit is min_stall_s: a save's own
+    collectives are held to runtime.collective_timeout_s (at least 600 s, launcher/resolve.py).
+    Saves at steps 20 and 40 only, and the stop once step 20's save is written: rank 0 prints that
+    line when every rank has written its files (entrypoints/checkpoint.py `finish_pending`), just
+    before the step's own save is due. With a save every 2 steps, that line came right before the
+    next save's collectives, and a stop there waited out the collective timeout (CI, 2026-12-04)."""
+    steps = 2 * SPARSE_SAVES
     watchdog = ["training.watchdog.min_stall_s=10", "training.watchdog.stall_factor=5"]  # defaults: 60 s and 10
-    name, job_id, log = submit("cluster.instance_count=1", "cluster.nproc_per_node=2", "precision.fp8=false", *watchdog)
+    saves = [f"training.steps={steps}", f"checkpoint.every_steps={SPARSE_SAVES}"]
+    name, job_id, log = submit(
+        "cluster.instance_count=1", "cluster.nproc_per_node=2", "precision.fp8=false", *watchdog, *saves
+    )
     follower = follow_logs(name)
     try:
-        wait_for_log(log, r"^checkpoint step=2 ", cluster=slurm, job_id=job_id)
+        wait_for_log(log, rf"^checkpoint step={SPARSE_SAVES} ", cluster=slurm, job_id=job_id)
         workers = job_workers(job_id)
         assert sorted(workers) == [0, 1], workers
         os.kill(workers[1], signal.SIGSTOP)
@@ -203,10 +215,10 @@ def test_a_stalled_rank_is_named_and_torchrun_restarts_it_inside_the_allocation(
     assert "failed (exitcode: 5)" in out, out[-3000:]
     assert stuck in stacks.read_text() and "Thread 0x" in stacks.read_text()
     starts = resumed_from(out)
-    assert len(starts) == 2 and starts[0] == 0 and starts[1] >= 2, f"resumed_from_step per start: {starts}"
+    assert starts == [0, SPARSE_SAVES], f"resumed_from_step per start: {starts}"
     restarted = out[out.rindex("resumed_from_step=") :]
-    steps = [int(s) for s in re.findall(r"^metrics step=(\d+) ", restarted, re.MULTILINE)]
-    assert steps == list(range(starts[1] + 1, STEPS + 1)), f"the restarted workers' steps: {steps}"
+    ran = [int(s) for s in re.findall(r"^metrics step=(\d+) ", restarted, re.MULTILINE)]
+    assert ran == list(range(SPARSE_SAVES + 1, steps + 1)), f"the restarted workers' steps: {ran}"
     assert "requeueing" not in out
     status = json.loads(cli("status", name, "--json").out)
     assert (status["state"], status["exit_code"], status["secondary"]) == ("Completed", 0, "COMPLETED"), status
