@@ -25,7 +25,17 @@ any worker is stopped. A rank whose heartbeat has not changed for STALE_S is stu
 process stopped, or the interpreter is wedged); where none is stale, the ranks whose step is
 behind; where every rank is at the same step, every rank waits (a collective that never
 completes). A report waits (at most STALE_S past the limit) while any heartbeat is neither
-fresh nor stale (`_stuck_known`). The first rank to fire posts its report under `fired`; every other watchdog sees
+fresh nor stale (`_stuck_known`).
+
+**A peer stopped during a save.** Every rank holds a save (or an evaluation) to the long limit,
+but rank 0 also reads the heartbeats from OBSERVE_S before the step's limit, and fires at that
+limit once a peer's heartbeat is stale: a rank stopped just before the save's collectives would
+otherwise hold every other rank in them until the collective timeout (a CI run of the Slurm
+test, 2026-12-04). Rank 0 alone, so a long save costs the store world_size reads a second; a
+stopped rank 0 is still caught by the collective timeout. A rank whose own store client failed
+(it warns once) stops writing heartbeats and would look stopped to rank 0 during a long save.
+
+The first rank to fire posts its report under `fired`; every other watchdog sees
 it within HEARTBEAT_S, dumps its own stacks and fails with the same report, and no rank exits
 before every live rank has dumped (or DUMP_WAIT_S passed): the first to exit ends its peers'
 collectives, and a peer whose collective fails would exit before its dump.
@@ -164,7 +174,20 @@ class Watchdog:
         clock = self.clock
         if clock.paused_at is not None or not clock.step_times:
             return self.first_step_limit_s
-        return max(self.cfg.stall_factor * statistics.median(clock.step_times), self.cfg.min_stall_s)
+        return self.step_limit_s()
+
+    def step_limit_s(self) -> float:
+        """max(stall_factor x the running median step, min_stall_s); the first step's limit before one."""
+        if not self.clock.step_times:
+            return self.first_step_limit_s
+        return max(self.cfg.stall_factor * statistics.median(self.clock.step_times), self.cfg.min_stall_s)
+
+    def watches_peers_in_pause(self) -> bool:
+        """Whether this rank, in a save or an evaluation, names a peer that does not run at the
+        step's limit rather than the long one: rank 0 alone (a long save then costs the store
+        world_size reads a second, not world_size squared), once a step has completed."""
+        clock = self.clock
+        return self.rank == 0 and self.world_size > 1 and clock.paused_at is not None and bool(clock.step_times)
 
     def close(self) -> None:
         self._stop.set()
@@ -230,6 +253,7 @@ class Watchdog:
             last_tick = now
             with self.clock.lock:
                 limit, started = self.limit_s(), self.clock.mark()
+                step_limit, in_pause = self.step_limit_s(), self.watches_peers_in_pause()
             if started != mark:
                 mark, held_at_mark = started, self._held_s()
             # A starved or stopped rank is slow, not stalled: time it could not run does not count
@@ -243,16 +267,23 @@ class Watchdog:
                 # per second while the job is healthy.
                 # Rank 0 also reads them now and then for the hosts its straggler line names.
                 hosts_due = self.rank == 0 and beat % HOSTS_EVERY == 2
-                self._write_heartbeat(beat, read_others=idle > limit - OBSERVE_S or hosts_due)
+                observing = idle > limit - OBSERVE_S or (in_pause and idle > step_limit - OBSERVE_S)
+                self._write_heartbeat(beat, read_others=observing or hosts_due)
                 fired = self._fired_report()
                 if fired is not None:
                     self._fire(fired, first=False)
             if idle > limit and self._stuck_known(idle - limit):
                 self._fire(self._report(idle, limit), first=True)
+            elif in_pause and idle > step_limit and self._stale_ranks(unseen_are_stale=False):
+                # A peer that does not run holds the save's collectives for good: waiting out the
+                # long limit (the collective timeout, at least 600 s) would only delay the restart.
+                self._fire(self._report(idle, step_limit, in_pause=True), first=True)
 
-    def _report(self, idle: float, limit: float) -> dict:
+    def _report(self, idle: float, limit: float, *, in_pause: bool = False) -> dict:
         clock = self.clock
-        if clock.step_times and clock.paused_at is None:
+        if in_pause:
+            rule = "a save or an evaluation waiting on a rank that does not run is held to the step's limit"
+        elif clock.step_times and clock.paused_at is None:
             median = statistics.median(clock.step_times)
             rule = (
                 f"max({self.cfg.stall_factor:g} x median step {median:.3g} s, min_stall_s {self.cfg.min_stall_s:g} s)"
@@ -280,13 +311,22 @@ class Watchdog:
         ages = [now - self._beats[r][1] if r in self._beats else float("inf") for r in range(self.world_size)]
         return any(age > STALE_S for age in ages) or all(age <= 2 * HEARTBEAT_S for age in ages)
 
+    def _stale_ranks(self, *, unseen_are_stale: bool = True) -> list[int]:
+        """The ranks whose heartbeat has not changed for STALE_S while this rank read it: processes
+        that do not run. A rank not read yet counts as stale only with `unseen_are_stale` (the
+        step's check reads from OBSERVE_S before its limit, so by then unseen means never written)."""
+        if self._store is None:
+            return []
+        now = time.monotonic()
+        missing = float("inf") if unseen_are_stale else 0.0
+        ages = {r: now - self._beats[r][1] if r in self._beats else missing for r in range(self.world_size)}
+        return [r for r, age in ages.items() if age > STALE_S]
+
     def _stuck_ranks(self) -> tuple[list[int], str]:
         """The ranks whose heartbeat is oldest: not updated for STALE_S, else the lowest step."""
         if self._store is None or self.world_size == 1:
             return ([self.rank], "this rank's own step") if self.world_size == 1 else ([], "no store to read")
-        now = time.monotonic()
-        ages = {r: now - self._beats[r][1] if r in self._beats else float("inf") for r in range(self.world_size)}
-        stale = [r for r, age in ages.items() if age > STALE_S]
+        stale = self._stale_ranks()
         if stale:
             return stale, f"heartbeat older than {STALE_S:g} s: the process does not run"
         steps = {r: _whole(self._heartbeat(r).get("step")) for r in range(self.world_size)}

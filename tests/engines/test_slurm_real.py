@@ -182,12 +182,12 @@ def test_a_stalled_rank_is_named_and_torchrun_restarts_it_inside_the_allocation(
     explicit requeue, never after its script failed: sbatch(1) --requeue) restarts the workers,
     which resume from the newest checkpoint and train to the end. The job COMPLETED, never requeued.
 
-    The stop lands in a step's compute, where the watchdog's limit is min_stall_s: a save's own
-    collectives are held to runtime.collective_timeout_s (at least 600 s, launcher/resolve.py).
-    Saves at steps 20 and 40 only, and the stop once step 20's save is written: rank 0 prints that
-    line when every rank has written its files (entrypoints/checkpoint.py `finish_pending`), just
-    before the step's own save is due. With a save every 2 steps, that line came right before the
-    next save's collectives, and a stop there waited out the collective timeout (CI, 2026-12-04)."""
+    The stop lands in a step's compute, the path this test is for: saves at steps 20 and 40 only,
+    and the stop once step 20's save is written. Rank 0 prints that line when every rank has
+    written its files (entrypoints/checkpoint.py `finish_pending`), just before the step's own save
+    is due: with a save every 2 steps the stop came right before the next save's collectives,
+    which then held rank 0 to the collective timeout (CI, 2026-12-04). Rank 0 now names a peer
+    stopped during a save at the step's limit (tests/entrypoints/test_watchdog.py)."""
     steps = 2 * SPARSE_SAVES
     watchdog = ["training.watchdog.min_stall_s=10", "training.watchdog.stall_factor=5"]  # defaults: 60 s and 10
     saves = [f"training.steps={steps}", f"checkpoint.every_steps={SPARSE_SAVES}"]

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from torch.distributed import TCPStore
 
 from entrypoints.watchdog import EXIT_STALLED, HEARTBEAT_S, TICK_S, Watchdog, speed_causes
 from launcher.contract.config import ConfigError, WatchdogConfig
@@ -125,3 +128,67 @@ def test_a_step_records_its_data_wait_only_when_it_is_a_fifth_of_the_step_and_th
     assert speed_causes(0.01, 1.0, None) == {}  # a job nothing slows: its metrics lines stay as they were
     assert speed_causes(0.25, 1.0, None) == {"data_wait_s": 0.25}
     assert speed_causes(0.0, 1.0, (2, 0.9)) == {"straggler_rank": 2, "straggler_above_median": 0.9}
+
+
+RANK_SCRIPT = """
+import sys, time
+from pathlib import Path
+from entrypoints.watchdog import Watchdog
+from launcher.contract.config import WatchdogConfig
+rank = int(sys.argv[1])
+cfg = WatchdogConfig(stall_factor=2, min_stall_s=0.5)
+watchdog = Watchdog.start(cfg, rank=rank, world_size=2, stacks_dir=Path(sys.argv[2]), first_step_limit_s=600.0)
+for step in range(1, 4):
+    watchdog.step_done(step, 0.01)
+if rank == 1:  # a peer that keeps stepping until it is stopped
+    print("stepping", flush=True)
+    step = 3
+    while True:
+        time.sleep(0.05)
+        step += 1
+        watchdog.step_done(step, 0.05)
+with watchdog.paused():  # rank 0: a save whose collectives wait for rank 1 for good
+    while True:
+        print("saving", flush=True)
+        time.sleep(0.5)
+"""
+
+
+def test_rank_0_in_a_save_names_a_stopped_peer_at_the_step_limit_not_the_long_one(tmp_path):
+    """Two real processes with watchdogs on a real TCPStore, as torchrun's agent serves it. Rank 0
+    sits in a save (held to the 600 s long limit) while rank 1 keeps stepping: 2 s there, four
+    times the step limit, and rank 0 survives. Then rank 1 is stopped (SIGSTOP): rank 0 fires once
+    rank 1's heartbeat is stale (10 s), at the step's limit and not the long one (its message says
+    which), names it, and exits 5."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "TORCHELASTIC_ERROR_FILE")}
+    environment.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+    stacks = tmp_path / "stacks"
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, str(rank), str(stacks)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        assert ranks[1].stdout.readline() == "stepping\n"
+        for _ in range(5):  # 2 s into the save, with a live peer
+            assert ranks[0].stdout.readline() == "saving\n"
+        assert ranks[0].poll() is None
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        _, err = ranks[0].communicate(timeout=300)  # a last resort: the long limit is 600 s
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+    assert ranks[0].returncode == EXIT_STALLED, err[-2000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert line.startswith("error: watchdog: no step completed for ")
+    assert "a save or an evaluation waiting on a rank that does not run is held to the step's limit" in line
+    assert f"stuck: rank 1 on {socket.gethostname()} (heartbeat older than 10 s: the process does not run)" in line
+    assert "stuck: rank 1" in (stacks / "rank-0.txt").read_text()
