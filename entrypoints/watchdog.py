@@ -32,8 +32,9 @@ but rank 0 also reads the heartbeats from OBSERVE_S before the step's limit, and
 limit once a peer's heartbeat is stale: a rank stopped just before the save's collectives would
 otherwise hold every other rank in them until the collective timeout (a CI run of the Slurm
 test, 2026-12-04). Rank 0 alone, so a long save costs the store world_size reads a second; a
-stopped rank 0 is still caught by the collective timeout. A rank whose own store client failed
-(it warns once) stops writing heartbeats and would look stopped to rank 0 during a long save.
+stopped rank 0 is still caught by the collective timeout. Only a peer whose last heartbeat
+names rank 0's step (or the one before) counts: one whose store client failed long before (it
+warns once) stops writing heartbeats, and must not fail a healthy save.
 
 The first rank to fire posts its report under `fired`; every other watchdog sees
 it within HEARTBEAT_S, dumps its own stacks and fails with the same report, and no rank exits
@@ -274,7 +275,7 @@ class Watchdog:
                     self._fire(fired, first=False)
             if idle > limit and self._stuck_known(idle - limit):
                 self._fire(self._report(idle, limit), first=True)
-            elif in_pause and idle > step_limit and self._stale_ranks(unseen_are_stale=False):
+            elif in_pause and idle > step_limit and self._stopped_at_this_step():
                 # A peer that does not run holds the save's collectives for good: waiting out the
                 # long limit (the collective timeout, at least 600 s) would only delay the restart.
                 self._fire(self._report(idle, step_limit, in_pause=True), first=True)
@@ -321,6 +322,16 @@ class Watchdog:
         missing = float("inf") if unseen_are_stale else 0.0
         ages = {r: now - self._beats[r][1] if r in self._beats else missing for r in range(self.world_size)}
         return [r for r, age in ages.items() if age > STALE_S]
+
+    def _stopped_at_this_step(self) -> list[int]:
+        """During a save: the stale peers whose last heartbeat names this rank's step or the one
+        before (written at most HEARTBEAT_S after it), so stopped since the step before the save.
+        A peer whose heartbeats ended long before (its store client failed: it warned) is left to
+        the long limit rather than failing a healthy save."""
+        step = self.clock.step
+        return [
+            r for r in self._stale_ranks(unseen_are_stale=False) if _whole(self._heartbeat(r).get("step")) >= step - 1
+        ]
 
     def _stuck_ranks(self) -> tuple[list[int], str]:
         """The ranks whose heartbeat is oldest: not updated for STALE_S, else the lowest step."""

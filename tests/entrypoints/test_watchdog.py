@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -192,3 +193,21 @@ def test_rank_0_in_a_save_names_a_stopped_peer_at_the_step_limit_not_the_long_on
     assert "a save or an evaluation waiting on a rank that does not run is held to the step's limit" in line
     assert f"stuck: rank 1 on {socket.gethostname()} (heartbeat older than 10 s: the process does not run)" in line
     assert "stuck: rank 1" in (stacks / "rank-0.txt").read_text()
+
+
+def test_in_a_save_only_a_peer_stale_since_the_last_step_counts_as_stopped(tmp_path):
+    """The heartbeats rank 0 has read during a save, at step 10: rank 1's stopped changing 30 s
+    ago at step 4 (its store client failed long before: it warned), rank 2's 12 s ago at step 9
+    (stopped after its last step), rank 3's are fresh and rank 4's not read yet. Only rank 2 may
+    fail the save; the report still names every stale rank."""
+    watchdog = Watchdog(WatchdogConfig(), rank=0, world_size=5, stacks_dir=tmp_path, first_step_limit_s=600.0)
+    watchdog._store = object()  # read already: only its presence matters here
+    watchdog.step_done(10, 1.0)
+    now = time.monotonic()
+
+    def beat(step: int, seen_s_ago: float) -> tuple[str, float]:
+        return json.dumps({"step": step, "host": "h", "pid": 1, "beat": 1}), now - seen_s_ago
+
+    watchdog._beats = {0: beat(10, 0.0), 1: beat(4, 30.0), 2: beat(9, 12.0), 3: beat(10, 0.5)}
+    assert watchdog._stopped_at_this_step() == [2]
+    assert watchdog._stale_ranks() == [1, 2, 4]  # the step's check: by then unseen means never written
