@@ -280,6 +280,8 @@ def _steps_left_after(start: int, steps: int) -> int:
 def _announce(cfg: JobConfig, env: DistEnv, parts, fp8, start: int) -> None:
     params = sum(p.numel() for part in parts for p in part.parameters())
     experts = " fp8_experts=rowwise" if fp8 is not None and experts_run_fp8(parts) else ""
+    if cfg.training.moe_force_load_balance:
+        experts += " routing=round_robin"
     print(
         f"start job={cfg.name} model={cfg.model.name} layout={cfg.parallel} world_size={env.world_size} "
         f"device={env.device.type} dtype={cfg.precision.dtype} fp8={fp8.recipe if fp8 else 'off'}{experts} "

@@ -95,6 +95,9 @@ class Point:
     fp8_weights_cached: bool = False
     # The experts' grouped GEMMs in FP8 too (precision.fp8_experts, Workload.fp8_experts).
     fp8_experts: bool = False
+    # Round-robin routing, every expert the same rows (training.moe_force_load_balance, Workload):
+    # Megatron-Core's moe_router_force_load_balancing in the benchmark configs that set it.
+    moe_force_load_balance: bool = False
     optimizer_state_dtype: str = "fp32"  # AdamW's moments: training.optimizer.state_dtype (Workload)
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
@@ -106,7 +109,7 @@ class Point:
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
                 self.p2p_overlap, self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached,
-                self.fp8_experts, self.optimizer_state_dtype)  # fmt: skip
+                self.fp8_experts, self.moe_force_load_balance, self.optimizer_state_dtype)  # fmt: skip
 
     @property
     def held_apart(self) -> bool:
@@ -155,7 +158,7 @@ ROW_REQUIRED = (
 )
 ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
                 "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "fp8_experts",
-                "optimizer_state_dtype", "note", "assumed", "fitted")  # fmt: skip
+                "moe_force_load_balance", "optimizer_state_dtype", "note", "assumed", "fitted")  # fmt: skip
 # A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
 # source under the evidence key beside each.
 SOURCE_DEFAULTS = {
@@ -167,6 +170,7 @@ SOURCE_DEFAULTS = {
     "tp_saves_shard": "shard_evidence",
     "fp8_weight_cache": "fp8_cache_evidence",
     "fp8_experts": "fp8_experts_evidence",
+    "moe_force_load_balance": "balance_evidence",
 }
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
 UNITS = {"tokens/s/GPU": False, "model TFLOP/s/GPU": True}
@@ -275,6 +279,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         tp_saves_shard=layout.tensor > 1 and _setting(row, source, "tp_saves_shard"),
         fp8_weights_cached=row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"),
         fp8_experts=row["precision"] != "bf16" and _setting(row, source, "fp8_experts"),
+        moe_force_load_balance=_setting(row, source, "moe_force_load_balance"),
         optimizer_state_dtype=row.get("optimizer_state_dtype", "fp32"),
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
@@ -313,6 +318,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("FP8 weights cached per step (fp8_weights_cached)")
     if row["precision"] != "bf16" and _setting(row, source, "fp8_experts"):
         parts.append("FP8 experts (precision.fp8_experts)")
+    if _setting(row, source, "moe_force_load_balance"):
+        parts.append("force-balanced routing (training.moe_force_load_balance)")
     if row.get("optimizer_state_dtype") == "bf16":
         parts.append("bf16 optimizer states (training.optimizer.state_dtype bf16)")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
@@ -376,6 +383,7 @@ def workload_of(point: Point) -> Workload:
         regather_overlap=point.tp_saves_shard,  # both regather async beside the dgrad GEMM (Workload)
         fp8_weights_cached=point.fp8_weights_cached,
         fp8_experts=point.fp8_experts,
+        moe_force_load_balance=point.moe_force_load_balance,
         optimizer_state_dtype=point.optimizer_state_dtype,
     )
 
@@ -1182,11 +1190,13 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   layout, not a container, so even predictions equal to each layout's mean measurement rank
   that source at 0.93; ours rank it 0.72, with its one FSDP row (Llama 3 8B) predicted 14%
   above the TP x PP rows where it measured in between. Three layouts still say `oom` for our
-  program: Qwen3-30B-A3B at PP 2, micro-batch 2 (91.7 GiB, from 104.4 before the combine
-  stopped keeping the experts' outputs; torchao's FP8 grouped GEMMs, which our experts run under
-  precision.fp8_experts, save bf16 rows where TE's save FP8 ones, and the estimate budgets 25%
-  routing imbalance, 84.6 GiB at balance, where Megatron-Bridge force-balances routing in these
-  runs), and the Llama 3 paper's 405B rows at
+  program: Qwen3-30B-A3B at PP 2, micro-batch 2 (84.6 GiB with the force-balanced routing its
+  config sets, priced as training.moe_force_load_balance; 91.7 with dropless routing's 25%
+  bound; 104.4 before the combine stopped keeping the experts' outputs). Of what is left,
+  torchao's FP8 grouped GEMMs, which our experts run under precision.fp8_experts, keep the
+  experts' rows and w2's input in bf16 where TE keeps 1-byte FP8 copies: 0.17 GiB per layer and
+  micro-batch, and rank 0 holds 49 of them (48 warmup forwards of one-layer chunks), so 8.5 GiB;
+  without it the row would be `risky` at 76.1. And the Llama 3 paper's 405B rows at
   8K, whose micro batch, virtual stages and recomputation are not published (assumed 1, 2 and
   none: about 0.53 GB kept per layer and micro-batch, so 66 GB with one stage per rank, where
   126 layers' worth are in flight, and 97 GB at 2 virtual stages); with selective recomputation

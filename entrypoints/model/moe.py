@@ -56,12 +56,19 @@ class Routing(NamedTuple):
     tokens: int
 
 
-def route(logits: torch.Tensor, moe: MoeConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, moe: MoeConfig, *, force_balance: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(top-k weights [N, k] in the logits' dtype, top-k expert ids [N, k], probabilities [N, E] fp32).
 
     As transformers' Qwen3MoeTopKRouter / MixtralTopKRouter: scores in fp32, top-k of the
     scores, optionally renormalised to sum to 1. A sigmoid router scores each expert on its own
     (DeepSeek V3); its probabilities for the balancing loss are the scores normalised per token.
+
+    `force_balance` (training.moe_force_load_balance) assigns the N x k copies to the experts
+    round-robin, copy i to expert i mod E, and weights them by their scores, as torchtitan's
+    TokenChoiceTopKRouter._debug_force_load_balance_routing (torchtitan/models/moe/moe.py): every
+    expert gets the same rows, within one, on every rank and layer.
     """
     if moe.router_score == "softmax":
         scores = F.softmax(logits.float(), dim=-1)
@@ -69,7 +76,12 @@ def route(logits: torch.Tensor, moe: MoeConfig) -> tuple[torch.Tensor, torch.Ten
     else:
         scores = torch.sigmoid(logits.float())
         probabilities = scores / scores.sum(dim=-1, keepdim=True)
-    weights, experts = torch.topk(scores, moe.top_k, dim=-1)
+    if force_balance:
+        copies = torch.arange(scores.shape[0] * moe.top_k, device=scores.device)
+        experts = (copies % moe.num_experts).view(-1, moe.top_k)
+        weights = scores.gather(1, experts)
+    else:
+        weights, experts = torch.topk(scores, moe.top_k, dim=-1)
     if moe.normalize_top_k:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(logits.dtype), experts, probabilities
@@ -199,6 +211,8 @@ class MoE(nn.Module):
         shared_size = moe.shared_experts * moe.expert_ffn_hidden_size
         self.shared_experts = SharedExperts(cfg.hidden_size, shared_size) if shared_size else None
         self.routing: Routing | None = None
+        self.force_balance = False
+        """training.moe_force_load_balance (`force_load_balance`): round-robin routing, for benchmarks."""
         # Set by apply_expert_parallel: the EP group the experts are split over, and the cp
         # group whose ranks hold the other parts of this rank's sequences.
         self.expert_group = None
@@ -208,7 +222,7 @@ class MoE(nn.Module):
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         logits = self.router(tokens)
-        weights, experts, probabilities = route(logits, self.moe)
+        weights, experts, probabilities = route(logits, self.moe, force_balance=self.force_balance)
         flat_experts = experts.reshape(-1)
         # Stable: copies of one expert keep token order, so the sums below are deterministic.
         order = torch.argsort(flat_experts, stable=True)
@@ -235,6 +249,13 @@ class MoE(nn.Module):
         if self.expert_group is None:
             return self.experts(tokens[source_token], counts, copy_weights)
         return dispatch_to_experts(self.experts, tokens, source_token, copy_weights, counts, self.expert_group)
+
+
+def force_load_balance(model: nn.Module) -> None:
+    """Every MoE layer of `model` routes round-robin (training.moe_force_load_balance)."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.force_balance = True
 
 
 def router_losses(layers: list[MoE], moe: MoeConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ import torch
 
 from entrypoints.fp8 import Fp8Settings, convert_to_float8
 from entrypoints.model.llama import Transformer, build_model
+from entrypoints.model.moe import force_load_balance
 from entrypoints.parallel.activation import apply_activation_checkpointing, checkpointed_layers
 from entrypoints.parallel.context import apply_context_parallel
 from entrypoints.parallel.expert import apply_expert_parallel, apply_routing_group, build_expert_mesh, expert_fsdp_mesh
@@ -105,6 +106,8 @@ def build_model_parts(cfg: JobConfig, mesh, *, fp8: Fp8Settings | None = None) -
     model = build_model(
         cfg.model, seq_len=cfg.training.seq_len, device="meta", document_positions=cfg.data.document_positions
     )
+    if cfg.training.moe_force_load_balance:
+        force_load_balance(model)
     # FP8 conversion runs first, on the whole meta model, so every stage gets Float8Linear layers.
     if fp8 is not None:
         convert_to_float8(model, fp8)

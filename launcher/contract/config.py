@@ -240,6 +240,8 @@ class TrainingConfig:
     gc_every_steps: int = 50
     """Python's cyclic garbage collector runs between steps, every this many (0: whenever Python
     decides, in the middle of a step too); entrypoints/garbage_collection.py."""
+    moe_force_load_balance: bool = False
+    """Round-robin routing over the experts (entrypoints/model/moe.py `route`): benchmarking only."""
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def __post_init__(self):

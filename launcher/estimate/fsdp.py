@@ -710,7 +710,11 @@ class _Loss:
 def notes(workload: Workload) -> list[str]:
     found = []
     moe = workload.arch.moe
-    if moe is not None and workload.layout.expert > 1:
+    if moe is not None and workload.layout.expert > 1 and workload.moe_force_load_balance:
+        found.append(
+            "experts: routing is round-robin (training.moe_force_load_balance): every EP rank gets the balanced share"
+        )
+    elif moe is not None and workload.layout.expert > 1:
         found.append(
             f"experts: each EP rank's routed rows are priced at {ROUTING_BOUND:g}x the balanced share "
             "(dropless routing has no cap; docs/estimator.md)"

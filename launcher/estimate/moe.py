@@ -50,6 +50,7 @@ beside its output.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from launcher.contract.fp8 import padded_group_rows
@@ -93,10 +94,18 @@ class MoeMemory:
 
 
 def routed_rows(workload: Workload) -> tuple[float, float]:
-    """(C, R): token copies this rank sends per micro-batch, and rows its experts compute on."""
+    """(C, R): token copies this rank sends per micro-batch, and rows its experts compute on.
+
+    Under training.moe_force_load_balance every rank sends copy i to expert i mod E
+    (entrypoints/model/moe.py `route`), so each expert gets at most ceil(C / E) rows from each
+    EP rank: R = E x ceil(C / E), whatever the router learned."""
     moe, layout = workload.arch.moe, workload.layout
     sent = workload.micro_batch_size * workload.seq_len / layout.context * moe.top_k
-    return sent, sent * (ROUTING_BOUND if layout.expert > 1 else 1.0)
+    if layout.expert == 1:
+        return sent, sent
+    if workload.moe_force_load_balance:
+        return sent, moe.num_experts * math.ceil(sent / moe.num_experts)
+    return sent, sent * ROUTING_BOUND
 
 
 def moe_memory(workload: Workload, cb: int) -> MoeMemory:

@@ -39,6 +39,7 @@ class Workload:
     cp_attention: str = "auto"  # parallel.cp_attention as written; `cp_attention_path` resolves it per layout
     document_masking: bool = False  # data.document_masking: attention masks per micro-batch
     evaluates: bool = False  # data.validation: a forward-only pass over held-out data between steps
+    moe_force_load_balance: bool = False  # training.moe_force_load_balance: round-robin routing, no imbalance
     # Planner-only: what published systems run and the entrypoints do not, so a recipe cannot set
     # them (launcher/plan/throughput.py prices them; docs/planner.md).
     tp_overlap: str = "none"  # TP collectives in t pieces beside their GEMMs: async (torch), userbuffers (TE)
@@ -76,6 +77,7 @@ class Workload:
             cp_attention=parallel.cp_attention,
             document_masking=recipe.data.document_masking,
             evaluates=recipe.data.validation is not None,
+            moe_force_load_balance=training.moe_force_load_balance,
         )
 
     @property

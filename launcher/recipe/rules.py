@@ -186,6 +186,9 @@ def fp8_experts_problems(spec: RecipeSpec, arch: ModelArch) -> list[Problem]:
 
 def hardware_problems(spec: RecipeSpec, arch: ModelArch, hardware: Hardware) -> list[Problem]:
     problems = fp8_experts_problems(spec, arch)
+    if spec.training.moe_force_load_balance and arch.moe is None:
+        why = "this model has no experts (no moe: block in its architecture) to balance; drop it"
+        problems.append(Problem("training.moe_force_load_balance", why))
     if spec.precision.fp8 and not hardware.accelerator.has_fp8 and spec.cluster.device != "cpu":
         problems.append(
             Problem(

@@ -262,6 +262,11 @@ class Training(Section):
     gc_every_steps: int = Field(default=50, ge=0, le=MAX_STEPS)
     """Python's garbage collector runs between steps, every this many (torchtitan's gc_freq, 50), so
     no rank pauses for it in the middle of a step and holds up the others; 0 leaves it to Python."""
+    moe_force_load_balance: bool = False
+    """Benchmarking a mixture of experts: route token copies round-robin over the experts, so each
+    gets the same rows whatever the router scores (torchtitan's debug.moe_force_load_balance;
+    Megatron-Core's moe_router_force_load_balancing). The router still trains on the scores of
+    the experts it is given, but does not choose them: for speed and memory, not for a model."""
     watchdog: Watchdog = Watchdog()
 
 

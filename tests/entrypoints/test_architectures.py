@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from entrypoints.model.llama import build_model
-from entrypoints.model.moe import MoE, route
+from entrypoints.model.moe import MoE, force_load_balance, route
 from launcher.contract.config import ConfigError, ModelConfig, MoeConfig, RopeScaling
 
 from .tiny_models import tiny
@@ -219,10 +219,10 @@ def test_logits_loss_with_aux_and_gradients_match_transformers(kind):
         assert aux > 1e-3
 
 
-def naive_moe(layer: MoE, x: torch.Tensor) -> torch.Tensor:
+def naive_moe(layer: MoE, x: torch.Tensor, *, force_balance: bool = False) -> torch.Tensor:
     """Token by token, expert by expert: the definition the grouped dispatch must equal."""
     tokens = x.reshape(-1, x.shape[-1])
-    weights, experts, _ = route(layer.router(tokens), layer.moe)
+    weights, experts, _ = route(layer.router(tokens), layer.moe, force_balance=force_balance)
     e = layer.experts
     rows = []
     for t, token in enumerate(tokens):
@@ -254,6 +254,26 @@ def test_sigmoid_router_with_shared_experts_equals_the_token_by_token_definition
         torch.logsumexp(logits, -1).square().mean().item(), rel=1e-6
     )
     assert layer.routing.tokens_per_expert.sum().item() == 10 * 3  # dropless: every copy reached an expert
+
+
+def test_forced_balance_routes_round_robin_weighted_by_the_scores_and_the_layer_still_equals_its_definition():
+    """training.moe_force_load_balance: copy i of the N x k goes to expert i mod E, as torchtitan's
+    _debug_force_load_balance_routing; the weights are those experts' scores, renormalised, and
+    the grouped dispatch still equals the token-by-token definition under that routing."""
+    cfg = tiny(moe=MoeConfig(num_experts=4, top_k=3, expert_ffn_hidden_size=20, aux_loss_coef=0.1))
+    torch.manual_seed(0)
+    layer = MoE(cfg)
+    for param in layer.parameters():
+        torch.nn.init.normal_(param, std=0.3)
+    force_load_balance(layer)
+    x = torch.randn(2, 5, cfg.hidden_size)
+    tokens = x.reshape(-1, cfg.hidden_size)
+    weights, experts, probabilities = route(layer.router(tokens), layer.moe, force_balance=True)
+    assert experts.flatten().tolist() == [i % 4 for i in range(10 * 3)]
+    chosen = probabilities.gather(1, experts)
+    assert torch.allclose(weights, chosen / chosen.sum(-1, keepdim=True))
+    assert relative_error(layer(x), naive_moe(layer, x, force_balance=True)) <= RELATIVE
+    assert layer.routing.tokens_per_expert.tolist() == [8.0, 8.0, 7.0, 7.0]  # 30 copies over 4 experts
 
 
 def test_moe_model_loss_adds_the_weighted_z_loss():

@@ -345,15 +345,16 @@ def _bounded_exchange(counts, group):
     from launcher.estimate.moe import ROUTING_BOUND
 
     ep, local_experts = dist.get_world_size(group), counts.numel() // dist.get_world_size(group)
-    rows = ROUTED_ROWS[0]
-    per_source = int(rows * ROUTING_BOUND) // (ep * local_experts)
+    rows, balanced = ROUTED_ROWS
+    # Round-robin routing (training.moe_force_load_balance) sends each expert ceil(C / E) at most.
+    per_source = -(-rows // (ep * local_experts)) if balanced else int(rows * ROUTING_BOUND) // (ep * local_experts)
     received = torch.full((ep, local_experts), per_source, dtype=counts.dtype)
     return received, [rows // ep] * ep, [per_source * local_experts] * ep
 
 
-# The token copies each MoE layer of the traced job sends (tokens x top_k per micro-batch):
-# set by `trace_resolved`.
-ROUTED_ROWS = [0]
+# The token copies each MoE layer of the traced job sends (tokens x top_k per micro-batch), and
+# whether it routes round-robin: set by `trace_resolved`.
+ROUTED_ROWS = [0, False]
 
 
 class cuda_kernels:
@@ -437,7 +438,10 @@ def trace_resolved(resolved: dict, *, stage: int = 0, dump_at: int | None = None
     par, training = cfg.parallel, cfg.training
     rank = rank_of_stage(par, stage)
     if cfg.model.moe is not None:
-        ROUTED_ROWS[0] = training.micro_batch_size * (training.seq_len // par.context) * cfg.model.moe.top_k
+        ROUTED_ROWS[:] = [
+            training.micro_batch_size * (training.seq_len // par.context) * cfg.model.moe.top_k,
+            training.moe_force_load_balance,
+        ]
     started = time.perf_counter()
     dist.init_process_group("fake", rank=rank, world_size=par.world_size)
     try:

@@ -32,6 +32,7 @@ class TracedConfig:
     micro_batch_size: int = 1
     stage: int = 0  # the pipeline stage to trace
     optimizer: dict[str, Any] = field(default_factory=dict)  # training.optimizer
+    training: dict[str, Any] = field(default_factory=dict)  # other training keys
 
     def recipe_dict(self) -> dict:
         return {
@@ -43,6 +44,7 @@ class TracedConfig:
                 "micro_batch_size": self.micro_batch_size,
                 "steps": 100,
                 "optimizer": self.optimizer,
+                **self.training,
             },
             "precision": {"dtype": "bf16", **self.precision},
             "parallel": self.parallel,
@@ -323,6 +325,15 @@ CONFIGS: list[TracedConfig] = [
         parallel={"pipeline": 2, "virtual_stages": 2, "pipeline_schedule": "interleaved_1f1b", "expert": 8},
         global_batch_size=64,
         stage=1,
+    ),
+    TracedConfig(  # round-robin routing: each EP rank receives exactly the balanced share
+        "Qwen3-30B-A3B 4K pp2 v2 ep8 none, round-robin routing, 8 micro-batches (4 layers, no aux loss), first rank",
+        {"hf_config": str(QWEN3_MOE_NO_AUX_LOSS)},
+        4096,
+        instances=2,
+        parallel={"pipeline": 2, "virtual_stages": 2, "pipeline_schedule": "interleaved_1f1b", "expert": 8},
+        global_batch_size=64,
+        training={"moe_force_load_balance": True},
     ),
     TracedConfig(
         "Qwen3-30B-A3B 32K dp4 cp2 ep8 full (4 layers)",

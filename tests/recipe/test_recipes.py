@@ -395,6 +395,36 @@ def test_fp8_experts_are_refused_where_they_cannot_run(cli, changes, error):
     assert result.err.splitlines() == [f"--set {error}"], result.err
 
 
+def test_forced_load_balance_prices_the_balanced_share_and_is_refused_without_experts(cli):
+    """training.moe_force_load_balance: the estimate drops the routing bound (each EP rank gets the
+    balanced share) and says so; a dense model has nothing to balance."""
+    recipe = REPO / "recipes" / "qwen3-30b-a3b-64k.yaml"
+    dropless = cli("estimate", recipe, "--json")
+    forced = cli("estimate", recipe, "--json", "--set", "training.moe_force_load_balance=true")
+    assert dropless.code == forced.code == 0, dropless.err + forced.err
+    peaks = [json.loads(r.out)["per_gpu_peak_bytes"] for r in (dropless, forced)]
+    assert peaks[1] < peaks[0], peaks
+    assert (
+        "experts: routing is round-robin (training.moe_force_load_balance): every EP rank gets the balanced share"
+        in (json.loads(forced.out)["notes"])
+    )
+    dense = cli(
+        "validate",
+        recipe,
+        "--set",
+        "model=llama3.1-8b",
+        "--set",
+        "parallel.expert=1",
+        "--set",
+        "training.moe_force_load_balance=true",
+    )
+    assert dense.code == 2, dense.out + dense.err
+    assert dense.err.splitlines() == [
+        "--set training.moe_force_load_balance: this model has no experts (no moe: block in its architecture) to "
+        "balance; drop it"
+    ], dense.err
+
+
 @pytest.mark.parametrize("recipe", ["qwen3-8b-128k.yaml", "qwen3-30b-a3b-64k.yaml", "mixtral-8x7b-32k.yaml"])
 def test_qwen3_and_moe_recipes_may_export_hugging_face_checkpoints(cli, recipe):
     result = cli("validate", REPO / "recipes" / recipe, "--set", "checkpoint.export_hf=true")
