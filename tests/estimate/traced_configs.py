@@ -75,6 +75,19 @@ def qwen3_moe(layers: int) -> dict:
     return {"base": "qwen3-30b-a3b", "num_layers": layers}
 
 
+def pipelined_moe(what: str, **changes) -> TracedConfig:
+    """Qwen3-30B-A3B's shapes without auxiliary losses at 4K, PP 2 x 2 interleaved, EP 8, 64 sequences."""
+    return TracedConfig(
+        f"Qwen3-30B-A3B 4K pp2 v2 ep8 none, {what}",
+        {"hf_config": str(QWEN3_MOE_NO_AUX_LOSS)},
+        4096,
+        instances=2,
+        parallel={"pipeline": 2, "virtual_stages": 2, "pipeline_schedule": "interleaved_1f1b", "expert": 8},
+        global_batch_size=64,
+        **changes,
+    )
+
+
 # global_batch_size is the data-parallel size times the micro-batches wanted: 1 for most
 # (a trace costs a forward and backward per micro-batch), 2 where gradient accumulation
 # matters, and at least the pipeline degree under PP.
@@ -317,22 +330,10 @@ CONFIGS: list[TracedConfig] = [
     # routing), so Qwen3-30B-A3B's shapes come from a config.json with router_aux_loss_coef 0.
     # The last rank peaks in its loss backward once both its stages hold gradients (4.0% under
     # the trace before that moment was counted).
-    TracedConfig(
-        "Qwen3-30B-A3B 4K pp2 v2 ep8 none, 8 micro-batches (4 layers, no aux loss), last rank",
-        {"hf_config": str(QWEN3_MOE_NO_AUX_LOSS)},
-        4096,
-        instances=2,
-        parallel={"pipeline": 2, "virtual_stages": 2, "pipeline_schedule": "interleaved_1f1b", "expert": 8},
-        global_batch_size=64,
-        stage=1,
-    ),
-    TracedConfig(  # round-robin routing: each EP rank receives exactly the balanced share
-        "Qwen3-30B-A3B 4K pp2 v2 ep8 none, round-robin routing, 8 micro-batches (4 layers, no aux loss), first rank",
-        {"hf_config": str(QWEN3_MOE_NO_AUX_LOSS)},
-        4096,
-        instances=2,
-        parallel={"pipeline": 2, "virtual_stages": 2, "pipeline_schedule": "interleaved_1f1b", "expert": 8},
-        global_batch_size=64,
+    pipelined_moe("8 micro-batches (4 layers, no aux loss), last rank", stage=1),
+    # Round-robin routing: each EP rank receives exactly the balanced share.
+    pipelined_moe(
+        "round-robin routing, 8 micro-batches (4 layers, no aux loss), first rank",
         training={"moe_force_load_balance": True},
     ),
     TracedConfig(
