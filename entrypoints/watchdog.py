@@ -34,7 +34,9 @@ otherwise hold every other rank in them until the collective timeout (a CI run o
 test, 2026-12-04). Rank 0 alone, so a long save costs the store world_size reads a second; a
 stopped rank 0 is still caught by the collective timeout. Only a peer whose last heartbeat
 names rank 0's step (or the one before) counts: one whose store client failed long before (it
-warns once) stops writing heartbeats, and must not fail a healthy save.
+warns once) stops writing heartbeats, and must not fail a healthy save. And a rank that ends its
+training writes a last heartbeat saying it closed: the others leave the last save's collectives
+before rank 0 has finished that save, and exit.
 
 The first rank to fire posts its report under `fired`; every other watchdog sees
 it within HEARTBEAT_S, dumps its own stacks and fails with the same report, and no rank exits
@@ -191,9 +193,16 @@ class Watchdog:
         return self.rank == 0 and self.world_size > 1 and clock.paused_at is not None and bool(clock.step_times)
 
     def close(self) -> None:
+        """Stop the thread, and leave a last heartbeat that says this rank closed: a rank that ends
+        its training (the last save's collectives behind it) and exits is not a stopped one, to
+        rank 0 still finishing its own save."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * TICK_S + 1)
+        if self._store is not None and not self._thread.is_alive():
+            text = json.dumps({"step": self.clock.step, "host": self.host, "pid": os.getpid(), "closed": True})
+            with contextlib.suppress(Exception):
+                self._store.set(f"beat/{self.rank}", text)
 
     # --- stragglers ---------------------------------------------------------------------------
 
@@ -314,14 +323,15 @@ class Watchdog:
 
     def _stale_ranks(self, *, unseen_are_stale: bool = True) -> list[int]:
         """The ranks whose heartbeat has not changed for STALE_S while this rank read it: processes
-        that do not run. A rank not read yet counts as stale only with `unseen_are_stale` (the
-        step's check reads from OBSERVE_S before its limit, so by then unseen means never written)."""
+        that do not run (one whose last heartbeat says it closed ended on its own). A rank not read
+        yet counts as stale only with `unseen_are_stale` (the step's check reads from OBSERVE_S
+        before its limit, so by then unseen means never written)."""
         if self._store is None:
             return []
         now = time.monotonic()
         missing = float("inf") if unseen_are_stale else 0.0
         ages = {r: now - self._beats[r][1] if r in self._beats else missing for r in range(self.world_size)}
-        return [r for r, age in ages.items() if age > STALE_S]
+        return [r for r, age in ages.items() if age > STALE_S and self._heartbeat(r).get("closed") is not True]
 
     def _stopped_at_this_step(self) -> list[int]:
         """During a save: the stale peers whose last heartbeat names this rank's step or the one

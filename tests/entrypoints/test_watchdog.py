@@ -138,9 +138,13 @@ from entrypoints.watchdog import Watchdog
 from launcher.contract.config import WatchdogConfig
 rank = int(sys.argv[1])
 cfg = WatchdogConfig(stall_factor=2, min_stall_s=0.5)
-watchdog = Watchdog.start(cfg, rank=rank, world_size=2, stacks_dir=Path(sys.argv[2]), first_step_limit_s=600.0)
+watchdog = Watchdog.start(cfg, rank=rank, world_size=3, stacks_dir=Path(sys.argv[2]), first_step_limit_s=600.0)
 for step in range(1, 4):
     watchdog.step_done(step, 0.01)
+if rank == 2:  # a peer that ends its training and exits
+    watchdog.close()
+    print("closed", flush=True)
+    sys.exit(0)
 if rank == 1:  # a peer that keeps stepping until it is stopped
     print("stepping", flush=True)
     step = 3
@@ -156,11 +160,12 @@ with watchdog.paused():  # rank 0: a save whose collectives wait for rank 1 for 
 
 
 def test_rank_0_in_a_save_names_a_stopped_peer_at_the_step_limit_not_the_long_one(tmp_path):
-    """Two real processes with watchdogs on a real TCPStore, as torchrun's agent serves it. Rank 0
-    sits in a save (held to the 600 s long limit) while rank 1 keeps stepping: 2 s there, four
-    times the step limit, and rank 0 survives. Then rank 1 is stopped (SIGSTOP): rank 0 fires once
-    rank 1's heartbeat is stale (10 s), at the step's limit and not the long one (its message says
-    which), names it, and exits 5."""
+    """Three real processes with watchdogs on a real TCPStore, as torchrun's agent serves it. Rank 0
+    sits in a save (held to the 600 s long limit) while rank 1 keeps stepping and rank 2 ends its
+    training and exits: 2 s there, four times the step limit, and rank 0 survives. Then rank 1 is
+    stopped (SIGSTOP): rank 0 fires once rank 1's heartbeat is stale (10 s), at the step's limit
+    and not the long one (its message says which), names it alone (rank 2's last heartbeat says
+    it closed), and exits 5."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "TORCHELASTIC_ERROR_FILE")}
     environment.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
@@ -174,9 +179,11 @@ def test_rank_0_in_a_save_names_a_stopped_peer_at_the_step_limit_not_the_long_on
             text=True,
             cwd=tmp_path,
         )
-        for rank in (0, 1)
+        for rank in (0, 1, 2)
     ]
     try:
+        assert ranks[2].communicate(timeout=120) == ("closed\n", "")
+        assert json.loads(store.get("watchdog/attempt_0/beat/2"))["closed"] is True
         assert ranks[1].stdout.readline() == "stepping\n"
         for _ in range(5):  # 2 s into the save, with a live peer
             assert ranks[0].stdout.readline() == "saving\n"
@@ -199,7 +206,8 @@ def test_in_a_save_only_a_peer_stale_since_the_last_step_counts_as_stopped(tmp_p
     """The heartbeats rank 0 has read during a save, at step 10: rank 1's stopped changing 30 s
     ago at step 4 (its store client failed long before: it warned), rank 2's 12 s ago at step 9
     (stopped after its last step), rank 3's are fresh and rank 4's not read yet. Only rank 2 may
-    fail the save; the report still names every stale rank."""
+    fail the save; the report still names every stale rank. Unless rank 2's last heartbeat says it
+    closed (a rank that ended its training)."""
     watchdog = Watchdog(WatchdogConfig(), rank=0, world_size=5, stacks_dir=tmp_path, first_step_limit_s=600.0)
     watchdog._store = object()  # read already: only its presence matters here
     watchdog.step_done(10, 1.0)
@@ -211,3 +219,7 @@ def test_in_a_save_only_a_peer_stale_since_the_last_step_counts_as_stopped(tmp_p
     watchdog._beats = {0: beat(10, 0.0), 1: beat(4, 30.0), 2: beat(9, 12.0), 3: beat(10, 0.5)}
     assert watchdog._stopped_at_this_step() == [2]
     assert watchdog._stale_ranks() == [1, 2, 4]  # the step's check: by then unseen means never written
+    # Rank 2's last heartbeat says it closed: it ended its training and exited, it is not stuck.
+    closed = {"step": 10, "host": "h", "pid": 1, "closed": True}
+    watchdog._beats[2] = (json.dumps(closed), now - 12.0)
+    assert watchdog._stopped_at_this_step() == [] and watchdog._stale_ranks() == [1, 4]
