@@ -28,8 +28,8 @@ completes). A report waits (at most STALE_S past the limit) while any heartbeat 
 fresh nor stale (`_stuck_known`).
 
 **A peer stopped during a save.** Every rank holds a save (or an evaluation) to the long limit,
-but rank 0 also reads the heartbeats from OBSERVE_S before the step's limit, and fires at that
-limit once a peer's heartbeat is stale: a rank stopped just before the save's collectives would
+but rank 0 also reads the heartbeats while it saves, and fires once a peer's heartbeat has been
+unchanged for the step's limit (STALE_S at least): a rank stopped just before the save's collectives would
 otherwise hold every other rank in them until the collective timeout (a CI run of the Slurm
 test, 2026-12-04). Rank 0 alone, so a long save costs the store world_size reads a second; a
 stopped rank 0 is still caught by the collective timeout. Only a peer whose last heartbeat
@@ -277,14 +277,14 @@ class Watchdog:
                 # per second while the job is healthy.
                 # Rank 0 also reads them now and then for the hosts its straggler line names.
                 hosts_due = self.rank == 0 and beat % HOSTS_EVERY == 2
-                observing = idle > limit - OBSERVE_S or (in_pause and idle > step_limit - OBSERVE_S)
+                observing = idle > limit - OBSERVE_S or in_pause
                 self._write_heartbeat(beat, read_others=observing or hosts_due)
                 fired = self._fired_report()
                 if fired is not None:
                     self._fire(fired, first=False)
             if idle > limit and self._stuck_known(idle - limit):
                 self._fire(self._report(idle, limit), first=True)
-            elif in_pause and idle > step_limit and self._stopped_at_this_step():
+            elif in_pause and idle > step_limit and self._stopped_at_this_step(step_limit):
                 # A peer that does not run holds the save's collectives for good: waiting out the
                 # long limit (the collective timeout, at least 600 s) would only delay the restart.
                 self._fire(self._report(idle, step_limit, in_pause=True), first=True)
@@ -321,7 +321,7 @@ class Watchdog:
         ages = [now - self._beats[r][1] if r in self._beats else float("inf") for r in range(self.world_size)]
         return any(age > STALE_S for age in ages) or all(age <= 2 * HEARTBEAT_S for age in ages)
 
-    def _stale_ranks(self, *, unseen_are_stale: bool = True) -> list[int]:
+    def _stale_ranks(self, *, unseen_are_stale: bool = True, older_than: float = STALE_S) -> list[int]:
         """The ranks whose heartbeat has not changed for STALE_S while this rank read it: processes
         that do not run (one whose last heartbeat says it closed ended on its own). A rank not read
         yet counts as stale only with `unseen_are_stale` (the step's check reads from OBSERVE_S
@@ -331,17 +331,17 @@ class Watchdog:
         now = time.monotonic()
         missing = float("inf") if unseen_are_stale else 0.0
         ages = {r: now - self._beats[r][1] if r in self._beats else missing for r in range(self.world_size)}
-        return [r for r, age in ages.items() if age > STALE_S and self._heartbeat(r).get("closed") is not True]
+        return [r for r, age in ages.items() if age > older_than and self._heartbeat(r).get("closed") is not True]
 
-    def _stopped_at_this_step(self) -> list[int]:
-        """During a save: the stale peers whose last heartbeat names this rank's step or the one
-        before (written at most HEARTBEAT_S after it), so stopped since the step before the save.
-        A peer whose heartbeats ended long before (its store client failed: it warned) is left to
-        the long limit rather than failing a healthy save."""
-        step = self.clock.step
-        return [
-            r for r in self._stale_ranks(unseen_are_stale=False) if _whole(self._heartbeat(r).get("step")) >= step - 1
-        ]
+    def _stopped_at_this_step(self, step_limit_s: float) -> list[int]:
+        """During a save: the peers whose heartbeat has not changed for the step's limit (STALE_S
+        at least; a peer thread held off the GIL for a few seconds in its own save must not fail
+        the job) and whose last one names this rank's step or the one before (written at most
+        HEARTBEAT_S after it), so stopped since the step before the save. A peer whose heartbeats
+        ended long before (its store client failed: it warned) is left to the long limit."""
+        step, older_than = self.clock.step, max(STALE_S, step_limit_s)
+        stale = self._stale_ranks(unseen_are_stale=False, older_than=older_than)
+        return [r for r in stale if _whole(self._heartbeat(r).get("step")) >= step - 1]
 
     def _stuck_ranks(self) -> tuple[list[int], str]:
         """The ranks whose heartbeat is oldest: not updated for STALE_S, else the lowest step."""

@@ -206,8 +206,8 @@ def test_in_a_save_only_a_peer_stale_since_the_last_step_counts_as_stopped(tmp_p
     """The heartbeats rank 0 has read during a save, at step 10: rank 1's stopped changing 30 s
     ago at step 4 (its store client failed long before: it warned), rank 2's 12 s ago at step 9
     (stopped after its last step), rank 3's are fresh and rank 4's not read yet. Only rank 2 may
-    fail the save; the report still names every stale rank. Unless rank 2's last heartbeat says it
-    closed (a rank that ended its training)."""
+    fail the save, once unchanged for the step's limit (at least 10 s); the report still names
+    every stale rank. Unless rank 2's last heartbeat says it closed (a rank that ended its training)."""
     watchdog = Watchdog(WatchdogConfig(), rank=0, world_size=5, stacks_dir=tmp_path, first_step_limit_s=600.0)
     watchdog._store = object()  # read already: only its presence matters here
     watchdog.step_done(10, 1.0)
@@ -217,9 +217,10 @@ def test_in_a_save_only_a_peer_stale_since_the_last_step_counts_as_stopped(tmp_p
         return json.dumps({"step": step, "host": "h", "pid": 1, "beat": 1}), now - seen_s_ago
 
     watchdog._beats = {0: beat(10, 0.0), 1: beat(4, 30.0), 2: beat(9, 12.0), 3: beat(10, 0.5)}
-    assert watchdog._stopped_at_this_step() == [2]
+    assert watchdog._stopped_at_this_step(5.0) == [2]
+    assert watchdog._stopped_at_this_step(20.0) == []  # a step limit of 20 s: 12 s unchanged is not enough yet
     assert watchdog._stale_ranks() == [1, 2, 4]  # the step's check: by then unseen means never written
     # Rank 2's last heartbeat says it closed: it ended its training and exited, it is not stuck.
     closed = {"step": 10, "host": "h", "pid": 1, "closed": True}
     watchdog._beats[2] = (json.dumps(closed), now - 12.0)
-    assert watchdog._stopped_at_this_step() == [] and watchdog._stale_ranks() == [1, 4]
+    assert watchdog._stopped_at_this_step(5.0) == [] and watchdog._stale_ranks() == [1, 4]
