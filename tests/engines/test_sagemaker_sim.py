@@ -350,8 +350,8 @@ def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_wi
     so a restart inside the job finds them only this way). The stop waits on progress alone: each
     host's save waits for its previous upload first (checkpoint_mirror.py `push`), so once step 9
     is logged both hosts' step-4 files are in S3, and steps 10 and 11 are left for the stop to
-    land in a step's compute, where the watchdog's limit is min_stall_s: a save's own collectives
-    are held to runtime.collective_timeout_s (at least 600 s, launcher/resolve.py). Waiting for
+    land in a step's compute, the path this scenario is for (a stop in a save is caught by rank 0
+    reading the heartbeats: tests/entrypoints/test_watchdog.py). Waiting for
     the markers in S3 instead raced the upload against the steps: on a busy machine the 8-step
     run logged its last step first. Rank 0's
     watchdog on algo-1 fires and names it; algo-1's torchrun restarts its worker, which rejoins
