@@ -377,7 +377,8 @@ class Watchdog:
 
     def _wait_for_dumps(self, stuck) -> None:
         stuck = stuck if isinstance(stuck, list) else []  # read back from the store
-        live = [f"dumped/{r}" for r in range(self.world_size) if r not in stuck and r != self.rank]
+        ended = {r for r in range(self.world_size) if self._heartbeat(r).get("closed") is True}  # no dump to wait for
+        live = [f"dumped/{r}" for r in range(self.world_size) if r not in stuck and r not in ended and r != self.rank]
         deadline = time.monotonic() + DUMP_WAIT_S
         with contextlib.suppress(Exception):
             while live and time.monotonic() < deadline and not self._store.check(live):
