@@ -73,7 +73,9 @@ class LayoutPlan:
         if layout.virtual_stages > 1:
             parts[parts.index(f"pipeline {layout.pipeline}")] += f" (v{layout.virtual_stages})"
         parts = parts or ["data_shard 1"]
-        extras = [f"micro batch {self.micro_batch_size}", f"{self.activation_checkpointing} AC"]
+        # Expert parallelism splits the experts over data_shard x context ranks: not a factor of the product.
+        experts = [f"expert {layout.expert}"] if layout.expert > 1 else []
+        extras = [*experts, f"micro batch {self.micro_batch_size}", f"{self.activation_checkpointing} AC"]
         if self.fp8:
             extras.append("fp8")
         if self.grad_accumulation != "sync_each":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -195,3 +196,10 @@ def test_committed_planner_doc_is_what_the_calibration_script_generates():
         [sys.executable, str(REPO / "scripts" / "planner_calibration.py"), "--check"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_reasons_line_names_the_expert_degree_that_sets_two_layouts_apart(cli):
+    """Two layouts that differ only in expert parallelism: the line says which has expert 2."""
+    result = cli("plan", REPO / "recipes" / "qwen3-30b-a3b-64k.yaml", "--top", "2")
+    assert result.code == 0, result.err
+    assert re.search(r"the runner-up \([^)]*expert 2[^)]*\)", result.out), result.out
