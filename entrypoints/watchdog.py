@@ -31,7 +31,7 @@ fresh nor stale (`_stuck_known`).
 but rank 0 also reads the heartbeats while it saves, and fires once a peer's heartbeat has been
 unchanged for the step's limit (STALE_S at least): a rank stopped just before the save's collectives would
 otherwise hold every other rank in them until the collective timeout (a CI run of the Slurm
-test, 2026-12-04). Rank 0 alone, so a long save costs the store world_size reads a second; a
+test, 2026-12-04). Rank 0 alone, so a save costs the store world_size reads a second while it lasts; a
 stopped rank 0 is still caught by the collective timeout. Only a peer whose last heartbeat
 names rank 0's step (or the one before) counts: one whose store client failed long before (it
 warns once) stops writing heartbeats, and must not fail a healthy save. And a rank that ends its
@@ -187,7 +187,7 @@ class Watchdog:
 
     def watches_peers_in_pause(self) -> bool:
         """Whether this rank, in a save or an evaluation, names a peer that does not run at the
-        step's limit rather than the long one: rank 0 alone (a long save then costs the store
+        step's limit rather than the long one: rank 0 alone (a save then costs the store
         world_size reads a second, not world_size squared), once a step has completed."""
         clock = self.clock
         return self.rank == 0 and self.world_size > 1 and clock.paused_at is not None and bool(clock.step_times)
