@@ -322,8 +322,8 @@ class Watchdog:
         return any(age > STALE_S for age in ages) or all(age <= 2 * HEARTBEAT_S for age in ages)
 
     def _stale_ranks(self, *, unseen_are_stale: bool = True, older_than: float = STALE_S) -> list[int]:
-        """The ranks whose heartbeat has not changed for STALE_S while this rank read it: processes
-        that do not run (one whose last heartbeat says it closed ended on its own). A rank not read
+        """The ranks whose heartbeat has not changed for `older_than` while this rank read it:
+        processes that do not run (one whose last heartbeat says it closed ended on its own). A rank not read
         yet counts as stale only with `unseen_are_stale` (the step's check reads from OBSERVE_S
         before its limit, so by then unseen means never written)."""
         if self._store is None:

@@ -155,11 +155,14 @@ with watchdog.paused():  # rank 0: a save whose collectives wait for rank 1 for 
 """
 
 
+SAVING_LINES = 26  # rank 0 prints one every 0.5 s of its save
+
+
 def test_rank_0_in_a_save_names_a_stopped_peer_at_the_step_limit_not_the_long_one(tmp_path, monkeypatch):
     """Three watchdogs on a real TCPStore, as torchrun's agent serves it: ranks 0 and 1 in real
     processes, rank 2 here. Rank 2 ends its training (its watchdog closes) first. Rank 0 sits in
-    a save (held to the 600 s long limit) while rank 1 keeps stepping: 2 s there, four times the
-    step limit, and rank 0 survives. Then rank 1 is stopped (SIGSTOP): rank 0 fires once rank 1's
+    a save (held to the 600 s long limit) while rank 1 keeps stepping: 12.5 s there, past both the
+    step limit and the 10 s a heartbeat must stay unchanged, and rank 0 survives. Then rank 1 is stopped (SIGSTOP): rank 0 fires once rank 1's
     heartbeat is stale (10 s), at the step's limit and not the long one (its message says which),
     names it alone (rank 2's last heartbeat says it closed), and exits 5."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
@@ -192,7 +195,9 @@ def test_rank_0_in_a_save_names_a_stopped_peer_at_the_step_limit_not_the_long_on
     ]
     try:
         assert ranks[1].stdout.readline() == "stepping\n"
-        for _ in range(5):  # 2 s into the save, with a live peer
+        # 12.5 s into the save, past the 10 s a heartbeat must stay unchanged: rank 1 is alive,
+        # and rank 2's closed heartbeat has stood unchanged all along.
+        for _ in range(SAVING_LINES):
             assert ranks[0].stdout.readline() == "saving\n"
         assert ranks[0].poll() is None
         os.kill(ranks[1].pid, signal.SIGSTOP)
