@@ -417,17 +417,32 @@ class Watchdog:
             self._store = None
 
     def _read_heartbeats(self) -> None:
+        """Every rank's heartbeat: two round trips to the store once all have written one (a
+        check and a multi_get), one check and get per rank before (a get of a missing key waits)."""
         keys = [f"beat/{r}" for r in range(self.world_size)]
         now = time.monotonic()
-        for r, key in enumerate(keys):
-            if not self._store.check([key]):
+        texts = self._all_heartbeats(keys) if self._store.check(keys) else None
+        if texts is None:
+            texts = [self._store.get(key).decode() if self._store.check([key]) else None for key in keys]
+        for r, text in enumerate(texts):
+            if text is None:
                 continue
-            text = self._store.get(key).decode()
             if r not in self._beats or self._beats[r][0] != text:
                 self._beats[r] = (text, now)
             host = self._heartbeat(r).get("host")
             if isinstance(host, str) and host.isprintable() and host:
                 self._hosts[r] = host[:255]
+
+    def _all_heartbeats(self, keys: list[str]) -> list[str] | None:
+        """Every key in one multi_get (torch 2.13's TCPStore and PrefixStore have it); None where
+        the store lacks it or refuses, and the caller gets each key instead."""
+        multi_get = getattr(self._store, "multi_get", None)
+        if multi_get is None:
+            return None
+        try:
+            return [value.decode() for value in multi_get(keys)]
+        except (NotImplementedError, RuntimeError):
+            return None
 
     def _heartbeat(self, rank: int) -> dict:
         if rank == self.rank:
