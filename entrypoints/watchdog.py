@@ -441,7 +441,7 @@ class Watchdog:
             return None
         try:
             return [value.decode() for value in multi_get(keys)]
-        except (NotImplementedError, RuntimeError):
+        except RuntimeError:  # c10d's errors, DistStoreError among them: the caller gets each key
             return None
 
     def _heartbeat(self, rank: int) -> dict:
