@@ -99,6 +99,11 @@ class Point:
     # Megatron-Core's moe_router_force_load_balancing in the benchmark configs that set it.
     moe_force_load_balance: bool = False
     optimizer_state_dtype: str = "fp32"  # AdamW's moments: training.optimizer.state_dtype (Workload)
+    # Megatron-Core's recompute_method block: this many layers of each virtual stage recomputed
+    # in full (Workload.recompute_layers, planner-only), where the source's configs set it.
+    recompute_layers: int = 0
+    # The whole micro-batch's logits computed and kept for the loss (Workload.logits_materialized).
+    logits_materialized: bool = False
     use: str = "check"  # "fit": a constant was set from it; "check": ours, independent; "benchmark": published
     note: str = ""
     arch_changes: dict = field(default_factory=dict)
@@ -109,7 +114,8 @@ class Point:
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
                 self.p2p_overlap, self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached,
-                self.fp8_experts, self.moe_force_load_balance, self.optimizer_state_dtype)  # fmt: skip
+                self.fp8_experts, self.moe_force_load_balance, self.optimizer_state_dtype,
+                self.recompute_layers, self.logits_materialized)  # fmt: skip
 
     @property
     def held_apart(self) -> bool:
@@ -158,7 +164,8 @@ ROW_REQUIRED = (
 )
 ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
                 "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "fp8_experts",
-                "moe_force_load_balance", "optimizer_state_dtype", "note", "assumed", "fitted")  # fmt: skip
+                "moe_force_load_balance", "optimizer_state_dtype", "recompute_layers", "note", "assumed",
+                "fitted")  # fmt: skip
 # A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
 # source under the evidence key beside each.
 SOURCE_DEFAULTS = {
@@ -171,6 +178,7 @@ SOURCE_DEFAULTS = {
     "fp8_weight_cache": "fp8_cache_evidence",
     "fp8_experts": "fp8_experts_evidence",
     "moe_force_load_balance": "balance_evidence",
+    "logits_materialized": "loss_evidence",
 }
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
 UNITS = {"tokens/s/GPU": False, "model TFLOP/s/GPU": True}
@@ -236,6 +244,11 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         isinstance(v, int) and v >= 1 for v in (*degrees.values(), row["gpus"], row["seq"], row["gbs"], row["mbs"])
     ):
         raise BenchmarkError(f"{at}: gpus, seq, gbs, mbs and the degrees must be positive integers")
+    recompute_layers = row.get("recompute_layers", 0)
+    if not isinstance(recompute_layers, int) or isinstance(recompute_layers, bool) or recompute_layers < 0:
+        raise BenchmarkError(f"{at}: recompute_layers must be a whole number of layers, 0 or more")
+    if recompute_layers and row["ac"] != "none":
+        raise BenchmarkError(f"{at}: recompute_layers prices Megatron's block recomputation on its own: set ac none")
     layout = Layout(tensor=degrees["tp"], pipeline=degrees["pp"], context=degrees["cp"],
                     virtual_stages=degrees["vp"], data_shard=degrees["dp"], expert=degrees["ep"])  # fmt: skip
     if layout.world_size != row["gpus"] or row["gbs"] % (row["mbs"] * degrees["dp"]):
@@ -281,6 +294,8 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         fp8_experts=row["precision"] != "bf16" and _setting(row, source, "fp8_experts"),
         moe_force_load_balance=_setting(row, source, "moe_force_load_balance"),
         optimizer_state_dtype=row.get("optimizer_state_dtype", "fp32"),
+        recompute_layers=recompute_layers,
+        logits_materialized=_setting(row, source, "logits_materialized"),
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
     )
@@ -322,6 +337,10 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("force-balanced routing (training.moe_force_load_balance)")
     if row.get("optimizer_state_dtype") == "bf16":
         parts.append("bf16 optimizer states (training.optimizer.state_dtype bf16)")
+    if _setting(row, source, "logits_materialized"):
+        parts.append("loss on kept logits (logits_materialized)")
+    if row.get("recompute_layers"):
+        parts.append(f"{row['recompute_layers']} layers per stage recomputed in full (recompute_layers)")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
         parts.append("fp8-cs priced as tensorwise")
     if row["precision"] == "fp8-rowwise":
@@ -385,6 +404,8 @@ def workload_of(point: Point) -> Workload:
         fp8_experts=point.fp8_experts,
         moe_force_load_balance=point.moe_force_load_balance,
         optimizer_state_dtype=point.optimizer_state_dtype,
+        recompute_layers=point.recompute_layers,
+        logits_materialized=point.logits_materialized,
     )
 
 
@@ -966,10 +987,10 @@ pipeline rank (its blocks plus the output layer and the loss):
 
 | term | model | overlap assumption |
 |---|---|---|
-| matmuls | 6 FLOPs per weight and token (8 for the output layer: the fused loss recomputes logits), at peak x efficiency(GPU, precision) x d/(d+half) for each GEMM dimension M, K, N | - |
+| matmuls | 6 FLOPs per weight and token (8 for the output layer: the fused loss recomputes each chunk's logits, on chunks of the contract's `chunk_tokens`, launcher/contract/loss.py), at peak x efficiency(GPU, precision) x d/(d+half) for each GEMM dimension M, K, N | `logits_materialized` (planner-only: Megatron-Core and torchtitan run the output layer once over the micro-batch and keep the logits): 6 FLOPs per output weight, M all the rows |
 | attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; at the rate of the fused kernel that runs it (`attention_kernel`: cuDNN, which torch's SDPA prefers on Hopper from torch 2.11 and Transformer Engine runs, or FlashAttention-2 at 0.62 of it); efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: 0.9 allgather (LSE-merged fused pieces), 1.0 ulysses, 0.58 the masked two-SDPA kernel document masking runs) | - |
 | elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3. FP8 casts the linears' inputs (under float8 all-gather the sequence-parallel ones on this rank's s/t rows, before the gather, as torchao's PrepareFloat8ModuleInput does) and the weights every micro-batch (the FSDP shard under float8 all-gather) | `fp8_weights_cached` (planner-only: Transformer Engine's is_first_microbatch cache, which Megatron-Core sets) casts the weights once per step |
-| recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | - |
+| recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | `recompute_layers` (planner-only: Megatron-Core's recompute_method block): the first k layers of each virtual stage |
 | TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink; under `parallel.tp_saved_inputs: shard` a kept block all-gathers both inputs once more in backward (an MoE block the attention's) | none for the entrypoints (DTensor's collectives sit between dependent matmuls, and the regathers wait); `tp_overlap` (planner-only: torch's async TP, TE userbuffers) cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time; `regather_overlap` (planner-only: Megatron-Core's and TE's async all-gather before the input-gradient GEMM) hides each regather behind that GEMM at the same interference |
 | CP | allgather: all-gather of K and V in forward, again in backward (a kept layer regathers them, parallel/context.py) or in the recomputed forward, and reduce-scatter of their gradients: three per layer (two under document masking, which keeps the gathered K/V); ulysses: all-to-alls of q, k, v in and the output back, forward, recomputed forward and backward | none for the entrypoints; `cp_ring` (planner-only: Transformer Engine's p2p ring) moves each K/V chunk (with dK/dV in backward) beside one of the c attention steps, exposed only by what outlasts the step |
 | FSDP | by `parallel.grad_accumulation`: sync_each gathers each block before forward and backward and reduce-scatters gradients (in `parallel.reduce_dtype`) every micro-batch; sync_last reduce-scatters on the last micro-batch only; sync_last_gathered also gathers once per step, as under PP, where torch.distributed.pipelining keeps blocks gathered | hidden behind 85% of the micro-batch's compute (the step's under PP); the first block's gather always exposed |
@@ -1029,15 +1050,16 @@ attention dominates and hides the gathers, so for Qwen3-30B-A3B's small experts 
 64K the planner prefers no EP; for Mixtral's (14,336 wide) at 32K it prefers EP 8.
 
 No published MoE *sweep* exists to rank against: Megatron-Bridge publishes one layout per MoE
-model and container, and NeMo and torchtitan none on H100. Its two DGX-H100 rows that our layout
-rules can express (Qwen3-30B-A3B, 16 GPUs, PP 2, EP 8, token-dropless with balanced routing, as
-we price) are held apart below: the planner predicts them 1.8x too fast (9,719 and 9,292
-tokens/s/GPU against 5,275 and 5,113, model 118-121 TFLOP/s/GPU measured). Megatron's MoE on
-H100 runs at about 12% of peak there, where our model prices the expert GEMMs, the permutations
-and the all-to-alls as a dense layer's kernels would run; until a measurement of our own MoE
-layer on a GPU (scripts/gpu_moe_check.py) calibrates those terms, MoE predictions are an upper
-bound. Qwen3-235B-A22B (EP 32 over TP 2 x DP 16: Megatron's EP spans TP ranks, ours stays in
-dp_shard x cp) and GPT-OSS 120B (not in the catalog) are left out.
+model and container, and NeMo and torchtitan none on H100. Its six DGX-H100 rows of Qwen3-30B-A3B
+(16 GPUs, token-dropless with force-balanced routing, as we price) are held apart below: three
+layouts on six containers, PP 2 x EP 8 with 24 or 12 virtual stages and PP 1 x EP 16. One layout
+(PP 2, 12 virtual stages) measured 5,113 tokens/s/GPU in the 26.02 container and 9,058 in
+26.02.01; the 25.11 row (24 virtual stages, micro-batch 2) measured 5,275. The model, which
+prices a layout and not a container, is 12-16% above the 26.02.01 to 26.06 rows and about twice
+the 25.11 and 26.02 ones. Until a measurement of our own MoE layer on a GPU
+(scripts/gpu_moe_check.py) calibrates the expert GEMMs, the permutations and the all-to-alls,
+MoE predictions are an upper bound. Qwen3-235B-A22B (EP 32 over TP 2 x DP 16: Megatron's EP spans
+TP ranks, ours stays in dp_shard x cp) and GPT-OSS 120B (not in the catalog) are left out.
 
 ## Constants
 
@@ -1073,7 +1095,8 @@ Rows that ran torchtitan's async TP, or Megatron's TP communication overlap or p
 the source's configs set them (cited in docs/published_benchmark.yaml), are priced with the
 planner-only `tp_overlap` and `p2p_overlap` (below); Megatron's distributed optimizer and Transformer
 Engine's p2p ring CP likewise (`distributed_optimizer`, `cp_ring`, under "Where the errors come
-from"); Transformer Engine's FP8 current scaling is priced as tensorwise (one scale per
+from"), and so are a loss over kept logits (`logits_materialized`: Megatron-Core and torchtitan) and
+Megatron's block recomputation where a config sets it (`recompute_layers`); Transformer Engine's FP8 current scaling is priced as tensorwise (one scale per
 tensor), torchao's rowwise as rowwise (its GEMMs at `fp8_rowwise_factor`, an assumption not
 fitted to these rows, and weights gathered in bf16). Searched and not used: Fujii et al. 2024
 (arXiv 2411.06465) ran 454 layouts on A100s and H100s, but its throughput tables were not
@@ -1130,8 +1153,31 @@ Where the errors come from (read the tables above for their size):
   70B rows went from -15% to -16% to -12% to -14%, the share within ±15% from 68% to 79%, NeMo
   24.07's Spearman from 0.80 to 0.82; torchtitan's FP8 TP 8 rows rose by 3-7% (70B at 256 GPUs:
   +1% to +7%, +4% to +10%).
-- NeMo's long-sequence sweep and the Llama 3 rows leave micro batch and recomputation unstated
-  (marked `assumed`); the Llama 3 rows also assume 2 virtual stages.
+- The output layer. Our fused loss recomputes each chunk's logits in backward (8 FLOPs per output
+  weight and token); Megatron-Core's GPTModel and torchtitan run the output layer once over the
+  micro-batch and keep the logits (6, in one GEMM of all the rows: `logits_materialized`, evidence
+  in the YAML). The model had priced every published row with our loss, and sized its chunks
+  without the contract's 1024-token floor, which put small-M GEMMs in the price (54 rows for
+  Qwen3's 152K words at h 2048); `loss_bytes_per_logit` was refitted to the same measured loss
+  (86 ms) with the chunks the entrypoints run. The published systems' heads are cheaper now: their
+  rows rose by 0-3% for Llama-size vocabularies and 10-20% for Qwen3-30B-A3B and Nemotron's 256K
+  words. Megatron-Bridge's 70B rows went from -12% to -14% to -8% to -10%, its 405B rows, whose
+  slowest pipeline rank is a middle one (16 layers; the last holds 15 and the head), did not move,
+  and that source's Spearman fell from 0.72 to 0.02; NeMo 24.07's from 0.82 to 0.78. Within each
+  of these sources the measured model FLOP/s spread over about ±9% (Megatron-Bridge: 719 to 856
+  TFLOP/s/GPU), so their ranking turns on errors of a few percent that the model does not resolve:
+  it under-predicts large TP x PP layouts against small FSDP ones across NeMo and Megatron-Bridge
+  alike (Megatron-Bridge's 405B -9% to -18%, its 8B -4%; NeMo's 340B and 175B -8% to -9%, its 5B
+  and 8B +10% to +13%), and no sourced mechanism found here closes that.
+- Megatron-Bridge's Llama 3 8B H100 FP8 config recomputes 5 layers in full (recompute_num_layers
+  5, recompute_method block, cited on its row; `recompute_layers`): 5 of 32 layers' forwards again,
+  about -4% of predicted speed. The 70B and 405B configs recompute nothing (Megatron-Core's
+  default), and the Qwen3 configs set recompute_granularity None: those rows' `ac: none` is no
+  longer an assumption.
+- NeMo's long-sequence sweep leaves micro batch and recomputation unstated (marked `assumed`). The
+  Llama 3 paper (section 3.3.2) states that its 8K pre-training ran without activation
+  checkpointing and with an interleaved schedule of V stages per pipeline rank, V unstated
+  (assumed 2), micro batch unstated (assumed 1).
 - Our own runs on one H200 are close, but most of them set constants.
 
 ### Kernels of our own code on a GPU
@@ -1185,31 +1231,36 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
 ## What is weak
 
 - Absolute numbers: the held-apart points miss part of issue 23's goal (the list under the
-  table says which). Megatron-Bridge's rows repeat two layouts on four containers whose speed
-  rose by up to 12% (70B 1,602 to 1,664, 405B 292 to 328 tokens/s/GPU): the model prices a
-  layout, not a container, so even predictions equal to each layout's mean measurement rank
-  that source at 0.93; ours rank it 0.72, with its one FSDP row (Llama 3 8B) predicted 14%
-  above the TP x PP rows where it measured in between. Three layouts still say `oom` for our
-  program: Qwen3-30B-A3B at PP 2, micro-batch 2 (84.6 GiB with the force-balanced routing its
-  config sets, priced as training.moe_force_load_balance; 91.7 with dropless routing's 25%
-  bound; 104.4 before the combine stopped keeping the experts' outputs). Of what is left,
-  torchao's FP8 grouped GEMMs, which our experts run under precision.fp8_experts, keep the
-  experts' rows and w2's input in bf16 where TE keeps 1-byte FP8 copies: 0.17 GiB per layer and
-  micro-batch, and rank 0 holds 49 of them (48 warmup forwards of one-layer chunks), so 8.5 GiB;
-  without it the row would be `risky` at 76.1. And the Llama 3 paper's 405B rows at
-  8K, whose micro batch, virtual stages and recomputation are not published (assumed 1, 2 and
-  none: about 0.53 GB kept per layer and micro-batch, so 66 GB with one stage per rank, where
-  126 layers' worth are in flight, and 97 GB at 2 virtual stages); with selective recomputation
-  and shard-saved TP inputs our estimate is 78.4 GiB (risky), but the paper does not say so. torchtitan's 8B rows at 8K stay
-  over-predicted (8-22%: the 500 W clock is a bound, not a measurement; early CP, async TP),
-  NeMo and Megatron-Bridge under-predicted (their faster kernels and overlap). The ranking depends on differences between layouts, which the model
-  captures better than absolute speed, but a 10% predicted gap is within the noise.
-- Megatron-Bridge's two MoE rows are over-predicted by 65-75%. The same archive (the source's
-  commit) has a 25.09 DGX-H100 row of the first one's very layout (16 GPUs, PP 2, VP 24, EP 8,
-  micro-batch 2, 4K) with token dropping at 10,494 tokens/s/GPU, twice the 25.11 dropless
-  force-balanced row's 5,275. It is left out of the benchmark (its precision is unpublished and
-  the trainer routes dropless), but the model, pricing dropless balanced routing, predicts 9,210:
-  near the token-dropping row. What halves the 25.11 row is not in its published configuration.
+  table says which). Megatron-Bridge's dense rows repeat two layouts on four containers whose
+  speed rose by up to 12% (70B 1,602 to 1,664, 405B 292 to 328 tokens/s/GPU), and its MoE rows
+  one layout at 5,113 and 9,058: the model prices a layout, not a container, so no model ranks
+  those rows well, and within both sources the spread left to rank is a few percent (under
+  "Where the errors come from"). torchtitan's 8B rows at 8K stay over-predicted (13-25%: the
+  500 W clock is a bound, not a measurement; early CP, async TP), large NeMo and Megatron-Bridge
+  TP x PP layouts under-predicted (their faster kernels and overlap). A 10% predicted gap between
+  two layouts is within the noise.
+- Three layouts still say `oom` for our program. Qwen3-30B-A3B at PP 2, micro-batch 2 (84.6 GiB
+  with the force-balanced routing its config sets, priced as training.moe_force_load_balance;
+  91.7 with dropless routing's 25% bound; 104.4 before the combine stopped keeping the experts'
+  outputs): our static state matches Megatron's (fp32 masters and moments of the local experts,
+  bf16 weights and gradients); torchao's FP8 grouped GEMMs, which our experts run under
+  precision.fp8_experts, keep the experts' rows and w2's input in bf16 where TE keeps 1-byte FP8
+  copies: 0.17 GiB per layer and micro-batch, and rank 0 holds 49 of them (48 warmup forwards of
+  one-layer chunks), so 8.5 GiB; without it the row would be `risky` at 76.1 (issue 24: needs a
+  GPU). And the Llama 3 paper's 405B at 8K on 8,192 and 16,384 GPUs (TP 8, PP 16), which the paper
+  says ran without activation checkpointing. Term by term for our program at 8,192 GPUs (204.6
+  GiB, 2 virtual stages assumed): sequence parallel's gathered block inputs, 78.8 GiB, go with
+  `parallel.tp_saved_inputs: shard` (numerically the same; 121.2 GiB); the activations of torch's
+  interleaved 1F1B, which holds (v - 1) x p + 2(p - 1 - r) + 1 chunk forwards before a rank's
+  first backward (47 on rank 0, 188 layer-forwards of about 0.47 GiB, 1.5 times the 126 layers a
+  plain 1F1B holds: 90.8 GiB); and 18.0 GiB of FSDP buffers, of which 11.8 are the unsharded fp32
+  gradients torch.distributed.pipelining accumulates across micro-batches, where the paper's FSDP
+  shards gradients and keeps only the parameters unsharded. With one stage per rank and both
+  changes it would be 76.6 GiB, `risky`; the paper's schedule (a tunable number of consecutive
+  micro-batches per stage, the first and last stage each giving a layer to the embedding and the
+  head) keeps fewer forwards in flight than torch's interleaved 1F1B, and our entrypoints have no
+  schedule like it. With selective recomputation and shard-saved inputs our estimate is 78.4 GiB,
+  but the paper says it did not recompute.
 - Kernel rates come from one H200 with torch 2.11 and short runs; the sustained-clock correction
   comes from one GEMM held for a minute. H100 rates are taken to equal H200 ones except for memory
   bandwidth. No multi-GPU measurement of our own code exists: every communication constant is from

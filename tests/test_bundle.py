@@ -212,6 +212,7 @@ def test_the_entrypoints_import_from_an_unpacked_bundle_with_nothing_else_of_the
         "launcher.contract.hf_checkpoint",
         "launcher.contract.hf_names",
         "launcher.contract.layout",
+        "launcher.contract.loss",
         "launcher.contract.failure",
         "launcher.contract.metrics",
         "launcher.contract.text",

@@ -28,22 +28,13 @@ here along the sequence before the projection.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from entrypoints.parallel.collectives import all_gather_autograd
-
-MIN_CHUNK_TOKENS = 1024
-
-
-def chunk_tokens(num_tokens: int, hidden: int, vocab_local: int, *, min_tokens: int = MIN_CHUNK_TOKENS) -> int:
-    """Tokens per chunk: a chunk's logits hold about as many values as h, at least `min_tokens` rows."""
-    chunks = max(1, math.ceil(vocab_local / hidden))
-    return max(1, math.ceil(num_tokens / chunks), min(num_tokens, min_tokens))
+from launcher.contract.loss import MIN_CHUNK_TOKENS, chunk_tokens
 
 
 def linear_cross_entropy(

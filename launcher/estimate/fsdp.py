@@ -32,6 +32,7 @@ from math import ceil
 from launcher.contract.config import BF16_MOMENTS_CHUNK, OPTIMIZER_STATE_BYTES
 from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import rank_layers, rank_stages, stage_layers
+from launcher.contract.loss import chunk_tokens
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.moe import ROUTING_BOUND, moe_memory
 from launcher.estimate.overheads import device_overheads
@@ -40,8 +41,6 @@ from launcher.estimate.workload import Workload
 
 FP32 = 4
 INT64 = 8
-# entrypoints/model/loss.py MIN_CHUNK_TOKENS: the loss never works on fewer tokens at once.
-LOSS_MIN_CHUNK_TOKENS = 1024
 
 
 class _Block:
@@ -697,7 +696,7 @@ class _Loss:
         h, t = w.arch.hidden_size, w.layout.tensor
         tokens = _tokens(w)
         vocab_local = w.arch.vocab_size / t
-        chunk = max(ceil(tokens / max(1, ceil(vocab_local / h))), min(tokens, LOSS_MIN_CHUNK_TOKENS))
+        chunk = chunk_tokens(tokens, h, vocab_local)
         values = chunk * vocab_local
         self.saved = cb * tokens * h + (INT64 + 1 + FP32) * tokens
         # With the final norm's input and rstd (sequence shards under TP): what the last

@@ -52,6 +52,15 @@ class Workload:
     # Transformer Engine caches them when Megatron-Core passes is_first_microbatch (planner-only;
     # torchao's float8 linears in the entrypoints cast every micro-batch)
     fp8_weights_cached: bool = False
+    # Megatron-Core's recompute_method "block" with recompute_granularity "full": the first
+    # `recompute_layers` layers of each (virtual) pipeline stage recompute their forward in backward,
+    # the rest keep their activations (planner-only; the entrypoints checkpoint every other block or
+    # every block). 0: activation_checkpointing alone says what is recomputed.
+    recompute_layers: int = 0
+    # The output layer's logits for the whole micro-batch, kept for the loss's backward, as
+    # Megatron-Core and torchtitan compute them: 6 FLOPs per output weight and token in GEMMs of all
+    # the micro-batch's rows (planner-only; the entrypoints' fused loss recomputes them chunk by chunk).
+    logits_materialized: bool = False
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> Workload:

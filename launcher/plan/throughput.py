@@ -44,6 +44,7 @@ from launcher import catalog
 from launcher.catalog import Accelerator, ModelArch
 from launcher.contract.fp8 import collective_backend, float8_all_gather, padded_group_rows
 from launcher.contract.layout import layers_by_rank, rank_layers
+from launcher.contract.loss import chunk_tokens
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
 from launcher.plan.host_cpu import cpu_step_seconds
@@ -158,10 +159,22 @@ class Constants:
     own run (scripts/gpu_check.sh, Llama 3.2 1B at 8K on an H200): FP8 eager 22,520 tokens/s against
     41,437 in bf16. FP8 pays off only with training.compile."""
 
-    loss_bytes_per_logit: float = 50.0
-    """Elementwise traffic of the chunked loss per logit: bf16 logits upcast to fp32, log-sum-exp,
-    and in backward the recomputed logits' softmax minus the one-hot, cast back. Fitted to the
-    entrypoints' loss at 8K tokens and 128256 words on an H200 (86 ms, of which its GEMMs ~73)."""
+    loss_bytes_per_logit: float = 123.0
+    """What the chunked loss costs per logit beyond its GEMMs, as HBM traffic: bf16 logits upcast to
+    fp32, log-sum-exp, and in backward the recomputed logits' softmax minus the one-hot, scaled and
+    cast back, each an eager kernel over the chunk, plus the per-chunk accumulation into the output
+    weight's gradient. Fitted to the entrypoints' loss at 8K tokens and 128256 words on an H200:
+    86.4 ms, of which the model's GEMMs on the contract's 1024-token chunks take 54.6 ms. (Fitted
+    while the model sized the chunks without the 1024-token floor, so that its GEMMs took ~73 ms,
+    this was 50: the split between GEMMs and the rest is the model's, the total the measurement.)"""
+
+    materialized_loss_bytes_per_logit: float = 40.0
+    """The same for a loss over the whole micro-batch's kept logits (Workload.logits_materialized),
+    counted, not measured, for torchtitan's cross_entropy of the upcast logits: forward reads the
+    bf16 logits and writes them in fp32 (2 + 4), log_softmax reads them twice and writes its output
+    (12); backward writes the NLL gradient (4), log_softmax's backward reads it and the output and
+    writes the gradient (12), and the cast back reads 4 and writes 2: 40 bytes. Megatron-Core's fused
+    vocab-parallel cross-entropy moves less, so this is an upper bound there."""
 
     fp32_peak_factor: float = 0.5
     """fp32 matmuls run as TF32 at half the dense BF16 peak (NVIDIA A100/H100/H200 datasheets)."""
@@ -193,7 +206,7 @@ class Constants:
     gradients in `parallel.reduce_dtype`: the entrypoints' MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32 unless the recipe says bf16)."""
 
-    tp_overlap_interference: float = 0.53
+    tp_overlap_interference: float = 0.54
     """Overlapped TP (Workload.tp_overlap): the fraction of each hidden collective piece's time the
     step still pays, since the copy and the GEMM beside it share SMs and HBM. Fitted to the vanilla
     and async TP pairs of torchtitan's Llama 3.1 8B rows (benchmarks/asyncTP_llama3_h100_2025-06_
@@ -612,6 +625,9 @@ class _Step:
         `_VARIANT_FIELDS`: every other field reads the same."""
         self.w = workload
         self.recompute = AC_RECOMPUTE[workload.activation_checkpointing]
+        if workload.recompute_layers:  # k of each virtual stage's layers (Workload.recompute_layers)
+            block = min(1.0, workload.recompute_layers * self.v / self.layers) if self.layers else 0.0
+            self.recompute = max(self.recompute, block)
         self.accumulation = mode(workload, "grad_accumulation")
         self.cp_attention = mode(workload, "cp_attention")
 
@@ -687,7 +703,7 @@ def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]
     w = step.w
     key = (
         w.dtype, w.fp8_recipe, w.compile, w.tp_overlap, step.fp8, step.fp8_gather, step.rows, step.s, step.h,
-        w.fp8_weights_cached and w.grad_accum_steps,
+        w.fp8_weights_cached and w.grad_accum_steps, w.logits_materialized,
         step.q, step.kv, step.f, step.vocab, step.t, step.c, step.shard, step.cp_attention,
         None if step.moe is None else (step.moe.num_experts, step.moe.top_k, step.moe.expert_ffn_hidden_size,
                                        step.moe.shared_experts, step.ep),
@@ -726,13 +742,18 @@ def matmul_time(step: _Step) -> tuple[float, float]:
     if step.moe is not None:
         block_gemm_s += expert_gemm_time(step, head_peak, head_eff, k.gemm_half_dim[head_precision])
     # The fused linear + cross-entropy loss (entrypoints/model/loss.py) works through the tokens in
-    # chunks of about rows * h / V_local, and recomputes each chunk's logits in backward: 8, not 6,
-    # FLOPs per output weight and token, in GEMMs whose M is the chunk.
+    # chunks (the contract's chunk_tokens: about rows * h / V_local, at least 1024), and recomputes
+    # each chunk's logits in backward: 8, not 6, FLOPs per output weight and token, in GEMMs whose M
+    # is the chunk. Systems that keep the whole micro-batch's logits (Workload.logits_materialized)
+    # run 6, with M all the rows.
     vocab_local = step.vocab // t
-    chunk_rows = max(1, rows // max(1, -(-vocab_local // h)))
+    if w.logits_materialized:
+        flops_per_weight, head_rows = 6, rows
+    else:
+        flops_per_weight, head_rows = 8, chunk_tokens(rows, h, vocab_local)
     head_half = k.gemm_half_dim[head_precision]
-    head_rate = head_peak * head_eff * _dim_eff(chunk_rows, head_half) * _dim_eff(h, head_half)
-    head_s = 8 * rows * h * vocab_local / (head_rate * _dim_eff(vocab_local, head_half))
+    head_rate = head_peak * head_eff * _dim_eff(head_rows, head_half) * _dim_eff(h, head_half)
+    head_s = flops_per_weight * rows * h * vocab_local / (head_rate * _dim_eff(vocab_local, head_half))
     return block_gemm_s, head_s
 
 
@@ -910,8 +931,11 @@ def _expert_cast_elements(step: _Step) -> float:
 
 
 def loss_time(step: _Step) -> float:
-    """The chunked loss's elementwise traffic over the logits, forward and backward."""
-    return step.k.loss_bytes_per_logit * step.rows * step.vocab / step.t / step.hbm
+    """The loss's elementwise traffic over the logits, forward and backward: the entrypoints'
+    chunked loss, or a loss over kept logits (Workload.logits_materialized)."""
+    k = step.k
+    per_logit = k.materialized_loss_bytes_per_logit if step.w.logits_materialized else k.loss_bytes_per_logit
+    return per_logit * step.rows * step.vocab / step.t / step.hbm
 
 
 def tensor_parallel_time(step: _Step) -> float:

@@ -72,6 +72,13 @@ BAD_ROWS = [
     ("source: tt", "source: nowhere", r"point 1: source 'nowhere' is not one of tt"),
     ("gpus: 8, dp: 8", "gpus: 8, dp: 8, ep: 16", r"point 1: ep 16 must divide dp x cp = 8: expert parallelism borrows"),
     ("mbs: 2", "mbs: 2, async_tp: 1", r"point 1: async_tp must be true or false"),
+    ("mbs: 2", "mbs: 2, recompute_layers: -5", r"point 1: recompute_layers must be a whole number of layers"),
+    ("mbs: 2", "mbs: 2, recompute_layers: 5", r"point 1: recompute_layers prices Megatron's block recomputation"),
+    (
+        "accelerator: h100-80gb}",
+        "accelerator: h100-80gb, logits_materialized: true}",
+        r"source 'tt' sets logits_materialized: it must be true or false, and loss_evidence must say where",
+    ),
     (
         "accelerator: h100-80gb}",
         "accelerator: h100-80gb, tp_comm_overlap: true}",
@@ -178,3 +185,15 @@ def test_megatron_core_rows_keep_the_tensor_parallel_shard_and_regather_beside_t
         assert workload.tp_saved_inputs == ("shard" if megatron else "gathered"), point.source
         assert workload.regather_overlap == megatron
     assert {calibration.workload_of(p).tp_saved_inputs for p in tp_rows} == {"shard", "gathered"}
+
+
+def test_megatron_and_torchtitan_rows_keep_their_logits_and_the_megatron_8b_row_recomputes_5_layers(calibration):
+    """Megatron-Core's GPTModel and torchtitan compute the loss on the whole micro-batch's logits
+    (loss_evidence in docs/published_benchmark.yaml); the Llama 3 paper says nothing of its loss, so
+    its rows are priced with ours. Megatron-Bridge's Llama 3 8B H100 FP8 config recomputes 5 layers."""
+    _, published = calibration.load_benchmark()
+    for point in published:
+        workload = calibration.workload_of(point)
+        assert workload.logits_materialized == ("Llama 3 Herd" not in point.source), point.source
+        expected = 5 if "Megatron-Bridge" in point.source and point.model == "llama3-8b" else 0
+        assert workload.recompute_layers == expected, point

@@ -154,6 +154,58 @@ def test_recomputation_costs_a_forward_of_the_checkpointed_blocks():
     assert none.tokens_per_s_per_gpu > selective.tokens_per_s_per_gpu > full.tokens_per_s_per_gpu
 
 
+def test_megatron_block_recomputation_recomputes_k_layers_of_each_virtual_stage():
+    # recompute_layers (Megatron-Core's recompute_method block): 5 of 8B's 32 layers recompute their
+    # forward; under PP 4 with 2 virtual stages, 2 layers of each 4-layer chunk, half the rank's 8.
+    full = run(activation_checkpointing="full")
+    five = run(recompute_layers=5)
+    assert five.breakdown["recompute"] == pytest.approx(full.breakdown["recompute"] * 5 / 32)
+    pipelined = dict(layout=Layout(pipeline=4, virtual_stages=2, data_shard=2), grad_accum_steps=8)
+    staged_full = run(activation_checkpointing="full", pipeline_schedule="interleaved_1f1b", **pipelined)
+    staged = run(recompute_layers=2, pipeline_schedule="interleaved_1f1b", **pipelined)
+    assert staged.breakdown["recompute"] == pytest.approx(staged_full.breakdown["recompute"] / 2)
+    more = run(recompute_layers=64)  # more than a stage holds: every layer, as full
+    assert more.breakdown["recompute"] == pytest.approx(full.breakdown["recompute"])
+
+
+def _head_and_loss_s(arch, rows: int, flops_per_weight: int, gemm_rows: int, bytes_per_logit: float) -> float:
+    """The output layer's GEMMs and the loss's traffic of one micro-batch on one H100, by hand."""
+    k = CONSTANTS
+    h, vocab = arch.hidden_size, arch.vocab_size
+    rate = H100.peak_bf16_tflops * 1e12 * k.matmul_efficiency["hopper:bf16"]
+    shape = 1.0
+    for d in (gemm_rows, h, vocab):
+        shape *= d / (d + k.gemm_half_dim["bf16"])
+    hbm = H100.hbm_gbps * 1e9 * k.hbm_efficiency
+    return flops_per_weight * rows * h * vocab / (rate * shape) + bytes_per_logit * rows * vocab / hbm
+
+
+def test_kept_logits_price_the_output_layer_at_6_flops_in_one_gemm_of_all_the_rows():
+    # The entrypoints' fused loss recomputes each chunk's logits (8 FLOPs per output weight and
+    # token); Megatron-Core and torchtitan keep them (Workload.logits_materialized: 6), and their
+    # GEMM's M is the micro-batch's rows, not a chunk's. Llama 3 8B at 8K: chunks of 1024 rows.
+    k = CONSTANTS
+    chunked, kept = (run(layout=Layout(), logits_materialized=m) for m in (False, True))
+    saved = _head_and_loss_s(LLAMA8B, 8192, 8, 1024, k.loss_bytes_per_logit) - _head_and_loss_s(
+        LLAMA8B, 8192, 6, 8192, k.materialized_loss_bytes_per_logit
+    )
+    assert chunked.step_time_s - kept.step_time_s == pytest.approx(saved, rel=1e-6)
+
+
+def test_the_fused_loss_is_priced_on_the_contracts_chunks_never_below_1024_tokens():
+    # Qwen3-30B-A3B: 151,936 words at h 2048 make 75 chunks, 55 tokens each at 4K, which the
+    # entrypoints raise to 1024 (launcher/contract/loss.py): the chunks' GEMMs have M 1024, not 55.
+    from launcher.contract.loss import chunk_tokens
+
+    qwen, k = catalog.models()["qwen3-30b-a3b"], CONSTANTS
+    assert chunk_tokens(4096, qwen.hidden_size, qwen.vocab_size) == 1024
+    chunked, kept = (run(qwen, Layout(), seq_len=4096, logits_materialized=m) for m in (False, True))
+    saved = _head_and_loss_s(qwen, 4096, 8, 1024, k.loss_bytes_per_logit) - _head_and_loss_s(
+        qwen, 4096, 6, 4096, k.materialized_loss_bytes_per_logit
+    )
+    assert chunked.step_time_s - kept.step_time_s == pytest.approx(saved, rel=1e-6)
+
+
 def test_attention_time_per_token_grows_linearly_with_the_sequence():
     flat = dataclasses.replace(CONSTANTS, attention_half_seq=0)  # no short-sequence penalty
     short, long = (run(seq_len=s, constants=flat) for s in (32768, 65536))
