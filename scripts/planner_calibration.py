@@ -392,6 +392,9 @@ def workload_of(point: Point) -> Workload:
         fp8_recipe=point.fp8_recipe,
         activation_checkpointing=point.ac,
         pipeline_schedule=point.schedule,
+        # torch.distributed.pipelining (torchtitan) and Megatron's distributed optimizer reduce
+        # the gradients once per step under PP (the estimate asks auto: what our program picks).
+        grad_accumulation="sync_last_gathered" if layout.pipeline > 1 else "sync_each",
         compile=point.compile,
         cp_attention="allgather",  # K/V of the whole sequence per layer, as a ring moves them (cp_ring: overlapped)
         tp_overlap=point.tp_overlap,
@@ -420,7 +423,8 @@ def run(point: Point) -> tuple[float, float, object, object]:
     # reduce-scattered once per step, overlapped with the last micro-batch's backward
     # (overlap_grad_sync / overlap_grad_reduce), and the parameters all-gathered once, overlapped
     # with the next step's first forward (overlap_param_sync / overlap_param_gather). The memory
-    # verdict stays our program's, which reshards per micro-batch (sync_each).
+    # verdict is our program's: the accumulation mode `auto` picks, the fastest whose estimate fits
+    # (sync_each, the least memory, where none does).
     priced = (
         dataclasses.replace(workload, grad_accumulation="sync_last_gathered")
         if point.distributed_optimizer
@@ -430,7 +434,8 @@ def run(point: Point) -> tuple[float, float, object, object]:
     measured = point.measured
     if point.tflops:
         measured = point.measured * 1e12 / model_flops_per_token(arch, point.seq_len, causal=False)
-    return measured, speed.tokens_per_s_per_gpu, speed, estimate_memory(workload, hardware(point))
+    memory = estimate_memory(dataclasses.replace(workload, grad_accumulation="auto"), hardware(point))
+    return measured, speed.tokens_per_s_per_gpu, speed, memory
 
 
 def model_arch(name: str):
@@ -993,7 +998,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | `recompute_layers` (planner-only: Megatron-Core's recompute_method block): the first k layers of each virtual stage |
 | TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink; under `parallel.tp_saved_inputs: shard` a kept block all-gathers both inputs once more in backward (an MoE block the attention's) | none for the entrypoints (DTensor's collectives sit between dependent matmuls, and the regathers wait); `tp_overlap` (planner-only: torch's async TP, TE userbuffers) cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time; `regather_overlap` (planner-only: Megatron-Core's and TE's async all-gather before the input-gradient GEMM) hides each regather behind that GEMM at the same interference |
 | CP | allgather: all-gather of K and V in forward, again in backward (a kept layer regathers them, parallel/context.py) or in the recomputed forward, and reduce-scatter of their gradients: three per layer (two under document masking, which keeps the gathered K/V); ulysses: all-to-alls of q, k, v in and the output back, forward, recomputed forward and backward | none for the entrypoints; `cp_ring` (planner-only: Transformer Engine's p2p ring) moves each K/V chunk (with dK/dV in backward) beside one of the c attention steps, exposed only by what outlasts the step |
-| FSDP | by `parallel.grad_accumulation`: sync_each gathers each block before forward and backward and reduce-scatters gradients (in `parallel.reduce_dtype`) every micro-batch; sync_last reduce-scatters on the last micro-batch only; sync_last_gathered also gathers once per step, as under PP, where torch.distributed.pipelining keeps blocks gathered | hidden behind 85% of the micro-batch's compute (the step's under PP); the first block's gather always exposed |
+| FSDP | by `parallel.grad_accumulation`: sync_each gathers each block before forward and backward and reduce-scatters gradients (in `parallel.reduce_dtype`) every micro-batch; sync_last reduce-scatters on the last micro-batch only; sync_last_gathered also gathers once per step, as under PP, where torch.distributed.pipelining keeps blocks gathered; under PP, sync_each gathers each block once and reduce-scatters every micro-batch (pipeline.py's _GradientSyncEachMicroBatch) | hidden behind 85% of the micro-batch's compute (the step's under PP and sync_last_gathered); the first block's gather always exposed |
 | HSDP | all-reduce of the gradient shards between replicas, once per step | half hidden |
 | PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none for the entrypoints; `p2p_overlap` (planner-only: Megatron's overlap_p2p_comm, interleaved only) hides each behind a chunk's compute |
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
@@ -1025,8 +1030,9 @@ specifications), NVLink the catalog's `nvlink_gbps` (accelerators.yaml, NVIDIA d
 fields (launcher/plan/modes.py): `auto` accumulation (decided by memory at submit) is priced as
 sync_each; CP attention is the layout's path (allgather or ulysses), and the masked two-SDPA
 kernel (zigzag_sdpa) where document masking needs it. The search tries all three accumulation
-modes for FSDP layouts without PP and with more than one micro-batch per step; the memory
-estimator counts each mode's unsharded gradients and gathered parameters. It also tries both
+modes for FSDP layouts without PP and with more than one micro-batch per step, and sync_each
+against sync_last_gathered under PP; the memory estimator counts each mode's unsharded gradients
+and gathered parameters. It also tries both
 `parallel.tp_saved_inputs` under TP where blocks keep their activations: `shard`
 (entrypoints/parallel/regather.py) costs one all-gather per input in backward and holds (t - 1)/t
 less of each, so it ranks below `gathered` unless it lets a faster layout fit (the table's layout
@@ -1136,7 +1142,8 @@ Where the errors come from (read the tables above for their size):
   Engine keep the shard of sequence parallel's gathered inputs and all-gather it again beside the
   input-gradient GEMM (`tp_saves_shard`, evidence in the YAML): priced as
   `parallel.tp_saved_inputs: shard` with `regather_overlap`, these rows are at 73.6 and 62.0 GiB
-  (risky and fits), NeMo's GPT-3 175B at 512 GPUs went from 85.4 (oom) to 77.2 GiB, and the
+  (risky and fits), NeMo's GPT-3 175B at 512 GPUs went from 85.4 (oom) to 77.2 GiB (then 56.5 with
+  `parallel.grad_accumulation: sync_each` under PP, below), and the
   regathers cost these rows about 1% of predicted speed: Megatron-Bridge's 70B rows moved from
   -14% to -15% or -16%, which took the share within ±15% from 71% to 68%. Nemotron-4 340B's
   config reduces gradients in bf16 (optim.grad_sync_dtype, cited on its row): 107.9 GiB before,
@@ -1153,6 +1160,16 @@ Where the errors come from (read the tables above for their size):
   70B rows went from -15% to -16% to -12% to -14%, the share within ±15% from 68% to 79%, NeMo
   24.07's Spearman from 0.80 to 0.82; torchtitan's FP8 TP 8 rows rose by 3-7% (70B at 256 GPUs:
   +1% to +7%, +4% to +10%).
+- Under pipeline parallelism our program used to keep every gradient unsharded in the reduce
+  dtype until the step's end (torch.distributed.pipelining turns FSDP's gradient sync off).
+  `parallel.grad_accumulation: sync_each` now reduce-scatters each micro-batch's gradients into
+  their fp32 shards instead (entrypoints/parallel/pipeline.py, _GradientSyncEachMicroBatch), as the
+  Llama 3 paper's FSDP keeps gradients sharded; `auto` takes it where sync_last_gathered does not
+  fit, and the memory column is `auto`'s pick. NeMo's GPT-3 175B rows went from risky 69.4 and 77.2
+  GiB to fits 52.8 and 56.5, its Llama 3 70B row from risky 64.3 to fits 50.9. Megatron-Bridge's
+  70B rows stay at 73.6: over a shard of 2 under bf16 reduce, fp32 shards hold as much as unsharded
+  bf16 gradients, and `auto` keeps the smaller. Without pipelining `auto` shows its faster mode's
+  larger peak where that fits (sync_last_gathered: NeMo's GPT-3 5B 31.6 -> 56.6 GiB, still fits).
 - The output layer. Our fused loss recomputes each chunk's logits in backward (8 FLOPs per output
   weight and token); Megatron-Core's GPTModel and torchtitan run the output layer once over the
   micro-batch and keep the logits (6, in one GEMM of all the rows: `logits_materialized`, evidence
@@ -1248,19 +1265,19 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   copies: 0.17 GiB per layer and micro-batch, and rank 0 holds 49 of them (48 warmup forwards of
   one-layer chunks), so 8.5 GiB; without it the row would be `risky` at 76.1 (issue 24: needs a
   GPU). And the Llama 3 paper's 405B at 8K on 8,192 and 16,384 GPUs (TP 8, PP 16), which the paper
-  says ran without activation checkpointing. Term by term for our program at 8,192 GPUs (204.6
+  says ran without activation checkpointing. Term by term for our program at 8,192 GPUs (192.2
   GiB, 2 virtual stages assumed): sequence parallel's gathered block inputs, 78.8 GiB, go with
-  `parallel.tp_saved_inputs: shard` (numerically the same; 121.2 GiB); the activations of torch's
-  interleaved 1F1B, which holds (v - 1) x p + 2(p - 1 - r) + 1 chunk forwards before a rank's
-  first backward (47 on rank 0, 188 layer-forwards of about 0.47 GiB, 1.5 times the 126 layers a
-  plain 1F1B holds: 90.8 GiB); and 18.0 GiB of FSDP buffers, of which 11.8 are the unsharded fp32
-  gradients torch.distributed.pipelining accumulates across micro-batches, where the paper's FSDP
-  shards gradients and keeps only the parameters unsharded. With one stage per rank and both
-  changes it would be 76.6 GiB, `risky`; the paper's schedule (a tunable number of consecutive
-  micro-batches per stage, the first and last stage each giving a layer to the embedding and the
-  head) keeps fewer forwards in flight than torch's interleaved 1F1B, and our entrypoints have no
-  schedule like it. With selective recomputation and shard-saved inputs our estimate is 78.4 GiB,
-  but the paper says it did not recompute.
+  `parallel.tp_saved_inputs: shard` (numerically the same; 108.8 GiB); the unsharded fp32
+  gradients pipelining accumulated (11.8 GiB) are gone under sync_each, which `auto` picks here,
+  leaving 6.1 GiB of gathered blocks; what remains is the activations of torch's interleaved
+  1F1B, which holds (v - 1) x p + 2(p - 1 - r) + 1 chunk forwards before a rank's first backward
+  (47 on rank 0, 188 layer-forwards of about 0.47 GiB, 1.5 times the 126 layers a plain 1F1B
+  holds: 90.8 GiB). With one stage per rank and shard-saved inputs it is 76.2 GiB, `risky`; the
+  paper's schedule (a tunable number of consecutive micro-batches per stage, the first and last
+  stage each giving a layer to the embedding and the head) keeps fewer forwards in flight than
+  torch's interleaved 1F1B, and our entrypoints have no schedule like it. With selective
+  recomputation and shard-saved inputs our estimate is 66.5 GiB, but the paper says it did not
+  recompute.
 - Kernel rates come from one H200 with torch 2.11 and short runs; the sustained-clock correction
   comes from one GEMM held for a minute. H100 rates are taken to equal H200 ones except for memory
   bandwidth. No multi-GPU measurement of our own code exists: every communication constant is from

@@ -15,7 +15,8 @@ N-parameter model on one rank, docs/estimator.md):
 - sync_last_gathered: also keep the parameters gathered after backward (and after forward:
   parallelize.py turns `reshard_after_forward` off), so they are all-gathered once per step;
   the last micro-batch's backward reshards them.
-The pipeline path (pipeline.py) does the equivalent of sync_last_gathered in torch's schedule.
+The pipeline path (pipeline.py) runs sync_last_gathered in torch's schedule, or sync_each with
+FSDP's gradient sync left on for every micro-batch.
 """
 
 from __future__ import annotations

@@ -75,8 +75,9 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
         compile_blocks(model, regathering)
 
     # 6. FSDP last: it shards whatever the steps above left, block by block, then the root.
-    #    Under pipeline parallelism and sync_last_gathered, blocks stay gathered between
-    #    micro-batches (the last micro-batch's backward reshards them: accumulate.py).
+    #    Under pipeline parallelism and sync_last_gathered, blocks stay gathered after forward
+    #    (the last micro-batch's backward reshards them: accumulate.py; under PP with sync_each
+    #    every backward does, pipeline.py).
     apply_fsdp(
         model,
         fsdp_mesh(mesh),

@@ -29,6 +29,9 @@ The loss is computed inside the last stage's forward (targets go to every stage 
 argument), so the fused vocab-parallel loss runs under the stage's FSDP/TP hooks like any other
 layer; the schedule's loss_fn just passes it on. Micro-batches per step are grad_accum_steps;
 the schedule averages gradients over them (scale_grads), the same as the non-pipelined loop.
+Under `parallel.grad_accumulation: sync_each` every micro-batch's backward reduce-scatters its
+gradients into their shards (_GradientSyncEachMicroBatch); otherwise torch accumulates them
+unsharded until the step's REDUCE_GRAD.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ import copy
 import logging
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining._backward import stage_backward
 
 try:  # torch 2.13's internals that _OnDemandReceiveStage builds on
     from torch.distributed.pipelining._utils import _make_tensor_from_meta
@@ -111,7 +116,38 @@ class _SendsInFlight:
         self.works = {}
 
 
-class _OnDemandReceiveStage(PipelineStage):
+class _GradientSyncEachMicroBatch:
+    """`parallel.grad_accumulation: sync_each` under pipeline parallelism: every micro-batch's
+    backward reduce-scatters its gradients into their fp32 shards, as FSDP does without pipelining.
+
+    torch 2.13's stage turns an FSDP stage's gradient sync off for every backward
+    (`backward_maybe_with_nosync`, torch/distributed/pipelining/stage.py), so the gradients
+    accumulate unsharded in the reduce dtype until the step's REDUCE_GRAD: 4 bytes per parameter
+    of the stage beside the fp32 shards (11.8 GiB for Llama 3.1 405B at TP 8, PP 16). The Llama 3
+    paper's FSDP shards gradients under PP instead (arXiv 2407.21783, section 3.3.2); here sync
+    stays on, and FSDP reshards each block after its backward (its forward keeps it gathered:
+    reshard_after_forward is off under PP, parallelize.py), so a block is gathered once and
+    reduced once per micro-batch. The step's REDUCE_GRAD then finds nothing left to reduce and
+    scales the shards by 1 / micro-batches, as after the unsharded sum. Only the "full" backward
+    the 1F1B, interleaved and GPipe schedules run is changed."""
+
+    sync_each: bool = False
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        if not (self.sync_each and backward_type == "full" and isinstance(self.submod, FSDPModule)):
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        self.submod.set_is_last_backward(True)
+        self.submod.set_reshard_after_backward(True)
+        self.submod.set_requires_gradient_sync(True)
+        grads = stage_backward(bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"])
+        return grads, None
+
+
+class _SyncingStage(_GradientSyncEachMicroBatch, PipelineStage):
+    """torch's PipelineStage with per-micro-batch gradient sync (another torch: _stage_class)."""
+
+
+class _OnDemandReceiveStage(_GradientSyncEachMicroBatch, PipelineStage):
     """A PipelineStage whose receive buffers exist only from the posted receive to the end of the
     forward or backward that consumes them.
 
@@ -197,7 +233,7 @@ def _stage_class():
             "micro-batch, more than the memory estimate counts",
             torch.__version__,
         )
-        return PipelineStage
+        return _SyncingStage
     return _OnDemandReceiveStage
 
 
@@ -214,6 +250,8 @@ class Pipeline:
             stage_class(part, stage_index, num_stages, device, group=pp_mesh.get_group())
             for part, stage_index in zip(parts, ids, strict=True)
         ]
+        for stage in self.stages:
+            stage.sync_each = parallel.grad_accumulation == "sync_each"
         self.has_first = 0 in ids
         self.has_last = num_stages - 1 in ids
         schedule = SCHEDULES[parallel.pipeline_schedule]

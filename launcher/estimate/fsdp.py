@@ -11,9 +11,10 @@ is explained, with the line of code it comes from, in docs/estimator.md. In shor
   forward to the end of backward; each block is gathered for its forward and again for its
   backward, where FSDP prefetches the next block and keeps the previous block's fp32
   reduce-scatter input until the next reduce-scatter.
-- Under pipeline parallelism every block stays gathered for the whole step and gradients
-  accumulate unsharded in fp32 until the step's last micro-batch (torch.distributed.pipelining
-  turns FSDP's gradient sync off in between). Without it, `grad_accumulation` decides
+- Under pipeline parallelism every block stays gathered after forward, and gradients accumulate
+  unsharded in the reduce dtype until the step's end (torch.distributed.pipelining turns FSDP's
+  gradient sync off in between), or under sync_each are reduced into their shards every
+  micro-batch (`_pipelined_moments`). Without it, `grad_accumulation` decides
   (`_Accumulation`): sync_last keeps unsharded gradients, sync_last_gathered gathered blocks too.
 - Each block saves what autograd needs (listed in `_Block`); full checkpointing keeps only a
   block's input and recomputes the rest in backward; selective checkpoints the odd layers.
@@ -475,10 +476,10 @@ def _grad_bytes(w: Workload) -> int:
 
 
 def accumulation_changes_memory(workload: Workload) -> bool:
-    """Whether `grad_accumulation` changes this accounting's bytes: only without pipelining (which
-    keeps blocks gathered and gradients unsharded whatever the mode) and with more than one
-    micro-batch per step (`_Accumulation`)."""
-    return workload.layout.pipeline == 1 and workload.grad_accum_steps > 1
+    """Whether `grad_accumulation` changes this accounting's bytes: with more than one micro-batch
+    per step (`_Accumulation`; under pipelining, sync_each against the others, which keep
+    gradients unsharded: `_pipelined_moments`)."""
+    return workload.grad_accum_steps > 1
 
 
 class _Accumulation:
@@ -605,10 +606,14 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     """A pipeline rank at the backwards where it can peak (`backward_moments`), with all its
     blocks gathered.
 
-    Blocks are not resharded after forward (parallelize.py), and torch.distributed.pipelining
-    turns FSDP's gradient sync off until the end of the step, so each block's gradient
-    accumulates unsharded in the reduce dtype (`unsharded_accumulated_grad`) from its first
-    backward on: what `grad_accumulation: sync_last_gathered` does without pipelining.
+    Blocks are not resharded after forward (parallelize.py). Under sync_last_gathered (what
+    `auto` picks where it fits) torch.distributed.pipelining turns FSDP's gradient sync off
+    until the end of the step, so each block's gradient accumulates unsharded in the reduce dtype
+    (`unsharded_accumulated_grad`) from its first backward on. Under sync_each
+    (pipeline.py's _GradientSyncEachMicroBatch) every backward reduce-scatters instead: the
+    stages done hold fp32 gradient shards. The moment is the chunk's first block in backward,
+    whose gradients are not reduced yet and before which no reduce-scatter input is pending (the
+    last backward's was released at its end: FSDP's final callback under is_last_backward).
     Receive buffers exist only around the chunk that consumes them (receive_buffers_in_backward).
     """
     layout = w.layout
@@ -623,11 +628,17 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     # The embedding's gradient comes with stage 0's backward, the output layer's with the last's.
     root_stage = 0 if rank == 0 else last_stage
 
+    sync_each = w.grad_accumulation == "sync_each"
     moments = {}
     for at in backward_moments(rank, layout, w.pipeline_schedule, m):
-        done_params = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done) * block.params
-        accumulated = _grad_bytes(w) * (done_params + (root_params if root_stage in at.done else 0))
+        done_layers = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done)
+        done_root = root_params if root_stage in at.done else 0
         moment = dict(base)
+        if sync_each:
+            moment["gradients"] = FP32 * (done_layers * block.state_params + done_root) / layout.fsdp_shard
+            accumulated = 0.0
+        else:
+            accumulated = _grad_bytes(w) * (done_layers * block.params + done_root)
         moment["fsdp_buffers"] = n * block.gathered + cb * root_params + accumulated
         moment["tp_buffers"] = per_chunk[1] * at.in_flight
         moment["cp_buffers"] = per_chunk[2] * at.in_flight

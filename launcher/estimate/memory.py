@@ -216,7 +216,7 @@ ACCUMULATION_SPEED_ORDER = ("sync_last_gathered", "sync_last", "sync_each")
 
 def choose_grad_accumulation(workload: Workload, hardware: Hardware, threshold: float = DEFAULT_THRESHOLD) -> str:
     """What `parallel.grad_accumulation: auto` runs (launcher/resolve.py settles it with this): the
-    fastest mode whose `fsdp` estimate fits under `threshold`, else sync_each (the least memory)."""
+    fastest mode whose `fsdp` estimate fits under `threshold`, else the mode of the least memory."""
     return _choose_with_estimate(workload, hardware, threshold)[0]
 
 
@@ -226,16 +226,24 @@ def _choose_with_estimate(
     """`choose_grad_accumulation`, with the `fsdp` estimate of the choice where it was made on the way.
 
     Where the mode moves no byte (`fsdp.accumulation_changes_memory`), one estimate answers for
-    every mode: the fastest fits exactly when sync_each does. The planner asks this for every
-    pipelined layout, which would otherwise be estimated three times over."""
+    every mode: the fastest fits exactly when sync_each does. Under pipelining sync_last runs as
+    sync_last_gathered (Recipe.grad_accumulation), so only that and sync_each are weighed."""
     if not fsdp.accumulation_changes_memory(workload):
         found = _estimate(replace(workload, grad_accumulation="sync_each"), hardware, "fsdp", threshold)
         return ("sync_last_gathered" if found.fits else "sync_each"), found
-    for choice in ACCUMULATION_SPEED_ORDER[:-1]:
+    faster = ACCUMULATION_SPEED_ORDER[:1] if workload.layout.pipeline > 1 else ACCUMULATION_SPEED_ORDER[:-1]
+    tried = []
+    for choice in faster:
         found = _estimate(replace(workload, grad_accumulation=choice), hardware, "fsdp", threshold)
         if found.fits:
             return choice, found
-    return "sync_each", None
+        tried.append((choice, found))
+    # None fits: the least memory, which is sync_each's but where fp32 gradient shards outweigh
+    # the unsharded ones a faster mode keeps in the reduce dtype (a shard of 2 under bf16 reduce).
+    tried.append(
+        ("sync_each", _estimate(replace(workload, grad_accumulation="sync_each"), hardware, "fsdp", threshold))
+    )
+    return min(tried, key=lambda pair: pair[1].per_gpu_peak_bytes)
 
 
 def check_options(mode: str, threshold: float) -> None:

@@ -28,6 +28,10 @@ GRAD_ACCUMULATION_MODES = ("sync_each", "sync_last", "sync_last_gathered")
 sync_each all-gathers parameters twice and reduce-scatters gradients every micro-batch;
 sync_last skips the reduce-scatter until the last micro-batch (unsharded gradients meanwhile);
 sync_last_gathered also keeps the parameters gathered (one all-gather per step)."""
+PIPELINED_ACCUMULATION_MODES = ("sync_each", "sync_last_gathered")
+"""The same under pipeline parallelism, which never reshards blocks after forward: sync_each
+gathers each block once and reduce-scatters its gradients every micro-batch; sync_last runs as
+sync_last_gathered (Recipe.grad_accumulation)."""
 
 
 def mode(workload: Workload, name: str) -> str:

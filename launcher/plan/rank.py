@@ -19,7 +19,7 @@ from launcher.errors import UsageError
 from launcher.estimate import MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
 from launcher.plan.candidates import Shape, shapes
-from launcher.plan.modes import GRAD_ACCUMULATION_MODES
+from launcher.plan.modes import GRAD_ACCUMULATION_MODES, PIPELINED_ACCUMULATION_MODES
 from launcher.plan.modes import mode as run_mode
 from launcher.plan.options import SearchOptions
 from launcher.plan.result import LayoutPlan, LayoutPlans, Search
@@ -155,11 +155,13 @@ def tp_saved_inputs_choices(shape: Shape, activation_checkpointing: str) -> tupl
 
 
 def accumulation_modes(shape: Shape, *, vary: bool) -> tuple[str | None, ...]:
-    """The `parallel.grad_accumulation` modes to try on `shape`, where they differ: FSDP without
-    pipelining (which keeps blocks gathered anyway) and more than one micro-batch per step.
-    (None,) keeps the recipe's mode."""
-    if not vary or shape.layout.pipeline > 1 or shape.grad_accum_steps == 1 or shape.layout.fsdp_shard == 1:
+    """The `parallel.grad_accumulation` modes to try on `shape`, where they differ: FSDP with more
+    than one micro-batch per step; under pipelining, which keeps blocks gathered in every mode,
+    sync_each and sync_last_gathered. (None,) keeps the recipe's mode."""
+    if not vary or shape.grad_accum_steps == 1 or shape.layout.fsdp_shard == 1:
         return (None,)
+    if shape.layout.pipeline > 1:
+        return PIPELINED_ACCUMULATION_MODES
     return GRAD_ACCUMULATION_MODES
 
 

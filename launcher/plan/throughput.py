@@ -1093,6 +1093,12 @@ def fsdp_time(step: _Step, compute_mb: float) -> tuple[float, float]:
     traffic, hidden = fsdp_traffic(step), step.k.fsdp_overlap * compute_mb
     gather = traffic.block_gather + traffic.root_gather
     if step.p > 1:
+        if step.accumulation == "sync_each":
+            # pipeline.py's _GradientSyncEachMicroBatch: each block is resharded after its backward
+            # and gathered again by the next micro-batch's forward (never resharded after forward
+            # under PP), and its gradients reduce-scattered: one gather and one reduce-scatter per
+            # micro-batch.
+            return max(0.0, gather + traffic.reduce - hidden) + traffic.first_block, 0.0
         # torch.distributed.pipelining keeps FSDP blocks unsharded between micro-batches and
         # syncs gradients only on the last: one gather and one reduce-scatter per step, spread
         # over the schedule (and its bubble).

@@ -211,16 +211,17 @@ class Recipe(RecipeSpec):
     def grad_accumulation(self) -> str:
         """The accumulation mode the job runs (parallel.grad_accumulation made concrete).
 
-        One micro-batch has nothing to accumulate: sync_each. Pipeline parallelism always keeps
-        gradients unsharded and blocks gathered across micro-batches (pipeline.py), whatever
-        the recipe says: sync_last_gathered. Otherwise "auto" stays, for the estimator to pick
-        (launcher/resolve.py).
+        One micro-batch has nothing to accumulate: sync_each. Under pipeline parallelism blocks
+        stay gathered between micro-batches whatever the mode (pipeline.py), so sync_last runs as
+        sync_last_gathered; sync_each still reduce-scatters every micro-batch's gradients. "auto"
+        stays, for the estimator to pick (launcher/resolve.py).
         """
         if self.grad_accum_steps == 1:
             return "sync_each"
-        if self._layout.pipeline > 1:
+        mode = self.parallel.grad_accumulation
+        if self._layout.pipeline > 1 and mode == "sync_last":
             return "sync_last_gathered"
-        return self.parallel.grad_accumulation
+        return mode
 
     @property
     def unsettled(self) -> tuple[str, ...]:

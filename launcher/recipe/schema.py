@@ -322,7 +322,9 @@ class Parallel(Section):
     reduce-scatters gradients for every micro-batch; sync_last keeps gradients unsharded until
     the last micro-batch and reduce-scatters once; sync_last_gathered also keeps parameters
     gathered between micro-batches; auto picks the fastest mode whose memory estimate fits.
-    Pipeline parallelism always runs as sync_last_gathered."""
+    Under pipeline parallelism blocks stay gathered between micro-batches in every mode: sync_each
+    reduce-scatters each micro-batch's gradients into their shards (no unsharded gradients held
+    across micro-batches, as the Llama 3 paper's FSDP), sync_last runs as sync_last_gathered."""
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """dtype of FSDP's gradient reduce-scatter (and of unsharded gradients under sync_last)."""
     tp_saved_inputs: Literal["gathered", "shard"] = "gathered"

@@ -105,6 +105,16 @@ ACCUMULATION = {
         "parallel.grad_accumulation": "sync_last",
         "parallel.reduce_dtype": "bf16",
     },
+    # Under pipeline parallelism the layouts above reduce-scatter every micro-batch (sync_each,
+    # pipeline.py's _GradientSyncEachMicroBatch); these keep torch's unsharded accumulation.
+    "pp2_dp_shard2_sync_last_gathered": {
+        **LAYOUTS["pp2_dp_shard2"],
+        "parallel.grad_accumulation": "sync_last_gathered",
+    },
+    "pp2_tp2_interleaved_sync_last_gathered": {
+        **LAYOUTS["pp2_tp2_interleaved"],
+        "parallel.grad_accumulation": "sync_last_gathered",
+    },
 }
 TIED = {"model": {"base": "llama3.1-tiny", "tie_embeddings": True}}
 FIVE_LAYERS = {"model": {"base": "llama3.1-tiny", "num_layers": 5}}

@@ -124,6 +124,45 @@ def run_ours(rank, parallel, mesh) -> dict:
             "stage_class": type(pipe.stages[0]).__name__}  # fmt: skip
 
 
+def run_fsdp(rank, parallel, mesh, sync_each: bool) -> dict:
+    """The entrypoints' Pipeline on FSDP stages (a 1-rank shard mesh each, as a stage of dp_shard 1
+    is): after each micro-batch's backward, whether the gradients are already in their shards or
+    still unsharded (FSDP2's `unsharded_accumulated_grad`, or the unsharded parameter's .grad);
+    and the step's gradients."""
+    from dataclasses import replace
+
+    from torch.distributed.fsdp import fully_shard
+
+    parts, ids = parts_of(rank, parallel)
+    for part in parts:
+        fully_shard(part.linear, mesh=mesh["dp"], reshard_after_forward=False)
+        fully_shard(part, mesh=mesh["dp"], reshard_after_forward=False)
+    modes = replace(parallel, grad_accumulation="sync_each" if sync_each else "sync_last_gathered")
+    pipe = pipeline.Pipeline(parts, ids, mesh["pp"], modes, torch.device("cpu"))
+    seen = []
+
+    def recording(stage, original):
+        def backward_one_chunk(*args, **kwargs):
+            result = original(*args, **kwargs)
+            part = stage.submod  # the stage whose backward just ran
+            fsdp_params = fully_shard.state(part.linear)._fsdp_param_group.fsdp_params
+            seen.append({
+                "sharded": all(fp.sharded_param.grad is not None for fp in fsdp_params),
+                "unsharded": any(fp.unsharded_accumulated_grad is not None or fp._unsharded_param.grad is not None
+                                 for fp in fsdp_params),
+            })  # fmt: skip
+            return result
+
+        return backward_one_chunk
+
+    for stage in pipe.stages:
+        stage.backward_one_chunk = recording(stage, stage.backward_one_chunk)
+    pipe.step(*batch())
+    grads = {f"{i}.{name}": p.grad.full_tensor().tolist() for part, i in zip(parts, ids, strict=True)
+             for name, p in part.named_parameters()}  # fmt: skip
+    return {"after_each_backward": seen[:-1], "grads": grads, "sync_each": pipe.stages[0].sync_each}
+
+
 def sent_tensor_lifetime(rank: int) -> dict:
     """Whether a gloo send's Work keeps its tensor alive until the Work is dropped."""
     if rank == 1:
@@ -156,6 +195,9 @@ if __name__ == "__main__":
     followed.refs, followed.peak = [], 0
     dist.barrier()
     result["ours"] = run_ours(rank, parallel, mesh)
+    two_d = init_device_mesh("cpu", (2, 1), mesh_dim_names=("pp", "dp"))
+    result["fsdp"] = {mode: run_fsdp(rank, parallel, two_d, mode == "sync_each")
+                      for mode in ("sync_each", "sync_last_gathered")}  # fmt: skip
     Path(sys.argv[1]).with_suffix(f".rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

@@ -80,13 +80,17 @@ def test_uneven_pipeline_stages_match_single_process(runs, name):
 # The same sums in another order: gradients summed over micro-batches before the reduce-scatter.
 SAME_SUMS = 1e-5
 # Which sync_each run each accumulation job is compared with: the same layout.
-SYNC_EACH_OF = {"hsdp_sync_last_gathered": "data_replicate2_data_shard2"}
+SYNC_EACH_OF = {
+    "hsdp_sync_last_gathered": "data_replicate2_data_shard2",
+    "pp2_dp_shard2_sync_last_gathered": "pp2_dp_shard2",
+    "pp2_tp2_interleaved_sync_last_gathered": "pp2_tp2_interleaved",
+}
 
 
 @pytest.mark.parametrize("name", [n for n in ACCUMULATION if "bf16" not in n])
 def test_accumulation_modes_match_sync_each_losses_grad_norms_and_parameters(runs, name):
     job, sync_each = runs.accumulation[name], runs.layouts[SYNC_EACH_OF.get(name, "dp_shard2_tp2")]
-    assert json.loads(job.config.read_text())["parallel"]["grad_accum_steps"] == 2
+    assert json.loads(job.config.read_text())["parallel"]["grad_accum_steps"] >= 2
     assert job.losses() == pytest.approx(sync_each.losses(), abs=SAME_SUMS)
     got_norms = [m["grad_norm"] for m in job.metrics()]
     assert got_norms == pytest.approx([m["grad_norm"] for m in sync_each.metrics()], abs=SAME_SUMS)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "tests" / "entrypoints" / "pipeline_memory_run.py"
@@ -61,3 +62,20 @@ def test_receive_buffers_live_only_around_their_chunk_and_nothing_outlives_the_s
         assert ours["after_step"] == 0, (rank, ours)
         # At its most, the entrypoints' step holds at least those buffers fewer.
         assert ours["peak"] <= torch_run["peak"] - torch_run["after_step"], (rank, c)
+
+
+def test_sync_each_reduces_every_micro_batchs_gradients_into_the_shards_and_sums_the_same(counts):
+    """parallel.grad_accumulation sync_each under PP (pipeline.py's _GradientSyncEachMicroBatch):
+    after each micro-batch's backward the gradients are in their shards and none is left
+    unsharded; torch's own accumulation (sync_last_gathered) keeps them unsharded until the step's
+    REDUCE_GRAD. Both end with the same gradients."""
+    for rank, c in enumerate(counts):
+        each, last = c["fsdp"]["sync_each"], c["fsdp"]["sync_last_gathered"]
+        assert each["sync_each"] and not last["sync_each"]
+        assert each["after_each_backward"] and last["after_each_backward"], rank
+        assert all(s == {"sharded": True, "unsharded": False} for s in each["after_each_backward"]), (rank, each)
+        assert all(s["unsharded"] and not s["sharded"] for s in last["after_each_backward"]), (rank, last)
+        assert each["grads"].keys() == last["grads"].keys()
+        for name, values in each["grads"].items():
+            got, want = torch.tensor(values), torch.tensor(last["grads"][name])
+            assert torch.allclose(got, want, atol=1e-6), (rank, name)

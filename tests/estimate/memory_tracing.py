@@ -510,7 +510,8 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
     gradient) made just before the chunk that consumes it and dropped after it (the
     entrypoints' _OnDemandReceiveStage, with the interleaved schedule's deferred receives:
     tests/estimate/test_pipeline_buffers.py checks the timing against torch's lowering), FSDP
-    gradient sync off until the last micro-batch, and the runtime's final reduce-scatter
+    gradient sync off until the last micro-batch (on throughout under sync_each), and the
+    runtime's final reduce-scatter
     (`perform_reduce_grad`). A sent tensor is let go once the next action starts, as a
     completed send is on NCCL (_SendsInFlight); gloo reports an input gradient's send complete
     only when waited for at the end of the step (tests/entrypoints/test_pipeline_memory.py),
@@ -528,10 +529,13 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
     def receive_buffer() -> torch.Tensor:
         return torch.empty(boundary, dtype=dtype)
 
+    # sync_each keeps FSDP's gradient sync on for every backward (pipeline.py's
+    # _GradientSyncEachMicroBatch); otherwise torch's stage turns it off until REDUCE_GRAD.
+    sync_each = par.grad_accumulation == "sync_each"
     for part in parts:
-        part.set_is_last_backward(False)
-        part.set_reshard_after_backward(False)
-        part.set_requires_gradient_sync(False)
+        part.set_is_last_backward(sync_each)
+        part.set_reshard_after_backward(sync_each)
+        part.set_requires_gradient_sync(sync_each)
     in_flight, sending = {}, None
     for action, stage, mb in pipeline_actions(rank, par.pipeline, par.virtual_stages, m, par.pipeline_schedule):
         sending = None  # the previous action's sends complete before this one starts

@@ -90,6 +90,23 @@ def test_auto_picks_the_fastest_mode_that_fits_under_80_percent():
     assert choose_grad_accumulation(big(activation_checkpointing="selective"), P5) == "sync_each"
 
 
+def test_auto_under_pipelining_weighs_sync_last_gathered_against_sync_each_and_takes_the_least_if_none_fits():
+    piped = {"layout": Layout(pipeline=2, data_shard=4), "grad_accum_steps": 4}
+    # fp32 gradients over 4 shards: sync_each holds a quarter of the unsharded sum.
+    each = estimate_memory(workload(**piped, grad_accumulation="sync_each"), P5).per_gpu_peak_bytes
+    last = estimate_memory(workload(**piped, grad_accumulation="sync_last_gathered"), P5).per_gpu_peak_bytes
+    assert each < last
+    assert choose_grad_accumulation(workload(**piped), P5) == "sync_last_gathered"  # the tiny model fits
+    assert choose_grad_accumulation(workload(**piped), P5, threshold=1e-6) == "sync_each"  # nothing fits
+    # bf16 reduce over 2 shards: 2 bytes unsharded against 4 / 2 in shards, and sync_each's shards
+    # of the stages done exist beside: when nothing fits, the least memory is sync_last_gathered's.
+    bf16 = {"layout": Layout(pipeline=2, data_shard=2), "grad_accum_steps": 4, "reduce_dtype": "bf16"}
+    each = estimate_memory(workload(**bf16, grad_accumulation="sync_each"), P5).per_gpu_peak_bytes
+    last = estimate_memory(workload(**bf16, grad_accumulation="sync_last_gathered"), P5).per_gpu_peak_bytes
+    least = "sync_each" if each < last else "sync_last_gathered"
+    assert choose_grad_accumulation(workload(**bf16), P5, threshold=1e-6) == least
+
+
 def test_an_auto_estimate_is_the_estimate_of_the_chosen_mode():
     auto = estimate_memory(big(activation_checkpointing="full", grad_accumulation="auto"), P5)
     chosen = estimate_memory(big(activation_checkpointing="full", grad_accumulation="sync_last"), P5)
@@ -136,9 +153,17 @@ def test_one_micro_batch_resolves_to_sync_each():
     assert job_config(single)["parallel"]["grad_accumulation"] == "sync_each"
 
 
-def test_pipeline_parallelism_always_resolves_to_sync_last_gathered():
-    piped = recipe(**{"parallel.pipeline": 2, "parallel.grad_accumulation": "sync_each"})
-    assert job_config(piped)["parallel"]["grad_accumulation"] == "sync_last_gathered"
+def test_pipeline_parallelism_runs_sync_last_as_sync_last_gathered_and_keeps_sync_each():
+    # Pipelining keeps blocks gathered between micro-batches in every mode: sync_last's resharding
+    # does not happen, so it runs as sync_last_gathered; sync_each still reduces every micro-batch.
+    piped = {"parallel.pipeline": 2}
+    assert job_config(recipe(**piped, **{"parallel.grad_accumulation": "sync_each"}))["parallel"][
+        "grad_accumulation"
+    ] == ("sync_each")
+    last = recipe(**piped, **{"parallel.grad_accumulation": "sync_last"})
+    assert job_config(last)["parallel"]["grad_accumulation"] == "sync_last_gathered"
+    # auto: the faster sync_last_gathered, where it fits (8B at 8K on a p5 does)
+    assert job_config(recipe(**piped))["parallel"]["grad_accumulation"] == "sync_last_gathered"
 
 
 def test_an_unknown_mode_names_the_key_and_the_valid_modes():

@@ -4,6 +4,8 @@ otherwise. The comment beside each number is its arithmetic."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from launcher.catalog import models
@@ -168,7 +170,8 @@ def test_context_parallel_keeps_the_whole_sequence_k_and_v_only_where_the_masked
 
 
 def test_pipeline_rank_holds_p_micro_batches_all_blocks_gathered_and_fp32_accumulated_grads():
-    w = workload(layout=Layout(pipeline=2, data_shard=2), grad_accum_steps=4)
+    # torch.distributed.pipelining's own accumulation (grad_accumulation sync_last_gathered)
+    w = workload(layout=Layout(pipeline=2, data_shard=2), grad_accum_steps=4, grad_accumulation="sync_last_gathered")
     moments = fsdp.moments(w, rank=0)
     first, second = moments["first backward (pipeline)"], moments["second backward (pipeline)"]
     # rank 0 of 2 in 1F1B: 2 micro-batches of its 2 layers in flight, and each one's output
@@ -180,6 +183,19 @@ def test_pipeline_rank_holds_p_micro_batches_all_blocks_gathered_and_fp32_accumu
     assert second["fsdp_buffers"] == first["fsdp_buffers"] + 4 * (2 * P_BLOCK + 512 * 128)
     # one gradient receive buffer, for the output of the micro-batch in backward
     assert first["working"] == 2 * 2 * 256 * 352 + 2 * 256 * 128 + 2 * 256 * 128
+
+
+def test_pipeline_rank_under_sync_each_holds_fp32_gradient_shards_and_no_unsharded_gradients():
+    # grad_accumulation sync_each under PP (pipeline.py's _GradientSyncEachMicroBatch): after the
+    # first backward the rank's gradients are in their fp32 shards (over data_shard 2), and the
+    # gathered blocks stay as they were.
+    w = workload(layout=Layout(pipeline=2, data_shard=2), grad_accum_steps=4, grad_accumulation="sync_each")
+    moments = fsdp.moments(w, rank=0)
+    first, second = moments["first backward (pipeline)"], moments["second backward (pipeline)"]
+    assert first["gradients"] == 0 and second["fsdp_buffers"] == first["fsdp_buffers"]
+    assert second["gradients"] == 4 * (2 * P_BLOCK + 512 * 128) / 2
+    gathered = fsdp.moments(replace(w, grad_accumulation="sync_last_gathered"), rank=0)["second backward (pipeline)"]
+    assert gathered["fsdp_buffers"] - second["fsdp_buffers"] == 4 * (2 * P_BLOCK + 512 * 128)
 
 
 def test_peak_is_the_largest_moment_plus_device_overheads():

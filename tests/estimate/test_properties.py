@@ -88,13 +88,14 @@ def test_longer_sequences_need_more_memory(w, mode):
 def test_full_checkpointing_needs_no_more_than_selective_which_needs_no_more_than_none(w, mode):
     none, selective, full = (replace(w, activation_checkpointing=m) for m in MODES)
     assert activation_bytes(full, mode) <= activation_bytes(selective, mode) <= activation_bytes(none, mode)
-    # The peak may rise by a hair: under context parallelism a recomputed block holds its gathered
-    # K/V through its MLP's backward, where a kept block gathers them again only for its
-    # attention's, once the MLP's saved set is gone (fsdp.py `in_backward`). Found by hypothesis:
-    # Llama 3.1 70B at 256 tokens, CP 2, selective 0.55 MB (0.0002%) above none.
-    slack = 1e-4
-    assert peak(full, mode) <= peak(selective, mode) * (1 + slack)
-    assert peak(selective, mode) <= peak(none, mode) * (1 + slack)
+    # The peak may rise by up to one layer's gathered K/V: under context parallelism a recomputed
+    # block holds them through its MLP's backward, where a kept block gathers them again only for
+    # its attention's, once the MLP's saved set is gone (fsdp.py `in_backward`). Found by
+    # hypothesis: Llama 3.1 70B at 256 tokens, CP 2, selective 0.55 MB above none; Mistral 7B at
+    # 1K tokens, micro-batch 2, CP 2, 4.4 MB (0.012%), under the 8.4 MB of one layer's K and V.
+    kv = 2 * 2 * w.micro_batch_size * w.seq_len * w.arch.kv_dim / w.layout.tensor if w.layout.context > 1 else 0
+    assert peak(full, mode) <= peak(selective, mode) + kv
+    assert peak(selective, mode) <= peak(none, mode) + kv
 
 
 @settings(max_examples=150, deadline=None)

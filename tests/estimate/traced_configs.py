@@ -226,6 +226,15 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=2,
     ),
     TracedConfig("8B 8K pp2 dp4 1F1B (8 layers)", llama8b(8), 8192, parallel={"pipeline": 2}, global_batch_size=16),
+    # parallel.grad_accumulation sync_each under PP: every micro-batch's gradients reduced into
+    # their shards (pipeline.py's _GradientSyncEachMicroBatch), 4 micro-batches.
+    TracedConfig(
+        "8B 8K pp2 dp4 1F1B sync_each (8 layers)",
+        llama8b(8),
+        8192,
+        parallel={"pipeline": 2, "grad_accumulation": "sync_each"},
+        global_batch_size=16,
+    ),
     TracedConfig(
         "8B 8K pp2 dp4 1F1B (8 layers), last stage",
         llama8b(8),
@@ -293,6 +302,19 @@ CONFIGS: list[TracedConfig] = [
     # in float8 (Float8 TP styles), in bf16, and with selective checkpointing, whose recomputed
     # blocks still keep what they gather.
     shard_saved(MEGATRON_BRIDGE_70B_SCALED),
+    # The same with every micro-batch's gradients reduced into their bf16-reduced fp32 shards
+    # (grad_accumulation sync_each under PP): rank 0, and the last rank, where the loss stage peaks.
+    replace(
+        MEGATRON_BRIDGE_70B_SCALED,
+        name=f"{MEGATRON_BRIDGE_70B_SCALED.name}, sync_each",
+        parallel={**MEGATRON_BRIDGE_70B, "grad_accumulation": "sync_each"},
+    ),
+    replace(
+        MEGATRON_BRIDGE_70B_SCALED,
+        name=f"{MEGATRON_BRIDGE_70B_SCALED.name}, sync_each, last rank",
+        parallel={**MEGATRON_BRIDGE_70B, "grad_accumulation": "sync_each"},
+        stage=3,
+    ),
     shard_saved(TP2_8B),
     shard_saved(PP4_70B_SELECTIVE),
     TracedConfig(

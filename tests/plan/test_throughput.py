@@ -108,6 +108,7 @@ def test_pipeline_bubble_takes_its_fraction_of_the_pipelined_time():
             Layout(tensor=8, pipeline=4, virtual_stages=v, data_shard=2),
             grad_accum_steps=8,
             pipeline_schedule=schedule,
+            grad_accumulation="sync_last_gathered",  # FSDP's traffic once per step, outside the pipeline
         )
         once_per_step = speed.breakdown["optimizer"] + speed.breakdown["data_replicate"] + speed.breakdown["fsdp"]
         pipelined = speed.step_time_s - once_per_step
@@ -334,8 +335,38 @@ def test_smaller_tensor_parallel_matrices_run_less_efficiently():
 
 def test_fsdp_under_pipeline_parallelism_syncs_once_per_step():
     layout = Layout(pipeline=4, data_shard=16)
-    few, many = (run(LLAMA70B, layout, grad_accum_steps=m, activation_checkpointing="full") for m in (4, 16))
+    few, many = (
+        run(
+            LLAMA70B,
+            layout,
+            grad_accum_steps=m,
+            activation_checkpointing="full",
+            grad_accumulation="sync_last_gathered",
+        )
+        for m in (4, 16)
+    )
     assert many.breakdown["fsdp"] <= few.breakdown["fsdp"]  # not once per micro-batch
+
+
+def test_fsdp_under_pipeline_parallelism_and_sync_each_gathers_and_reduces_every_micro_batch():
+    # pipeline.py's _GradientSyncEachMicroBatch: one all-gather and one reduce-scatter of the
+    # rank's blocks per micro-batch (never resharded after forward), hidden behind its compute.
+    from launcher.plan.throughput import _Step, fsdp_time, fsdp_traffic
+
+    layout = Layout(pipeline=4, data_shard=16)
+    hardware = dataclasses.replace(P5_FREE, procs_per_node=8)
+    workload = Workload(arch=LLAMA70B, layout=layout, seq_len=8192, micro_batch_size=1, grad_accum_steps=16,
+                        grad_accumulation="sync_each")  # fmt: skip
+    step = _Step(workload, hardware, CONSTANTS)
+    traffic = fsdp_traffic(step)
+    per_mb, per_step = fsdp_time(step, compute_mb=0.0)  # nothing to hide behind
+    assert per_step == 0
+    assert per_mb == pytest.approx(traffic.block_gather + traffic.root_gather + traffic.reduce + traffic.first_block)
+    few, many = (
+        run(LLAMA70B, layout, grad_accum_steps=m, activation_checkpointing="full", grad_accumulation="sync_each")
+        for m in (4, 16)
+    )
+    assert many.breakdown["fsdp"] > few.breakdown["fsdp"]  # once per micro-batch, where exposed
 
 
 def test_fp8_speeds_up_large_matmuls():
