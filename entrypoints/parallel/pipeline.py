@@ -42,13 +42,16 @@ import logging
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-from torch.distributed.pipelining._backward import stage_backward
 
 try:  # torch 2.13's internals that _OnDemandReceiveStage builds on
     from torch.distributed.pipelining._utils import _make_tensor_from_meta
     from torch.distributed.pipelining.stage import _RecvInfo
 except ImportError:  # pragma: no cover - another torch: PipelineStage as it is (_stage_class)
     _make_tensor_from_meta = _RecvInfo = None
+try:  # and the backward _GradientSyncEachMicroBatch runs
+    from torch.distributed.pipelining._backward import stage_backward
+except ImportError:  # pragma: no cover - another torch: torch's own accumulation, with a warning
+    stage_backward = None
 
 from launcher.contract.config import ParallelConfig
 from launcher.contract.layout import Layout, stage_layers
@@ -134,7 +137,9 @@ class _GradientSyncEachMicroBatch:
     sync_each: bool = False
 
     def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
-        if not (self.sync_each and backward_type == "full" and isinstance(self.submod, FSDPModule)):
+        if stage_backward is None or not (
+            self.sync_each and backward_type == "full" and isinstance(self.submod, FSDPModule)
+        ):
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
         self.submod.set_is_last_backward(True)
         self.submod.set_reshard_after_backward(True)
@@ -252,6 +257,12 @@ class Pipeline:
         ]
         for stage in self.stages:
             stage.sync_each = parallel.grad_accumulation == "sync_each"
+        if parallel.grad_accumulation == "sync_each" and stage_backward is None:
+            log.warning(
+                "pipeline: torch %s has no pipelining._backward.stage_backward; gradients accumulate "
+                "unsharded until the step's end (sync_last_gathered), more than the memory estimate counts",
+                torch.__version__,
+            )
         self.has_first = 0 in ids
         self.has_last = num_stages - 1 in ids
         schedule = SCHEDULES[parallel.pipeline_schedule]
