@@ -151,6 +151,11 @@ class Checkpointer:
         completes it. Blocking: it is complete (all markers, pruned) when this returns.
         """
         self.finish_pending()
+        if self.mirror is not None and self.rank_hosts.is_node_leader and self.complete_steps:
+            # One checkpoint's copy to S3 at a time: the previous one is in S3 on every host (the
+            # barrier below) before any host writes the next, which a restore may then fall back on.
+            with self._mirroring(self.complete_steps[-1]):
+                self.mirror.wait()
         path = self.directory / step_dir_name(step)
         self._last_save_started = started = time.monotonic()
         if self.rank_hosts.is_node_leader:

@@ -8,7 +8,9 @@ directory (local NVMe, entrypoints/checkpoint.py) and each host's first rank cop
 - `push`: after a checkpoint is complete, the files this host owns (checkpoint_files.py's
   ownership rule) go to `<prefix>/step-N/<file>`, its COMPLETE marker last, from a background
   thread; then the host deletes its own objects of the checkpoints outside the newest `keep`
-  (marker first). S3 thus holds what CheckpointConfig would have synced, in the same layout.
+  (marker first). S3 thus holds what CheckpointConfig would have synced, in the same layout. The
+  next save starts only once every host's copy is done (checkpoint.py `save`): one checkpoint in
+  flight to S3 at a time.
 - `restore`: before a resume, rank 0 lists the prefix and picks the newest checkpoint whose
   markers of every host are there (a host killed mid-upload leaves a torn one, skipped); each
   host then downloads only what it reads: its own files of that checkpoint, `.metadata`,

@@ -288,3 +288,23 @@ def test_a_marker_whose_write_fails_on_a_full_disk_leaves_no_file_that_would_cou
         with pytest.raises(OSError, match="No space left on device"):
             write_durable(marker, marker_content(4, {"__0_0.distcp": 1}))
         assert not marker.exists() and not is_complete(step_dir)
+
+
+def test_a_save_starts_only_once_the_previous_copy_to_s3_is_done(tmp_path):
+    """One checkpoint in flight to S3 per host: `save` waits for the mirror's previous push before
+    it writes anything, and a failed one fails the job in one line naming that checkpoint."""
+    from entrypoints.checkpoint import CheckpointWriteFailed
+    from entrypoints.checkpoint_mirror import MirrorFailed
+
+    waited = []
+
+    class Mirror:
+        def wait(self):
+            waited.append(sorted(p.name for p in tmp_path.iterdir()))
+            raise MirrorFailed("checkpoint: uploading s3://b/p/step-00000004/__0_0.distcp failed: SlowDown")
+
+    saver = checkpointer(tmp_path)
+    saver.mirror, saver.complete_steps = Mirror(), [4]
+    with pytest.raises(CheckpointWriteFailed, match=r"SlowDown; checkpoint step-00000004 is complete in .* not in S3"):
+        saver.save(8)
+    assert waited == [[]] and not (tmp_path / "step-00000008").exists()
