@@ -1168,7 +1168,7 @@ Where the errors come from (read the tables above for their size):
   fit, and the memory column is `auto`'s pick. NeMo's GPT-3 175B rows went from risky 69.4 and 77.2
   GiB to fits 52.8 and 56.5, its Llama 3 70B row from risky 64.3 to fits 50.9. Megatron-Bridge's
   70B rows stay at 73.6: over a shard of 2 under bf16 reduce, fp32 shards hold as much as unsharded
-  bf16 gradients, and `auto` keeps the smaller. Without pipelining `auto` shows its faster mode's
+  bf16 gradients, and `auto` keeps the faster mode on the tie. Without pipelining `auto` shows its faster mode's
   larger peak where that fits (sync_last_gathered: NeMo's GPT-3 5B 31.6 -> 56.6 GiB, still fits).
 - The output layer. Our fused loss recomputes each chunk's logits in backward (8 FLOPs per output
   weight and token); Megatron-Core's GPTModel and torchtitan run the output layer once over the

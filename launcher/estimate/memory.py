@@ -181,7 +181,7 @@ def estimate_memory(
         )
     if workload.grad_accumulation == "auto":
         choice, chosen = _choose_with_estimate(workload, hardware, threshold)
-        if chosen is not None and mode == "fsdp":
+        if mode == "fsdp":
             return chosen  # the chosen mode's estimate, already made while choosing
         workload = replace(workload, grad_accumulation=choice)
     return _estimate(workload, hardware, mode, threshold)
@@ -220,9 +220,7 @@ def choose_grad_accumulation(workload: Workload, hardware: Hardware, threshold: 
     return _choose_with_estimate(workload, hardware, threshold)[0]
 
 
-def _choose_with_estimate(
-    workload: Workload, hardware: Hardware, threshold: float
-) -> tuple[str, MemoryEstimate | None]:
+def _choose_with_estimate(workload: Workload, hardware: Hardware, threshold: float) -> tuple[str, MemoryEstimate]:
     """`choose_grad_accumulation`, with the `fsdp` estimate of the choice where it was made on the way.
 
     Where the mode moves no byte (`fsdp.accumulation_changes_memory`), one estimate answers for
@@ -238,8 +236,8 @@ def _choose_with_estimate(
         if found.fits:
             return choice, found
         tried.append((choice, found))
-    # None fits: the least memory, which is sync_each's but where fp32 gradient shards outweigh
-    # the unsharded ones a faster mode keeps in the reduce dtype (a shard of 2 under bf16 reduce).
+    # None fits: the least memory, the faster mode on a tie. Under pipelining sync_each's fp32
+    # gradient shards hold as much as unsharded bf16 ones over a shard of 2, and more over 1.
     tried.append(
         ("sync_each", _estimate(replace(workload, grad_accumulation="sync_each"), hardware, "fsdp", threshold))
     )

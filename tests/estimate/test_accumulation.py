@@ -98,13 +98,17 @@ def test_auto_under_pipelining_weighs_sync_last_gathered_against_sync_each_and_t
     assert each < last
     assert choose_grad_accumulation(workload(**piped), P5) == "sync_last_gathered"  # the tiny model fits
     assert choose_grad_accumulation(workload(**piped), P5, threshold=1e-6) == "sync_each"  # nothing fits
-    # bf16 reduce over 2 shards: 2 bytes unsharded against 4 / 2 in shards, and sync_each's shards
-    # of the stages done exist beside: when nothing fits, the least memory is sync_last_gathered's.
-    bf16 = {"layout": Layout(pipeline=2, data_shard=2), "grad_accum_steps": 4, "reduce_dtype": "bf16"}
-    each = estimate_memory(workload(**bf16, grad_accumulation="sync_each"), P5).per_gpu_peak_bytes
-    last = estimate_memory(workload(**bf16, grad_accumulation="sync_last_gathered"), P5).per_gpu_peak_bytes
-    least = "sync_each" if each < last else "sync_last_gathered"
-    assert choose_grad_accumulation(workload(**bf16), P5, threshold=1e-6) == least
+    # When nothing fits, the least memory, the faster mode on a tie: fp32 shards over 2 ranks
+    # against bf16 unsharded gradients tie, over 1 rank sync_each holds more.
+    for shard, reduce_dtype, least in ((2, "fp32", "sync_each"), (2, "bf16", "sync_last_gathered"),
+                                       (1, "bf16", "sync_last_gathered")):  # fmt: skip
+        kw = {"layout": Layout(pipeline=2, data_shard=shard), "grad_accum_steps": 4, "reduce_dtype": reduce_dtype}
+        peaks = {
+            m: estimate_memory(workload(**kw, grad_accumulation=m), P5).per_gpu_peak_bytes
+            for m in ("sync_each", "sync_last_gathered")
+        }
+        assert (peaks["sync_each"] < peaks["sync_last_gathered"]) == (least == "sync_each"), (kw, peaks)
+        assert choose_grad_accumulation(workload(**kw), P5, threshold=1e-6) == least, kw
 
 
 def test_an_auto_estimate_is_the_estimate_of_the_chosen_mode():
