@@ -221,7 +221,11 @@ class Transformer(nn.Module):
         for layer in self.layers.values():
             h = layer(h, rope, mask)
         if self.norm is None:
-            return h
+            # A first pipeline stage without layers (launcher.contract.layout.stage_layer_counts)
+            # hands on the embedding's output, under TP a view of the redistributed tensor
+            # (DTensor.to_local). FSDP warns on a module returning a view, since an in-place op
+            # on it would skip the pre-backward hook; a copy has no base to keep alive either.
+            return h.clone() if h._is_view() else h
         h = self.norm(h)
         if targets is None:
             return F.linear(h, self.output_weight)

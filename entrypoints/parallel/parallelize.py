@@ -16,7 +16,7 @@ import torch
 from entrypoints.fp8 import Fp8Settings, convert_to_float8
 from entrypoints.model.llama import Transformer, build_model
 from entrypoints.model.moe import force_load_balance
-from entrypoints.parallel.activation import apply_activation_checkpointing, checkpointed_layers
+from entrypoints.parallel.activation import apply_activation_checkpointing
 from entrypoints.parallel.context import apply_context_parallel
 from entrypoints.parallel.expert import apply_expert_parallel, apply_routing_group, build_expert_mesh, expert_fsdp_mesh
 from entrypoints.parallel.fsdp import apply_fsdp
@@ -25,7 +25,7 @@ from entrypoints.parallel.pipeline import split_model
 from entrypoints.parallel.tensor import apply_tensor_parallel
 from entrypoints.parallel.ulysses import UlyssesAttention
 from launcher.contract.config import JobConfig
-from launcher.contract.layout import rank_stages
+from launcher.contract.layout import checkpointed_layers, rank_stages
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 REDUCE_DTYPES = PARAM_DTYPES
@@ -35,7 +35,8 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
     """Apply TP -> CP -> EP -> AC -> compile -> FSDP to `model` in place (torchtitan's order;
     `expert_mesh`: build_expert_mesh's, under expert parallelism)."""
     par = cfg.parallel
-    checkpointed = set(checkpointed_layers(par.activation_checkpointing, [int(key) for key in model.layers]))
+    held = {int(key) for key in model.layers}
+    checkpointed = held & checkpointed_layers(par.activation_checkpointing, cfg.model.num_layers, par)
     regathering = set() if par.tensor == 1 or par.tp_saved_inputs != "shard" else {int(k) for k in model.layers}
     regathering -= checkpointed
 
@@ -66,8 +67,8 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
         apply_routing_group(model, cp_mesh)
 
     # 4. Activation checkpointing wraps whole blocks, after TP/CP have edited their insides.
-    if par.activation_checkpointing != "none":
-        apply_activation_checkpointing(model, par.activation_checkpointing)
+    if checkpointed:
+        apply_activation_checkpointing(model, checkpointed)
 
     # 5. Compile each block after AC, so the recomputation is compiled with it, and before
     #    FSDP, so FSDP's all-gather/reduce-scatter hooks stay outside the compiled graphs.

@@ -171,19 +171,44 @@ def stage_layer_counts(num_layers: int, num_stages: int, override: Sequence[int]
        micro-batches in flight under 1F1B.
 
     126 layers on 8 stages: 15 | 16 x 6 | 15. Layers that divide evenly stay even (32 on 8:
-    4 x 8), since T is then one more than the even share. Every stage holds at least one layer
-    when num_layers >= num_stages; fewer is a ValueError (the rules refuse it first).
+    4 x 8), since T is then one more than the even share. Where T is 1, the end stages hold
+    only what they carry: 126 layers on 16 x 8 stages are 0 | 1 x 126 | 0, the split the Llama 3
+    paper describes for its 405B ("the first model chunk on the first stage has only the
+    embedding, and the last model chunk on the last stage has only output projection and loss
+    calculation", arXiv 2407.21783, section 3.3.2). Every other stage holds at least one layer;
+    more stages than that allows is a ValueError (the rules refuse it first).
     """
     if override is not None:
         counts = list(override)
-        if len(counts) != num_stages or sum(counts) != num_layers or min(counts, default=0) < 1:
+        if len(counts) != num_stages or sum(counts) != num_layers or split_problem(counts) is not None:
             raise ValueError(
-                f"pipeline_layers {counts} is not {num_stages} positive layer counts summing to {num_layers}"
+                f"pipeline_layers {counts} is not {num_stages} layer counts summing to {num_layers}"
+                " with a layer on every stage but the end ones"
             )
         return counts
-    if num_stages < 1 or num_layers < num_stages:
-        raise ValueError(f"{num_layers} layers cannot fill {num_stages} pipeline stages with one layer each")
+    if num_stages < 1 or num_layers < min_layers(num_stages):
+        raise ValueError(
+            f"{num_layers} layers cannot fill {num_stages} pipeline stages with a layer on every stage but the end ones"
+        )
     return list(_balanced_counts(num_layers, num_stages))
+
+
+def min_layers(num_stages: int) -> int:
+    """The fewest transformer layers `num_stages` stages can split: one on each stage but the
+    first and last, which may hold only the embedding and only the output layer and loss."""
+    return 1 if num_stages == 1 else num_stages - 2
+
+
+def split_problem(counts: Sequence[int]) -> str | None:
+    """Why an explicit per-stage split is invalid, or None: a stage between the ends holds no
+    layer, or a count is negative."""
+    if min(counts, default=0) < 0:
+        return "has a negative layer count"
+    if len(counts) == 1 and counts[0] < 1:
+        return "has a stage without layers"
+    if min(counts[1:-1], default=1) < 1:
+        return "has a middle stage without layers; only the first and last stages may hold none"
+    return None
 
 
 @cache
@@ -192,7 +217,9 @@ def _balanced_counts(num_layers: int, num_stages: int) -> tuple[int, ...]:
     carried[0] += EMBEDDING_WEIGHT
     carried[-1] += OUTPUT_WEIGHT
     heaviest = -(-(num_layers + EMBEDDING_WEIGHT + OUTPUT_WEIGHT) // num_stages)
-    counts = [max(1, heaviest - c) for c in carried]
+    # The end stages may hold none (they carry the embedding and the output); the others need one.
+    floors = [1] * num_stages if num_stages == 1 else [0] + [1] * (num_stages - 2) + [0]
+    counts = [max(floor, heaviest - c) for floor, c in zip(floors, carried, strict=True)]
     for _ in range(sum(counts) - num_layers):
         counts[counts.index(max(counts))] -= 1
     return tuple(counts)
@@ -231,6 +258,30 @@ def _layers_by_rank(num_layers: int, pipeline: int, virtual: int, override: tupl
     # only these four numbers matter.
     counts = stage_layer_counts(num_layers, pipeline * virtual, override)
     return tuple(sum(counts[rank::pipeline]) for rank in range(pipeline))
+
+
+def checkpointed_layers(mode: str, num_layers: int, layout: Layout) -> frozenset[int]:
+    """The layer ids `parallel.activation_checkpointing` wraps (entrypoints/parallel/activation.py):
+    every layer under full; under selective every other layer of each pipeline rank, the 2nd,
+    4th, ... of the layers it holds over its stages in order (without pipelining, the odd ids).
+    Counting per rank, not by global id, keeps half of every rank's layers checkpointed when
+    stages hold one layer each: with 126 layers on 16 x 8 stages the odd ids would all fall on
+    the even ranks, and the others would keep every activation."""
+    if mode == "full":
+        return frozenset(range(num_layers))
+    if mode != "selective":
+        return frozenset()
+    return _selective_layers(num_layers, layout.pipeline, layout.virtual_stages, layout.pipeline_layers)
+
+
+@cache
+def _selective_layers(num_layers: int, pipeline: int, virtual: int, override: tuple[int, ...] | None) -> frozenset[int]:
+    bounds = _stage_bounds(num_layers, pipeline * virtual, override)
+    chosen = []
+    for rank in range(pipeline):
+        held = [layer for start, stop in bounds[rank::pipeline] for layer in range(start, stop)]
+        chosen += held[1::2]
+    return frozenset(chosen)
 
 
 def rank_layers(num_layers: int, layout: Layout, pp_rank: int) -> int:
@@ -394,18 +445,19 @@ def _pipeline_problems(layout: Layout, model: ModelShape, schedule: str) -> list
 
 
 def _stage_split_problems(layout: Layout, layers: int) -> list[LayoutProblem]:
-    """Every stage holds at least one layer; an explicit split covers every layer once."""
+    """Every stage but the end ones holds at least one layer; an explicit split covers every
+    layer once."""
     p, v, stages = layout.pipeline, layout.virtual_stages, layout.num_stages
     given = layout.pipeline_layers
     if given is None:
-        if layers >= stages:
+        if layers >= min_layers(stages):
             return []
         where = "parallel.pipeline" if v == 1 else "parallel.virtual_stages"
         return [
             LayoutProblem(
                 where,
-                f"pipeline {p} x virtual_stages {v} = {stages} stages exceed the {layers} layers; "
-                f"every stage needs a layer, use at most {layers} stages",
+                f"pipeline {p} x virtual_stages {v} = {stages} stages need at least {min_layers(stages)} layers "
+                f"(one on every stage but the first and last), the model has {layers}; use at most {layers + 2} stages",
             )
         ]
     key = "parallel.pipeline_layers"
@@ -415,8 +467,9 @@ def _stage_split_problems(layout: Layout, layers: int) -> list[LayoutProblem]:
                 key, f"{len(given)} entries for pipeline {p} x virtual_stages {v} = {stages} stages; give {stages}"
             )
         ]
-    if min(given) < 1:
-        return [LayoutProblem(key, f"{list(given)} has a stage without layers; every stage needs at least 1")]
+    problem = split_problem(given)
+    if problem is not None:
+        return [LayoutProblem(key, f"{list(given)} {problem}")]
     if sum(given) != layers:
         return [LayoutProblem(key, f"{list(given)} sums to {sum(given)}, but the model has {layers} layers")]
     return []

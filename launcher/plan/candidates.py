@@ -16,7 +16,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from launcher.catalog import ModelArch
-from launcher.contract.layout import Layout, divisors, expert_choices, seq_len_divisor, tensor_choices
+from launcher.contract.layout import (
+    EMBEDDING_WEIGHT,
+    OUTPUT_WEIGHT,
+    Layout,
+    divisors,
+    expert_choices,
+    min_layers,
+    seq_len_divisor,
+    tensor_choices,
+)
 from launcher.estimate import Workload
 from launcher.recipe.rules import layout_problems
 
@@ -28,9 +37,15 @@ MAX_MICRO_BATCH = 64
 
 def _virtual_choices(layers: int, pipeline: int) -> list[int]:
     """Stages per rank to try: powers of two, which give most of interleaving's bubble cut, and
-    any other count up to MAX_VIRTUAL_STAGES that splits the layers evenly. Uneven counts run
-    too (`stage_layer_counts`); leaving them out keeps the search small."""
-    even = [v for v in range(1, MAX_VIRTUAL_STAGES + 1) if layers % (pipeline * v) == 0]
+    any other count up to MAX_VIRTUAL_STAGES that splits the layers evenly, by themselves or with
+    the embedding and the output layer counted as one each (the Llama 3 paper's split, where the
+    end stages hold a layer less). Uneven counts run too (`stage_layer_counts`); leaving them out
+    keeps the search small."""
+    even = [
+        v
+        for v in range(1, MAX_VIRTUAL_STAGES + 1)
+        if layers % (pipeline * v) == 0 or (layers + EMBEDDING_WEIGHT + OUTPUT_WEIGHT) % (pipeline * v) == 0
+    ]
     return sorted({v for v in (1, 2, 4, 8) if v <= MAX_VIRTUAL_STAGES} | set(even))
 
 
@@ -79,13 +94,13 @@ def shapes(
             if seq_len % seq_len_divisor(c, t):
                 continue
             for p in divisors(world_size // (t * c)):
-                if p > layers:
-                    break  # every stage needs a layer; stages need not split the layers evenly
+                if min_layers(p) > layers:
+                    break  # every stage but the end ones needs a layer; they need not split evenly
                 rest = world_size // (t * c * p)  # data_replicate x data_shard
                 if global_batch_size % rest:
                     continue
                 per_rank = global_batch_size // rest
-                virtual = [1] if p == 1 else [v for v in _virtual_choices(layers, p) if p * v <= layers]
+                virtual = [1] if p == 1 else [v for v in _virtual_choices(layers, p) if min_layers(p * v) <= layers]
                 for b in divisors(per_rank):
                     if b > MAX_MICRO_BATCH:
                         break

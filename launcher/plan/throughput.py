@@ -1077,7 +1077,7 @@ def fsdp_traffic(step: _Step) -> _FsdpTraffic:
     block_gather = param_bytes * step.block_params * spread + layers * lat
     root_gather = k.fsdp_param_bytes * (step.stage_params - step.block_params) * spread + lat
     reduce = step.grad_bytes * step.stage_params * spread + layers * lat
-    return _FsdpTraffic(block_gather, root_gather, reduce, block_gather / layers)
+    return _FsdpTraffic(block_gather, root_gather, reduce, block_gather / layers if layers else 0.0)
 
 
 def fsdp_time(step: _Step, compute_mb: float) -> tuple[float, float]:

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    NonNegativeInt,
     PositiveInt,
     Tag,
     WithJsonSchema,
@@ -295,11 +296,12 @@ class Parallel(Section):
     virtual_stages: PositiveInt = Field(default=1, le=MAX_MODEL_SHAPE["num_layers"])
     """Pipeline stages per rank (interleaved 1F1B uses 2 or more)."""
     pipeline_schedule: Literal["1f1b", "interleaved_1f1b", "gpipe"] = "1f1b"
-    pipeline_layers: list[Annotated[PositiveInt, Field(le=MAX_MODEL_SHAPE["num_layers"])]] | None = Field(
+    pipeline_layers: list[Annotated[NonNegativeInt, Field(le=MAX_MODEL_SHAPE["num_layers"])]] | None = Field(
         default=None, max_length=MAX_MODEL_SHAPE["num_layers"]
     )
     """Transformer layers per pipeline stage, pipeline x virtual_stages numbers summing to the
-    model's layers, e.g. [15, 16, 16, 16, 16, 16, 16, 15]. Default: balanced, with one layer
+    model's layers, e.g. [15, 16, 16, 16, 16, 16, 16, 15]; the first and last stages may hold 0
+    (only the embedding, only the output layer and loss). Default: balanced, with one layer
     fewer on the first and last stages where they carry the embedding and the output layer."""
     data_replicate: PositiveInt = Field(default=1, le=MAX_GPUS)
     """Replicas of the FSDP-sharded model (HSDP); gradients are all-reduced between them."""
@@ -310,7 +312,8 @@ class Parallel(Section):
     over this many of the data_shard x context ranks (it adds no GPUs), tokens reach them by
     all-to-all. It must divide the expert count and data_shard x context."""
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
-    """Recompute activations in backward: none, selective (every other block), or full (every block)."""
+    """Recompute activations in backward: none, selective (every other block of each pipeline
+    rank), or full (every block)."""
     cp_attention: Literal["auto", "allgather", "ulysses"] = "auto"
     """Attention under context parallelism: allgather (K/V gathered from the whole sequence), ulysses
     (all-to-all over heads; needs num_heads and num_kv_heads divisible by tensor x context), or auto:

@@ -122,14 +122,15 @@ FIVE_LAYERS = {"model": {"base": "llama3.1-tiny", "num_layers": 5}}
 UNEVEN = {
     # Balanced: 2 | 3 (the first stage also holds the embedding).
     "pp2_5_layers": {**FIVE_LAYERS, "parallel.pipeline": 2},
-    # An explicit split over 4 interleaved stages, 1 | 2 | 1 | 1: rank 0 holds stages 0 and 2
-    # (2 layers), rank 1 stages 1 and 3 (3 layers).
-    "pp2_v2_5_layers_1_2_1_1": {
+    # An explicit split over 4 interleaved stages, 0 | 3 | 2 | 0: rank 0 holds stage 0 (only the
+    # embedding) and stage 2 (2 layers), rank 1 stage 1 (3 layers) and stage 3 (only the output
+    # layer and the loss), as the Llama 3 paper splits its 405B (launcher.contract.layout).
+    "pp2_v2_5_layers_0_3_2_0": {
         **FIVE_LAYERS,
         "parallel.pipeline": 2,
         "parallel.virtual_stages": 2,
         "parallel.pipeline_schedule": "interleaved_1f1b",
-        "parallel.pipeline_layers": [1, 2, 1, 1],
+        "parallel.pipeline_layers": [0, 3, 2, 0],
     },
 }
 FP8_STEPS = 12

@@ -11,6 +11,7 @@ from launcher.contract.config import ConfigError, JobConfig
 from launcher.contract.fp8 import collective_backend, float8_all_gather
 from launcher.contract.layout import (
     Layout,
+    checkpointed_layers,
     layers_by_rank,
     rank_stages,
     seq_len_divisor,
@@ -39,6 +40,23 @@ def test_balanced_split_gives_the_end_stages_a_layer_less_for_the_embedding_and_
     assert layers_by_rank(126, Layout(pipeline=8)) == [15] + [16] * 6 + [15]
 
 
+def test_the_end_stages_may_hold_only_the_embedding_and_only_the_output_layer():
+    # The Llama 3 paper's 405B on 16 ranks x 8 stages (arXiv 2407.21783, section 3.3.2): "the first
+    # model chunk on the first stage has only the embedding, and the last model chunk on the last
+    # stage has only output projection and loss calculation".
+    assert stage_layer_counts(126, 128) == [0] + [1] * 126 + [0]
+    layout = Layout(pipeline=16, virtual_stages=8)
+    assert stage_layers(126, layout, 0) == range(0, 0) and stage_layers(126, layout, 127) == range(126, 126)
+    assert layers_by_rank(126, layout) == [7] + [8] * 14 + [7]
+    assert stage_layer_counts(4, 6) == [0, 1, 1, 1, 1, 0] and stage_layer_counts(1, 2) == [0, 1]
+    assert stage_layer_counts(5, 2, (0, 5)) == [0, 5]
+    for counts in ((1, 0, 4), (3, -1, 3)):
+        with pytest.raises(ValueError, match="with a layer on every stage but the end ones"):
+            stage_layer_counts(5, 3, counts)
+    with pytest.raises(ValueError, match="3 layers cannot fill 6 pipeline stages"):
+        stage_layer_counts(3, 6)
+
+
 @pytest.mark.parametrize(
     "layers, stages, expected",
     [
@@ -60,14 +78,26 @@ def test_balanced_split_minimises_the_heaviest_stage_counting_embedding_and_outp
     assert heaviest == -(-(layers + 2) // stages)  # no split could do better
 
 
+def test_selective_checkpointing_takes_every_other_layer_of_each_pipeline_rank():
+    assert checkpointed_layers("selective", 8, Layout()) == {1, 3, 5, 7}
+    assert checkpointed_layers("full", 3, Layout()) == {0, 1, 2} and checkpointed_layers("none", 3, Layout()) == set()
+    # 126 layers on 16 x 8 one-layer stages: rank r holds layers r - 1, r + 15, ... (none on stage 0
+    # or 127); by global id, the odd layers would all be on the even ranks.
+    layout = Layout(pipeline=16, virtual_stages=8)
+    chosen = checkpointed_layers("selective", 126, layout)
+    for rank in range(16):
+        held = [layer for s in rank_stages(rank, layout) for layer in stage_layers(126, layout, s)]
+        assert [layer in chosen for layer in held] == [i % 2 == 1 for i in range(len(held))], rank
+
+
 def test_an_explicit_split_overrides_the_balance_and_reaches_every_rank():
     layout = Layout(pipeline=2, virtual_stages=2, pipeline_layers=(3, 1, 1, 3))
     assert [stage_layers(8, layout, s) for s in range(4)] == [range(0, 3), range(3, 4), range(4, 5), range(5, 8)]
     assert layers_by_rank(8, layout) == [4, 4]
-    with pytest.raises(ValueError, match=r"pipeline_layers \[3, 1\] is not 2 positive layer counts summing to 5"):
+    with pytest.raises(ValueError, match=r"pipeline_layers \[3, 1\] is not 2 layer counts summing to 5"):
         stage_layer_counts(5, 2, (3, 1))
-    with pytest.raises(ValueError, match="3 layers cannot fill 4 pipeline stages"):
-        stage_layer_counts(3, 4)
+    with pytest.raises(ValueError, match="1 layers cannot fill 4 pipeline stages"):
+        stage_layer_counts(1, 4)
 
 
 def test_the_resolved_config_carries_pipeline_layers_to_the_entrypoints():

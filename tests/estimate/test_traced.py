@@ -92,13 +92,15 @@ def test_interleaved_replay_holds_the_published_number_of_chunks_on_rank_0():
 
 def test_estimator_constants_match_the_entrypoints():
     from entrypoints.model import loss
-    from entrypoints.parallel.activation import checkpointed_layers
     from launcher.contract import loss as contract_loss
+    from launcher.contract.layout import Layout, checkpointed_layers
     from launcher.plan import throughput
 
     for mode in ("none", "selective", "full"):
         for layers in (1, 7, 32, 126):
-            assert fsdp._checkpointed_below(mode, layers) == len(checkpointed_layers(mode, list(range(layers))))
+            chosen = checkpointed_layers(mode, layers, Layout())
+            assert fsdp._checkpointed_below(mode, layers) == len(chosen)
+            assert all(fsdp._checkpointed_below(mode, i + 1) > fsdp._checkpointed_below(mode, i) for i in chosen)
     # The loss's chunking: the entrypoints, the estimator and the throughput model run one rule.
     assert loss.chunk_tokens is fsdp.chunk_tokens is throughput.chunk_tokens is contract_loss.chunk_tokens
     for tokens, hidden, vocab in ((8192, 4096, 128256), (16384, 8192, 64128), (256, 128, 512), (4096, 2048, 151936)):

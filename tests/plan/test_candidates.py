@@ -22,9 +22,9 @@ def brute_force(arch, *, world_size, gpus_per_node, seq_len, global_batch_size):
         if world_size % (t * c * p * r):
             continue
         shard = world_size // (t * c * p * r)
-        # Every stage needs a layer, so the rules reject v above the layer count; leaving those
-        # out keeps the product small.
-        for v in range(1, min(MAX_VIRTUAL_STAGES, arch.num_layers) + 1):
+        # Every stage but the end ones needs a layer, so the rules reject v above the layer count
+        # plus 2; leaving those out keeps the product small.
+        for v in range(1, min(MAX_VIRTUAL_STAGES, arch.num_layers + 2) + 1):
             for b in range(1, global_batch_size + 1):
                 layout = Layout(tensor=t, context=c, pipeline=p, data_replicate=r, data_shard=shard, virtual_stages=v)
                 schedule = "interleaved_1f1b" if v > 1 else "1f1b"

@@ -350,30 +350,41 @@ def test_pipeline_not_dividing_the_layers_is_valid_with_uneven_stages(tmp_path, 
     assert result.code == 0, result.err
 
 
-def test_more_stages_than_layers_says_every_stage_needs_a_layer(tmp_path, monkeypatch, cli):
+def test_more_stages_than_layers_says_every_stage_but_the_ends_needs_a_layer(tmp_path, monkeypatch, cli):
     monkeypatch.chdir(tmp_path)
-    text = BASE + "parallel:\n  pipeline: 2\n  virtual_stages: 17\n  pipeline_schedule: interleaved_1f1b\n"
+    text = BASE + "parallel:\n  pipeline: 2\n  virtual_stages: 18\n  pipeline_schedule: interleaved_1f1b\n"
     (tmp_path / "r.yaml").write_text(text)
     result = cli("validate", "r.yaml")
     assert result.code == 2
     assert result.err_lines == [
-        "r.yaml:12 parallel.virtual_stages: pipeline 2 x virtual_stages 17 = 34 stages exceed the 32 layers; "
-        "every stage needs a layer, use at most 32 stages"
+        "r.yaml:12 parallel.virtual_stages: pipeline 2 x virtual_stages 18 = 36 stages need at least 34 layers "
+        "(one on every stage but the first and last), the model has 32; use at most 34 stages"
     ]
+    # 34 stages are the most: the first holds only the embedding, the last only the output layer.
+    (tmp_path / "r.yaml").write_text(text.replace("virtual_stages: 18", "virtual_stages: 17"))
+    result = cli("validate", "r.yaml")
+    assert result.code == 0, result.err
 
 
 @pytest.mark.parametrize(
     "layers, message",
     [
-        ("[16, 16, 0]", r"parallel.pipeline_layers.2: expected a positive number, got 0"),
-        ("[16, 16, 1]", r"parallel.pipeline_layers: 3 entries for pipeline 2 x virtual_stages 1 = 2 stages; give 2"),
-        ("[15, 16]", r"parallel.pipeline_layers: \[15, 16\] sums to 31, but the model has 32 layers"),
+        ("[16, 16, -1, 1]", r"parallel.pipeline_layers.2: expected at least 0, got -1"),
+        (
+            "[16, 0, 15, 1]",
+            r"parallel.pipeline_layers: \[16, 0, 15, 1\] has a middle stage without layers; "
+            r"only the first and last stages may hold none",
+        ),
+        ("[16, 16, 1]", r"parallel.pipeline_layers: 3 entries for pipeline 2 x virtual_stages 2 = 4 stages; give 4"),
+        ("[15, 16, 0, 0]", r"parallel.pipeline_layers: \[15, 16, 0, 0\] has a middle stage without layers"),
+        ("[0, 15, 16, 0]", r"parallel.pipeline_layers: \[0, 15, 16, 0\] sums to 31, but the model has 32 layers"),
     ],
-    ids=["zero", "length", "sum"],
+    ids=["negative", "middle-zero", "length", "middle-zero-before-end", "sum"],
 )
 def test_bad_pipeline_layers_names_the_key(tmp_path, monkeypatch, cli, layers, message):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "r.yaml").write_text(BASE + f"parallel:\n  pipeline: 2\n  pipeline_layers: {layers}\n")
+    interleaved = "parallel:\n  pipeline: 2\n  virtual_stages: 2\n  pipeline_schedule: interleaved_1f1b\n"
+    (tmp_path / "r.yaml").write_text(BASE + interleaved + f"  pipeline_layers: {layers}\n")
     result = cli("validate", "r.yaml")
     assert result.code == 2
     [line] = result.err_lines
