@@ -17,7 +17,8 @@ is explained, with the line of code it comes from, in docs/estimator.md. In shor
   micro-batch (`_pipelined_moments`). Without it, `grad_accumulation` decides
   (`_Accumulation`): sync_last keeps unsharded gradients, sync_last_gathered gathered blocks too.
 - Each block saves what autograd needs (listed in `_Block`); full checkpointing keeps only a
-  block's input and recomputes the rest in backward; selective checkpoints the odd layers.
+  block's input and recomputes the rest in backward; selective checkpoints every other layer of
+  each pipeline rank.
 - The loss never materialises logits: it saves the final hidden states and an fp32
   log-sum-exp per token, and handles the vocabulary in chunks of about N x hidden values.
 
@@ -28,11 +29,12 @@ activations), and the optimizer step. Each pipeline rank is evaluated on its own
 
 from __future__ import annotations
 
+from functools import cache
 from math import ceil
 
 from launcher.contract.config import BF16_MOMENTS_CHUNK, OPTIMIZER_STATE_BYTES
 from launcher.contract.fp8 import collective_backend, float8_all_gather
-from launcher.contract.layout import rank_layers, rank_stages, stage_layers
+from launcher.contract.layout import Layout, checkpointed_layers, rank_layers, rank_stages, stage_layers
 from launcher.contract.loss import chunk_tokens
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.moe import ROUTING_BOUND, moe_memory
@@ -111,10 +113,8 @@ class _Block:
         )
         self.saved = local + self.tp_gathered + self.cp_gathered
         self.layer_input = cb * sharded * h
-        # MLP backward, where a block's backward peaks (_Mlp), with the incoming gradient (and
-        # its all-gathered copy under TP).
         incoming = cb * (sharded * h + (tokens * h if t > 1 else 0))
-        self.backward_working = mlp.backward_working + incoming
+        self.backward_working = _mlp_backward_working(w, cb, mlp, incoming)
         # What the MLP's backward has released of the block's saved set at that moment.
         self.freed_in_backward = mlp.freed_in_backward
         # A checkpointed MoE block may peak in its recomputation instead: its working set there.
@@ -179,6 +179,21 @@ class _Block:
         if not checkpointed or self.recompute is None:
             return backward
         return max(backward, (self.saved + recomputed, self.recompute, 0.0, 0.0), key=sum)
+
+
+def _mlp_backward_working(w: Workload, cb: int, mlp: _Mlp, incoming: float) -> float:
+    """The MLP's backward, where a block's backward peaks (_Mlp): its working set with the
+    incoming gradient (and that gradient all-gathered under TP). Under TP the gathered gradient
+    lives only through w2's backward, beside the gradient of w2's input (and the product w2
+    saved); by the gating's backward, where two more T x f/t exist, it is gone (traced: 70B 32K
+    pp4 v2 tp2, a checkpointed block's silu_backward, 0.5 GiB below the sum of both moments)."""
+    t = w.layout.tensor
+    if w.arch.moe is not None or t == 1:
+        return mlp.backward_working + incoming
+    tokens, h = _tokens(w), w.arch.hidden_size
+    at_w2 = cb * tokens * w.arch.ffn_hidden_size / t + incoming
+    at_gating = mlp.backward_working + cb * tokens / t * h
+    return max(at_w2, at_gating)
 
 
 def _tp_gathered_saved(w: Workload, cb: int, local: float, float8_all_gather: bool) -> tuple[float, float, float]:
@@ -290,17 +305,35 @@ class _Mlp:
 
 
 def _checkpointed_below(mode: str, index: int) -> int:
-    """How many of layers 0 .. index-1 entrypoints/parallel/activation.py checkpoints: full
-    wraps every block, selective the odd layers."""
+    """How many of layers 0 .. index-1 entrypoints/parallel/activation.py checkpoints without
+    pipelining (launcher.contract.layout.checkpointed_layers): full wraps every block, selective
+    the odd layers."""
     return index if mode == "full" else index // 2 if mode == "selective" else 0
 
 
+def _checkpointed_by_stage(workload: Workload, rank: int) -> tuple[tuple[int, int], ...]:
+    """(layers, of those checkpointed) of each stage pipeline rank `rank` holds, in order (its
+    stages are rank, rank + p, ... of p x v, each a contiguous run of layers)."""
+    layout = workload.layout
+    return _stage_checkpointing(
+        workload.activation_checkpointing,
+        workload.arch.num_layers,
+        Layout(pipeline=layout.pipeline, virtual_stages=layout.virtual_stages, pipeline_layers=layout.pipeline_layers),
+        rank,
+    )
+
+
+@cache
+def _stage_checkpointing(mode: str, num_layers: int, layout: Layout, rank: int) -> tuple[tuple[int, int], ...]:
+    # Cached on what decides it: the planner estimates thousands of layouts that share these.
+    chosen = checkpointed_layers(mode, num_layers, layout)
+    runs = (stage_layers(num_layers, layout, s) for s in rank_stages(rank, layout))
+    return tuple((len(run), len(chosen.intersection(run))) for run in runs)
+
+
 def _checkpointed_on_rank(workload: Workload, rank: int) -> int:
-    """How many of the layers pipeline rank `rank` holds are checkpointed (its stages are
-    rank, rank + p, ... of p x v, each a contiguous run of layers)."""
-    layout, mode = workload.layout, workload.activation_checkpointing
-    runs = (stage_layers(workload.arch.num_layers, layout, s) for s in rank_stages(rank, layout))
-    return sum(_checkpointed_below(mode, run.stop) - _checkpointed_below(mode, run.start) for run in runs)
+    """How many of the layers pipeline rank `rank` holds are checkpointed."""
+    return sum(checkpointed for _, checkpointed in _checkpointed_by_stage(workload, rank))
 
 
 def document_mask_bytes(w: Workload, cb: int, device: str) -> float:
@@ -405,17 +438,9 @@ def _rank_moments(context: _Context, rank: int) -> dict[str, dict[str, float]]:
 
     found: dict[str, dict] = {}
     if p > 1:
-        checkpointed = _checkpointed_on_rank(w, rank)
         loss = context.loss if last else None
         head_saved = loss.head_saved if last else 0
-        kept = _kept(block, n, checkpointed)
-        # Every micro-batch in flight on each of the rank's stages holds its own document masks.
-        kept = (kept[0] + layout.virtual_stages * context.documents, kept[1], kept[2])
-        found.update(
-            _pipelined_moments(
-                w, block, context.cb, rank, kept, checkpointed, base, loss, head_saved, root_params, device
-            )
-        )
+        found.update(_pipelined_moments(w, block, context, rank, base, loss, head_saved, root_params))
     else:
         found.update(_unpipelined_moments(context, n, base, root_params, grads_full))
     if w.evaluates:
@@ -602,7 +627,7 @@ def _tokens(w: Workload) -> float:
     return w.micro_batch_size * w.seq_len / w.layout.context
 
 
-def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_saved, root_params, device) -> dict:
+def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_params) -> dict:
     """A pipeline rank at the backwards where it can peak (`backward_moments`), with all its
     blocks gathered.
 
@@ -616,15 +641,16 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     last backward's was released at its end: FSDP's final callback under is_last_backward).
     Receive buffers exist only around the chunk that consumes them (receive_buffers_in_backward).
     """
-    layout = w.layout
-    v, m = layout.virtual_stages, w.grad_accum_steps
+    layout, cb, device = w.layout, context.cb, context.device
+    m = w.grad_accum_steps
     n = rank_layers(w.arch.num_layers, layout, rank)
     last_stage = layout.num_stages - 1
     boundary = cb * _tokens(w) / layout.tensor * w.arch.hidden_size
-    total, tp, cp = kept
-    # Chunks in flight are counted at the rank's mean stage size (they differ by a layer at most
-    # under the balanced split).
-    per_chunk = (total - tp - cp) / v, tp / v, cp / v
+    # A chunk in flight holds what its stage's layers keep (an end stage may hold none, and the
+    # stages' checkpointed layers differ) and its micro-batch's document masks.
+    by_stage = _checkpointed_by_stage(w, rank)
+    per_chunk = [_kept(block, layers, checkpointed) for layers, checkpointed in by_stage]
+    chosen = checkpointed_layers(w.activation_checkpointing, w.arch.num_layers, layout)
     # The embedding's gradient comes with stage 0's backward, the output layer's with the last's.
     root_stage = 0 if rank == 0 else last_stage
 
@@ -640,26 +666,28 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
         else:
             accumulated = _grad_bytes(w) * (done_layers * block.params + done_root)
         moment["fsdp_buffers"] = n * block.gathered + cb * root_params + accumulated
-        moment["tp_buffers"] = per_chunk[1] * at.in_flight
-        moment["cp_buffers"] = per_chunk[2] * at.in_flight
+        total, tp, cp = (
+            sum(count * kept[i] for count, kept in zip(at.by_stage, per_chunk, strict=True)) for i in range(3)
+        )
+        moment["tp_buffers"] = tp
+        moment["cp_buffers"] = cp
         with_loss = loss is not None and at.stage == last_stage
-        kept_activations = per_chunk[0] * at.in_flight + head_saved * (at.in_flight - at.outputs)
-        kept_activations += boundary * at.outputs
+        kept_activations = total - tp - cp + head_saved * (at.in_flight - at.outputs)
+        kept_activations += context.documents * at.in_flight
+        kept_activations += boundary * _outputs_kept(w, device, at.outputs)
         if collective_backend(device) == "gloo":
             kept_activations += boundary * at.sent_gradients
         receive_buffers = boundary * receive_buffers_in_backward(at.stage, layout)
-        # In a block's backward: its full set (recomputed if checkpointed) and its working set.
-        own, working, weight_grads, fp8_cast = block.in_backward(bool(checkpointed))
-        in_block = dict(moment)
-        in_block["fsdp_buffers"] += weight_grads
-        in_block["fp8"] = fp8_cast
-        in_block["working"] = working + receive_buffers
-        # The kept set counts the block as saved (or, checkpointed, as its input alone).
-        in_block["activations"] = kept_activations + own - (block.layer_input if checkpointed else block.saved)
-        moments[f"{at.name} (pipeline)"] = in_block
+        for name, blocks_done, recomputed in _blocks_in_backward(w, at.stage, chosen):
+            moments[f"{at.name}{name} (pipeline)"] = _in_block(
+                block, moment, kept_activations, receive_buffers, blocks_done, recomputed
+            )
         if at.stage == 0:
+            # Stage 0's chunk is done with its layers: its saved set and document masks are gone.
+            first = per_chunk[0]
+            freed = first[0] - first[1] - first[2] + context.documents
             moments[f"{at.name}, embedding (pipeline)"] = _pipelined_embedding_backward(
-                w, cb, moment, kept_activations - per_chunk[0], per_chunk, at.in_flight - 1
+                w, cb, moment, kept_activations - freed, (tp - first[1], cp - first[2])
             )
         if with_loss:
             # The last stage's loss backward, with the output weight's bf16 gradient.
@@ -672,7 +700,58 @@ def _pipelined_moments(w, block, cb, rank, kept, checkpointed, base, loss, head_
     return moments
 
 
-def _pipelined_embedding_backward(w, cb, moment, kept_activations, per_chunk, in_flight) -> dict:
+def _in_block(
+    block, moment: dict, kept_activations: float, receive_buffers: float, done: int, recomputed: bool
+) -> dict:
+    """A pipelined chunk's block in backward: its full set (recomputed if checkpointed) and its
+    working set, beside what the rank keeps. The chunk's `done` blocks already through backward
+    kept everything (_blocks_in_backward), and the kept set counts this block as saved (or,
+    checkpointed, as its input alone)."""
+    own, working, weight_grads, fp8_cast = block.in_backward(recomputed)
+    in_block = dict(moment)
+    in_block["fsdp_buffers"] += weight_grads
+    in_block["fp8"] = fp8_cast
+    in_block["working"] = working + receive_buffers
+    in_block["tp_buffers"] -= done * block.tp_gathered
+    in_block["cp_buffers"] -= done * block.cp_gathered
+    done_saved = done * (block.saved - block.tp_gathered - block.cp_gathered)
+    this_block = block.layer_input if recomputed else block.saved
+    in_block["activations"] = kept_activations - done_saved + own - this_block
+    return in_block
+
+
+def _blocks_in_backward(w: Workload, stage: int, chosen: frozenset[int]) -> list[tuple[str, int, bool]]:
+    """Where a chunk's backward can peak, as (name suffix, blocks already done in backward,
+    whether this block recomputes): its first block in backward, the stage's last layer, and, if
+    that keeps its activations, the first checkpointed block after it, whose recomputation adds its
+    full set once the blocks done have let theirs go. A stage without layers has none."""
+    run = stage_layers(w.arch.num_layers, w.layout, stage)
+    if not run:
+        return []
+    found = [("", 0, run[-1] in chosen)]
+    if run[-1] not in chosen:
+        later = [done for done, layer in enumerate(reversed(run)) if layer in chosen]
+        if later:
+            found.append((", first recomputed block", later[0], True))
+    return found
+
+
+def _outputs_kept(w: Workload, device: str, outputs: int) -> int:
+    """How many in-flight chunks' outputs are still alive: each is let go once sent
+    (pipeline.py's _release_sent_outputs) and lives on only while its send holds it. Under torch's
+    own 1F1B and GPipe runtime a forward send is waited for before the rank's next backward, but
+    the runtime still holds the latest one's ops (`fwd_sends`) and the Work of the one before it
+    (`send_work`, which 1F1B's steady phase keeps until its cooldown; a gloo Work keeps its
+    tensor until dropped, tests/entrypoints/test_pipeline_memory.py); under the interleaved
+    schedule on NCCL _SendsInFlight drops a Work once complete, at the rank's next send: two at
+    most. On gloo it waits for a forward send only when its micro-batch's backward starts, since
+    gloo reports a send complete only once waited for: every one."""
+    if collective_backend(device) == "gloo" and w.pipeline_schedule == "interleaved_1f1b":
+        return outputs
+    return min(outputs, 2)
+
+
+def _pipelined_embedding_backward(w, cb, moment, kept_activations, kept_tp_cp) -> dict:
     """Stage 0's embedding backward, right after its first block's: that chunk's saved set is
     freed, and the micro-batch's dense embedding gradient over the rank's V / tp rows exists
     beside the one accumulated from earlier micro-batches and the output gradient it reads
@@ -681,8 +760,7 @@ def _pipelined_embedding_backward(w, cb, moment, kept_activations, per_chunk, in
     arch = w.arch
     at_embedding = dict(moment)
     at_embedding["fsdp_buffers"] += cb * arch.vocab_size * arch.hidden_size / w.layout.tensor
-    at_embedding["tp_buffers"] = per_chunk[1] * in_flight
-    at_embedding["cp_buffers"] = per_chunk[2] * in_flight
+    at_embedding["tp_buffers"], at_embedding["cp_buffers"] = kept_tp_cp
     at_embedding["activations"] = kept_activations
     at_embedding["working"] = cb * _tokens(w) * arch.hidden_size
     return at_embedding

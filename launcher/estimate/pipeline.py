@@ -9,7 +9,7 @@ output layer. A "chunk" is one stage of one micro-batch: about 1/v of a rank's l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from launcher.contract.layout import Layout
@@ -88,6 +88,9 @@ class BackwardMoment:
     """Input gradients the rank sent back before this backward under the interleaved schedule:
     gloo reports such a send complete only when it is waited for, at the step's end, so a CPU
     rank keeps each until then (entrypoints/parallel/pipeline.py, _SendsInFlight)."""
+    by_stage: tuple[int, ...] = field(default=(), compare=False)
+    """`in_flight` split over the rank's stages, rank, rank + p, ... in order: stages may hold
+    different layer counts (none at all at the ends, `stage_layer_counts`)."""
 
 
 @cache
@@ -110,10 +113,14 @@ def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int
         def sends(chunks: int) -> int:
             return 0 if rank == last else chunks
 
-        moments = [BackwardMoment("first backward", rank, found.forwards, sends(found.forwards), ())]
+        moments = [
+            BackwardMoment(
+                "first backward", rank, found.forwards, sends(found.forwards), (), by_stage=(found.forwards,)
+            )
+        ]
         if m > 1:
             chunks = found.forwards - (not found.steady)
-            moments.append(BackwardMoment("second backward", rank, chunks, sends(chunks), (rank,)))
+            moments.append(BackwardMoment("second backward", rank, chunks, sends(chunks), (rank,), by_stage=(chunks,)))
         return tuple(moments)
     per_round = m // max(1, m // p)
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
@@ -135,7 +142,9 @@ def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int
         if name is not None:
             outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
             stages = tuple(sorted(x * p + rank for x in set(done)))
-            moments.append(BackwardMoment(name, virtual * p + rank, sum(in_flight), outputs, stages, sent))
+            moments.append(
+                BackwardMoment(name, virtual * p + rank, sum(in_flight), outputs, stages, sent, tuple(in_flight))
+            )
             steady_seen = steady_seen or name == "steady backward"
             if steady_seen and (loss_seen or not holds_loss):
                 break

@@ -113,15 +113,35 @@ def run_torch(rank, parallel, mesh) -> dict:
         *((tokens,) if rank == 0 else ()), target=targets, losses=losses, return_outputs=False, targets=targets
     )
     loss = float(torch.stack(losses).mean()) if losses else None  # as Pipeline.step reduces them
-    return {"peak": followed.peak, "after_step": followed.alive(), "micro_batches": len(losses), "loss": loss}
+    return {"peak": followed.peak, "after_step": followed.alive(), "micro_batches": len(losses), "loss": loss,
+            "grads": grads_of(parts, ids)}  # fmt: skip
+
+
+def grads_of(parts, ids) -> dict:
+    return {f"{i}.{name}": p.grad.tolist() for part, i in zip(parts, ids, strict=True)
+            for name, p in part.named_parameters()}  # fmt: skip
 
 
 def run_ours(rank, parallel, mesh) -> dict:
     parts, ids = parts_of(rank, parallel)
     pipe = pipeline.Pipeline(parts, ids, mesh, parallel, torch.device("cpu"))
+    outputs = []  # each sent chunk output as its backward finds it in the stage's forward cache
+
+    def looking(stage, original):
+        def backward_one_chunk(chunk, *args, **kwargs):
+            if not stage.is_last:
+                [out] = stage.fwd_cache[chunk][0]
+                outputs.append({"shape": list(out.shape), "storage_bytes": out.untyped_storage().nbytes()})
+            return original(chunk, *args, **kwargs)
+
+        return backward_one_chunk
+
+    for stage in pipe.stages:
+        stage.backward_one_chunk = looking(stage, stage.backward_one_chunk)
     loss = pipe.step(*batch())  # the entrypoints' own call, which finishes its sends
     return {"peak": followed.peak, "after_step": followed.alive(), "loss": None if loss is None else float(loss),
-            "stage_class": type(pipe.stages[0]).__name__}  # fmt: skip
+            "stage_class": type(pipe.stages[0]).__name__, "sent_outputs": outputs,
+            "grads": grads_of(parts, ids)}  # fmt: skip
 
 
 def run_fsdp(rank, parallel, mesh, sync_each: bool) -> dict:

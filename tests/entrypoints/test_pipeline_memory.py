@@ -53,6 +53,18 @@ def test_the_entrypoints_pipeline_trains_exactly_as_torchs_runtime(counts):
     assert {c["ours"]["stage_class"] for c in counts} == {"_OnDemandReceiveStage"}
 
 
+def test_a_sent_output_is_let_go_and_its_backward_still_matches_torchs(counts):
+    # _release_sent_outputs: each chunk output a stage sent is one element expanded to its shape
+    # by the time its backward runs. The toy stage ends in tanh, which saves its own output, so
+    # this also checks that such a backward still finds the values: the gradients are torch's.
+    for rank, c in enumerate(counts):
+        assert c["ours"]["grads"] == c["torch"]["grads"]
+        outputs = c["ours"]["sent_outputs"]
+        # Rank 0 sends from stages 0 and 2, rank 1 from stage 1 (stage 3 holds the loss).
+        assert len(outputs) == MICRO_BATCHES * (2 if rank == 0 else 1)
+        assert all(o == {"shape": [1, 4, 16], "storage_bytes": 4} for o in outputs), outputs
+
+
 def test_receive_buffers_live_only_around_their_chunk_and_nothing_outlives_the_step(counts):
     for rank, c in enumerate(counts):
         torch_run, ours = c["torch"], c["ours"]

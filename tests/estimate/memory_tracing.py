@@ -512,8 +512,9 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
     tests/estimate/test_pipeline_buffers.py checks the timing against torch's lowering), FSDP
     gradient sync off until the last micro-batch (on throughout under sync_each), and the
     runtime's final reduce-scatter
-    (`perform_reduce_grad`). A sent tensor is let go once the next action starts, as a
-    completed send is on NCCL (_SendsInFlight); gloo reports an input gradient's send complete
+    (`perform_reduce_grad`). A chunk's output is let go once sent (_release_sent_outputs),
+    its storage kept by the latest two sends; an input gradient's send is let go once the next
+    action starts, as a completed send is on NCCL (_SendsInFlight); gloo reports an input gradient's send complete
     only when waited for at the end of the step (tests/entrypoints/test_pipeline_memory.py),
     which the estimate of a CPU rank counts and this replay of a GPU rank does not.
     """
@@ -536,7 +537,7 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
         part.set_is_last_backward(sync_each)
         part.set_reshard_after_backward(sync_each)
         part.set_requires_gradient_sync(sync_each)
-    in_flight, sending = {}, None
+    in_flight, sending, forward_sends = {}, None, []
     for action, stage, mb in pipeline_actions(rank, par.pipeline, par.virtual_stages, m, par.pipeline_schedule):
         sending = None  # the previous action's sends complete before this one starts
         part = by_stage[stage]
@@ -545,7 +546,15 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
             tracker.phase = "forward"
             inputs = tokens[rows] if stage == 0 else receive_buffer().requires_grad_()
             last = stage == num_stages - 1
-            in_flight[stage, mb] = (inputs, part(inputs, targets=targets[rows] if last else None))
+            output = part(inputs, targets=targets[rows] if last else None)
+            if not last:
+                # Sent and let go (pipeline.py's _release_sent_outputs): the send's alias of the
+                # storage is what keeps it, the latest two sends' at most (_outputs_kept in
+                # launcher/estimate/fsdp.py).
+                forward_sends = [*forward_sends[-1:], output.detach()]
+                output.data = torch.empty((1,), dtype=output.dtype).expand(output.shape)
+            in_flight[stage, mb] = (inputs, output)
+            del output
         else:
             tracker.phase = "backward"
             inputs, output = in_flight.pop((stage, mb))
@@ -557,7 +566,7 @@ def _pipelined_step(parts, ids, cfg, tokens, targets, tracker: LiveStorages) -> 
                 # The runtime moves the input gradient to its send cache (stage_backward).
                 sending, inputs.grad = inputs.grad, None
             del inputs, output
-    del sending
+    del sending, forward_sends
     tracker.phase = "reduce-scatter"
     for part in parts:
         part.set_is_last_backward(True)

@@ -79,19 +79,21 @@ def test_backward_moments_follow_torchs_order(p, v, m):
     layout = Layout(pipeline=p, virtual_stages=v, data_shard=1)
     last = p * v - 1
     for rank in range(p):
-        in_flight, done, seen = [], [], []
+        in_flight, done, seen, by_stage = [], [], [], []
         for kind, stage, _mb in pipeline_actions(rank, p, v, m, "interleaved_1f1b"):
             if kind == "F":
                 in_flight.append(stage)
                 continue
             sent = sum(s > 0 for s in done)  # input gradients sent back so far (stage 0 sends none)
             seen.append((stage, len(in_flight), sum(s != last for s in in_flight), tuple(sorted(set(done))), sent))
+            by_stage.append(tuple(in_flight.count(rank + x * p) for x in range(v)))
             in_flight.remove(stage)
             done.append(stage)
         moments = backward_moments(rank, layout, "interleaved_1f1b", m)
         for moment in moments:
             fields = (moment.stage, moment.in_flight, moment.outputs, moment.done, moment.sent_gradients)
             assert fields in seen, (rank, moment)
+            assert moment.by_stage == by_stage[seen.index(fields)], (rank, moment)
         assert moments[0] == BackwardMoment("first backward", *seen[0])
         # The last moment has every stage of the rank done, with the most in flight that any
         # backward with every stage done has.

@@ -294,6 +294,32 @@ CONFIGS: list[TracedConfig] = [
     # DTensor's RowwiseParallel both were dense V x h and this peaked there at 15.46 GiB
     # (VocabParallelEmbedding keeps V / tp rows: 12.98).
     MEGATRON_BRIDGE_70B_SCALED,
+    # The Llama 3 paper's 405B split scaled down (arXiv 2407.21783, section 3.3.2: the first chunk
+    # holds only the embedding, the last only the output layer and loss, one layer per other
+    # chunk): 14 layers over 4 x 4 stages, 0 | 1 x 14 | 0, TP 4 saving the shard, no
+    # recomputation, 8 micro-batches. Rank 1 holds the most layer-forwards (all its chunks have a
+    # layer); each sent chunk output is let go (_release_sent_outputs). (At TP 8 with shard-saved
+    # inputs under PP the estimate is 1.8-3.0% under the trace with or without these stages:
+    # docs/estimator.md, "Known gaps".)
+    *(
+        TracedConfig(
+            f"70B 8K pp4 v4 tp4 dp2 shard-saved none, end stages without layers (14 layers), rank {rank}",
+            llama70b(14),
+            8192,
+            instances=4,
+            parallel={
+                "pipeline": 4,
+                "virtual_stages": 4,
+                "pipeline_schedule": "interleaved_1f1b",
+                "tensor": 4,
+                "tp_saved_inputs": "shard",
+                "activation_checkpointing": "none",
+            },
+            global_batch_size=8,
+            stage=rank,
+        )
+        for rank in (0, 1)
+    ),
     # Its last rank: the loss stage's backward once both of the rank's stages hold gradients
     # (estimated 4.0% under the trace before the schedule replay named that moment).
     replace(MEGATRON_BRIDGE_70B_SCALED, name=f"{MEGATRON_BRIDGE_70B_SCALED.name}, last rank", stage=3),
