@@ -30,6 +30,7 @@ from launcher.estimate import Workload, estimate_memory, format_bytes  # noqa: E
 from launcher.plan import SearchOptions, search, throughput  # noqa: E402
 from launcher.plan.explain import against_recipe  # noqa: E402
 from launcher.plan.modes import mode  # noqa: E402
+from launcher.plan.rank import TP_SAVED_INPUTS  # noqa: E402
 from launcher.plan.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
 from launcher.recipe.hardware import Hardware, hardware_for  # noqa: E402
@@ -423,8 +424,7 @@ def run(point: Point) -> tuple[float, float, object, object]:
     # reduce-scattered once per step, overlapped with the last micro-batch's backward
     # (overlap_grad_sync / overlap_grad_reduce), and the parameters all-gathered once, overlapped
     # with the next step's first forward (overlap_param_sync / overlap_param_gather). The memory
-    # verdict is our program's: the accumulation mode `auto` picks, the fastest whose estimate fits
-    # (sync_each, the least memory, where none does).
+    # verdict is our program's (our_memory).
     priced = (
         dataclasses.replace(workload, grad_accumulation="sync_last_gathered")
         if point.distributed_optimizer
@@ -434,8 +434,30 @@ def run(point: Point) -> tuple[float, float, object, object]:
     measured = point.measured
     if point.tflops:
         measured = point.measured * 1e12 / model_flops_per_token(arch, point.seq_len, causal=False)
-    memory = estimate_memory(dataclasses.replace(workload, grad_accumulation="auto"), hardware(point))
-    return measured, speed.tokens_per_s_per_gpu, speed, memory
+    return measured, speed.tokens_per_s_per_gpu, speed, our_memory(workload, hardware(point))
+
+
+VERDICT_ORDER = ("fits", "risky", "oom")
+
+
+def our_memory(workload, hw: Hardware):
+    """Our program's memory estimate on the point's layout, as the planner judges a layout: the
+    accumulation mode `auto` picks (the fastest whose estimate fits; sync_each, the least memory,
+    where none does), and the point's own `parallel.tp_saved_inputs` unless another choice the
+    planner tries (launcher.plan.rank.tp_saved_inputs_choices) has a better verdict (or, where
+    none fits, less memory). The point's own settings price its speed; this is what our program
+    would run it with."""
+    base = dataclasses.replace(workload, grad_accumulation="auto")
+    own = workload.tp_saved_inputs
+    tries = TP_SAVED_INPUTS if workload.layout.tensor > 1 and workload.activation_checkpointing != "full" else (own,)
+    estimates = [(saved, estimate_memory(dataclasses.replace(base, tp_saved_inputs=saved), hw)) for saved in tries]
+
+    def rank(entry) -> tuple:
+        saved, estimate = entry
+        oom = estimate.verdict == "oom"
+        return VERDICT_ORDER.index(estimate.verdict), estimate.per_gpu_peak_bytes if oom else 0, saved != own
+
+    return min(estimates, key=rank)[1]
 
 
 def model_arch(name: str):
@@ -1193,8 +1215,8 @@ Where the errors come from (read the tables above for their size):
   longer an assumption.
 - NeMo's long-sequence sweep leaves micro batch and recomputation unstated (marked `assumed`). The
   Llama 3 paper (section 3.3.2) states that its 8K pre-training ran without activation
-  checkpointing and with an interleaved schedule of V stages per pipeline rank, V unstated
-  (assumed 2), micro batch unstated (assumed 1).
+  checkpointing and with an interleaved schedule of V stages per pipeline rank; V = 8 follows from
+  its layer split (the rows' note), the micro batch is unstated (assumed 1).
 - Our own runs on one H200 are close, but most of them set constants.
 
 ### Kernels of our own code on a GPU
@@ -1256,28 +1278,29 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   500 W clock is a bound, not a measurement; early CP, async TP), large NeMo and Megatron-Bridge
   TP x PP layouts under-predicted (their faster kernels and overlap). A 10% predicted gap between
   two layouts is within the noise.
-- Three layouts still say `oom` for our program. Qwen3-30B-A3B at PP 2, micro-batch 2 (84.6 GiB
-  with the force-balanced routing its config sets, priced as training.moe_force_load_balance;
-  91.7 with dropless routing's 25% bound; 104.4 before the combine stopped keeping the experts'
-  outputs): our static state matches Megatron's (fp32 masters and moments of the local experts,
-  bf16 weights and gradients); torchao's FP8 grouped GEMMs, which our experts run under
+- Two layouts still say `oom` for our program. Qwen3-30B-A3B at PP 2, micro-batch 2 (83.1 GiB
+  with the force-balanced routing its config sets, priced as training.moe_force_load_balance):
+  our static state matches Megatron's (fp32 masters and moments of the local experts, bf16
+  weights and gradients); torchao's FP8 grouped GEMMs, which our experts run under
   precision.fp8_experts, keep the experts' rows and w2's input in bf16 where TE keeps 1-byte FP8
   copies: 0.17 GiB per layer and micro-batch, and rank 0 holds 49 of them (48 warmup forwards of
-  one-layer chunks), so 8.5 GiB; without it the row would be `risky` at 76.1 (issue 24: needs a
-  GPU). And the Llama 3 paper's 405B at 8K on 8,192 and 16,384 GPUs (TP 8, PP 16), which the paper
-  says ran without activation checkpointing. Term by term for our program at 8,192 GPUs (192.2
-  GiB, 2 virtual stages assumed): sequence parallel's gathered block inputs, 78.8 GiB, go with
-  `parallel.tp_saved_inputs: shard` (numerically the same; 108.8 GiB); the unsharded fp32
-  gradients pipelining accumulated (11.8 GiB) are gone under sync_each, which `auto` picks here,
-  leaving 6.1 GiB of gathered blocks; what remains is the activations of torch's interleaved
-  1F1B, which holds (v - 1) x p + 2(p - 1 - r) + 1 chunk forwards before a rank's first backward
-  (47 on rank 0, 188 layer-forwards of about 0.47 GiB, 1.5 times the 126 layers a plain 1F1B
-  holds: 90.8 GiB). With one stage per rank and shard-saved inputs it is 76.2 GiB, `risky`; the
-  paper's schedule (a tunable number of consecutive micro-batches per stage, the first and last
-  stage each giving a layer to the embedding and the head) keeps fewer forwards in flight than
-  torch's interleaved 1F1B, and our entrypoints have no schedule like it. With selective
-  recomputation and shard-saved inputs our estimate is 66.5 GiB, but the paper says it did not
-  recompute.
+  one-layer chunks), so 8.5 GiB; without it the row would be `risky` at about 74.6 (issue 24:
+  needs a GPU). And the Llama 3 paper's 405B at 8K on 8,192 GPUs (TP 8, PP 16 x 8, 32
+  micro-batches), which the paper says ran without activation checkpointing. The paper's split
+  gives V = 8 (its row's note), and our program now runs that split: the first and last stages
+  may hold only the embedding and only the output layer (`stage_layer_counts`, checked against a
+  single process in tests/entrypoints/test_multiprocess.py), and a sent chunk output is let go
+  (_release_sent_outputs in entrypoints/parallel/pipeline.py, as Megatron-Core's
+  deallocate_output_tensor and the paper's "deallocate ... the input and output tensors of each
+  pipeline stage"). Term by term at rank 1, 86.8 GiB: 141 layer-forwards in flight ((v - 1) x p +
+  2(p - 1 - r) + 1 one-layer chunks, the same count in Megatron-Core's interleaved schedule with
+  N = p) of 0.50 GiB each, the set Megatron-Core keeps per layer too (norm inputs and outputs,
+  q/k/v, the attention output, w1 x and w3 x and their product), 70.1 GiB; the rank's blocks kept
+  gathered, 6.1; NCCL, CUDA context and the allocator's slack, 9.3. The paper's other rows fit:
+  16,384 GPUs (16 micro-batches: all 128 forwards before the first backward) is `risky` at 79.5,
+  and 128K with CP 16 `fits`. What the paper's program did to keep 8K within 80 GB beyond this is
+  not published; with selective recomputation our program fits it.
+
 - Kernel rates come from one H200 with torch 2.11 and short runs; the sustained-clock correction
   comes from one GEMM held for a minute. H100 rates are taken to equal H200 ones except for memory
   bandwidth. No multi-GPU measurement of our own code exists: every communication constant is from
