@@ -30,7 +30,7 @@ from launcher.estimate import Workload, estimate_memory, format_bytes  # noqa: E
 from launcher.plan import SearchOptions, search, throughput  # noqa: E402
 from launcher.plan.explain import against_recipe  # noqa: E402
 from launcher.plan.modes import mode  # noqa: E402
-from launcher.plan.rank import TP_SAVED_INPUTS  # noqa: E402
+from launcher.plan.rank import tp_saved_inputs_choices  # noqa: E402
 from launcher.plan.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
 from launcher.recipe.hardware import Hardware, hardware_for  # noqa: E402
@@ -449,7 +449,7 @@ def our_memory(workload, hw: Hardware):
     would run it with."""
     base = dataclasses.replace(workload, grad_accumulation="auto")
     own = workload.tp_saved_inputs
-    tries = TP_SAVED_INPUTS if workload.layout.tensor > 1 and workload.activation_checkpointing != "full" else (own,)
+    tries = dict.fromkeys((own, *tp_saved_inputs_choices(workload.layout, workload.activation_checkpointing)))
     estimates = [(saved, estimate_memory(dataclasses.replace(base, tp_saved_inputs=saved), hw)) for saved in tries]
 
     def rank(entry) -> tuple:

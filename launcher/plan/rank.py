@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, fields, replace
 
+from launcher.contract.layout import Layout
 from launcher.errors import UsageError
 from launcher.estimate import MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
@@ -136,7 +137,7 @@ def candidate_workloads(
         shaped = base_fields | shape.fields(base)
         modes = accumulation_modes(shape, vary=vary_accumulation)
         for ac in AC_MODES:
-            for saved in tp_saved_inputs_choices(shape, ac):
+            for saved in tp_saved_inputs_choices(shape.layout, ac):
                 for fp8 in fp8_options:
                     for accumulation in modes:
                         changes = {"activation_checkpointing": ac, "fp8": fp8, "tp_saved_inputs": saved}
@@ -146,10 +147,10 @@ def candidate_workloads(
     return found
 
 
-def tp_saved_inputs_choices(shape: Shape, activation_checkpointing: str) -> tuple[str, ...]:
+def tp_saved_inputs_choices(layout: Layout, activation_checkpointing: str) -> tuple[str, ...]:
     """What sequence parallel may keep of its gathered inputs: both where it matters (TP, and
     blocks that keep their activations), else the default."""
-    if shape.layout.tensor == 1 or activation_checkpointing == "full":
+    if layout.tensor == 1 or activation_checkpointing == "full":
         return TP_SAVED_INPUTS[:1]
     return TP_SAVED_INPUTS
 

@@ -35,7 +35,7 @@ def exhaustive(recipe, threshold=DEFAULT_THRESHOLD):
         schedule=recipe.parallel.pipeline_schedule,
     ):
         for ac in AC_MODES:
-            for saved in tp_saved_inputs_choices(shape, ac):
+            for saved in tp_saved_inputs_choices(shape.layout, ac):
                 workload = replace(
                     base,
                     layout=shape.layout,
