@@ -31,6 +31,26 @@ def test_spearman_ranks_with_ties_as_scipy_does(calibration):
     assert calibration.spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(0.8207826816681233)
 
 
+def test_the_spearman_ceiling_ties_repeats_of_one_configuration(calibration):
+    # Two configurations, each run twice, measured 1, 3 and 2, 4: the best a model reading only the
+    # configuration can do is rank b above a, Pearson of (1, 2, 3, 4) and (1.5, 3.5, 1.5, 3.5).
+    assert calibration.spearman_ceiling([1, 2, 3, 4], ["a", "b", "a", "b"]) == pytest.approx(2 / 20**0.5)
+    assert calibration.spearman_ceiling([1, 2, 3], ["a", "b", "c"]) == 1.0
+    # x's runs sit between y's: no order of the two configurations ranks them at all.
+    assert calibration.spearman_ceiling([1, 2, 3, 4], ["y", "x", "x", "y"]) == pytest.approx(0.0)
+
+
+def test_no_source_ranks_above_what_its_configurations_allow(calibration):
+    found = calibration.results()
+    held = calibration.error_summaries(found, held_apart=True)
+    for source, summary in held.items():
+        if summary.spearman is not None and summary.ceiling is not None:
+            assert summary.spearman <= summary.ceiling + 1e-9, source
+    moe = next(s for k, s in held.items() if "MoE" in k)
+    assert moe.ceiling < calibration.GOAL["spearman"]  # 26.02 and 26.02.01 ran one layout 1.77x apart
+    assert "no model that reads the configuration can exceed" in "\n".join(calibration.goal_lines(held))
+
+
 def test_every_published_sweep_of_ten_layouts_ranks_with_spearman_of_at_least_0_7(calibration):
     correlations = calibration.sweep_correlations(calibration.results())
     large = {source: rho for source, (layouts, rho) in correlations.items() if layouts >= calibration.MIN_SWEEP}
