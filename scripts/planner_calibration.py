@@ -1375,7 +1375,9 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
 - FP8 without torch.compile rests on one measurement of a 1B model; how the eager cast overhead
   scales to 70B/405B shapes is extrapolated.
 - Overlap is a fixed fraction per collective, not a schedule; the pipeline's stages are taken as
-  equal but for the last one's output layer; PP send/recv is never hidden.
+  equal but for the last one's output layer and the ranks with the most layers; PP send/recv is
+  hidden only under Megatron's overlap_p2p_comm with an interleaved schedule (`p2p_overlap`,
+  behind one chunk's compute), which the entrypoints do not run.
 - Only one instance type is searched per call; mixed fleets and spot interruptions are not costed.
 - Mixture of experts: every term is our model with no measurement of our MoE code and no
   published MoE sweep checked; routing is priced balanced (the memory estimate prices a bound
