@@ -1333,32 +1333,36 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   500 W clock is a bound, not a measurement; early CP, async TP), large NeMo and Megatron-Bridge
   TP x PP layouts under-predicted (their faster kernels and overlap). A 10% predicted gap between
   two layouts is within the noise.
-- Two layouts still say `oom` for our program. Qwen3-30B-A3B at PP 2, micro-batch 2 (83.1 GiB
+- Three layouts say `oom` for our program. Qwen3-30B-A3B at PP 2, micro-batch 2 (83.1 GiB
   with the force-balanced routing its config sets, priced as training.moe_force_load_balance):
   our static state matches Megatron's (fp32 masters and moments of the local experts, bf16
   weights and gradients); torchao's FP8 grouped GEMMs, which our experts run under
   precision.fp8_experts, keep the experts' rows and w2's input in bf16 where TE keeps 1-byte FP8
   copies: 0.17 GiB per layer and micro-batch, and rank 0 holds 49 of them (48 warmup forwards of
   one-layer chunks), so 8.5 GiB; without it the row would be `risky` at about 74.6 (issue 24:
-  needs a GPU). And the Llama 3 paper's 405B at 8K on 8,192 GPUs (TP 8, PP 16 x 8, 32
-  micro-batches), which the paper says ran without activation checkpointing. The paper's split
-  gives V = 8 (its row's note), and our program now runs that split: the first and last stages
-  may hold only the embedding and only the output layer (`stage_layer_counts`, checked against a
-  single process in tests/entrypoints/test_multiprocess.py), and a sent chunk output is let go
-  (_release_sent_outputs in entrypoints/parallel/pipeline.py, as Megatron-Core's
+  needs a GPU). And the Llama 3 paper's 405B at 8K on 8,192 and 16,384 GPUs (TP 8, PP 16 x 8, 32
+  and 16 micro-batches), which the paper says ran without activation checkpointing. The paper's
+  split gives V = 8 (its row's note), and our program now runs that split: the first and last
+  stages may hold only the embedding and only the output layer (`stage_layer_counts`, checked
+  against a single process in tests/entrypoints/test_multiprocess.py), and a sent chunk output is
+  let go (_release_sent_outputs in entrypoints/parallel/pipeline.py, as Megatron-Core's
   deallocate_output_tensor and the paper's "deallocate ... the input and output tensors of each
-  pipeline stage"). Term by term at rank 1, 86.7 GiB: 141 layer-forwards in flight ((v - 1) x p +
-  2(p - 1 - r) + 1 one-layer chunks, the same count in Megatron-Core's interleaved schedule with
-  N = p) of 0.50 GiB each, the set Megatron-Core keeps per layer too (norm inputs and outputs,
-  q/k/v, the attention output, w1 x and w3 x and their product), 70.1 GiB; the rank's blocks kept
-  gathered, 6.1; NCCL, CUDA context and the allocator's slack, 9.3. The paper's other rows fit:
-  16,384 GPUs (16 micro-batches: all 128 forwards before the first backward) is `risky` at 79.5,
-  and 128K with CP 16 `fits`. Fujii et al.'s published accounting of Megatron-LM (the estimator's
-  `--mode megatron`, 454 runs) puts the same layout at 102.6 GiB, its activations alone at 84.3.
-  The paper's tunable N (its Figure 6: micro-batches run back to back on one chunk) lowers the
-  count only below N = p, where each chunk waits on the pipeline's round trip; the paper tunes N
-  from there toward breadth-first, which keeps more in flight. What the paper's program did to keep 8K within 80 GB beyond this is not
-  published; with selective recomputation our program fits it.
+  pipeline stage"). Term by term at rank 1 on 8,192 GPUs, 87.5 GiB: 141 layer-forwards in flight
+  ((v - 1) x p + 2(p - 1 - r) + 1 one-layer chunks, the same count in Megatron-Core's
+  interleaved schedule with N = p) of 0.50 GiB each, the set Megatron-Core keeps per layer too
+  (norm inputs and outputs, q/k/v, the attention output, w1 x and w3 x and their product), 69.7
+  GiB with the block in backward down to what its attention's norm reads; the rank's blocks kept
+  gathered and that block's weight gradients, 6.6; the block's backward working set where its
+  attention input's gradients are summed, 1.1; NCCL, CUDA context and the allocator's slack, 9.4.
+  On 16,384 GPUs (16 micro-batches: all 128 forwards before the first backward) it is 80.1 GiB,
+  just over: it was `risky` at 79.4 until that moment of a block's backward was priced (traced at
+  TP 8, docs/estimator.md). The 128K row with CP 16 `fits`. Fujii et al.'s published accounting
+  of Megatron-LM (the estimator's `--mode megatron`, 454 runs) puts the 8,192-GPU layout at 102.6
+  GiB, its activations alone at 84.3. The paper's tunable N (its Figure 6: micro-batches run back
+  to back on one chunk) lowers the count only below N = p, where each chunk waits on the
+  pipeline's round trip; the paper tunes N from there toward breadth-first, which keeps more in
+  flight. What the paper's program did to keep 8K within 80 GB beyond this is not published; with
+  selective recomputation our program fits both.
 
 - Kernel rates come from one H200 with torch 2.11 and short runs; the sustained-clock correction
   comes from one GEMM held for a minute. H100 rates are taken to equal H200 ones except for memory

@@ -298,9 +298,7 @@ CONFIGS: list[TracedConfig] = [
     # holds only the embedding, the last only the output layer and loss, one layer per other
     # chunk): 14 layers over 4 x 4 stages, 0 | 1 x 14 | 0, TP 4 saving the shard, no
     # recomputation, 8 micro-batches. Rank 1 holds the most layer-forwards (all its chunks have a
-    # layer); each sent chunk output is let go (_release_sent_outputs). (At TP 8 with shard-saved
-    # inputs under PP the estimate is 1.8-3.0% under the trace with or without these stages:
-    # docs/estimator.md, "Known gaps".)
+    # layer); each sent chunk output is let go (_release_sent_outputs).
     *(
         TracedConfig(
             f"70B 8K pp4 v4 tp4 dp2 shard-saved none, end stages without layers (14 layers), rank {rank}",
@@ -319,6 +317,42 @@ CONFIGS: list[TracedConfig] = [
             stage=rank,
         )
         for rank in (0, 1)
+    ),
+    # The same at TP 8, as the paper ran it: with an eighth of the MLP per rank a block's backward
+    # peaks last, where the attention input's three gradients are summed beside every weight
+    # gradient but wq's (fsdp.py `_attention_input_gradient`; priced at the MLP's moment it was
+    # 1.8% to 3.1% under the trace). Then TP 8 with selective checkpointing, whose recomputed
+    # blocks keep the inputs they gather.
+    TracedConfig(
+        "70B 8K pp4 v4 tp8 shard-saved none, end stages without layers (14 layers), rank 1",
+        llama70b(14),
+        8192,
+        instances=4,
+        parallel={
+            "pipeline": 4,
+            "virtual_stages": 4,
+            "pipeline_schedule": "interleaved_1f1b",
+            "tensor": 8,
+            "tp_saved_inputs": "shard",
+            "activation_checkpointing": "none",
+        },
+        global_batch_size=8,
+        stage=1,
+    ),
+    TracedConfig(
+        "70B 8K pp4 v2 tp8 shard-saved selective (8 layers)",
+        llama70b(8),
+        8192,
+        instances=4,
+        parallel={
+            "pipeline": 4,
+            "virtual_stages": 2,
+            "pipeline_schedule": "interleaved_1f1b",
+            "tensor": 8,
+            "tp_saved_inputs": "shard",
+            "activation_checkpointing": "selective",
+        },
+        global_batch_size=8,
     ),
     # Its last rank: the loss stage's backward once both of the rank's stages hold gradients
     # (estimated 4.0% under the trace before the schedule replay named that moment).
