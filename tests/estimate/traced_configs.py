@@ -131,6 +131,28 @@ PP4_70B_SELECTIVE = TracedConfig(
 )
 
 
+def llama3_paper_split(*, tensor: int, rank: int) -> TracedConfig:
+    """The Llama 3 paper's 405B split scaled down to 14 layers over 4 x 4 stages: 0 | 1 x 14 | 0,
+    the shard saved, no recomputation, 8 micro-batches, on 4 p5 nodes."""
+    return TracedConfig(
+        f"70B 8K pp4 v4 tp{tensor} dp{32 // 4 // tensor} shard-saved none, end stages without layers "
+        f"(14 layers), rank {rank}",
+        llama70b(14),
+        8192,
+        instances=4,
+        parallel={
+            "pipeline": 4,
+            "virtual_stages": 4,
+            "pipeline_schedule": "interleaved_1f1b",
+            "tensor": tensor,
+            "tp_saved_inputs": "shard",
+            "activation_checkpointing": "none",
+        },
+        global_batch_size=8,
+        stage=rank,
+    )
+
+
 def shard_saved(config: TracedConfig) -> TracedConfig:
     """`config` under parallel.tp_saved_inputs shard (parallel/regather.py)."""
     return replace(config, name=f"{config.name}, shard saved", parallel={**config.parallel, "tp_saved_inputs": "shard"})
@@ -299,46 +321,13 @@ CONFIGS: list[TracedConfig] = [
     # chunk): 14 layers over 4 x 4 stages, 0 | 1 x 14 | 0, TP 4 saving the shard, no
     # recomputation, 8 micro-batches. Rank 1 holds the most layer-forwards (all its chunks have a
     # layer); each sent chunk output is let go (_release_sent_outputs).
-    *(
-        TracedConfig(
-            f"70B 8K pp4 v4 tp4 dp2 shard-saved none, end stages without layers (14 layers), rank {rank}",
-            llama70b(14),
-            8192,
-            instances=4,
-            parallel={
-                "pipeline": 4,
-                "virtual_stages": 4,
-                "pipeline_schedule": "interleaved_1f1b",
-                "tensor": 4,
-                "tp_saved_inputs": "shard",
-                "activation_checkpointing": "none",
-            },
-            global_batch_size=8,
-            stage=rank,
-        )
-        for rank in (0, 1)
-    ),
+    *(llama3_paper_split(tensor=4, rank=rank) for rank in (0, 1)),
     # The same at TP 8, as the paper ran it: with an eighth of the MLP per rank a block's backward
     # peaks last, where the attention input's three gradients are summed beside every weight
     # gradient but wq's (fsdp.py `_attention_input_gradient`; priced at the MLP's moment it was
     # 1.8% to 3.1% under the trace). Then TP 8 with selective checkpointing, whose recomputed
     # blocks keep the inputs they gather.
-    TracedConfig(
-        "70B 8K pp4 v4 tp8 shard-saved none, end stages without layers (14 layers), rank 1",
-        llama70b(14),
-        8192,
-        instances=4,
-        parallel={
-            "pipeline": 4,
-            "virtual_stages": 4,
-            "pipeline_schedule": "interleaved_1f1b",
-            "tensor": 8,
-            "tp_saved_inputs": "shard",
-            "activation_checkpointing": "none",
-        },
-        global_batch_size=8,
-        stage=1,
-    ),
+    llama3_paper_split(tensor=8, rank=1),
     TracedConfig(
         "70B 8K pp4 v2 tp8 shard-saved selective (8 layers)",
         llama70b(8),
