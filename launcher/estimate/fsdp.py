@@ -695,9 +695,10 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
     until the end of the step, so each block's gradient accumulates unsharded in the reduce dtype
     (`unsharded_accumulated_grad`) from its first backward on. Under sync_each
     (pipeline.py's _GradientSyncEachMicroBatch) every backward reduce-scatters instead: the
-    stages done hold fp32 gradient shards. The moment is the chunk's first block in backward,
+    stages done hold fp32 gradient shards. The moments are the chunk's first block in backward,
     whose gradients are not reduced yet and before which no reduce-scatter input is pending (the
-    last backward's was released at its end: FSDP's final callback under is_last_backward).
+    last backward's was released at its end: FSDP's final callback under is_last_backward), and
+    under sync_each that block's reduce-scatter and the next block's backward (_chunk_moments).
     Receive buffers exist only around the chunk that consumes them (receive_buffers_in_backward).
     """
     layout, cb, device = w.layout, context.cb, context.device
@@ -714,6 +715,7 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
     root_stage = 0 if rank == 0 else last_stage
 
     sync_each = w.grad_accumulation == "sync_each"
+    output_grad = cb * w.arch.vocab_size * w.arch.hidden_size / layout.tensor
     moments = {}
     for at in backward_moments(rank, layout, w.pipeline_schedule, m):
         done_layers = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done)
@@ -737,26 +739,69 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
         if collective_backend(device) == "gloo":
             kept_activations += boundary * at.sent_gradients
         receive_buffers = boundary * receive_buffers_in_backward(at.stage, layout)
-        for name, blocks_done, recomputed in _blocks_in_backward(w, at.stage, chosen):
-            moments[f"{at.name}{name} (pipeline)"] = _in_block(
-                block, moment, kept_activations, receive_buffers, blocks_done, recomputed
-            )
+        in_place = not sync_each and _grad_bytes(w) == cb and last_stage in at.done
+        beside = output_grad if with_loss and not in_place else 0.0
+        moments.update(_chunk_moments(w, block, at, moment, beside, kept_activations, receive_buffers, chosen))
         if at.stage == 0:
             # Stage 0's chunk is done with its layers: its saved set and document masks are gone.
             first = per_chunk[0]
             freed = first[0] - first[1] - first[2] + context.documents
-            moments[f"{at.name}, embedding (pipeline)"] = _pipelined_embedding_backward(
+            embedding = _pipelined_embedding_backward(
                 w, cb, moment, kept_activations - freed, (tp - first[1], cp - first[2])
             )
+            moments[f"{at.name}, embedding (pipeline)"] = embedding
+            if sync_each:
+                moments[f"{at.name}, embedding reduce-scatter (pipeline)"] = _embedding_reduce_scatter(
+                    w, block, embedding, cb * root_params, first_time=0 not in at.done
+                )
         if with_loss:
             # The last stage's loss backward, with the output weight's bf16 gradient.
             in_loss = dict(moment)
-            in_loss["fsdp_buffers"] += cb * w.arch.vocab_size * w.arch.hidden_size / layout.tensor
+            in_loss["fsdp_buffers"] += output_grad
             in_loss["working"] = receive_buffers
             in_loss["loss"] = loss.backward_working
             in_loss["activations"] = kept_activations
             moments[f"{at.name}, loss (pipeline)"] = in_loss
     return moments
+
+
+def _chunk_moments(
+    w: Workload,
+    block: _Block,
+    at,
+    rank_moment: dict,
+    output_grad: float,
+    kept_activations: float,
+    receive_buffers: float,
+    chosen,
+) -> dict[str, dict]:
+    """The blocks of the chunk in backward at `at` (a BackwardMoment): where a block's backward
+    peaks (_blocks_in_backward) and, under sync_each, where FSDP reduces the first block and
+    where the second runs beside its pending reduce-scatter input.
+
+    The loss stage's blocks run their backward beside the output weight's gradient of this
+    micro-batch (`output_grad`): FSDP reduces the stage's root unit only once the whole stage is
+    through backward. Accumulated unsharded in the compute dtype (a bf16 reduce), it is the
+    accumulated gradient itself once the stage has run a backward, and the caller passes 0."""
+    moment = dict(rank_moment)
+    moment["fsdp_buffers"] += output_grad
+    found = {}
+    in_backward = _blocks_in_backward(w, at.stage, chosen)
+    for name, blocks_done, recomputed in in_backward:
+        found[f"{at.name}{name} (pipeline)"] = _in_block(
+            block, moment, kept_activations, receive_buffers, blocks_done, recomputed
+        )
+    if w.grad_accumulation != "sync_each" or not in_backward:
+        return found
+    found[f"{at.name}, reduce-scatter (pipeline)"] = _pipelined_reduce_scatter(
+        w, block, moment, kept_activations, receive_buffers, recomputed=in_backward[0][2]
+    )
+    run = stage_layers(w.arch.num_layers, w.layout, at.stage)
+    if len(run) > 1:
+        found[f"{at.name}, second block (pipeline)"] = _second_block_sync_each(
+            w, block, moment, kept_activations, receive_buffers, run, chosen, first_time=at.stage not in at.done
+        )
+    return found
 
 
 def _in_block(
@@ -780,6 +825,58 @@ def _in_block(
     this_block = block.layer_input if recomputed else block.saved - kept_tp - kept_cp
     in_block["activations"] = kept_activations - done_saved + at.own - at.own_tp - at.own_cp - this_block
     return in_block
+
+
+def _second_block_sync_each(
+    w: Workload,
+    block: _Block,
+    moment: dict,
+    kept_activations: float,
+    receive_buffers: float,
+    run: list[int],
+    chosen: frozenset[int],
+    *,
+    first_time: bool,
+) -> dict:
+    """Under sync_each, a chunk's second block in backward: the first one, reduced and resharded,
+    left its reduce-scatter input pending until the next reduce-scatter (FSDP keeps it in
+    reduce_scatter_state) and, on the stage's first backward, a new fp32 gradient shard (traced:
+    70B 4K, PP 2 x 2, two layers per chunk, 5.9% under the trace before)."""
+    first_checkpointed, second_checkpointed = run[-1] in chosen, run[-2] in chosen
+    at = _in_block(block, moment, kept_activations, receive_buffers, 1, second_checkpointed)
+    if first_checkpointed:  # _in_block let the first block's whole set go; it kept its input alone
+        at["activations"] += block.saved - block.tp_gathered - block.cp_gathered - block.layer_input
+        at["tp_buffers"] += block.tp_gathered
+        at["cp_buffers"] += block.cp_gathered
+    at["fsdp_buffers"] += _grad_bytes(w) * block.reduce_scatter_params - block.gathered
+    if first_time:
+        at["gradients"] += FP32 * block.state_params / w.layout.fsdp_shard
+    return at
+
+
+def _pipelined_reduce_scatter(
+    w: Workload, block: _Block, moment: dict, kept_activations: float, receive_buffers: float, *, recomputed: bool
+) -> dict:
+    """Under sync_each, the chunk's first block right after its backward, when FSDP reduces its
+    gradients: its saved set is gone and, resharded after backward, so are its gathered weights
+    (_GradientSyncEachMicroBatch); its unsharded gradients in the compute dtype and FSDP's
+    reduce-scatter input in the reduce dtype are alive together until the gradients are copied
+    in and let go, before the output, a shard of the input, is made
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce). With few layers
+    per chunk and a short sequence this is where the rank peaks (traced: 70B 4K, TP 2, PP 4 x 2,
+    one layer per chunk, 12.7% under the trace before it was priced)."""
+    cb = FP32 if w.dtype == "fp32" else 2
+    kept_tp, kept_cp = (0.0, 0.0) if recomputed else (block.tp_gathered, block.cp_gathered)
+    freed = block.layer_input if recomputed else block.saved - kept_tp - kept_cp
+    reduced = block.reduce_scatter_params
+    at = dict(moment)
+    at["activations"] = kept_activations - freed
+    at["tp_buffers"] -= kept_tp
+    at["cp_buffers"] -= kept_cp
+    at["working"] = block.layer_input + receive_buffers  # the gradient on its way to the next block
+    grad_bytes = _grad_bytes(w)
+    at["fsdp_buffers"] += (cb + grad_bytes) * reduced - block.gathered
+    return at
 
 
 def _blocks_in_backward(w: Workload, stage: int, chosen: frozenset[int]) -> list[tuple[str, int, bool]]:
@@ -826,6 +923,27 @@ def _pipelined_embedding_backward(w, cb, moment, kept_activations, kept_tp_cp) -
     at_embedding["activations"] = kept_activations
     at_embedding["working"] = cb * _tokens(w) * arch.hidden_size
     return at_embedding
+
+
+def _embedding_reduce_scatter(
+    w: Workload, block: _Block, at_embedding: dict, gathered_root: float, *, first_time: bool
+) -> dict:
+    """Under sync_each, stage 0's root unit reduced right after the embedding's backward: its
+    dense gradient, FSDP's reduce-scatter input in the reduce dtype and the output shard alive
+    together, the output gradient the embedding read let go (traced: Llama 3.1 8B, 16K, CP 2,
+    PP 4, 6.3% under the trace before). FSDP reshards a unit before reducing it, and stage 0's
+    blocks were resharded after their backward (_GradientSyncEachMicroBatch), their gradients
+    reduced into fp32 shards, which on the stage's first backward are new."""
+    layout = w.layout
+    embedding = w.arch.vocab_size * w.arch.hidden_size / layout.tensor
+    blocks = len(stage_layers(w.arch.num_layers, layout, 0))
+    at = dict(at_embedding)
+    at["working"] = 0.0
+    at["fsdp_buffers"] += _grad_bytes(w) * embedding * (1 + 1 / layout.fsdp_shard)
+    at["fsdp_buffers"] -= gathered_root + blocks * block.gathered
+    if first_time:
+        at["gradients"] += FP32 * blocks * block.state_params / layout.fsdp_shard
+    return at
 
 
 class _Loss:

@@ -364,6 +364,71 @@ CONFIGS: list[TracedConfig] = [
         parallel={**MEGATRON_BRIDGE_70B, "grad_accumulation": "sync_each"},
         stage=3,
     ),
+    # Found by tracing random layouts (scripts/estimator_fuzz.py). One layer per chunk at 4K under
+    # sync_each: the rank peaks while FSDP reduces a block, its bf16 gradients beside the fp32
+    # reduce-scatter input (fsdp.py `_pipelined_reduce_scatter`; 12.7% under the trace before).
+    TracedConfig(
+        "70B 4K pp4 v2 tp2 dp4 fp8 selective, sync_each, one layer per chunk (6 layers), rank 1",
+        llama70b(6),
+        4096,
+        instances=4,
+        parallel={**PP4_INTERLEAVED_TP2, "grad_accumulation": "sync_each"},
+        precision={"fp8": True},
+        global_batch_size=16,
+        stage=1,
+    ),
+    # The loss stage's blocks run their backward beside the output weight's bf16 gradient, which
+    # FSDP reduces once the stage is through (3.3% under the trace before); with a bf16 reduce
+    # and the stage's gradients accumulating unsharded, it is the accumulated gradient itself.
+    TracedConfig(
+        "70B 4K pp4 tp4 dp2 selective shard-saved, sync_each, bf16 reduce (8 layers), last rank",
+        llama70b(8),
+        4096,
+        instances=4,
+        parallel={
+            "pipeline": 4,
+            "pipeline_schedule": "1f1b",
+            "tensor": 4,
+            "tp_saved_inputs": "shard",
+            "activation_checkpointing": "selective",
+            "grad_accumulation": "sync_each",
+            "reduce_dtype": "bf16",
+        },
+        global_batch_size=16,
+        stage=3,
+    ),
+    TracedConfig(
+        "70B 4K pp2 tp2 dp4 full shard-saved, bf16 reduce (8 layers), last rank",
+        llama70b(8),
+        4096,
+        instances=2,
+        parallel={
+            "pipeline": 2,
+            "pipeline_schedule": "1f1b",
+            "tensor": 2,
+            "tp_saved_inputs": "shard",
+            "activation_checkpointing": "full",
+            "reduce_dtype": "bf16",
+        },
+        global_batch_size=8,
+        stage=1,
+    ),
+    # Stage 0's root unit reduced after the embedding's backward under sync_each: the dense
+    # embedding gradient beside the fp32 reduce-scatter input and its output (6.3% under before).
+    TracedConfig(
+        "8B 16K pp4 cp2 dp2 none, sync_each (6 layers)",
+        llama8b(6),
+        16384,
+        instances=2,
+        parallel={
+            "pipeline": 4,
+            "pipeline_schedule": "1f1b",
+            "context": 2,
+            "activation_checkpointing": "none",
+            "grad_accumulation": "sync_each",
+        },
+        global_batch_size=8,
+    ),
     shard_saved(TP2_8B),
     shard_saved(PP4_70B_SELECTIVE),
     TracedConfig(
