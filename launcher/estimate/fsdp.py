@@ -217,8 +217,8 @@ class _BackwardMoment(NamedTuple):
 
 def _attention_input_gradient(w: Workload, cb: int, float8_all_gather: bool) -> tuple[float, float, float] | None:
     """(what the block still keeps but its gathered inputs, the working set, the weight
-    gradients) where a dense block's
-    backward ends: the gradients wv, wk and wq hand their shared input are summed. The input's
+    gradients) where a dense block's backward ends: the gradients wv, wk and wq hand their
+    shared input are summed. The input's
     gradient over the whole sequence (T x h) comes from each projection's input-gradient GEMM,
     and autograd adds them as they come: two of them and their sum are alive, with dq (T x q/t)
     not yet through wq, the block's incoming residual gradient and, under TP, its
@@ -226,7 +226,7 @@ def _attention_input_gradient(w: Workload, cb: int, float8_all_gather: bool) -> 
     in the compute dtype (FSDP reduces the unit's gradients after its whole backward). The block
     keeps only what the attention's norm reads: the block input, its rstd and the norm output
     (the shard, and under TP with gathered inputs the other shards). Traced: 70B 8K, TP 8, PP 4,
-    shard saved, at that add, 1.8% to 3.0% above the MLP's moment it had been priced at.
+    shard saved, at that add, 1.8% to 3.1% above the MLP's moment it had been priced at.
     An MoE block's experts peak inside their own backward (moe.py): not priced here."""
     arch, t = w.arch, w.layout.tensor
     if arch.moe is not None:
@@ -427,7 +427,7 @@ class _Context:
 
     def __init__(self, workload: Workload, device: str):
         self.w, self.device = workload, device
-        self.cb = FP32 if workload.dtype == "fp32" else 2
+        self.cb = _compute_bytes(workload)
         self.documents = document_mask_bytes(workload, self.cb, device)
         # Float8 collectives exist on nccl only; gloo (the CPU) all-gathers in the compute dtype.
         gather = float8_all_gather(fp8=workload.fp8, fp8_recipe=workload.fp8_recipe, backend=collective_backend(device))
@@ -553,6 +553,11 @@ def _with_activations(breakdown: dict, alive: tuple[float, float, float], extra:
     breakdown["tp_buffers"] = tp
     breakdown["cp_buffers"] = cp
     return breakdown
+
+
+def _compute_bytes(w: Workload) -> int:
+    """Bytes per value of activations and gathered weights: the compute dtype's."""
+    return FP32 if w.dtype == "fp32" else 2
 
 
 def _grad_bytes(w: Workload) -> int:
@@ -840,8 +845,10 @@ def _second_block_sync_each(
 ) -> dict:
     """Under sync_each, a chunk's second block in backward: the first one, reduced and resharded,
     left its reduce-scatter input pending until the next reduce-scatter (FSDP keeps it in
-    reduce_scatter_state) and, on the stage's first backward, a new fp32 gradient shard (traced:
-    70B 4K, PP 2 x 2, two layers per chunk, 5.9% under the trace before)."""
+    reduce_scatter_state) and, on the stage's first backward, a new fp32 gradient shard. Traced:
+    70B 4K, PP 2 x 2, two layers per chunk, 5.9% under the trace before and 5.6% after; the rest
+    is a block's float8 all-gather in that backward that this does not explain yet
+    (docs/estimator.md, "Random layouts")."""
     first_checkpointed, second_checkpointed = run[-1] in chosen, run[-2] in chosen
     at = _in_block(block, moment, kept_activations, receive_buffers, 1, second_checkpointed)
     if first_checkpointed:  # _in_block let the first block's whole set go; it kept its input alone
@@ -865,7 +872,7 @@ def _pipelined_reduce_scatter(
     (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce). With few layers
     per chunk and a short sequence this is where the rank peaks (traced: 70B 4K, TP 2, PP 4 x 2,
     one layer per chunk, 12.7% under the trace before it was priced)."""
-    cb = FP32 if w.dtype == "fp32" else 2
+    cb = _compute_bytes(w)
     kept_tp, kept_cp = (0.0, 0.0) if recomputed else (block.tp_gathered, block.cp_gathered)
     freed = block.layer_input if recomputed else block.saved - kept_tp - kept_cp
     reduced = block.reduce_scatter_params
@@ -874,8 +881,7 @@ def _pipelined_reduce_scatter(
     at["tp_buffers"] -= kept_tp
     at["cp_buffers"] -= kept_cp
     at["working"] = block.layer_input + receive_buffers  # the gradient on its way to the next block
-    grad_bytes = _grad_bytes(w)
-    at["fsdp_buffers"] += (cb + grad_bytes) * reduced - block.gathered
+    at["fsdp_buffers"] += (cb + _grad_bytes(w)) * reduced - block.gathered
     return at
 
 
