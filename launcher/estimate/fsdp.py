@@ -40,7 +40,7 @@ from launcher.contract.loss import chunk_tokens
 from launcher.estimate.breakdown import StageMemory, empty_breakdown
 from launcher.estimate.moe import ROUTING_BOUND, moe_memory
 from launcher.estimate.overheads import device_overheads
-from launcher.estimate.pipeline import backward_moments, receive_buffers_in_backward
+from launcher.estimate.pipeline import backward_moments, receive_buffers_in_backward, steady_forwards
 from launcher.estimate.workload import Workload
 
 FP32 = 4
@@ -78,6 +78,8 @@ class _Block:
         "layer_input",
         "backward_working",
         "fp8_cast",
+        "forward_cast",
+        "forward_working",
         "params",
         "gathered",
         "weight_grad_w2",
@@ -136,6 +138,7 @@ class _Block:
             # casts the gathered bf16 w2 weight to float8 (no float8 all-gather).
             fp8_moment += 2 * tokens * h + h * f / t
         self.weight_grad_w2 = mlp.weight_grads
+        self.forward_cast, self.forward_working = _forward_transient(w, cb, float8_tp_styles)
         self.fp8_cast = 0.0
         # Under training.compile the casts fuse into the compiled block (Inductor writes the
         # float8 tensor directly from the bf16 input), so these eager fp32 temporaries do not
@@ -198,6 +201,30 @@ class _Block:
                 _BackwardMoment(self.saved + tp_recomputed + kv_recomputed, self.recompute, 0.0, 0.0, *gathered)
             )
         return max(moments, key=_BackwardMoment.total)
+
+
+def _forward_transient(w: Workload, cb: int, float8_tp_styles: bool) -> tuple[float, float]:
+    """(float8 cast, other) bytes a dense block holds beyond its saved set at its forward's
+    largest moment. Eager FP8: w2's input cast to float8 (torchao's hp_tensor_to_float8_dynamic:
+    an fp32 scaled and an fp32 clamped copy beside the float8 result, 9 bytes per value of T x
+    f/t; under Float8 TP styles the block saves the float8 copy, so the bf16 product is extra
+    too); rowwise scaling also casts w2's gathered weight. Otherwise w2's output, T x h before
+    sequence parallel's reduce-scatter (and its copy that feeds it), and the residual sum or the
+    reduce-scatter's output after it. An MoE block's forward
+    transients are its experts' (moe.py): not priced here."""
+    arch, t = w.arch, w.layout.tensor
+    if arch.moe is not None:
+        return 0.0, 0.0
+    tokens, h, f = _tokens(w), arch.hidden_size, arch.ffn_hidden_size
+    if w.fp8 and not w.compile:
+        cast = (9 + (cb - 1) * float8_tp_styles) * tokens * f / t
+        if w.fp8_recipe == "rowwise":
+            cast += h * f / t
+        return cast, 0.0
+    # Sequence parallel reduce-scatters along the sequence, not dim 0: the functional collective
+    # first copies the output's t chunks into one tensor (_chunk_or_narrow_cat in
+    # reduce_scatter_single, torch/distributed/_functional_collectives.py).
+    return 0.0, cb * tokens * h * (2 if t > 1 else 1) + cb * tokens / t * h
 
 
 class _BackwardMoment(NamedTuple):
@@ -706,7 +733,7 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
     under sync_each that block's reduce-scatter and the next block's backward (_chunk_moments).
     Receive buffers exist only around the chunk that consumes them (receive_buffers_in_backward).
     """
-    layout, cb, device = w.layout, context.cb, context.device
+    layout, cb = w.layout, context.cb
     m = w.grad_accum_steps
     n = rank_layers(w.arch.num_layers, layout, rank)
     last_stage = layout.num_stages - 1
@@ -721,28 +748,20 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
 
     sync_each = w.grad_accumulation == "sync_each"
     output_grad = cb * w.arch.vocab_size * w.arch.hidden_size / layout.tensor
+    weights = tuple(kept[0] for kept in per_chunk)
     moments = {}
-    for at in backward_moments(rank, layout, w.pipeline_schedule, m):
-        done_layers = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done)
-        done_root = root_params if root_stage in at.done else 0
-        moment = dict(base)
-        if sync_each:
-            moment["gradients"] = FP32 * (done_layers * block.state_params + done_root) / layout.fsdp_shard
-            accumulated = 0.0
-        else:
-            accumulated = _grad_bytes(w) * (done_layers * block.params + done_root)
-        moment["fsdp_buffers"] = n * block.gathered + cb * root_params + accumulated
-        total, tp, cp = (
-            sum(count * kept[i] for count, kept in zip(at.by_stage, per_chunk, strict=True)) for i in range(3)
-        )
+    if sync_each:
+        for at in steady_forwards(rank, layout, w.pipeline_schedule, m, weights):
+            moment = _with_gradients(w, block, base, at, n, root_params, root_stage)
+            moments[f"{at.name} (pipeline)"] = _regathering_forward(
+                block, moment, *_in_flight(w, context, at, per_chunk, head_saved)
+            )
+    for at in backward_moments(rank, layout, w.pipeline_schedule, m, weights):
+        moment = _with_gradients(w, block, base, at, n, root_params, root_stage)
+        kept_activations, tp, cp = _in_flight(w, context, at, per_chunk, head_saved)
         moment["tp_buffers"] = tp
         moment["cp_buffers"] = cp
         with_loss = loss is not None and at.stage == last_stage
-        kept_activations = total - tp - cp + head_saved * (at.in_flight - at.outputs)
-        kept_activations += context.documents * at.in_flight
-        kept_activations += boundary * _outputs_kept(w, device, at.outputs)
-        if collective_backend(device) == "gloo":
-            kept_activations += boundary * at.sent_gradients
         receive_buffers = boundary * receive_buffers_in_backward(at.stage, layout)
         in_place = not sync_each and _grad_bytes(w) == cb and last_stage in at.done
         beside = output_grad if with_loss and not in_place else 0.0
@@ -768,6 +787,55 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
             in_loss["activations"] = kept_activations
             moments[f"{at.name}, loss (pipeline)"] = in_loss
     return moments
+
+
+def _with_gradients(w: Workload, block: _Block, base: dict, at, n: int, root_params: float, root_stage: int) -> dict:
+    """The rank at a pipeline moment before its chunk's own bytes: its `n` blocks and its root
+    unit gathered, and the gradients of the stages done. Under sync_each those are fp32 shards;
+    otherwise they accumulate unsharded in the reduce dtype until the step's end."""
+    layout = w.layout
+    done_layers = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done)
+    done_root = root_params if root_stage in at.done else 0
+    moment = dict(base)
+    accumulated = 0.0
+    if w.grad_accumulation == "sync_each":
+        moment["gradients"] = FP32 * (done_layers * block.state_params + done_root) / layout.fsdp_shard
+    else:
+        accumulated = _grad_bytes(w) * (done_layers * block.params + done_root)
+    moment["fsdp_buffers"] = n * block.gathered + _compute_bytes(w) * root_params + accumulated
+    return moment
+
+
+def _in_flight(w: Workload, context: _Context, at, per_chunk: list, head_saved: float) -> tuple[float, float, float]:
+    """(activations, TP-gathered, CP-gathered bytes) the rank's chunks in flight keep at `at`: their
+    layers' saved sets, the loss stage's kept head, each micro-batch's document masks, the
+    outputs still held by their sends and, on gloo, the input gradients sent back."""
+    total, tp, cp = (sum(count * kept[i] for count, kept in zip(at.by_stage, per_chunk, strict=True)) for i in range(3))
+    boundary = context.cb * _tokens(w) / w.layout.tensor * w.arch.hidden_size
+    activations = total - tp - cp + head_saved * (at.in_flight - at.outputs)
+    activations += context.documents * at.in_flight
+    activations += boundary * _outputs_kept(w, context.device, at.outputs)
+    if collective_backend(context.device) == "gloo":
+        activations += boundary * at.sent_gradients
+    return activations, tp, cp
+
+
+def _regathering_forward(block: _Block, moment: dict, activations: float, tp: float, cp: float) -> dict:
+    """Under sync_each, a chunk's forward after its stage's first backward, at its last block's
+    largest moment: every chunk in flight keeps its saved set (this one's whole, the block's
+    included), the block holds its forward's transient (_Block.forward_transient), and FSDP,
+    which resharded the stage's blocks after that backward, has gathered them again and keeps
+    the last all-gather's output until the stage's forward ends (FSDPParamGroup.wait_for_unshard
+    defers its free in forward; the root's _post_forward frees it: torch/distributed/fsdp/
+    _fully_shard/). Traced: 70B 32K, TP 2, CP 4, PP 4 1F1B, FP8, one layer per stage, 7.2%
+    under the trace at the second backward before this was priced."""
+    at = dict(moment)
+    at["fsdp_buffers"] += block.gathered
+    at["activations"] = activations
+    at["tp_buffers"], at["cp_buffers"] = tp, cp
+    at["fp8"] = block.forward_cast
+    at["working"] = block.forward_working
+    return at
 
 
 def _chunk_moments(

@@ -72,7 +72,8 @@ def in_flight(rank: int, layout: Layout, schedule: str, microbatches: int) -> fl
 
 @dataclass(frozen=True, slots=True)
 class BackwardMoment:
-    """A backward of one of the rank's chunks, where the rank's memory can peak."""
+    """A backward (or, from `steady_forwards`, a forward) of one of the rank's chunks, where the
+    rank's memory can peak."""
 
     name: str
     stage: int
@@ -94,13 +95,19 @@ class BackwardMoment:
 
 
 @cache
-def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int) -> tuple[BackwardMoment, ...]:
-    """The first and second backward of the rank and, under the interleaved schedule, the second
-    backward of its first stage: by then every one of its stages has accumulated gradients while
-    as many chunks are in flight as in the steady state (Llama 3 70B, 32K, PP 4 x 2 with 16
-    micro-batches peaks there, 6% above the second backward: tests/estimate/traced_configs.py).
-    On the rank that holds the loss, also the loss stage's first backward after every one of its
-    stages holds gradients: the output weight's gradient beside all of them.
+def backward_moments(
+    rank: int, layout: Layout, schedule: str, microbatches: int, weights: tuple[float, ...] | None = None
+) -> tuple[BackwardMoment, ...]:
+    """The first and second backward of the rank and, under the interleaved schedule, each of its
+    stages' steady backward: one run once every stage of the rank holds gradients, with the most
+    activations in flight (`weights`: what one chunk of each of the rank's stages keeps, rank,
+    rank + p, ... in order; equal if not given). By then every stage has accumulated gradients
+    while as many chunks are in flight as in the steady state: Llama 3 70B, 32K, PP 4 x 2 with 16
+    micro-batches peaks at stage 0's, 6% above the second backward (tests/estimate/
+    traced_configs.py); 70B at 16K, CP 2, PP 2 x 2 with 8 micro-batches at stage 2's, whose
+    second round holds one chunk of stage 2 and four of stage 0 beside stage 0's gradients (14%
+    above the second backward, which holds as many chunks without them). On the rank that holds
+    the loss, the loss stage's is named so: the output weight's gradient beside all of them.
 
     The interleaved order is torch's (`_get_1f1b_rank_ops`): the warmup's forwards, then a
     forward and a backward per step, then the cooldown's backwards; the k-th forward runs virtual
@@ -122,33 +129,141 @@ def backward_moments(rank: int, layout: Layout, schedule: str, microbatches: int
             chunks = found.forwards - (not found.steady)
             moments.append(BackwardMoment("second backward", rank, chunks, sends(chunks), (rank,), by_stage=(chunks,)))
         return tuple(moments)
+    first_two = _interleaved_candidates(rank, p, v, m)[0]
+    return (*first_two, *_heaviest_per_kind(rank, layout, m, weights, backwards=True))
+
+
+@cache
+def steady_forwards(
+    rank: int, layout: Layout, schedule: str, microbatches: int, weights: tuple[float, ...] | None = None
+) -> tuple[BackwardMoment, ...]:
+    """Per stage of the rank, a forward after that stage's first backward, with the most
+    activations in flight (`weights` as for backward_moments): `in_flight` counts the chunk in
+    forward; `outputs` counts it too, standing for the output of the chunk whose backward just
+    ended, which its send may still hold (fsdp._outputs_kept: the latest two). Under sync_each FSDP
+    reshards each block after its backward, so such a forward all-gathers the stage's blocks
+    again. GPipe runs every forward first: none."""
+    p, v, m = layout.pipeline, layout.virtual_stages, microbatches
+    last = layout.num_stages - 1
+    if p == 1 or schedule == "gpipe":
+        return ()
+    if not (schedule == "interleaved_1f1b" and v > 1):
+        found = first_backward(rank, layout, schedule, m)
+        if not found.steady:
+            return ()
+        chunks = found.forwards  # one chunk fewer after the backward, one more in forward
+        outputs = 0 if rank == last else chunks  # the chunks before it, and the one just done
+        return (BackwardMoment("steady forward", rank, chunks, outputs, (rank,), by_stage=(chunks,)),)
+    return tuple(_heaviest_per_kind(rank, layout, m, weights, backwards=False))
+
+
+def _heaviest_per_kind(rank: int, layout: Layout, m: int, weights: tuple[float, ...] | None, *, backwards: bool):
+    """Of an interleaved rank's steady backwards (or forwards: _interleaved_candidates), the one
+    holding the most (`weights` per stage of the rank) per kind of stage: stages whose chunks
+    keep as much, and which are not the first or the last, run the same backward (or forward)
+    and need pricing once. The weights change with every workload and the candidates only with
+    the schedule, so the search runs over the few candidates `_fronts` leaves."""
+    p, v = layout.pipeline, layout.virtual_stages
+    weights = weights or (1.0,) * v
+    first_seen = list(dict.fromkeys(weights))
+    pattern = tuple(first_seen.index(weight) for weight in weights)
+    found = [
+        max(front, key=lambda moment: sum(weights[x] * count for x, count in enumerate(moment.by_stage)))
+        for front in _fronts(rank, p, v, m, pattern, backwards)
+    ]
+    return sorted(found, key=lambda moment: -moment.stage)
+
+
+@cache
+def _fronts(rank: int, p: int, v: int, m: int, pattern: tuple[int, ...], backwards: bool) -> tuple[tuple, ...]:
+    """The candidates per kind of stage (`pattern`: which of the rank's stages keep as much per
+    chunk) that no other of the same kind covers: as many chunks or more of every weight and the
+    stages done. Only these can hold the most, whatever the weights."""
+    last = p * v - 1
+    candidates = _interleaved_candidates(rank, p, v, m)[1 if backwards else 2]
+    by_kind: dict[tuple, list] = {}
+    for moment in candidates:
+        counts = [0] * (max(pattern) + 1)
+        for x, count in enumerate(moment.by_stage):
+            counts[pattern[x]] += count
+        kind = (pattern[moment.stage // p], moment.stage == 0, moment.stage == last)
+        # Of candidates alike in these respects, the latest stands for all: it has sent back the
+        # most input gradients, which only a CPU rank (gloo) still holds.
+        by_kind.setdefault(kind, {})[tuple(counts), moment.done] = (tuple(counts), set(moment.done), moment)
+
+    def covers(a, b) -> bool:
+        return b[1] <= a[1] and all(map(int.__ge__, a[0], b[0]))
+
+    return tuple(
+        tuple(b[2] for b in items if not any(a is not b and covers(a, b) for a in items))
+        for items in (list(alike.values()) for alike in by_kind.values())
+    )
+
+
+@cache
+def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, tuple, tuple]:
+    """An interleaved rank's moments that can hold the most, whatever its chunks weigh: its first
+    two backwards; the backwards once every stage holds gradients; and the forwards of a stage
+    after its first backward (each distinct one once)."""
+    last = p * v - 1
+    first_two, steady, forwards = [], {}, {}
+    for kind, virtual, in_flight, done, sent in _interleaved_ops(rank, p, v, m):
+        stage = virtual * p + rank
+        outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
+        stages = tuple(x * p + rank for x in done)
+        moment = BackwardMoment(
+            _moment_name(kind, stage, len(first_two), p, last), stage, sum(in_flight), outputs, stages, sent, in_flight
+        )
+        if kind == "F":
+            if virtual in done:
+                forwards.setdefault((moment, in_flight), moment)
+        elif len(first_two) < 2:
+            first_two.append(moment)
+        elif len(done) == v:
+            steady.setdefault((moment, in_flight), moment)  # by_stage is left out of equality
+    return tuple(first_two), tuple(steady.values()), tuple(forwards.values())
+
+
+def _moment_name(kind: str, stage: int, backwards_before: int, p: int, last: int) -> str:
+    if kind == "F":
+        return f"steady forward, stage {stage}"
+    if backwards_before < 2:
+        return ("first backward", "second backward")[backwards_before]
+    if stage == last:
+        return "steady loss backward"
+    return "steady backward" if stage < p else f"steady backward, stage {stage}"
+
+
+def _interleaved_ops(rank: int, p: int, v: int, m: int):
+    """The actions of an interleaved rank in torch's order (`_get_1f1b_rank_ops`: the warmup's
+    forwards, then a forward and a backward per step, then the cooldown's backwards; the k-th
+    forward runs virtual stage (k // per_round) % v, the j-th backward virtual stage
+    v - 1 - (j // per_round) % v), as (F or B, its virtual stage, the chunks in flight per
+    virtual stage, a forward's own included, the virtual stages of the backwards before it, the
+    input gradients sent back before it). They end one round (v x per_round backwards) after
+    the first backward with every stage done: the steady state repeats each round from there,
+    and the cooldown only lets chunks go, so no later action holds more."""
     per_round = m // max(1, m // p)
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
     steady_ops = m * v - warmup
-    in_flight, done, forwards, moments, sent = [0] * v, [], 0, [], 0
-    holds_loss, loss_seen, steady_seen = last % p == rank, False, False
+    in_flight, done, sent, last_j = [0] * v, set(), 0, m * v - 1
+
+    def forward(k):
+        virtual = (k // per_round) % v
+        in_flight[virtual] += 1
+        return "F", virtual, tuple(in_flight), tuple(sorted(done)), sent
+
+    for k in range(warmup):
+        yield forward(k)
     for j in range(m * v):
-        for k in range(forwards, warmup + min(j + 1, steady_ops)):
-            in_flight[(k // per_round) % v] += 1
-        forwards = max(forwards, warmup + min(j + 1, steady_ops))
+        if j < steady_ops:
+            yield forward(warmup + j)
         virtual = v - 1 - (j // per_round) % v
-        name = {0: "first backward", 1: "second backward"}.get(j)
-        if name is None and virtual == 0 and 0 in done and not steady_seen:
-            name = "steady backward"  # the steady state's, once every stage holds gradients
-        elif name is None and virtual * p + rank == last and len(set(done)) == v and not loss_seen:
-            # The loss stage's backward once every stage of the last rank holds gradients: its
-            # output weight's and every layer's (traced at Qwen3-30B-A3B pp 2 x 2, rank 1).
-            name, loss_seen = "steady loss backward", True
-        if name is not None:
-            outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
-            stages = tuple(sorted(x * p + rank for x in set(done)))
-            moments.append(
-                BackwardMoment(name, virtual * p + rank, sum(in_flight), outputs, stages, sent, tuple(in_flight))
-            )
-            steady_seen = steady_seen or name == "steady backward"
-            if steady_seen and (loss_seen or not holds_loss):
-                break
+        yield "B", virtual, tuple(in_flight), tuple(sorted(done)), sent
         in_flight[virtual] -= 1
-        done.append(virtual)
+        done.add(virtual)
         sent += virtual * p + rank > 0  # stage 0 sends no gradient back
-    return tuple(moments)
+        if len(done) == v and last_j == m * v - 1:
+            last_j = j + v * per_round
+        if j >= last_j:
+            return

@@ -13,7 +13,7 @@ from torch.distributed.pipelining.schedules import _Action, _add_send_recv, _def
 from torch.distributed.pipelining.schedules import _ComputationType as C
 
 from launcher.contract.layout import Layout
-from launcher.estimate.pipeline import BackwardMoment, backward_moments, receive_buffers_in_backward
+from launcher.estimate.pipeline import BackwardMoment, backward_moments, receive_buffers_in_backward, steady_forwards
 
 from .memory_tracing import pipeline_actions
 
@@ -100,3 +100,32 @@ def test_backward_moments_follow_torchs_order(p, v, m):
         every = [s for s in seen if len(s[3]) == v]
         if every:
             assert moments[-1].in_flight == max(s[1] for s in every)
+
+
+@pytest.mark.parametrize("p, v, m", [(2, 2, 4), (2, 2, 8), (4, 2, 16), (4, 5, 16), (3, 2, 12)])
+def test_steady_forwards_follow_torchs_order(p, v, m):
+    """Each forward the estimate prices under sync_each runs in torch's order, after its stage's
+    first backward, with the chunks in flight (its own included) it says; with every stage's
+    chunks alike, one per kind of stage (the first, the last, the others), holding the most any
+    such forward of that kind holds."""
+    layout = Layout(pipeline=p, virtual_stages=v, data_shard=1)
+
+    def kind(stage):
+        return (stage == 0, stage == p * v - 1)
+
+    for rank in range(p):
+        in_flight, done, seen = [], set(), []
+        for action, stage, _mb in pipeline_actions(rank, p, v, m, "interleaved_1f1b"):
+            if action == "B":
+                in_flight.remove(stage)
+                done.add(stage)
+                continue
+            in_flight.append(stage)
+            if stage in done:
+                seen.append((stage, tuple(in_flight.count(rank + x * p) for x in range(v))))
+        forwards = steady_forwards(rank, layout, "interleaved_1f1b", m)
+        assert sorted(kind(at.stage) for at in forwards) == sorted({kind(stage) for stage, _ in seen})
+        for at in forwards:
+            assert (at.stage, at.by_stage) in seen, (rank, at)
+            alike = [sum(counts) for stage, counts in seen if kind(stage) == kind(at.stage)]
+            assert at.in_flight == max(alike), (rank, at)
