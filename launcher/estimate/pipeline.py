@@ -98,10 +98,10 @@ class BackwardMoment:
 def backward_moments(
     rank: int, layout: Layout, schedule: str, microbatches: int, weights: tuple[float, ...] | None = None
 ) -> tuple[BackwardMoment, ...]:
-    """The first and second backward of the rank and, under the interleaved schedule, each of its
-    stages' steady backward: one run once every stage of the rank holds gradients, with the most
-    activations in flight (`weights`: what one chunk of each of the rank's stages keeps, rank,
-    rank + p, ... in order; equal if not given). By then every stage has accumulated gradients
+    """The first and second backward of the rank and, under the interleaved schedule, a steady
+    backward per kind of stage (`_heaviest_per_kind`): one run once every stage of the rank holds
+    gradients, with the most activations in flight (`weights`: what one chunk of each of the
+    rank's stages keeps, rank, rank + p, ... in order; equal if not given). By then every stage has accumulated gradients
     while as many chunks are in flight as in the steady state: Llama 3 70B, 32K, PP 4 x 2 with 16
     micro-batches peaks at stage 0's, 6% above the second backward (tests/estimate/
     traced_configs.py); 70B at 16K, CP 2, PP 2 x 2 with 8 micro-batches at stage 2's, whose
@@ -137,7 +137,7 @@ def backward_moments(
 def steady_forwards(
     rank: int, layout: Layout, schedule: str, microbatches: int, weights: tuple[float, ...] | None = None
 ) -> tuple[BackwardMoment, ...]:
-    """Per stage of the rank, a forward after that stage's first backward, with the most
+    """Per kind of stage of the rank, a forward after that stage's first backward, with the most
     activations in flight (`weights` as for backward_moments): `in_flight` counts the chunk in
     forward; `outputs` counts it too, standing for the output of the chunk whose backward just
     ended, which its send may still hold (fsdp._outputs_kept: the latest two). Under sync_each FSDP
@@ -246,7 +246,7 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
     per_round = m // max(1, m // p)
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
     steady_ops = m * v - warmup
-    in_flight, done, sent, last_j = [0] * v, set(), 0, m * v - 1
+    in_flight, done, sent, stop = [0] * v, set(), 0, None
 
     def forward(k):
         virtual = (k // per_round) % v
@@ -263,7 +263,7 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
         in_flight[virtual] -= 1
         done.add(virtual)
         sent += virtual * p + rank > 0  # stage 0 sends no gradient back
-        if len(done) == v and last_j == m * v - 1:
-            last_j = j + v * per_round
-        if j >= last_j:
+        if stop is None and len(done) == v:
+            stop = j + v * per_round
+        if stop is not None and j >= stop:
             return
