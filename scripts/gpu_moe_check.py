@@ -22,10 +22,12 @@ backward, timed after a warm-up:
   rowwise scales, Triton casts, `torch._scaled_grouped_mm`; row groups must be multiples of 16,
   torchtitan's FP8_GROUP_ALIGNMENT_SIZE in torchtitan/components/quantization/__init__.py);
 - fp8 kernel vs emulation: one grouped GEMM on uneven routing (the padded groups of
-  fp8_experts.pad_groups), forward and backward, by torchao's CUDA kernel and by the entrypoints'
-  CPU emulation of it (the same casts, products in fp32), each also against the exact fp32
-  product: relative errors of the output, the input's and the weight's gradients. The CPU tests
-  rest on the emulation; this is where it meets the kernel.
+  fp8_experts.pad_groups), forward and backward, by the entrypoints' FP8 path on torchao's CUDA
+  kernels, by torchao's own `_to_fp8_rowwise_then_scaled_grouped_mm` (0 difference expected: the
+  same kernels, only the rows' backward copy made in forward), and by the entrypoints' CPU
+  emulation (the same casts, products in fp32), each also against the exact fp32 product:
+  relative errors of the output, the input's and the weight's gradients. The CPU tests rest on
+  the emulation; this is where it meets the kernel.
 
 `--cpu-smoke` runs every path that runs on a CPU (fp32, a tiny layer); the FP8 grouped GEMM is
 CUDA-only and is reported as skipped there. Prints a table; `run()` returns the report that
@@ -213,7 +215,7 @@ def kernel_vs_emulation(shape: dict, device: str) -> dict:
     from entrypoints.model.moe import expert_counts, grouped_linear
 
     # On a CPU only the emulation runs, against the exact product (the smoke test's path).
-    kinds = ("kernel", "emulated", "exact") if device == "cuda" else ("emulated", "exact")
+    kinds = ("kernel", "torchao", "emulated", "exact") if device == "cuda" else ("emulated", "exact")
     torch.manual_seed(0)
     experts, hidden, width = shape["experts"], shape["hidden"], shape["expert_width"]
     copies = shape["tokens"] * shape["top_k"]
@@ -229,6 +231,15 @@ def kernel_vs_emulation(shape: dict, device: str) -> dict:
         leaf_w = (weight.float() if kind == "exact" else weight).detach().requires_grad_()
         if kind == "exact":
             out = grouped_linear(leaf_x, leaf_w, counts)  # the per-expert loop in fp32
+        elif kind == "torchao":  # torchao's own autograd function, which keeps the bf16 rows
+            from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm
+
+            groups = pad_groups(leaf_x, counts)
+            out = groups.unpad(
+                _to_fp8_rowwise_then_scaled_grouped_mm(
+                    groups.rows, leaf_w.transpose(-2, -1), groups.offsets, pad_token_groups_for_grouped_mm=False
+                )
+            )
         else:
             groups = pad_groups(leaf_x, counts)
             out = groups.unpad(fp8_grouped_linear(groups.rows, leaf_w, groups.offsets, emulate=kind == "emulated"))
@@ -238,7 +249,9 @@ def kernel_vs_emulation(shape: dict, device: str) -> dict:
     results = {kind: product(kind) for kind in kinds}
     report = {"rows": copies, "max_over_mean_rows": (counts.max() / counts.float().mean()).item(),
               "empty_groups": int((counts == 0).sum())}  # fmt: skip
-    for pair in (("kernel", "emulated"), ("kernel", "exact"), ("emulated", "exact")):
+    # kernel vs torchao: 0 expected, the same kernels in the same order (entrypoints/model/
+    # fp8_experts.py `_Float8GroupedLinears`), the rows' backward copy made in forward.
+    for pair in (("kernel", "torchao"), ("kernel", "emulated"), ("kernel", "exact"), ("emulated", "exact")):
         if pair[0] not in results:
             continue
         ours, reference = results[pair[0]], results[pair[1]]

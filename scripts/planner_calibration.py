@@ -1138,8 +1138,9 @@ model and container, and NeMo and torchtitan none on H100. Its six DGX-H100 rows
 layouts on six containers, PP 2 x EP 8 with 24 or 12 virtual stages and PP 1 x EP 16. One layout
 (PP 2, 12 virtual stages) measured 5,113 tokens/s/GPU in the 26.02 container and 9,058 in
 26.02.01; the 25.11 row (24 virtual stages, micro-batch 2) measured 5,275. The model, which
-prices a layout and not a container, is 12-16% above the 26.02.01 to 26.06 rows and about twice
-the 25.11 and 26.02 ones. Until a measurement of our own MoE layer on a GPU
+prices a layout and not a container, is 15-19% above the 26.02.01 to 26.06 rows and about twice
+the 25.11 and 26.02 ones (12-16% before our FP8 experts stopped casting their rows four times a
+micro-batch: the model prices our program's casts, not TE's). Until a measurement of our own MoE layer on a GPU
 (scripts/gpu_moe_check.py) calibrates the expert GEMMs, the permutations and the all-to-alls,
 MoE predictions are an upper bound. Qwen3-235B-A22B (EP 32 over TP 2 x DP 16: Megatron's EP spans
 TP ranks, ours stays in dp_shard x cp) and GPT-OSS 120B (not in the catalog) are left out.
@@ -1333,14 +1334,18 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   500 W clock is a bound, not a measurement; early CP, async TP), large NeMo and Megatron-Bridge
   TP x PP layouts under-predicted (their faster kernels and overlap). A 10% predicted gap between
   two layouts is within the noise.
-- Three layouts say `oom` for our program. Qwen3-30B-A3B at PP 2, micro-batch 2 (83.1 GiB
-  with the force-balanced routing its config sets, priced as training.moe_force_load_balance):
-  our static state matches Megatron's (fp32 masters and moments of the local experts, bf16
-  weights and gradients); torchao's FP8 grouped GEMMs, which our experts run under
-  precision.fp8_experts, keep the experts' rows and w2's input in bf16 where TE keeps 1-byte FP8
-  copies: 0.17 GiB per layer and micro-batch, and rank 0 holds 49 of them (48 warmup forwards of
-  one-layer chunks), so 8.5 GiB; without it the row would be `risky` at about 74.6 (issue 24:
-  needs a GPU). And the Llama 3 paper's 405B at 8K on 8,192 and 16,384 GPUs (TP 8, PP 16 x 8, 32
+- Two layouts say `oom` for our program. Qwen3-30B-A3B at PP 2, micro-batch 2 said so until
+  our FP8 experts kept what TE keeps: torchao's `_Float8GroupedMM` keeps the experts' rows and
+  w2's input in bf16 for backward where TE keeps 1-byte FP8 copies, 0.17 GiB per layer and
+  micro-batch with rank 0 holding 49 of them (48 warmup forwards of one-layer chunks). The
+  entrypoints now keep the per-group column-wise float8 copies the weights' gradients read,
+  made in forward (entrypoints/model/fp8_experts.py), and the row went from `oom` 83.1 GiB to
+  `risky` 74.1 (with the force-balanced routing its config sets, priced as
+  training.moe_force_load_balance; our static state matches Megatron's: fp32 masters and
+  moments of the local experts, bf16 weights and gradients). The traced grid's FP8-experts
+  config checks the change (14.35 to 13.29 GiB traced); the kernels' path against torchao's
+  own function needs a GPU (scripts/gpu_moe_check.py). The other two are the Llama 3 paper's
+  405B at 8K on 8,192 and 16,384 GPUs (TP 8, PP 16 x 8, 32
   and 16 micro-batches), which the paper says ran without activation checkpointing. The paper's
   split gives V = 8 (its row's note), and our program now runs that split: the first and last
   stages may hold only the embedding and only the output layer (`stage_layer_counts`, checked

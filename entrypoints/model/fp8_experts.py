@@ -2,20 +2,25 @@
 same casts emulated elsewhere.
 
     groups = pad_groups(rows, counts)                          # each expert's rows to a multiple of 16
-    y = fp8_grouped_linear(groups.rows, weight, groups.offsets, emulate=False)
-    out = groups.unpad(y)                                      # back to the unpadded rows
+    gate, up = fp8_expert_linears(groups.rows, (w1, w3), groups.offsets, emulate=False)
+    out = groups.unpad(fp8_grouped_linear(hidden, w2, groups.offsets, emulate=False))
 
-On CUDA the product is `torchao.prototype.moe_training._to_fp8_rowwise_then_scaled_grouped_mm`
-(torchao/prototype/moe_training/fp8_grouped_mm.py, `_Float8GroupedMM`), what torchtitan trains
-MoE layers with under FP8 (torchtitan/components/quantization/float8.py):
+On CUDA the products and casts are those of
+`torchao.prototype.moe_training._to_fp8_rowwise_then_scaled_grouped_mm` (torchao/prototype/
+moe_training/fp8_grouped_mm.py, `_Float8GroupedMM`), what torchtitan trains MoE layers with under
+FP8 (torchtitan/components/quantization/float8.py), called kernel by kernel here:
 - forward: the rows cast to float8 e4m3 with one scale per row, each expert's weight with one
   scale per output column, both scales rounded down to powers of 2; `torch._scaled_grouped_mm`
   with fast accumulation, output in bf16;
 - backward: the incoming gradient cast per row and the weights per input column for the input's
-  gradient; for the weights' gradient the gradient and the saved rows cast per column within
-  each expert's group, so one expert's rows never set another's scale;
-- saved for backward: the bf16 rows and the weight, as a bf16 grouped GEMM saves; the float8
-  copies are made again in backward.
+  gradient; for the weights' gradient the gradient and the rows cast per column within each
+  expert's group, so one expert's rows never set another's scale.
+Two things differ from calling `_Float8GroupedMM` once per weight, neither the numbers: w1 and w3
+share one cast of their common input, and what backward keeps of the input is its per-group
+column-wise float8 copy, made in forward (1 byte per element with fp32 scales per group and
+column), where torchao keeps the bf16 rows and casts them in backward (`_Float8GroupedLinears`).
+Per layer that is P x (h + f) bytes less for backward (Qwen3-30B-A3B: 190 MB per 8K-token
+micro-batch).
 
 torch's FP8 grouped GEMM needs every group's rows to be a multiple of 16 (torchao asserts it;
 torchtitan's FP8_GROUP_ALIGNMENT_SIZE in torchtitan/components/quantization/__init__.py), and
@@ -31,12 +36,14 @@ whose products are zero, so every row of the buffer belongs to a group.
 The emulation (CPU, and any device without the kernel) makes the same float8 casts with torchao's
 own reference functions (`tensor_to_scale`, `to_fp8_saturated`) and multiplies the dequantised
 operands in fp32, per expert: the numerics of the kernel up to its accumulation order, as
-`Float8LinearConfig.emulate` does for the dense layers (entrypoints/fp8.py).
-scripts/gpu_moe_check.py compares the two on an H100/H200.
+`Float8LinearConfig.emulate` does for the dense layers (entrypoints/fp8.py). Both run the same
+autograd function with their own `Float8Kernels`. scripts/gpu_moe_check.py compares the kernels'
+path with the emulation and with torchao's own `_Float8GroupedMM` on an H100/H200.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -98,30 +105,110 @@ class _ScatterRows(torch.autograd.Function):
         return grad[destination], None, None
 
 
-def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, *, emulate: bool) -> torch.Tensor:
-    """Padded rows x [P, K] times weight[e].T ([E, N, K]) per group, in FP8 (the module docstring)."""
-    if emulate:
-        return _EmulatedFloat8GroupedMM.apply(x, weight.transpose(-2, -1), offsets)
-    from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm
+class Float8Kernels(NamedTuple):
+    """The casts and the product an FP8 grouped GEMM is made of, with torchao 0.18's shapes,
+    layouts and scales (torchao/prototype/moe_training/kernels/, scales = 448 / amax rounded down
+    to a power of 2, so dividing by one is exact): its Triton kernels and `torch._scaled_grouped_mm`
+    on CUDA (`torchao_kernels`), the same casts with products in fp32 elsewhere (`EMULATED`)."""
 
-    # weight [E, N, K] contiguous: its transpose [E, K, N] is column-major per group, as the
-    # kernel's right operand must be. torch's _scaled_grouped_mm writes bf16; an fp32 job gets
-    # its dtype back.
-    out = _to_fp8_rowwise_then_scaled_grouped_mm(
-        x, weight.transpose(-2, -1), offsets, out_dtype=torch.bfloat16, pad_token_groups_for_grouped_mm=False
+    rows: Callable
+    """[M, K] -> (float8 [M, K] row-major, [M, 1] scales): one scale per row."""
+    weight_columns: Callable
+    """B_t [E, K, N] -> (float8 [E, K, N] column-major, [E, 1, N]): one per expert and output column."""
+    weight_rows: Callable
+    """B_t [E, K, N] -> (float8 B [E, N, K] column-major, [E, K]): one per expert and input column."""
+    group_columns: Callable
+    """([M, K], group ends [E]) -> (float8 [M, K] column-major, [E x K]): one per group and column."""
+    grouped_mm: Callable
+    """(a, b, 1 / a's scales, 1 / b's scales, group ends, out_dtype): per group, a [M, K] times
+    b [E, K, N] -> [M, N]; or a [N, M] times b [M, K], the groups along M -> [E, N, K]."""
+
+
+def torchao_kernels() -> Float8Kernels:
+    """torchao 0.18's Triton casts, as `_Float8GroupedMM` calls them, and torch's FP8 grouped GEMM."""
+    from torchao.prototype.moe_training.kernels import (
+        triton_fp8_colwise_3d_scale_and_cast,
+        triton_fp8_per_group_colwise_scales,
+        triton_fp8_rowwise_2d_scale_and_cast,
+        triton_fp8_rowwise_3d_transpose_rhs,
     )
-    return out.to(x.dtype)
+
+    options = {"output_dtype": FLOAT8, "round_scales_to_power_of_2": True}
+    return Float8Kernels(
+        rows=lambda t: triton_fp8_rowwise_2d_scale_and_cast(t, **options),
+        weight_columns=lambda t: triton_fp8_colwise_3d_scale_and_cast(t, **options),
+        weight_rows=lambda t: triton_fp8_rowwise_3d_transpose_rhs(t, **options),
+        group_columns=lambda t, ends: triton_fp8_per_group_colwise_scales(t, ends, **options),
+        grouped_mm=lambda a, b, a_inv, b_inv, ends, out_dtype: torch._scaled_grouped_mm(
+            a, b, a_inv, b_inv, ends, out_dtype=out_dtype, use_fast_accum=True
+        ),
+    )
 
 
-def _cast(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """t cast to float8 with one power-of-2 scale per slice along `dim`, then dequantised (fp32)."""
+def _scaled(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8 t, its fp32 scales along `dim`): torchao's reference cast (torchao/float8/)."""
     from torchao.float8.config import ScalingGranularity
     from torchao.float8.float8_utils import tensor_to_scale, to_fp8_saturated
 
     scale = tensor_to_scale(
         t, FLOAT8, scaling_granularity=ScalingGranularity.AXISWISE, axiswise_dim=dim, round_scales_to_power_of_2=True
     )
-    return to_fp8_saturated(t.float() * scale, FLOAT8).float() / scale
+    return to_fp8_saturated(t.float() * scale, FLOAT8), scale
+
+
+def _emulated_weight_rows(b_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    data, scale = _scaled(b_t, -1)
+    return data.transpose(-2, -1), scale.squeeze(-1)
+
+
+def _emulated_group_columns(t: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    data = torch.empty(t.shape, dtype=FLOAT8, device=t.device)
+    scales = torch.ones(ends.numel(), t.shape[1], device=t.device)
+    for e, lo, hi in _groups(ends):
+        data[lo:hi], scales[e] = _scaled(t[lo:hi], 0)
+    return data, scales.flatten()
+
+
+def _emulated_grouped_mm(a, b, a_inv, b_inv, ends, out_dtype) -> torch.Tensor:
+    """torch._scaled_grouped_mm's product on the dequantised operands in fp32, group by group."""
+    groups = _groups(ends)
+    if b.dim() == 3:  # [M, K] x [E, K, N]: the groups split a's rows
+        out = a.new_zeros((a.shape[0], b.shape[-1]), dtype=out_dtype)
+        for e, lo, hi in groups:
+            out[lo:hi] = ((a[lo:hi].float() * a_inv[lo:hi, None]) @ (b[e].float() * b_inv[e])).to(out_dtype)
+        return out
+    n, k = a.shape[0], b.shape[1]  # [N, M] x [M, K]: the groups split the shared M
+    out = a.new_zeros((ends.numel(), n, k), dtype=out_dtype)
+    for e, lo, hi in groups:
+        left = a[:, lo:hi].float() * a_inv[e * n : (e + 1) * n, None]
+        out[e] = (left @ (b[lo:hi].float() * b_inv[e * k : (e + 1) * k])).to(out_dtype)
+    return out
+
+
+EMULATED = Float8Kernels(
+    rows=lambda t: _scaled(t, -1),
+    weight_columns=lambda t: _scaled(t, -2),
+    weight_rows=_emulated_weight_rows,
+    group_columns=_emulated_group_columns,
+    grouped_mm=_emulated_grouped_mm,
+)
+
+
+def kernels_for(emulate: bool) -> Float8Kernels:
+    return EMULATED if emulate else torchao_kernels()
+
+
+def fp8_expert_linears(x: torch.Tensor, weights: tuple, offsets: torch.Tensor, *, emulate: bool) -> tuple:
+    """Padded rows x [P, K] times each weight[e].T ([E, N, K]) per group, in FP8: one output per
+    weight, the rows cast once for all (the module docstring)."""
+    out_dtype = x.dtype if emulate else torch.bfloat16  # torch's kernel writes bf16
+    return _Float8GroupedLinears.apply(kernels_for(emulate), out_dtype, x, offsets, *weights)
+
+
+def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, *, emulate: bool) -> torch.Tensor:
+    """Padded rows x [P, K] times weight[e].T ([E, N, K]) per group, in FP8 (the module docstring)."""
+    (out,) = fp8_expert_linears(x, (weight,), offsets, emulate=emulate)
+    return out
 
 
 def _groups(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -130,26 +217,52 @@ def _groups(offsets: torch.Tensor) -> list[tuple[int, int, int]]:
     return [(e, bounds[e], bounds[e + 1]) for e in range(len(bounds) - 1) if bounds[e + 1] > bounds[e]]
 
 
-class _EmulatedFloat8GroupedMM(torch.autograd.Function):
-    """torchao's `_Float8GroupedMM` with each FP8 product done on the dequantised operands in fp32."""
+class _Float8GroupedLinears(torch.autograd.Function):
+    """torchao 0.18's `_Float8GroupedMM` (torchao/prototype/moe_training/fp8_grouped_mm.py), for
+    one or more weights sharing their input, keeping the input's float8 copy for backward in place
+    of the rows themselves. The weights' gradient multiplies the rows scaled per column within each
+    group; that copy depends on the rows alone, so it is made in forward and saved (P x K bytes
+    with E x K fp32 scales, where torchao keeps the bf16 rows, 2 P x K) and backward reads the same
+    values torchao would make from the rows. Transformer Engine keeps its FP8 linears' inputs the
+    same way, as the column-wise float8 copy. Every product and cast is torchao's, in its order,
+    so outputs and gradients are those of one `_Float8GroupedMM` per weight."""
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b_t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(a, b_t, offsets)
-        a_q, b_q = _cast(a, -1), _cast(b_t, -2)  # per row of a; per (expert, output column) of b
-        out = a.new_zeros(a.shape[0], b_t.shape[-1])
-        for e, lo, hi in _groups(offsets):
-            out[lo:hi] = (a_q[lo:hi] @ b_q[e]).to(a.dtype)
-        return out
+    def forward(ctx, kernels: Float8Kernels, out_dtype, x: torch.Tensor, offsets: torch.Tensor, *weights):
+        rows, row_scales = kernels.rows(x)
+        inverse = row_scales.squeeze(-1).reciprocal()
+        outputs = []
+        for weight in weights:
+            data, scales = kernels.weight_columns(weight.transpose(-2, -1))
+            product = kernels.grouped_mm(rows, data, inverse, scales.squeeze(1).reciprocal(), offsets, out_dtype)
+            outputs.append(product.to(x.dtype))
+            del data, scales, product
+        del rows, row_scales, inverse
+        columns, column_scales = kernels.group_columns(x, offsets)
+        ctx.save_for_backward(columns, column_scales, offsets, *weights)
+        ctx.kernels, ctx.out_dtype, ctx.input_dtype = kernels, out_dtype, x.dtype
+        return tuple(outputs)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        a, b_t, offsets = ctx.saved_tensors
-        grad_q, b_rows = _cast(grad, -1), _cast(b_t, -1)  # per row of grad; per (expert, input row) of b
-        grad_a = torch.zeros_like(a)
-        grad_b_t = torch.zeros_like(b_t)
-        for e, lo, hi in _groups(offsets):
-            grad_a[lo:hi] = (grad_q[lo:hi] @ b_rows[e].T).to(a.dtype)
-            # The weight's gradient: both operands scaled per column within this expert's rows.
-            grad_b_t[e] = (_cast(a[lo:hi], 0).T @ _cast(grad[lo:hi], 0)).to(b_t.dtype)
-        return grad_a, grad_b_t, None
+    def backward(ctx, *grads):
+        columns, column_scales, offsets, *weights = ctx.saved_tensors
+        kernels, out_dtype = ctx.kernels, ctx.out_dtype
+        grad_x, grad_weights = None, [None] * len(weights)
+        # The last weight first, as autograd runs separate products (the last made first).
+        for i in reversed(range(len(weights))):
+            grad, weight = grads[i], weights[i]
+            rows, row_scales = kernels.rows(grad)
+            data, scales = kernels.weight_rows(weight.transpose(-2, -1))
+            part = kernels.grouped_mm(
+                rows, data, row_scales.squeeze(-1).reciprocal(), scales.squeeze(1).reciprocal(), offsets, out_dtype
+            ).to(ctx.input_dtype)
+            del rows, row_scales, data, scales
+            grad_x = part if grad_x is None else grad_x.add_(part)
+            del part
+            grad_columns, grad_scales = kernels.group_columns(grad, offsets)
+            grad_weight = kernels.grouped_mm(
+                grad_columns.t(), columns, grad_scales.reciprocal(), column_scales.reciprocal(), offsets, out_dtype
+            )
+            grad_weights[i] = grad_weight.to(weight.dtype)
+            del grad_columns, grad_scales, grad_weight
+        return None, None, grad_x, None, *grad_weights

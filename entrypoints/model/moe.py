@@ -160,16 +160,18 @@ class GroupedExperts(nn.Module):
         return grouped_linear(weighted_swiglu(gate, up, scale), w2, counts)
 
     def _fp8_forward(self, x, counts, scale, w1, w2, w3) -> torch.Tensor:
-        # One padded copy of the rows feeds w1 and w3; the padding rows stay zero through the
-        # SwiGLU (silu(0) x 0, whatever their scale) and w2, and only the real rows come back.
+        # One padded copy of the rows feeds w1 and w3, cast to float8 once for both; backward
+        # keeps only its float8 copy (model/fp8_experts.py). The padding rows stay zero through
+        # the SwiGLU (silu(0) x 0, whatever their scale) and w2, and only the real rows come back.
         groups = fp8_experts.pad_groups(x, counts)
-        del x  # the padded copy is what backward keeps
-
-        def linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-            return fp8_experts.fp8_grouped_linear(rows, weight, groups.offsets, emulate=self.fp8_emulate)
-
-        hidden = weighted_swiglu(linear(groups.rows, w1), linear(groups.rows, w3), groups.pad(scale))
-        return groups.unpad(linear(hidden, w2))
+        del x
+        row_scale = groups.pad(scale)
+        gate, up = fp8_experts.fp8_expert_linears(groups.rows, (w1, w3), groups.offsets, emulate=self.fp8_emulate)
+        groups = groups._replace(rows=None)  # released before w2's forward
+        hidden = weighted_swiglu(gate, up, row_scale)
+        del gate, up
+        out = fp8_experts.fp8_grouped_linear(hidden, w2, groups.offsets, emulate=self.fp8_emulate)
+        return groups.unpad(out)
 
 
 class _ScaleGrad(torch.autograd.Function):

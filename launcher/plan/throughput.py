@@ -915,9 +915,10 @@ def fp8_cast_time(step: _Step) -> float:
 def _expert_cast_elements(step: _Step) -> float:
     """The FP8 experts' casts per layer, as the forward's share (the caller's convention), in
     torchao's fused Triton cast kernels, compiled or not (torchao/prototype/moe_training/
-    fp8_grouped_mm.py). Forward: the P padded rows for w1 and for w3 (h each), w2's (f), and the
-    local experts' three weights; backward: the gradients per row and per group column (2 x (h +
-    2f)), the rows per group column (2h + f) and the weights transposed. Half their sum."""
+    kernels/, called by entrypoints/model/fp8_experts.py). Forward: the P padded rows per row for
+    w1 and w3 together and per group column for backward (h each), w2's input the same two ways
+    (f each), and the local experts' three weights; backward: the gradients per row and per group
+    column (2 x (h + 2f)) and the weights transposed. Half their sum."""
     if not step.fp8_experts:
         return 0.0
     moe, h = step.moe, step.h
@@ -925,8 +926,8 @@ def _expert_cast_elements(step: _Step) -> float:
     weights = moe.num_experts // step.ep * 3 * h * f
     if step.w.fp8_weights_cached:  # TE's GroupedLinear takes is_first_microbatch too (fp8_cast_time)
         weights /= step.w.grad_accum_steps
-    forward = step.expert_rows * (2 * h + f) + weights
-    backward = step.expert_rows * (2 * (h + 2 * f) + 2 * h + f) + weights
+    forward = step.expert_rows * 2 * (h + f) + weights
+    backward = step.expert_rows * 2 * (h + 2 * f) + weights
     return (forward + backward) / 2
 
 

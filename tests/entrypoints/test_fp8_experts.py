@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from entrypoints.fp8 import Fp8Settings, convert_to_float8
-from entrypoints.model.fp8_experts import fp8_grouped_linear, pad_groups
+from entrypoints.model.fp8_experts import fp8_expert_linears, fp8_grouped_linear, pad_groups
 from entrypoints.model.moe import MoE
 from launcher.contract.config import MoeConfig
 from launcher.contract.fp8 import fp8_experts, padded_group_rows
@@ -109,6 +109,44 @@ def test_the_emulation_casts_per_row_per_column_and_per_group_as_torchao():
         torch.testing.assert_close(weight.grad[e], wgrad.T, rtol=0, atol=1e-4)
     # FP8 rounding really happened: the product is not the fp32 one.
     assert not torch.allclose(out[:16], x.detach()[:16] @ w_t[0], rtol=1e-3, atol=0)
+
+
+def test_weights_sharing_their_input_give_the_products_and_gradients_of_separate_gemms():
+    """w1 and w3 run as one function that casts their input once: outputs and gradients are
+    bitwise those of one grouped GEMM per weight, the input's gradient summed as autograd sums."""
+    torch.manual_seed(3)
+    counts = torch.tensor([7, 0, 30, 16])
+    rows = torch.randn(int(counts.sum()), 32)
+    weights = [torch.randn(4, 48, 32) for _ in range(2)]
+    groups = pad_groups(rows, counts)
+    grads = [torch.randn(groups.rows.shape[0], 48) for _ in range(2)]
+    results = []
+    for together in (True, False):
+        x = groups.rows.detach().clone().requires_grad_()
+        leaves = [w.clone().requires_grad_() for w in weights]
+        if together:
+            outs = fp8_expert_linears(x, tuple(leaves), groups.offsets, emulate=True)
+        else:
+            outs = [fp8_grouped_linear(x, w, groups.offsets, emulate=True) for w in leaves]
+        torch.autograd.backward(outs, grads)
+        results.append([*outs, x.grad, *(w.grad for w in leaves)])
+    for together, apart in zip(*results, strict=True):
+        assert torch.equal(together, apart)
+
+
+def test_backward_keeps_the_experts_inputs_as_float8_copies():
+    """What an FP8 expert layer saves for backward: its rows and w2's input only as 1-byte copies
+    (with fp32 scales per expert and column), besides the SwiGLU's gate and up."""
+    _, layer = moe_pair()
+    x = torch.randn(2, 40, 64)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layer(x).sum().backward()
+    padded = padded_group_rows(2 * 40 * 2, 8)  # tokens x top-k copies, padded per expert
+    float8 = {tuple(t.shape) for t in saved if t.dtype == torch.float8_e4m3fn}
+    assert float8 == {(padded, 64), (padded, 32)}
+    wide = [t for t in saved if t.is_floating_point() and t.dtype != torch.float8_e4m3fn and t.shape[0] == padded]
+    assert sorted(tuple(t.shape) for t in wide if t.dim() == 2) == [(padded, 32), (padded, 32)]  # gate, up
 
 
 def moe_pair(**moe) -> tuple[MoE, MoE]:

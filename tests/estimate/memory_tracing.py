@@ -293,46 +293,35 @@ def _cuda_grouped_linear(x, weight, counts):
     return _GroupedMM.apply(x, weight)
 
 
-class _Float8GroupedMM(torch.autograd.Function):
-    """torchao 0.18's `_Float8GroupedMM` on CUDA (entrypoints/model/fp8_experts.py, its Triton
-    casts and `torch._scaled_grouped_mm`; torchao/prototype/moe_training/fp8_grouped_mm.py):
-    forward casts the rows [P, K] and the weights [E, K, N] to float8 with fp32 scales per row
-    and per column, saves the bf16 rows and weights, and returns [P, N]; backward casts the
-    gradient per row and the weights transposed for the input's gradient, then the gradient and
-    the saved rows per column within each group for the weights', each float8 copy alive until
-    it returns. The CPU emulation casts through fp32 copies instead."""
+def _allocating_float8_kernels(emulate: bool):
+    """torchao 0.18's FP8 grouped-GEMM kernels as they allocate on CUDA (entrypoints/model/
+    fp8_experts.py `torchao_kernels`): each Triton cast makes its float8 copy and fp32 scales and
+    nothing else, and `torch._scaled_grouped_mm` its output (the shapes of their registered fakes,
+    torchao/prototype/moe_training/kernels/). The CPU emulation casts through fp32 copies instead."""
+    from entrypoints.model.fp8_experts import Float8Kernels
 
-    @staticmethod
-    def forward(ctx, x, weight, offsets):
-        ctx.save_for_backward(x, weight, offsets)
-        experts, n, k = weight.shape
-        float8 = torch.float8_e4m3fn
-        casts = (x.new_empty(x.shape, dtype=float8), x.new_empty((x.shape[0], 1), dtype=torch.float32))
-        casts += (
-            weight.new_empty((experts, k, n), dtype=float8),
-            weight.new_empty((experts, 1, n), dtype=torch.float32),
-        )
-        out = x.new_empty((x.shape[0], n))
-        del casts
-        return out
+    float8, fp32 = torch.float8_e4m3fn, torch.float32
 
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight, _ = ctx.saved_tensors
-        experts, n, k = weight.shape
-        rows, float8, fp32 = x.shape[0], torch.float8_e4m3fn, torch.float32
-        for_input = (grad.new_empty((rows, n), dtype=float8), grad.new_empty((rows, 1), dtype=fp32))
-        for_input += (weight.new_empty((experts, n, k), dtype=float8), weight.new_empty((experts, 1, k), dtype=fp32))
-        grad_x = torch.empty_like(x)
-        for_weight = (grad.new_empty((rows, n), dtype=float8), grad.new_empty((experts, n), dtype=fp32))
-        for_weight += (x.new_empty((rows, k), dtype=float8), x.new_empty((experts, k), dtype=fp32))
-        grad_weight = torch.empty_like(weight)
-        del for_input, for_weight
-        return grad_x, grad_weight, None
+    def rows(t):
+        return t.new_empty(t.shape, dtype=float8), t.new_empty((t.shape[0], 1), dtype=fp32)
 
+    def weight_columns(b_t):
+        e, _, n = b_t.shape
+        return b_t.new_empty(b_t.shape, dtype=float8), b_t.new_empty((e, 1, n), dtype=fp32)
 
-def _cuda_fp8_grouped_linear(x, weight, offsets, *, emulate):
-    return _Float8GroupedMM.apply(x, weight, offsets)
+    def weight_rows(b_t):
+        e, k, n = b_t.shape
+        return b_t.new_empty((e, n, k), dtype=float8), b_t.new_empty((e, k), dtype=fp32)
+
+    def group_columns(t, ends):
+        return t.new_empty(t.shape, dtype=float8), t.new_empty((ends.numel() * t.shape[1],), dtype=fp32)
+
+    def grouped_mm(a, b, a_inv, b_inv, ends, out_dtype):
+        if b.dim() == 3:
+            return a.new_empty((a.shape[0], b.shape[-1]), dtype=out_dtype)
+        return a.new_empty((ends.numel(), a.shape[0], b.shape[1]), dtype=out_dtype)
+
+    return Float8Kernels(rows, weight_columns, weight_rows, group_columns, grouped_mm)
 
 
 def _bounded_exchange(counts, group):
@@ -367,13 +356,13 @@ class cuda_kernels:
         from entrypoints.model import dispatch, fp8_experts, moe
 
         self._saved = (F.rms_norm, F.scaled_dot_product_attention, torch.optim.AdamW.__init__, bias.causal_lower_right)
-        self._moe = (moe.grouped_linear, fp8_experts.fp8_grouped_linear, dispatch.exchange_counts)
+        self._moe = (moe.grouped_linear, fp8_experts.kernels_for, dispatch.exchange_counts)
         F.rms_norm = _cuda_rms_norm
         F.scaled_dot_product_attention = _sdpa_without_materialised_causal_mask(F.scaled_dot_product_attention)
         torch.optim.AdamW.__init__ = _fused_adamw(torch.optim.AdamW.__init__)
         self._rebind(bias.causal_lower_right, _LowerRightCausal)
         moe.grouped_linear = _cuda_grouped_linear
-        fp8_experts.fp8_grouped_linear = _cuda_fp8_grouped_linear
+        fp8_experts.kernels_for = _allocating_float8_kernels
         dispatch.exchange_counts = _bounded_exchange
         return self
 
@@ -383,7 +372,7 @@ class cuda_kernels:
         from entrypoints.model import dispatch, fp8_experts, moe
 
         F.rms_norm, F.scaled_dot_product_attention, torch.optim.AdamW.__init__, lower_right = self._saved
-        moe.grouped_linear, fp8_experts.fp8_grouped_linear, dispatch.exchange_counts = self._moe
+        moe.grouped_linear, fp8_experts.kernels_for, dispatch.exchange_counts = self._moe
         self._rebind(_LowerRightCausal, lower_right)
 
     @staticmethod

@@ -505,6 +505,11 @@ CONFIGS: list[TracedConfig] = [
     # The last rank peaks in its loss backward once both its stages hold gradients (4.0% under
     # the trace before that moment was counted).
     pipelined_moe("8 micro-batches (4 layers, no aux loss), last rank", stage=1),
+    # FP8 experts under interleaved 1F1B, which Megatron-Bridge's Qwen3-30B-A3B rows run: every
+    # chunk in flight keeps the experts' rows and w2's input as float8 copies (fp8_experts.py).
+    pipelined_moe(
+        "FP8 experts, 8 micro-batches (4 layers, no aux loss), first rank", precision={"fp8": True, "fp8_experts": True}
+    ),
     # Round-robin routing: each EP rank receives exactly the balanced share.
     pipelined_moe(
         "round-robin routing, 8 micro-batches (4 layers, no aux loss), first rank",
