@@ -1334,40 +1334,33 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   500 W clock is a bound, not a measurement; early CP, async TP), large NeMo and Megatron-Bridge
   TP x PP layouts under-predicted (their faster kernels and overlap). A 10% predicted gap between
   two layouts is within the noise.
-- Two layouts say `oom` for our program. Qwen3-30B-A3B at PP 2, micro-batch 2 said so until
-  our FP8 experts kept what TE keeps: torchao's `_Float8GroupedMM` keeps the experts' rows and
-  w2's input in bf16 for backward where TE keeps 1-byte FP8 copies, 0.17 GiB per layer and
-  micro-batch with rank 0 holding 49 of them (48 warmup forwards of one-layer chunks). The
-  entrypoints now keep the per-group column-wise float8 copies the weights' gradients read,
-  made in forward (entrypoints/model/fp8_experts.py), and the row went from `oom` 83.1 GiB to
-  `risky` 74.1 (with the force-balanced routing its config sets, priced as
-  training.moe_force_load_balance; our static state matches Megatron's: fp32 masters and
-  moments of the local experts, bf16 weights and gradients). The traced grid's FP8-experts
-  config checks the change (14.35 to 13.29 GiB traced); the kernels' path against torchao's
-  own function needs a GPU (scripts/gpu_moe_check.py). The other two are the Llama 3 paper's
-  405B at 8K on 8,192 and 16,384 GPUs (TP 8, PP 16 x 8, 32
-  and 16 micro-batches), which the paper says ran without activation checkpointing. The paper's
-  split gives V = 8 (its row's note), and our program now runs that split: the first and last
-  stages may hold only the embedding and only the output layer (`stage_layer_counts`, checked
-  against a single process in tests/entrypoints/test_multiprocess.py), and a sent chunk output is
-  let go (_release_sent_outputs in entrypoints/parallel/pipeline.py, as Megatron-Core's
-  deallocate_output_tensor and the paper's "deallocate ... the input and output tensors of each
-  pipeline stage"). Term by term at rank 1 on 8,192 GPUs, 87.5 GiB: 141 layer-forwards in flight
-  ((v - 1) x p + 2(p - 1 - r) + 1 one-layer chunks, the same count in Megatron-Core's
-  interleaved schedule with N = p) of 0.50 GiB each, the set Megatron-Core keeps per layer too
-  (norm inputs and outputs, q/k/v, the attention output, w1 x and w3 x and their product), 69.7
-  GiB with the block in backward down to what its attention's norm reads; the rank's blocks kept
-  gathered and that block's weight gradients, 6.6; the block's backward working set where its
-  attention input's gradients are summed, 1.1; NCCL, CUDA context and the allocator's slack, 9.4.
-  On 16,384 GPUs (16 micro-batches: all 128 forwards before the first backward) it is 80.1 GiB,
-  just over: it was `risky` at 79.4 until that moment of a block's backward was priced (traced at
-  TP 8, docs/estimator.md). The 128K row with CP 16 `fits`. Fujii et al.'s published accounting
-  of Megatron-LM (the estimator's `--mode megatron`, 454 runs) puts the 8,192-GPU layout at 102.6
-  GiB, its activations alone at 84.3. The paper's tunable N (its Figure 6: micro-batches run back
-  to back on one chunk) lowers the count only below N = p, where each chunk waits on the
-  pipeline's round trip; the paper tunes N from there toward breadth-first, which keeps more in
-  flight. What the paper's program did to keep 8K within 80 GB beyond this is not published; with
-  selective recomputation our program fits both.
+- No layout that ran says `oom` for our program now; three did, and each closed by holding less
+  in the entrypoints, not by pricing less:
+  - Qwen3-30B-A3B at PP 2, micro-batch 2: torchao's `_Float8GroupedMM` keeps the experts' rows
+    and w2's input in bf16 for backward where TE keeps 1-byte FP8 copies, 0.17 GiB per layer and
+    micro-batch with rank 0 holding 49 of them (48 warmup forwards of one-layer chunks). The
+    entrypoints now keep the per-group column-wise float8 copies the weights' gradients read,
+    made in forward (entrypoints/model/fp8_experts.py): `oom` 83.1 GiB to `risky` 74.1 (with
+    the force-balanced routing its config sets, priced as training.moe_force_load_balance; our
+    static state matches Megatron's: fp32 masters and moments of the local experts, bf16
+    weights and gradients). The traced grid's FP8-experts config checks it (14.35 to 13.29 GiB
+    traced); the kernels' path against torchao's own function needs a GPU
+    (scripts/gpu_moe_check.py).
+  - The Llama 3 paper's 405B at 8K on 8,192 and 16,384 GPUs (TP 8, PP 16 x 8, 32 and 16
+    micro-batches), which the paper says ran without activation checkpointing. The paper's
+    split gives V = 8 (its row's note), which our program runs (`stage_layer_counts`), letting
+    a sent chunk output go (_release_sent_outputs in entrypoints/parallel/pipeline.py, as
+    Megatron-Core's deallocate_output_tensor). Rank 1 on 8,192 GPUs holds 141 one-layer
+    forwards ((v - 1) x p + 2(p - 1 - r) + 1 chunks, the count Megatron-Core's interleaved
+    schedule keeps with N = p). Each kept the set Megatron-Core keeps per layer (norm inputs
+    and outputs, q/k/v, the attention output, w1 x, w3 x and their product, w2's input): 0.50
+    GiB, 87.5 GiB in all (80.1 on 16,384 GPUs). Our dense blocks now keep no copy of the
+    product: backward makes it again from w1 x and w3 x, an elementwise pass
+    (entrypoints/model/swiglu.py `product_recomputed`, bitwise the same gradients; priced in
+    `product_recompute_time`), which leaves 0.40 GiB per layer-forward: `risky` 72.4 and 66.5
+    GiB. Fujii et al.'s accounting of Megatron-LM (the estimator's `--mode megatron`, 454 runs)
+    puts the 8,192-GPU layout at 102.6 GiB, its activations alone at 84.3; what the paper's own
+    program did to fit is not published.
 
 - Kernel rates come from one H200 with torch 2.11 and short runs; the sustained-clock correction
   comes from one GEMM held for a minute. H100 rates are taken to equal H200 ones except for memory

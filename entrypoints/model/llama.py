@@ -39,7 +39,7 @@ from entrypoints.model.documents import DocumentMask, document_positions
 from entrypoints.model.loss import linear_cross_entropy
 from entrypoints.model.moe import MoE, router_losses
 from entrypoints.model.sdpa import causal_attention
-from entrypoints.model.swiglu import swiglu
+from entrypoints.model.swiglu import product_recomputed, swiglu
 from launcher.contract.config import ModelConfig, RopeScaling
 
 
@@ -134,16 +134,24 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x), the gating saving its inputs only (swiglu.py)."""
+    """SwiGLU: w2(silu(w1 x) * w3 x), the gating saving its inputs only and w2 no copy of the
+    product, which backward makes again from them (swiglu.py)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w1 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
         self.w2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
         self.w3 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
+        self.recompute_product = True
+        """False in checkpointed and compiled blocks (parallel/parallelize.py): w2 keeps the product."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(swiglu(self.w1(x), self.w3(x)))
+        gate, up = self.w1(x), self.w3(x)
+        product = swiglu(gate, up)
+        if not self.recompute_product:
+            return self.w2(product)
+        with product_recomputed(product, gate, up):
+            return self.w2(product)
 
 
 class TransformerBlock(nn.Module):

@@ -1,6 +1,8 @@
 """SwiGLU's gating, silu(gate) * up, keeping only its two inputs for backward.
 
     hidden = swiglu(self.w1(x), self.w3(x))        # then w2(hidden)
+    with product_recomputed(hidden, gate, up):     # w2 keeps no copy of hidden either
+        out = self.w2(hidden)
 
 Written out, `F.silu(gate) * up` makes autograd keep three tensors of the MLP's width per token:
 silu's input (gate), and both factors of the product (silu(gate) and up); w2 then keeps the
@@ -10,6 +12,16 @@ projection's output and recomputes the activation): one T x f/t tensor less per 
 elementwise recomputation. The backward is autograd's own arithmetic, op for op (the product's
 gradients, then `aten.silu_backward`), so gradients are bitwise those of the written-out form.
 
+w2 then saves the product as its input, for its weight's gradient: one T x f/t tensor more per
+layer, a fifth of a Llama block's saved set. `product_recomputed` drops it: saved-tensor hooks
+around w2's call replace whatever w2 saves in the product's storage (the tensor, a view, the
+DTensor tensor parallelism wraps around it, or torchao's Float8Linear's high-precision input) by
+a token, and backward makes the product again from the gate and up this SwiGLU keeps anyway, the
+same elementwise ops on the same values, so bitwise the same. A float8 copy of the product
+(Float8RowwiseParallel's input) is another storage and stays saved. Not for a checkpointed
+block (the checkpoint's own hooks must stay innermost, and it recomputes the product anyway) nor a
+compiled one (the hooks would run inside the compiled graph): parallel/parallelize.py.
+
 `weighted_swiglu` also multiplies each row by a scale (a mixture of experts' router weight) and
 gives the scale its gradient, the dot product of the incoming gradient with the recomputed
 unscaled product.
@@ -17,8 +29,12 @@ unscaled product.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from entrypoints.model.saved_views import Layer, View, rewrap_view, storage_id, unwrap, view_of
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -68,3 +84,34 @@ def weighted_swiglu(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor) -
     combine need not keep the experts' outputs for the weights' gradient (entrypoints/model/moe.py).
     Saves gate, up and the scale only."""
     return _WeightedSwiGLU.apply(gate, up, scale)
+
+
+@dataclass(frozen=True)
+class _Product:
+    """A saved view of the SwiGLU's product, dropped until backward: the two tensors it is made of."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    layers: tuple[Layer, ...]
+    view: View
+
+
+def product_recomputed(product: torch.Tensor, gate: torch.Tensor, up: torch.Tensor):
+    """Saved-tensor hooks for the call that consumes `product` = swiglu(gate, up) (the module
+    docstring): its saved views of the product are made again in backward, not kept."""
+    storage = storage_id(product)
+
+    def pack(tensor):
+        layers, plain = unwrap(tensor)
+        if plain is None or storage_id(plain) != storage:
+            return tensor
+        return _Product(gate, up, layers, view_of(plain))
+
+    def unpack(packed):
+        if not isinstance(packed, _Product):
+            return packed
+        with torch.no_grad():
+            again = F.silu(packed.gate) * packed.up
+        return rewrap_view(packed.layers, packed.view, again)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)

@@ -18,7 +18,18 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 
 def apply_activation_checkpointing(model, chosen: Set[int]) -> None:
-    """Wrap the blocks of `model` (a whole model or one pipeline stage) whose layer id is chosen."""
+    """Wrap the blocks of `model` (a whole model or one pipeline stage) whose layer id is chosen.
+    They keep their SwiGLU product (`keep_product`)."""
     for key in list(model.layers):
         if int(key) in chosen:
+            keep_product(model.layers[key])
             model.layers[key] = checkpoint_wrapper(model.layers[key], preserve_rng_state=False)
+
+
+def keep_product(block) -> None:
+    """Let a dense block's w2 keep the SwiGLU product instead of making it again in backward
+    (model/swiglu.py `product_recomputed`): under a checkpoint, whose own saved-tensor hooks must
+    stay the innermost and whose recomputation makes the product anyway, or inside a compiled
+    graph."""
+    if hasattr(block.feed_forward, "recompute_product"):
+        block.feed_forward.recompute_product = False

@@ -16,7 +16,7 @@ import torch
 from entrypoints.fp8 import Fp8Settings, convert_to_float8
 from entrypoints.model.llama import Transformer, build_model
 from entrypoints.model.moe import force_load_balance
-from entrypoints.parallel.activation import apply_activation_checkpointing
+from entrypoints.parallel.activation import apply_activation_checkpointing, keep_product
 from entrypoints.parallel.context import apply_context_parallel
 from entrypoints.parallel.expert import apply_expert_parallel, apply_routing_group, build_expert_mesh, expert_fsdp_mesh
 from entrypoints.parallel.fsdp import apply_fsdp
@@ -94,8 +94,10 @@ def compile_blocks(model: Transformer, regathering: set[int]) -> None:
     inputs (parallel/regather.py) only the attention's and the MLP's forward: their input
     preparation and saved-tensor hooks must run eagerly around the compiled graphs, whose saves
     they then see (compiling them into the block gave wrong gradients on torch 2.13; eager
-    hooks around compiled forwards matched the eager run, gloo, TP 2)."""
+    hooks around compiled forwards matched the eager run, gloo, TP 2). A compiled block keeps its
+    SwiGLU product (model/swiglu.py): its hooks would run inside the graph."""
     for key, block in model.layers.items():
+        keep_product(block)
         if int(key) in regathering:
             for module in (block.attention, block.feed_forward):
                 module.forward = torch.compile(module.forward)

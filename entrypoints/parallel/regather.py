@@ -25,15 +25,12 @@ gathers anew anyway, and the checkpoint's own saved-tensor hooks must stay the i
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-FLOAT8_MODULE = "torchao.float8.float8_training_tensor"
+from entrypoints.model.saved_views import Layer, View, rewrap_view, storage_id, unwrap, view_of
 
 
 @functools.cache
@@ -78,8 +75,8 @@ class _Gather:
 
     def __init__(self, shard: DTensor, gathered_plain: torch.Tensor):
         self.shard = shard
-        self.storage = _storage_id(gathered_plain)
-        self.shape = (tuple(gathered_plain.shape), gathered_plain.stride(), gathered_plain.storage_offset())
+        self.storage = storage_id(gathered_plain)
+        self.shape = view_of(gathered_plain)
         self._again: DTensor | None = None
 
     def again(self) -> DTensor:
@@ -87,27 +84,17 @@ class _Gather:
         if self._again is None:
             with torch.no_grad():
                 self._again = self.shard.redistribute(placements=[Replicate()] * len(self.shard.placements))
-            plain = _plain(self._again)
-            found = (tuple(plain.shape), plain.stride(), plain.storage_offset())
+            found = view_of(_plain(self._again))
             if found != self.shape:
                 raise RuntimeError(f"parallel.tp_saved_inputs shard: the regathered input is {found}, not {self.shape}")
         return self._again
 
 
 @dataclass(frozen=True)
-class _Layer:
-    """What wraps the plain tensor at one level of a saved tensor: a DTensor's spec, or a float8
-    tensor's scale and configuration (never its data)."""
-
-    kind: str  # "dtensor" or "float8"
-    meta: tuple[Any, ...]
-
-
-@dataclass(frozen=True)
 class _Token:
     gather: _Gather
-    layers: tuple[_Layer, ...]  # outermost first
-    view: tuple[tuple[int, ...], tuple[int, ...], int]  # the plain tensor's size, stride, offset
+    layers: tuple[Layer, ...]  # outermost first
+    view: View  # the plain tensor's
 
 
 def _packer(gathers: list[_Gather]):
@@ -116,11 +103,11 @@ def _packer(gathers: list[_Gather]):
     def pack(tensor):
         if not by_storage:
             return tensor
-        layers, plain = _unwrap(tensor)
-        gather = by_storage.get(_storage_id(plain)) if plain is not None else None
+        layers, plain = unwrap(tensor)
+        gather = by_storage.get(storage_id(plain)) if plain is not None else None
         if gather is None:
             return tensor
-        return _Token(gather, layers, (tuple(plain.shape), plain.stride(), plain.storage_offset()))
+        return _Token(gather, layers, view_of(plain))
 
     return pack
 
@@ -128,51 +115,12 @@ def _packer(gathers: list[_Gather]):
 def _unpack(packed):
     if not isinstance(packed, _Token):
         return packed
-    _, plain = _unwrap(packed.gather.again())
-    tensor = plain.as_strided(*packed.view)
-    for layer in reversed(packed.layers):
-        tensor = _rewrap(layer, tensor)
-    return tensor
-
-
-def _unwrap(tensor) -> tuple[tuple[_Layer, ...], torch.Tensor | None]:
-    """(the wrappers around `tensor`'s plain data, outermost first; that plain tensor, or None
-    for a subclass this module does not know)."""
-    layers = []
-    while True:
-        float8 = _float8_type()
-        if isinstance(tensor, DTensor):
-            layers.append(_Layer("dtensor", (tensor.device_mesh, tensor.placements, tensor.shape, tensor.stride())))
-            tensor = tensor._local_tensor
-        elif float8 is not None and isinstance(tensor, float8):
-            meta = (tensor._scale, tensor._orig_dtype, tensor._linear_mm_config, tensor._gemm_input_role)
-            layers.append(_Layer("float8", (*meta, tensor._axiswise_dim)))
-            tensor = tensor._data
-        elif isinstance(tensor, torch.Tensor) and not is_traceable_wrapper_subclass(tensor):
-            return tuple(layers), tensor  # a plain tensor (or a fake one, in the memory trace)
-        else:
-            return tuple(layers), None
-
-
-def _rewrap(layer: _Layer, tensor: torch.Tensor):
-    if layer.kind == "dtensor":
-        mesh, placements, shape, stride = layer.meta
-        return DTensor.from_local(tensor, mesh, placements, run_check=False, shape=shape, stride=stride)
-    return _float8_type()(tensor, *layer.meta)
+    _, plain = unwrap(packed.gather.again())
+    return rewrap_view(packed.layers, packed.view, plain)
 
 
 def _plain(tensor) -> torch.Tensor:
-    _, plain = _unwrap(tensor)
+    _, plain = unwrap(tensor)
     if plain is None:
         raise TypeError(f"parallel.tp_saved_inputs shard: cannot regather a {type(tensor).__name__}")
     return plain
-
-
-def _float8_type() -> type | None:
-    """torchao's float8 training tensor, where torchao is loaded (only then can one exist)."""
-    module = sys.modules.get(FLOAT8_MODULE)
-    return None if module is None else module.Float8TrainingTensor
-
-
-def _storage_id(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata

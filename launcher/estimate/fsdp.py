@@ -61,8 +61,11 @@ class _Block:
       (T x h/t, once: the CP kernel writes its merged output laid out [B, S, H, D], so wo's
       input is a view of it) and an fp32 log-sum-exp per head and token;
     - the SwiGLU's w1 x and w3 x (entrypoints/model/swiglu.py recomputes silu(w1 x) in
-      backward) and their product, w2's input: 3 x T x f/t; in a mixture-of-experts block, the
-      router, dispatch and experts' tensors instead (moe.py).
+      backward): 2 x T x f/t. Their product, w2's input, too where w2 keeps it: in a compiled
+      block and under Float8 TP styles (its float8 copy, `_float8_tp_styles_saved`); elsewhere
+      backward makes it again (swiglu.py `product_recomputed`). A checkpointed block's
+      recomputation keeps it, which its backward's working set below counts. In a
+      mixture-of-experts block, the router, dispatch and experts' tensors instead (moe.py).
     """
 
     __slots__ = (
@@ -104,7 +107,8 @@ class _Block:
             + cb * tokens * q / t  # attention output
             + FP32 * tokens * heads / t  # log-sum-exp
         )
-        mlp = _Mlp(w, cb)
+        float8_tp_styles = float8_all_gather and t > 1
+        mlp = _Mlp(w, cb, product_recomputed=arch.moe is None and not w.compile and not float8_tp_styles)
         local += mlp.saved
         self.mlp_saved = mlp.saved
         if arch.qk_norm:
@@ -120,8 +124,7 @@ class _Block:
         self.layer_input = cb * sharded * h
         incoming = cb * (sharded * h + (tokens * h if t > 1 else 0))
         self.backward_working = _mlp_backward_working(w, cb, mlp, incoming)
-        # What the MLP's backward has released of the block's saved set at that moment.
-        self.freed_in_backward = mlp.freed_in_backward
+        self.freed_in_backward = mlp.freed_in_backward  # released of the saved set by then
         # A checkpointed MoE block may peak in its recomputation instead: its working set there.
         self.recompute = None if mlp.recompute is None else mlp.recompute + incoming
         # FP8, eager: w2 casts its T x f/t input to float8 through an fp32 copy, an fp32 scaled
@@ -129,8 +132,8 @@ class _Block:
         # (or recomputation) and again in its backward, beside w2's input gradient and two
         # float8 copies of its incoming T x h gradient (Float8 TP styles: no backward cast, and
         # the bf16 product being cast beside the float8 one the block saves).
-        float8_tp_styles = float8_all_gather and t > 1
         fp8_moment = 9 * tokens * f / t + cb * sharded * h + (cb - 1) * tokens * f / t * float8_tp_styles
+        fp8_moment += mlp.recomputed_product  # made again for w2's backward, beside its cast
         if not float8_tp_styles:
             fp8_moment += cb * tokens * f / t + 2 * tokens * h
         if w.fp8_recipe == "rowwise":
@@ -359,21 +362,29 @@ class _Mlp:
         "weight_grads",
         "freed_in_backward",
         "recompute",
+        "recomputed_product",
         "linear_params",
         "router_params",
         "grouped_params",
         "grouped_state_params",
     )
 
-    def __init__(self, w: Workload, cb: int):
+    def __init__(self, w: Workload, cb: int, *, product_recomputed: bool):
         arch, t = w.arch, w.layout.tensor
         h, f = arch.hidden_size, arch.ffn_hidden_size
+        self.recomputed_product = 0.0
         if arch.moe is None:
             tokens = _tokens(w)
-            self.saved = cb * tokens * 3 * f / t  # w1 x, w3 x and their gated product
+            product = cb * tokens * f / t
+            # w1 x and w3 x, and their gated product where w2 keeps it (_Block).
+            self.saved = cb * tokens * 2 * f / t + (0.0 if product_recomputed else product)
             # MLP backward: the gradient of w2's input and the two the gating makes are alive
-            # while w2's input is freed (net: two T x f/t), with w2's weight gradient.
-            self.backward_working = cb * 2 * tokens * f / t
+            # while w2's input is freed (net: two T x f/t), with w2's weight gradient. Where
+            # backward makes the product again it is that input, alive until w2's backward
+            # is through (three T x f/t); a checkpointed block's recomputation keeps it
+            # instead, for the same total.
+            self.recomputed_product = product if product_recomputed else 0.0
+            self.backward_working = cb * 2 * tokens * f / t + self.recomputed_product
             self.weight_grads = cb * h * f / t
             self.freed_in_backward = 0.0
             self.recompute = None

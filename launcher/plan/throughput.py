@@ -687,12 +687,27 @@ def compute_time(step: _Step) -> _Compute:
     block_gemm_s, head_s, attention_s, forward_ew_s, cast_forward_s, loss_s = _layer_terms(step)
     per_layer_forward = (block_gemm_s + attention_s) / 3 + forward_ew_s + cast_forward_s
     layers = step.layers
+    kept_products = (1 - step.recompute) * layers * product_recompute_time(step)
     return _Compute(
         matmul=layers * block_gemm_s + (head_s if step.has_output else 0.0),
         attention=layers * attention_s,
-        elementwise=layers * (3 * forward_ew_s + 2 * cast_forward_s) + (loss_s if step.has_output else 0.0),
+        elementwise=layers * (3 * forward_ew_s + 2 * cast_forward_s)
+        + kept_products
+        + (loss_s if step.has_output else 0.0),
         recompute=step.recompute * layers * per_layer_forward,
     )
+
+
+def product_recompute_time(step: _Step) -> float:
+    """A kept dense block's backward making its SwiGLU product again for w2 (entrypoints/model/
+    swiglu.py `product_recomputed`): gate and up read and the product written, T x f/t each. Not
+    in a compiled block, nor under Float8 TP styles, where w2 keeps the product (its float8 copy);
+    a checkpointed block's recomputation makes it anyway (the caller counts kept blocks)."""
+    w = step.w
+    if step.moe is not None or w.compile or (step.fp8_gather and step.t > 1):
+        return 0.0
+    dtype_scale = 2 if w.dtype == "fp32" else 1
+    return 3 * step.k.activation_bytes * dtype_scale * step.rows * step.f / step.t / step.hbm
 
 
 def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]:

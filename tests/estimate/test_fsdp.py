@@ -22,8 +22,10 @@ P_BLOCK = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 352 + 2 * 128  # 184,576
 P_ROOT = 2 * 512 * 128 + 128  # embedding, output, final norm: 131,200
 P_RANK = 4 * P_BLOCK + P_ROOT  # 869,504
 # Saved per token: 2 x (block input, residual, two norm outputs, q, attention output = 6h;
-# k, v = 2 kv) + 8 (two fp32 rstd) + 4 x 8 heads (fp32 log-sum-exp) + 2 x 4f (SwiGLU).
-SAVED_PER_LAYER = 256 * (2 * (6 * 128 + 2 * 64) + 8 + 32 + 2 * 3 * 352)  # 1,009,664
+# k, v = 2 kv) + 8 (two fp32 rstd) + 4 x 8 heads (fp32 log-sum-exp) + 2 x 2f (the SwiGLU's
+# gate and up; w2 keeps no copy of their product, which backward makes again).
+SAVED_PER_LAYER = 256 * (2 * (6 * 128 + 2 * 64) + 8 + 32 + 2 * 2 * 352)  # 829,440
+PRODUCT = 2 * 256 * 352  # the SwiGLU's product, made again for w2's backward
 LAYER_INPUT = 2 * 256 * 128  # 65,536
 ROPE = 2 * 256 * 16  # the bf16 RoPE table: 8,192
 # Last stage: the final norm's input + rstd, the loss's hidden states, int64 targets, bool
@@ -67,7 +69,7 @@ def test_cpu_runs_foreach_adamw_with_a_parameter_sized_temporary():
 @pytest.mark.parametrize(
     "mode, expected",
     [
-        ("none", 4 * SAVED_PER_LAYER + HEAD + ROPE),  # 4,903,168
+        ("none", 4 * SAVED_PER_LAYER + HEAD + ROPE),  # 3,461,376
         ("selective", 2 * SAVED_PER_LAYER + 2 * LAYER_INPUT + HEAD + ROPE),  # layers 1 and 3 recompute
         ("full", 4 * LAYER_INPUT + HEAD + ROPE),
     ],
@@ -92,9 +94,9 @@ def test_first_block_in_backward_holds_its_prefetched_neighbour_and_mlp_gradient
     assert moment["activations"] == 4 * SAVED_PER_LAYER + ROPE
     # root, output gradient, this block, the prefetched block and w2's bf16 weight gradient
     assert moment["fsdp_buffers"] == 2 * P_ROOT + 2 * 512 * 128 + 2 * 2 * P_BLOCK + 2 * 128 * 352
-    # gradients of w2's input, silu(w1 x) and w3 x less w2's freed input, plus the
-    # incoming gradient
-    assert moment["working"] == 2 * 2 * 256 * 352 + 2 * 256 * 128
+    # the product made again, gradients of w2's input, silu(w1 x) and w3 x less the product
+    # once w2 is through, plus the incoming gradient
+    assert moment["working"] == PRODUCT + 2 * 2 * 256 * 352 + 2 * 256 * 128
     assert moment["gradients"] == 0
 
 
@@ -113,10 +115,10 @@ def test_tensorwise_fp8_all_gathers_float8_weights_and_casts_w2_input_through_fp
     moment = fsdp.moments(workload(fp8=True))["backward of layer 3"]
     linear = P_BLOCK - 2 * 128
     gathered = linear + 2 * 2 * 128  # 1 byte per linear weight, bf16 norms
-    # w2's backward casts its T x f input again (9 bytes per value) beside its bf16 input
-    # gradient (2 x T x f) and two float8 copies of its T x h incoming gradient; that beats
-    # the bf16 MLP backward (2 x 2 x T x f + 2 x T x h + w2's gradient).
-    assert moment["fp8"] == 9 * 256 * 352 + 2 * 256 * 352 + 2 * 256 * 128
+    # w2's backward casts its T x f input, made again, to float8 (9 bytes per value) beside its
+    # bf16 input gradient (2 x T x f) and two float8 copies of its T x h incoming gradient;
+    # that beats the bf16 MLP backward (3 x 2 x T x f + 2 x T x h + w2's gradient).
+    assert moment["fp8"] == PRODUCT + 9 * 256 * 352 + 2 * 256 * 352 + 2 * 256 * 128
     assert moment["working"] == 2 * 256 * 128
     assert moment["fsdp_buffers"] == 2 * P_ROOT + 2 * 512 * 128 + 2 * gathered
     assert moment["activations"] == fsdp.moments(workload())["backward of layer 3"]["activations"]
@@ -139,7 +141,7 @@ def test_tensor_parallel_keeps_gathered_norm_outputs_and_shards_the_rest():
     moment = moments["backward of layer 3"]
     # per layer: two norm outputs gathered to the full 256 tokens: (256 - 128) x 128 x 2 each
     assert moment["tp_buffers"] == 4 * 2 * 2 * 128 * 128
-    saved_tp = 256 * (2 * (2 * 128 / 2 + 2 * 128 / 2 + (128 + 2 * 64) / 2 + 128 / 2) + 4 + 16 + 2 * 3 * 352 / 2)
+    saved_tp = 256 * (2 * (2 * 128 / 2 + 2 * 128 / 2 + (128 + 2 * 64) / 2 + 128 / 2) + 4 + 16 + 2 * 2 * 352 / 2)
     assert moment["activations"] == round(4 * saved_tp + ROPE)
 
 
@@ -182,7 +184,7 @@ def test_pipeline_rank_holds_p_micro_batches_all_blocks_gathered_and_fp32_accumu
     # after the first backward: fp32 unsharded gradients of everything the rank holds
     assert second["fsdp_buffers"] == first["fsdp_buffers"] + 4 * (2 * P_BLOCK + 512 * 128)
     # one gradient receive buffer, for the output of the micro-batch in backward
-    assert first["working"] == 2 * 2 * 256 * 352 + 2 * 256 * 128 + 2 * 256 * 128
+    assert first["working"] == PRODUCT + 2 * 2 * 256 * 352 + 2 * 256 * 128 + 2 * 256 * 128
 
 
 def test_pipeline_rank_under_sync_each_holds_fp32_gradient_shards_and_no_unsharded_gradients():

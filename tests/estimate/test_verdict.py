@@ -57,10 +57,13 @@ MISTRAL_32K = {
 }
 
 
+# Mistral 7B at 32K on one p5 (dp_shard 4 x cp 2), two sequences per micro-batch and no
+# checkpointing, needs about twice an H100.
+TWO_SEQUENCES = {"training.micro_batch_size": 2}
+
+
 def test_a_recipe_that_does_not_fit_gets_a_suggestion_that_fits():
-    # Mistral 7B at 32K on one p5 (dp_shard 4 x cp 2) without checkpointing needs about
-    # twice an H100.
-    recipe = Recipe.from_dict(MISTRAL_32K)
+    recipe = Recipe.from_dict(MISTRAL_32K, TWO_SEQUENCES)
     estimate = api.estimate(recipe)
     assert estimate.verdict == "oom"
     change, fitted = find_fitting_change(recipe)
@@ -74,7 +77,7 @@ def test_a_recipe_that_does_not_fit_gets_a_suggestion_that_fits():
 
 
 def test_the_suggestion_is_the_planners_fastest_layout_among_those_with_the_fewest_edits():
-    recipe = Recipe.from_dict(MISTRAL_32K)
+    recipe = Recipe.from_dict(MISTRAL_32K, TWO_SEQUENCES)
     change, _ = find_fitting_change(recipe)
     # Every layout the planner finds that fits, fastest first, with the recipe keys it changes
     # (data_shard "auto" follows the other degrees by itself, and grad_accumulation "auto" picks

@@ -173,7 +173,7 @@ def test_auto_plan_says_a_faster_recipe_layout_does_not_fit_rather_than_a_negati
     assert result.code == 0, result.err
     head = result.err_lines[0]
     assert "-" not in head.split("predicted")[1] and head.endswith(
-        "% slower than the recipe's layout, which needs 212% of GPU memory); changed:"
+        "% slower than the recipe's layout, which needs 176% of GPU memory); changed:"
     ), head
 
 
