@@ -162,11 +162,17 @@ def _emulated_weight_rows(b_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _emulated_group_columns(t: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    data = torch.empty(t.shape, dtype=FLOAT8, device=t.device)
-    scales = torch.ones(ends.numel(), t.shape[1], device=t.device)
-    for e, lo, hi in _groups(ends):
-        data[lo:hi], scales[e] = _scaled(t[lo:hi], 0)
-    return data, scales.flatten()
+    # Pieces joined, not written into a float8 buffer: Inductor cannot lower that write on the CPU.
+    pieces, scales, start = [], [], 0
+    for end in ends.tolist():
+        if end > start:
+            data, scale = _scaled(t[start:end], 0)
+            pieces.append(data)
+            scales.append(scale)
+        else:
+            scales.append(torch.ones(1, t.shape[1], device=t.device))
+        start = end
+    return torch.cat(pieces), torch.cat(scales).flatten()
 
 
 def _emulated_grouped_mm(a, b, a_inv, b_inv, ends, out_dtype) -> torch.Tensor:
@@ -202,7 +208,7 @@ def fp8_expert_linears(x: torch.Tensor, weights: tuple, offsets: torch.Tensor, *
     """Padded rows x [P, K] times each weight[e].T ([E, N, K]) per group, in FP8: one output per
     weight, the rows cast once for all (the module docstring)."""
     out_dtype = x.dtype if emulate else torch.bfloat16  # torch's kernel writes bf16
-    return _Float8GroupedLinears.apply(kernels_for(emulate), out_dtype, x, offsets, *weights)
+    return _Float8GroupedLinears.apply(emulate, out_dtype, x, offsets, *weights)
 
 
 def fp8_grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, *, emulate: bool) -> torch.Tensor:
@@ -228,7 +234,9 @@ class _Float8GroupedLinears(torch.autograd.Function):
     so outputs and gradients are those of one `_Float8GroupedMM` per weight."""
 
     @staticmethod
-    def forward(ctx, kernels: Float8Kernels, out_dtype, x: torch.Tensor, offsets: torch.Tensor, *weights):
+    def forward(ctx, emulate: bool, out_dtype, x: torch.Tensor, offsets: torch.Tensor, *weights):
+        # The kernels are looked up, not passed: a flag is all torch.compile needs to see.
+        kernels = kernels_for(emulate)
         rows, row_scales = kernels.rows(x)
         inverse = row_scales.squeeze(-1).reciprocal()
         outputs = []
@@ -240,13 +248,13 @@ class _Float8GroupedLinears(torch.autograd.Function):
         del rows, row_scales, inverse
         columns, column_scales = kernels.group_columns(x, offsets)
         ctx.save_for_backward(columns, column_scales, offsets, *weights)
-        ctx.kernels, ctx.out_dtype, ctx.input_dtype = kernels, out_dtype, x.dtype
+        ctx.emulate, ctx.out_dtype, ctx.input_dtype = emulate, out_dtype, x.dtype
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads):
         columns, column_scales, offsets, *weights = ctx.saved_tensors
-        kernels, out_dtype = ctx.kernels, ctx.out_dtype
+        kernels, out_dtype = kernels_for(ctx.emulate), ctx.out_dtype
         grad_x, grad_weights = None, [None] * len(weights)
         # The last weight first, as autograd runs separate products (the last made first).
         for i in reversed(range(len(weights))):
