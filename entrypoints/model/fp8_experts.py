@@ -128,17 +128,28 @@ def torchao_kernels() -> Float8Kernels:
     """torchao 0.18's Triton casts, as `_Float8GroupedMM` calls them, and torch's FP8 grouped GEMM."""
     from torchao.prototype.moe_training.kernels import (
         triton_fp8_colwise_3d_scale_and_cast,
-        triton_fp8_per_group_colwise_scales,
+        triton_fp8_per_group_colwise_scales_dual,
         triton_fp8_rowwise_2d_scale_and_cast,
         triton_fp8_rowwise_3d_transpose_rhs,
     )
 
     options = {"output_dtype": FLOAT8, "round_scales_to_power_of_2": True}
+
+    def group_columns(t: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The dual kernel, as `_Float8GroupedMM`'s backward calls it, with a copy of t's first 16
+        # columns as its second tensor (discarded). torchao's single-tensor kernel sizes its
+        # one-pass tile from the mean group (ceil(rows / groups) rounded up to a power of 2,
+        # jagged_float8_scales.py `triton_fp8_per_group_colwise_scales`), so a group above it
+        # loses its last rows: on one H100, uneven routing gave weight gradients 16% off
+        # torchao's and a NaN gradient norm at a Qwen3-30B-A3B run's first step.
+        data, scales, _, _ = triton_fp8_per_group_colwise_scales_dual(t, t[:, :16].contiguous(), ends, **options)
+        return data, scales
+
     return Float8Kernels(
         rows=lambda t: triton_fp8_rowwise_2d_scale_and_cast(t, **options),
         weight_columns=lambda t: triton_fp8_colwise_3d_scale_and_cast(t, **options),
         weight_rows=lambda t: triton_fp8_rowwise_3d_transpose_rhs(t, **options),
-        group_columns=lambda t, ends: triton_fp8_per_group_colwise_scales(t, ends, **options),
+        group_columns=group_columns,
         grouped_mm=lambda a, b, a_inv, b_inv, ends, out_dtype: torch._scaled_grouped_mm(
             a, b, a_inv, b_inv, ends, out_dtype=out_dtype, use_fast_accum=True
         ),

@@ -314,6 +314,10 @@ def _allocating_float8_kernels(emulate: bool):
         return b_t.new_empty((e, n, k), dtype=float8), b_t.new_empty((e, k), dtype=fp32)
 
     def group_columns(t, ends):
+        # The dual kernel's discarded second tensor: a 16-column copy and its float8 cast and scales.
+        companion = (t.new_empty((t.shape[0], 16)), t.new_empty((t.shape[0], 16), dtype=float8))
+        companion += (t.new_empty((ends.numel() * 16,), dtype=fp32),)
+        del companion
         return t.new_empty(t.shape, dtype=float8), t.new_empty((ends.numel() * t.shape[1],), dtype=fp32)
 
     def grouped_mm(a, b, a_inv, b_inv, ends, out_dtype):
