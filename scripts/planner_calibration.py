@@ -674,7 +674,8 @@ def goal_lines(summaries: dict[str, ErrorSummary]) -> list[str]:
     return [
         f"- median absolute error {total.median_abs:.0%} (goal <= {GOAL['median']:.0%}): "
         + ("met" if total.median_abs <= GOAL["median"] else "missed"),
-        f"- within ±15%: {total.within_15:.0%} of points (goal >= {GOAL['within_15']:.0%}): "
+        f"- within ±15%: {round(total.within_15 * total.points)} of {total.points} points, "
+        f"{total.within_15:.1%} (goal >= {GOAL['within_15']:.0%}): "
         + ("met" if total.within_15 >= GOAL["within_15"] else "missed"),
         f"- Spearman >= {GOAL['spearman']} on every source with {GOAL['spearman_points']} or more points: "
         + ("met" if not low else "missed on " + ", ".join(low)),
