@@ -143,7 +143,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
         self.w3 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=False)
         self.recompute_product = True
-        """False in checkpointed and compiled blocks (parallel/parallelize.py): w2 keeps the product."""
+        """False in checkpointed and compiled blocks (parallel/activation.py `keep_product`): w2 keeps the product."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w1(x), self.w3(x)

@@ -20,7 +20,7 @@ a token, and backward makes the product again from the gate and up this SwiGLU k
 same elementwise ops on the same values, so bitwise the same. A float8 copy of the product
 (Float8RowwiseParallel's input) is another storage and stays saved. Not for a checkpointed
 block (the checkpoint's own hooks must stay innermost, and it recomputes the product anyway) nor a
-compiled one (the hooks would run inside the compiled graph): parallel/parallelize.py.
+compiled one (the hooks would run inside the compiled graph): parallel/activation.py `keep_product`.
 
 `weighted_swiglu` also multiplies each row by a scale (a mixture of experts' router weight) and
 gives the scale its gradient, the dot product of the incoming gradient with the recomputed
