@@ -1387,10 +1387,10 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   GEMM efficiency with a rows-per-expert factor, and the experts' FSDP traffic over expert_fsdp
   at the dp_shard x cp group's link. The one measurement of our MoE layer (one H100,
   docs/gpu_check_h100.md) is not fitted yet: there torchao's FP8 grouped GEMMs with their casts
-  ran at half the bf16 grouped GEMM's rate (224 against 452 TFLOP/s at 512 rows per expert), and
-  the layer with FP8 experts took 14.5 ms against 8.5 ms with bf16 ones (1.7 x); the model
-  prices a whole step of the 26.06 Qwen3-30B-A3B row's layout 1.16 x slower with FP8 experts
-  (10,518 against 12,186 tokens/s/GPU with bf16 ones).
+  ran at half the bf16 grouped GEMM's rate (8.30 against 4.11 ms at 512 rows per expert, where
+  the model's terms give 7.46 and 3.93), and the whole layer with FP8 experts took 14.5 ms
+  against 8.5 ms with bf16 ones (1.7 x); the model prices a step of the 26.06 Qwen3-30B-A3B
+  row's layout 1.16 x slower with FP8 experts (10,518 against 12,186 tokens/s/GPU).
 """
 
 
