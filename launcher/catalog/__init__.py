@@ -15,7 +15,7 @@ from importlib.resources import files
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_serializer, field_validator, model_validator
 
 from launcher.contract.config import active_ffn_width
 from launcher.contract.text import choices  # noqa: F401  (catalog.choices: how messages list valid values)
@@ -168,6 +168,20 @@ class Accelerator(BaseModel):
     hbm_gbps: float | None
     nvlink_gbps: float | None
     source: str
+    peak_bf16_tflops_bounds: tuple[float, float] | None = None
+    """Where no datasheet gives the peak: the range the source allows. The peak itself is then
+    fitted inside it to the calibration points that ran on the part (scripts/planner_calibration.py
+    checks the catalog against that fit)."""
+
+    @model_validator(mode="after")
+    def _peak_inside_bounds(self) -> Accelerator:
+        if self.peak_bf16_tflops_bounds is not None:
+            low, high = self.peak_bf16_tflops_bounds
+            if self.peak_bf16_tflops is None or not low <= self.peak_bf16_tflops <= high:
+                raise ValueError(
+                    f"{self.name}: peak_bf16_tflops {self.peak_bf16_tflops} lies outside its bounds [{low}, {high}]"
+                )
+        return self
 
     @property
     def has_fp8(self) -> bool:

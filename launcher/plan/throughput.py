@@ -206,7 +206,7 @@ class Constants:
     gradients in `parallel.reduce_dtype`: the entrypoints' MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32 unless the recipe says bf16)."""
 
-    tp_overlap_interference: float = 0.54
+    tp_overlap_interference: float = 0.53
     """Overlapped TP (Workload.tp_overlap): the fraction of each hidden collective piece's time the
     step still pays, since the copy and the GEMM beside it share SMs and HBM. Fitted to the vanilla
     and async TP pairs of torchtitan's Llama 3.1 8B rows (benchmarks/asyncTP_llama3_h100_2025-06_

@@ -180,6 +180,29 @@ def test_async_tp_pairs_fit_the_interference_and_the_held_apart_pairs_check_it(c
         assert abs((overlapped / vanilla - 1) - pair.measured_gain) < 0.1, pair
 
 
+def test_the_500w_part_peak_is_fitted_inside_its_source_bounds(calibration):
+    """torchtitan's source bounds its 500 W H100's peak by the NVL's and the SXM's: the catalog
+    holds the fitted points' median held inside those bounds, and each point's fitting peak does
+    reproduce its measured speed."""
+    (found,) = calibration.peak_fits()
+    accelerator = calibration.catalog.accelerators()[found.accelerator]
+    assert found.bounds == accelerator.peak_bf16_tflops_bounds == (835, 989)
+    assert found.fit == pytest.approx(accelerator.peak_bf16_tflops, abs=1.0)
+    assert accelerator.peak_fp8_tflops == 2 * accelerator.peak_bf16_tflops
+    _, published = calibration.load_benchmark()
+    point = next(p for p in published if p.accelerator == found.accelerator and p.use == "fit")
+    peak = calibration.peak_that_fits(point)
+    machine = calibration.hardware(point)
+    machine = calibration.dataclasses.replace(
+        machine,
+        accelerator=machine.accelerator.model_copy(
+            update={"peak_bf16_tflops": peak, "peak_fp8_tflops": 2 * peak, "peak_bf16_tflops_bounds": None}
+        ),
+    )
+    measured, predicted, *_ = calibration.run(point, machine)
+    assert predicted == pytest.approx(measured, rel=0.01)
+
+
 def test_megatron_bridge_rows_reduce_gradients_in_bf16_as_their_configs_set(calibration):
     """Megatron-Bridge's performance configs set grad_reduce_in_fp32 False (the evidence cited in
     docs/published_benchmark.yaml): its rows are priced and estimated with reduce_dtype bf16, as is

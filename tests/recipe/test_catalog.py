@@ -74,6 +74,12 @@ def test_only_hopper_has_fp8():
     assert has_fp8 == {"h100-80gb", "h100-96gb-500w", "h200-141gb"}
 
 
+def test_a_peak_outside_its_bounds_is_refused():
+    entry = catalog.accelerators()["h100-96gb-500w"].model_dump()
+    with pytest.raises(ValueError, match=r"peak_bf16_tflops 884.0 lies outside its bounds \[800.0, 850.0\]"):
+        catalog.Accelerator(**{**entry, "peak_bf16_tflops": 884, "peak_bf16_tflops_bounds": (800, 850)})
+
+
 def test_host_cpu_memory_is_read_from_this_machine():
     assert catalog.accelerators()["cpu"].memory_bytes > 1 << 30
 
