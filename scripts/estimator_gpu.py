@@ -5,8 +5,8 @@
 
 `--prepare` needs the launcher (it writes each config's resolved job and its estimate);
 `--run` needs only torch, torchao and the entrypoints, as on a GPU machine. For each config it
-trains two optimizer steps with the entrypoints' own code (world size 1: FSDP over one GPU,
-which keeps its fp32 masters and mixed precision), resets the peak after the first, and
+trains two optimizer steps with the entrypoints' own code and train.py's accumulation loop
+(world size 1: FSDP over one GPU, which keeps its fp32 masters and mixed precision), resets the peak after the first, and
 compares `torch.cuda.max_memory_allocated` of the second with the estimate's allocated bytes,
 and `max_memory_reserved` with allocated + fragmentation. It also measures the CUDA context
 (device memory in use minus PyTorch's reserved pool) and which tensors CUDA's fused RMSNorm
@@ -133,6 +133,7 @@ def run_one(directory: Path, index: int) -> dict:
     from entrypoints.fp8 import after_optimizer_step, fp8_settings
     from entrypoints.model.init import materialize
     from entrypoints.optim import Optimizers, clip_grad_norm
+    from entrypoints.parallel.accumulate import accumulate
     from entrypoints.parallel.mesh import build_mesh
     from entrypoints.parallel.parallelize import build_model_parts
     from entrypoints.parallel.process_group import process_group
@@ -156,11 +157,14 @@ def run_one(directory: Path, index: int) -> dict:
             if step == 1:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
+            # train.py's loop: parallel.grad_accumulation sets FSDP's gradient sync and
+            # resharding per micro-batch, which the estimate prices.
+            batches = []
             for _ in range(accum):
                 tokens = torch.randint(0, vocab, (micro, seq), device=env.device)
-                loss = model(tokens, targets=torch.roll(tokens, -1, 1))
-                (loss / accum).backward()
-                del loss
+                batches.append((tokens, torch.roll(tokens, -1, 1), None))
+            accumulate(model, batches, cfg.parallel.grad_accumulation)
+            del batches
             clip_grad_norm(parts, cfg.training.grad_clip, mesh["pp"])
             optimizers.step()
             after_optimizer_step(parts, fp8)

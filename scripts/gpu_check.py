@@ -147,11 +147,13 @@ def prepare(directory: Path, smoke: bool) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name, changes in runs_for(smoke).items():
         spec = merged_into(SMOKE_RECIPE if smoke else GPU_RECIPE, {"name": f"gpu-check-{name}", **changes})
-        recipe = Recipe.from_dict(spec)
-        (directory / f"{name}.recipe.yaml").write_text(recipe.to_yaml())
         # The runs recorded in docs/gpu_check_h200.json trained with sync_each, where submit would
         # pick the estimator's mode: they keep it, so that they measure what was measured before.
-        measured = resolve(recipe.with_changes({"parallel.grad_accumulation": "sync_each"})).concrete
+        # The recipe carries it, so the estimate is of the program that runs (until 2026-12-05 it
+        # was of the recipe's own mode, sync_last_gathered: docs/gpu_check_h100.md).
+        recipe = Recipe.from_dict(spec).with_changes({"parallel.grad_accumulation": "sync_each"})
+        (directory / f"{name}.recipe.yaml").write_text(recipe.to_yaml())
+        measured = resolve(recipe).concrete
         (directory / f"{name}.json").write_text(json.dumps(measured.resolved().to_dict(), indent=2))
         (directory / f"{name}.estimate.json").write_text(json.dumps(estimate(directory / f"{name}.recipe.yaml")))
 
