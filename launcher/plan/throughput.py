@@ -120,16 +120,26 @@ class Constants:
     """Sequence length at which attention runs at half its long-sequence rate (measured: 260 TFLOP/s
     at 2K, 458 at 8K)."""
 
-    cp_attention_factor: dict[str, float] = field(
-        default_factory=lambda: {"zigzag_sdpa": 0.58, "allgather": 0.9, "ulysses": 1.0}
+    cp_attention_factor: dict[str, float | dict[int, float]] = field(
+        default_factory=lambda: {
+            "zigzag_sdpa": 0.58,
+            "allgather": {16384: 0.95, 8192: 0.92, 4096: 0.88},
+            "ulysses": 1.0,
+        }
     )
-    """Context-parallel attention's rate as a fraction of plain causal SDPA, by `parallel.cp_attention`.
-    zigzag_sdpa, the all-gather path's masked kernel (the first CP kernel; document masking
-    still runs it: two SDPA calls per layer against key prefixes, the second with a lower-right
-    causal mask): measured 255-290 against 466 TFLOP/s at 32K
-    for cp 2, 4 and 8 on an H200. allgather (LSE-merged fused-kernel pieces) and ulysses (plain
-    causal attention on the whole sequence for a subset of heads): targets, pending
-    GPU measurement (scripts/gpu_check.sh)."""
+    """Context-parallel attention's rate as a fraction of plain causal SDPA, by `parallel.cp_attention`:
+    one value, or one per length of the queries a CP rank holds (`cp_attention_rate`). zigzag_sdpa,
+    the all-gather path's masked kernel (the first CP kernel; document masking still runs it: two
+    SDPA calls per layer against key prefixes, the second with a lower-right causal mask): measured
+    255-290 against 466 TFLOP/s at 32K for cp 2, 4 and 8 on an H200. allgather (LSE-merged
+    fused-kernel pieces): per-rank TFLOP/s against plain causal cuDNN attention at 32K on an H100,
+    cp 2/4/8 (16K, 8K and 4K queries per rank, each in two zigzag chunks against the gathered
+    keys) at 0.95/0.92/0.88 (scripts/gpu_check.py `cp_speed_check`, docs/gpu_check_h100.json
+    "cp_speed"; FlashAttention-2 there gave 0.89/0.87/0.80 of its own rate). One sequence length
+    was measured, so degree and per-rank length are not told apart; keyed by the length, since the
+    pieces' tiles, not the rank count, set a kernel's rate, and each rank runs two chunks whatever
+    the degree. ulysses (plain causal attention on the whole sequence for a subset of heads): a
+    target, pending GPU measurement."""
 
     hbm_efficiency: float = 0.85
     """Fraction of the HBM bandwidth that elementwise kernels and the optimizer step reach (a large
@@ -879,8 +889,19 @@ def attention_time(step: _Step) -> float:
         * _dim_eff(s, k.attention_half_seq)
     )
     if step.c > 1:
-        attention_rate *= k.cp_attention_factor[step.cp_attention]
+        attention_rate *= cp_attention_rate(k, step.cp_attention, s / step.c)
     return attention_flops / attention_rate
+
+
+def cp_attention_rate(k: Constants, path: str, tokens_per_rank: float) -> float:
+    """`cp_attention_factor` of a CP path whose ranks each hold `tokens_per_rank` queries: where it
+    was measured per length, the value at the longest measured length not above it (below the
+    shortest, the shortest's: an extrapolation)."""
+    factor = k.cp_attention_factor[path]
+    if not isinstance(factor, dict):
+        return factor
+    measured = sorted(factor)
+    return factor[max((n for n in measured if n <= tokens_per_rank), default=measured[0])]
 
 
 def elementwise_time(step: _Step) -> float:

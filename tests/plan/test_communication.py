@@ -110,7 +110,17 @@ def test_bf16_gradients_halve_the_reduce_scatter():
 def test_context_parallel_kernels_run_at_their_fraction_of_plain_attention():
     cp = Layout(context=2, data_shard=4)
     times = {name: attention_time(step(cp, cp_attention=name)) for name in ("allgather", "ulysses")}
-    assert times["allgather"] / times["ulysses"] == pytest.approx(1 / 0.9)
+    # The all-gather path's LSE-merged kernel as measured on an H100 at 32K: 0.95 of plain
+    # attention with 16K queries per rank (cp 2), 0.92 with 8K, 0.88 with 4K
+    # (docs/gpu_check_h100.json); between and beyond the measured lengths, the value at the
+    # longest one not above (the shortest's below it).
+    for seq, degree, factor in ((32768, 2, 0.95), (65536, 2, 0.95), (32768, 4, 0.92), (24576, 2, 0.92),
+                                (32768, 8, 0.88), (8192, 8, 0.88)):  # fmt: skip
+        wide = Layout(context=degree, data_shard=1)
+        allgather, ulysses = (
+            attention_time(step(wide, seq_len=seq, cp_attention=name)) for name in ("allgather", "ulysses")
+        )
+        assert allgather / ulysses == pytest.approx(1 / factor), (seq, degree)
     # auto: Llama 3 8B's 32 / 8 heads take the all-gather at cp 2 (docs/attention.md).
     assert attention_time(step(cp)) == times["allgather"]
     # Document masking sends the all-gather path to its masked kernel (measured 0.58).
