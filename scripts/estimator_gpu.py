@@ -157,6 +157,8 @@ def run_one(directory: Path, index: int) -> dict:
             if step == 1:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
+                baseline = torch.cuda.memory_allocated()
+                recording = record_history(torch)
             # train.py's loop: parallel.grad_accumulation sets FSDP's gradient sync and
             # resharding per micro-batch, which the estimate prices.
             batches = []
@@ -170,6 +172,7 @@ def run_one(directory: Path, index: int) -> dict:
             after_optimizer_step(parts, fp8)
             optimizers.zero_grad()
         torch.cuda.synchronize()
+        at_peak = peak_from_history(torch, recording, env.device.index or 0, baseline)
         free, total = torch.cuda.mem_get_info()
         estimate = item["estimate"]
         return {
@@ -183,7 +186,94 @@ def run_one(directory: Path, index: int) -> dict:
             "estimated_peak": estimate["per_gpu_peak_bytes"],
             "estimated_phase": estimate["peak_phase"],
             "rms_norm_saves": saves,
+            "at_peak": at_peak,
         }
+
+
+def record_history(torch) -> str | None:
+    """Start the allocator's event history for the measured step; why not, if it cannot (a private
+    API: a failure must not cost the config's measurement)."""
+    try:
+        torch.cuda.memory._record_memory_history(stacks="python", max_entries=HISTORY_ENTRIES)
+    except Exception as err:  # noqa: BLE001 (any failure of the private API is reported, not raised)
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def peak_from_history(torch, failed: str | None, device_index: int, baseline: int) -> dict:
+    """alive_at_peak over the recorded history, then the recording stopped; or why there is none."""
+    if failed is not None:
+        return {"error": failed}
+    try:
+        history = torch.cuda.memory._snapshot()["device_traces"][device_index]
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return alive_at_peak(history, baseline)
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
+HISTORY_ENTRIES = 2_000_000
+"""Allocator events kept for the measured step (torch.cuda.memory._record_memory_history): a
+2-layer MoE step makes tens of thousands; past the limit the oldest go and the replay says so."""
+
+PEAK_BLOCKS_LISTED = 40
+
+
+def alive_at_peak(entries: list[dict], baseline: int) -> dict:
+    """What was allocated at the step's peak, from the allocator's event history (the snapshot's
+    device_traces, torch/cuda/memory.py `TraceEntry`): `alloc` adds a block, `free_requested`
+    takes it away (the `allocated` counter drops there; `free_completed` only ends a stream's
+    use), so replaying them from `baseline` (memory_allocated when recording began) finds the
+    peak that torch.cuda.max_memory_allocated reports. The blocks alive there are grouped by
+    size and by the innermost frame in this repository's code (frames run innermost first, as
+    torch/cuda/_memory_viz.py reads them), largest groups first: the GPU's side of what
+    tests/estimate's memory tracer lists on the CPU."""
+    peak_at, total, peak = -1, baseline, baseline
+    sizes: dict[int, int] = {}
+    for index, entry in enumerate(entries):
+        if entry["action"] == "alloc":
+            sizes[entry["addr"]] = entry["size"]
+            total += entry["size"]
+            if total > peak:
+                peak, peak_at = total, index
+        elif entry["action"] == "free_requested":
+            total -= sizes.pop(entry["addr"], entry["size"])
+    alive: dict[int, dict] = {}
+    for entry in entries[: peak_at + 1]:
+        if entry["action"] == "alloc":
+            alive[entry["addr"]] = entry
+        elif entry["action"] == "free_requested":
+            alive.pop(entry["addr"], None)
+    groups: dict[tuple[int, str], int] = {}
+    for entry in alive.values():
+        key = (entry["size"], _where(entry.get("frames", [])))
+        groups[key] = groups.get(key, 0) + 1
+    listed = sorted(groups.items(), key=lambda item: -item[0][0] * item[1])[:PEAK_BLOCKS_LISTED]
+    return {
+        "replayed_peak": peak,
+        "baseline": baseline,
+        "events": len(entries),
+        "blocks": [{"bytes": size, "count": count, "where": where} for (size, where), count in listed],
+    }
+
+
+def _where(frames: list[dict]) -> str:
+    """The innermost frame in entrypoints/ or scripts/, then (if another) the innermost of all."""
+    if not frames:
+        return "(no Python frame)"
+    ours = next((f for f in frames if "/entrypoints/" in f["filename"] or "/scripts/" in f["filename"]), None)
+    if ours is None:
+        return _frame_text(frames[0])
+    return _frame_text(ours) + ("" if ours is frames[0] else f" <- {_frame_text(frames[0])}")
+
+
+def _frame_text(frame: dict) -> str:
+    name = frame["filename"]
+    for root in ("/entrypoints/", "/scripts/", "/torchao/", "/torch/"):
+        if root in name:
+            name = root.strip("/") + "/" + name.split(root, 1)[1]
+            break
+    return f"{name}:{frame['line']} {frame['name']}"
 
 
 def rms_norm_saved(device) -> list[str]:
@@ -207,10 +297,12 @@ def summary_line(result: dict) -> str:
     if "error" in result:
         return f"{result['name']:32s} {result['error']}"
     allocated, estimated = result["max_allocated"], result["estimated_allocated"]
+    replayed = result["at_peak"].get("replayed_peak")
     return (
         f"{result['name']:32s} allocated {allocated / GIB:7.2f} GiB, estimated {estimated / GIB:7.2f} "
         f"({estimated / allocated - 1:+.1%}); reserved {result['max_reserved'] / GIB:7.2f}, "
-        f"context {result['context'] / GIB:5.2f} GiB; {result['seconds']:.0f}s"
+        f"context {result['context'] / GIB:5.2f} GiB; {result['seconds']:.0f}s; "
+        + (f"replayed peak {replayed / GIB:.2f} GiB" if replayed else f"no replay: {result['at_peak'].get('error')}")
     )
 
 
