@@ -1481,9 +1481,10 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   priced balanced (the memory estimate prices a bound above it), the grouped GEMM at the dense
   GEMM efficiency with a rows-per-expert factor, and the experts' FSDP traffic over expert_fsdp
   at the dp_shard x cp group's link. The one measurement of our MoE layer (one H100,
-  docs/gpu_check_h100.md) is not fitted: it ran the single-tensor column-scale kernel that the
-  dual-kernel fix (entrypoints/model/fp8_experts.py) replaced, so it is not the program that
-  runs now. There torchao's FP8 grouped GEMMs with their casts
+  docs/gpu_check_h100.md) is not fitted: its FP8-experts layer ran the single-tensor
+  column-scale kernel that the dual-kernel fix (entrypoints/model/fp8_experts.py) replaced, and
+  its experts-only FP8 time is torchao's own function, which casts the rows twice as often as
+  ours; neither is the program that runs now. There torchao's FP8 grouped GEMMs with their casts
   ran at half the bf16 grouped GEMM's rate (8.30 against 4.11 ms at 512 rows per expert, where
   the model's terms give 7.46 and 3.93), and the whole layer with FP8 experts took 14.5 ms
   against 8.5 ms with bf16 ones (1.7 x); the model prices a step of the 26.06 Qwen3-30B-A3B
