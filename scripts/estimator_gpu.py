@@ -6,11 +6,12 @@
 `--prepare` needs the launcher (it writes each config's resolved job and its estimate);
 `--run` needs only torch, torchao and the entrypoints, as on a GPU machine. For each config it
 trains two optimizer steps with the entrypoints' own code and train.py's accumulation loop
-(world size 1: FSDP over one GPU, which keeps its fp32 masters and mixed precision), resets the peak after the first, and
-compares `torch.cuda.max_memory_allocated` of the second with the estimate's allocated bytes,
-and `max_memory_reserved` with allocated + fragmentation. It also measures the CUDA context
-(device memory in use minus PyTorch's reserved pool) and which tensors CUDA's fused RMSNorm
-saves. Results go to $OUT/estimator_gpu.json (else the prepare directory) and stdout;
+(world size 1: FSDP over one GPU, which keeps its fp32 masters and mixed precision), resets the
+peak after the first, and compares `torch.cuda.max_memory_allocated` of the second with the
+estimate's allocated bytes, and `max_memory_reserved` with allocated + fragmentation. It also
+measures the CUDA context (device memory in use minus PyTorch's reserved pool) and which tensors
+CUDA's fused RMSNorm saves, and lists the blocks alive at the second step's peak
+(`alive_at_peak`). Results go to $OUT/estimator_gpu.json (else the prepare directory) and stdout;
 scripts/estimator_table.py --gpu-results FILE puts them into docs/estimator.md.
 """
 
@@ -214,7 +215,8 @@ def peak_from_history(torch, failed: str | None, device_index: int, baseline: in
 
 HISTORY_ENTRIES = 2_000_000
 """Allocator events kept for the measured step (torch.cuda.memory._record_memory_history): a
-2-layer MoE step makes tens of thousands; past the limit the oldest go and the replay says so."""
+2-layer MoE step makes tens of thousands. Past the limit the oldest go: `events` then equals it
+and the replayed peak no longer matches max_allocated, which the summary line prints beside it."""
 
 PEAK_BLOCKS_LISTED = 40
 
