@@ -223,13 +223,16 @@ PEAK_BLOCKS_LISTED = 40
 
 def alive_at_peak(entries: list[dict], baseline: int) -> dict:
     """What was allocated at the step's peak, from the allocator's event history (the snapshot's
-    device_traces, torch/cuda/memory.py `TraceEntry`): `alloc` adds a block, `free_requested`
-    takes it away (the `allocated` counter drops there; `free_completed` only ends a stream's
-    use), so replaying them from `baseline` (memory_allocated when recording began) finds the
-    peak that torch.cuda.max_memory_allocated reports. The blocks alive there are grouped by
-    size and by the innermost frame in this repository's code (frames run innermost first, as
-    torch/cuda/_memory_viz.py reads them), largest groups first: the GPU's side of what
-    tests/estimate's memory tracer lists on the CPU."""
+    device_traces, torch/cuda/memory.py `TraceEntry`). In pytorch/pytorch
+    c10/cuda/CUDACachingAllocator.cpp, `malloc` records `alloc` with the requested size and
+    raises `allocated_bytes` by the block's, and `free` lowers it and records `free_requested`
+    before any stream use delays the block's return (`free_completed`). Replaying alloc and
+    free_requested from `baseline` (memory_allocated when recording began) finds the peak that
+    torch.cuda.max_memory_allocated reports, less the rounding of the blocks allocated since
+    (sizes up to 512 B, a large block's unsplit tail up to 1 MiB). The blocks alive there are
+    grouped by requested size and by the innermost frame in this repository's code (frames run
+    innermost first, as torch/cuda/_memory_viz.py reads them), largest groups first: the GPU's
+    side of what tests/estimate's memory tracer lists on the CPU."""
     peak_at, total, peak = -1, baseline, baseline
     sizes: dict[int, int] = {}
     for index, entry in enumerate(entries):
