@@ -1285,7 +1285,7 @@ Where the errors come from (read the tables above for their size):
   lies between SXM and NVL), priced as the catalog's `h100-96gb-500w`. Priced as 700 W HBM3
   H100s they were predicted 30-42% too fast at 8K (8B, FSDP). The SXM peak scaled by the cube
   root of the power ratio (884 TFLOP/s, an upper bound) left the 8K rows 13-25% too fast; the
-  peak fitted to the async TP table's 8B rows (above: they want 490-670, below the source's range,
+  peak fitted to the async TP table's 8B rows (above: they want 492-673, below the source's range,
   so it sits at the NVL bound, 835) leaves them 7-19% too fast, and the held-apart rows on the
   part without CP still want 622-852 TFLOP/s each, 750 at the median (`peak_that_fits`). Their 64K-256K rows used torch's early
   ring-attention context parallelism. Their
