@@ -980,16 +980,21 @@ def peak_that_fits(point: Point) -> float:
     machine = hardware(point)
 
     def predicted(peak: float) -> float:
-        accelerator = machine.accelerator.model_copy(
-            update={"peak_bf16_tflops": peak, "peak_fp8_tflops": 2 * peak, "peak_bf16_tflops_bounds": None}
-        )
-        return run(point, dataclasses.replace(machine, accelerator=accelerator))[1]
+        return run(point, with_peak(machine, peak))[1]
 
     low, high = PEAK_SEARCH_TFLOPS
     while high - low > 0.5:
         middle = (low + high) / 2
         low, high = (low, middle) if predicted(middle) > point.measured else (middle, high)
     return (low + high) / 2
+
+
+def with_peak(machine: Hardware, peak: float) -> Hardware:
+    """`machine` with its GPU's BF16 peak at `peak` TFLOP/s and FP8 at twice it, unbounded."""
+    accelerator = machine.accelerator.model_copy(
+        update={"peak_bf16_tflops": peak, "peak_fp8_tflops": 2 * peak, "peak_bf16_tflops_bounds": None}
+    )
+    return dataclasses.replace(machine, accelerator=accelerator)
 
 
 def peak_fits() -> list[PeakFit]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import struct
 import subprocess
@@ -11,16 +10,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests import REPO, load_script
+
 SCRIPT = REPO / "scripts" / "cpu_by_process.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("cpu_by_process", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_script("cpu_by_process")
 
 
 def record(pid: int, ppid: int, cpu_ticks: int, name: bytes) -> bytes:

@@ -4,19 +4,13 @@ predictions (`launcher plan`, `estimate` and `submit --dry-run` print those)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 
-from tests import REPO
+from tests import REPO, load_script
 
 
 def docs_examples():
-    spec = importlib.util.spec_from_file_location("docs_examples", REPO / "scripts" / "docs_examples.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs_examples")
 
 
 def test_every_quoted_command_output_is_what_the_command_prints_now():

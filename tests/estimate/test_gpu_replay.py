@@ -5,23 +5,16 @@ free_requested, free_completed, segment events; frames innermost first)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests import REPO
+from tests import load_script
 
 MIB = 2**20
 
 
 @pytest.fixture(scope="module")
 def estimator_gpu():
-    spec = importlib.util.spec_from_file_location("estimator_gpu", REPO / "scripts" / "estimator_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("estimator_gpu")
 
 
 def frames(*where: tuple[str, int, str]) -> list[dict]:

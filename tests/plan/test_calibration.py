@@ -5,23 +5,17 @@ at least 0.7 on every sweep of 10 or more layouts; issue 23 keeps the published 
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import textwrap
 
 import pytest
 
-from tests import REPO
+from tests import load_script
 
 
 @pytest.fixture(scope="module")
 def calibration():
-    spec = importlib.util.spec_from_file_location("planner_calibration", REPO / "scripts" / "planner_calibration.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_script("planner_calibration")
 
 
 def test_spearman_ranks_with_ties_as_scipy_does(calibration):
@@ -192,14 +186,7 @@ def test_the_500w_part_peak_is_fitted_inside_its_source_bounds(calibration):
     _, published = calibration.load_benchmark()
     point = next(p for p in published if p.accelerator == found.accelerator and p.use == "fit")
     peak = calibration.peak_that_fits(point)
-    machine = calibration.hardware(point)
-    machine = calibration.dataclasses.replace(
-        machine,
-        accelerator=machine.accelerator.model_copy(
-            update={"peak_bf16_tflops": peak, "peak_fp8_tflops": 2 * peak, "peak_bf16_tflops_bounds": None}
-        ),
-    )
-    measured, predicted, *_ = calibration.run(point, machine)
+    measured, predicted, *_ = calibration.run(point, calibration.with_peak(calibration.hardware(point), peak))
     assert predicted == pytest.approx(measured, rel=0.01)
 
 
