@@ -86,6 +86,7 @@ class Point:
     # once per step, overlapped): priced with FSDP's sync_last_gathered traffic (workload_of).
     distributed_optimizer: bool = False
     cp_ring: bool = False  # CP as Transformer Engine's p2p ring, transfers beside attention (Workload)
+    ep_dispatch_per_node: bool = False  # MoE tokens cross nodes once per node, as Hybrid-EP sends them (Workload)
     # Gradients reduced (and, under FSDP, accumulated unsharded) in bf16: Megatron's
     # grad_reduce_in_fp32 False, our parallel.reduce_dtype bf16 (Workload.reduce_dtype).
     grad_reduce_bf16: bool = False
@@ -115,7 +116,7 @@ class Point:
         container version, the FP8 recipe beyond tensorwise/rowwise) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
-                self.p2p_overlap, self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached,
+                self.p2p_overlap, self.ep_dispatch_per_node, self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached,
                 self.fp8_experts, self.moe_force_load_balance, self.optimizer_state_dtype,
                 self.recompute_layers, self.logits_materialized)  # fmt: skip
 
@@ -166,8 +167,8 @@ ROW_REQUIRED = (
 )
 ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
                 "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "fp8_experts",
-                "moe_force_load_balance", "optimizer_state_dtype", "recompute_layers", "note", "assumed",
-                "fitted")  # fmt: skip
+                "moe_force_load_balance", "ep_dispatch_per_node", "optimizer_state_dtype", "recompute_layers",
+                "note", "assumed", "fitted")  # fmt: skip
 # A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
 # source under the evidence key beside each.
 SOURCE_DEFAULTS = {
@@ -265,7 +266,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         )
     if row.get("optimizer_state_dtype", "fp32") not in OPTIMIZER_STATE_BYTES:
         raise BenchmarkError(f"{at}: optimizer_state_dtype must be one of {', '.join(OPTIMIZER_STATE_BYTES)}")
-    flags = {k: row[k] for k in ("async_tp", *SOURCE_DEFAULTS) if k in row}
+    flags = {k: row[k] for k in ("async_tp", "ep_dispatch_per_node", *SOURCE_DEFAULTS) if k in row}
     if not all(isinstance(v, bool) for v in flags.values()):
         raise BenchmarkError(f"{at}: {', '.join(flags)} must be true or false")
     source = sources[row["source"]]
@@ -290,6 +291,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         p2p_overlap=layout.virtual_stages > 1 and _setting(row, source, "overlap_p2p_comm"),
         distributed_optimizer=_setting(row, source, "distributed_optimizer"),
         cp_ring=layout.context > 1 and _setting(row, source, "cp_ring"),
+        ep_dispatch_per_node=layout.expert > 1 and bool(row.get("ep_dispatch_per_node")),
         grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
         tp_saves_shard=layout.tensor > 1 and _setting(row, source, "tp_saves_shard"),
         fp8_weights_cached=row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"),
@@ -337,6 +339,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("FP8 experts (precision.fp8_experts)")
     if _setting(row, source, "moe_force_load_balance"):
         parts.append("force-balanced routing (training.moe_force_load_balance)")
+    if row.get("ep", 1) > 1 and row.get("ep_dispatch_per_node"):
+        parts.append("Hybrid-EP dispatch, once per node (ep_dispatch_per_node)")
     if row.get("optimizer_state_dtype") == "bf16":
         parts.append("bf16 optimizer states (training.optimizer.state_dtype bf16)")
     if _setting(row, source, "logits_materialized"):
@@ -406,6 +410,7 @@ def workload_of(point: Point) -> Workload:
         tp_overlap=point.tp_overlap,
         p2p_overlap=point.p2p_overlap,
         cp_ring=point.cp_ring,
+        ep_dispatch_per_node=point.ep_dispatch_per_node,
         reduce_dtype="bf16" if point.grad_reduce_bf16 else "fp32",
         tp_saved_inputs="shard" if point.tp_saves_shard else "gathered",
         regather_overlap=point.tp_saves_shard,  # both regather async beside the dgrad GEMM (Workload)
@@ -1163,7 +1168,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
 | optimizer | AdamW over the fp32 shard, HBM-bound | - |
 | experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16, at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), never divided by TP (tensor.py keeps the MoE whole on every tp rank); elementwise: the SwiGLU on every copy and the permutations by expert and back. With `precision.fp8_experts` the experts' GEMMs run at the FP8 rowwise rate on their padded rows (R rounded up to 16, plus 16 x E/ep: groups of 16-row multiples, none empty) and add torchao's fused casts (the rows, the gradients and the local experts' weights every micro-batch; once per step under `fp8_weights_cached`) and the padding's copies | `fp8_experts` (Megatron-Bridge's MoE rows: TE's grouped linears run FP8) |
-| EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp (tp apart); FSDP gathers and reduces E / ep experts per rank | none (the router and the experts wait for them) |
+| EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp (tp apart): across nodes the copies for other nodes leave through one GPU's share of the NICs while those for its own node cross NVLink, and the slower sets the time (an all-to-all is not a ring); `ep_dispatch_per_node` (planner-only: DeepEP's and Hybrid-EP's dispatch) sends a token once to each other node that holds one of its experts; FSDP gathers and reduces E / ep experts per rank | none (the router and the experts wait for them) |
 
 ### Links
 
@@ -1221,10 +1226,17 @@ model and container, and NeMo and torchtitan none on H100. Its six DGX-H100 rows
 (16 GPUs, token-dropless with force-balanced routing, as we price) are held apart below: three
 layouts on six containers, PP 2 x EP 8 with 24 or 12 virtual stages and PP 1 x EP 16. One layout
 (PP 2, 12 virtual stages) measured 5,113 tokens/s/GPU in the 26.02 container and 9,058 in
-26.02.01; the 25.11 row (24 virtual stages, micro-batch 2) measured 5,275. The model, which
-prices a layout and not a container, is 15-19% above the 26.02.01 to 26.06 rows and about twice
+26.02.01; the 25.11 row (24 virtual stages, micro-batch 2) measured 5,275. The source's
+maintainers filed 25.11's rate as a regression of the dropless path, "2X slower" than 25.09
+(NVIDIA-NeMo/Megatron-Bridge issue 1998, to be fixed in 26.02), so those two rows measure a
+defect; they stay in the statistics. The model, which
+prices a layout and not a container, is 15-17% above the 26.02.01 to 26.06 rows and about twice
 the 25.11 and 26.02 ones (12-16% before our FP8 experts stopped casting their rows four times a
-micro-batch: the model prices our program's casts, not TE's). Until a measurement of our own MoE layer on a GPU
+micro-batch: the model prices our program's casts, not TE's). The EP 16 rows span two nodes and
+dispatch with Hybrid-EP (`ep_dispatch_per_node`, the config cited in the YAML), which sends a token
+over the network once per other node its experts sit on (1.0 of 8 copies here) where an
+all_to_all_single, as ours, sends the 4 copies bound there: priced as ours, with the node's
+copies through one GPU's NIC share, those rows would be 28% too slow instead of 17% too fast. Until a measurement of our own MoE layer on a GPU
 (scripts/gpu_moe_check.py) calibrates the expert GEMMs, the permutations and the all-to-alls,
 MoE predictions are an upper bound. Qwen3-235B-A22B (EP 32 over TP 2 x DP 16: Megatron's EP spans
 TP ranks, ours stays in dp_shard x cp) and GPT-OSS 120B (not in the catalog) are left out.
@@ -1465,8 +1477,8 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   bandwidth. No multi-GPU measurement of our own code exists: every communication constant is from
   datasheets and NCCL's tests (about 80% of link bandwidth). The node-aggregate ring ignores
   NCCL's tree and NVLS algorithms and the contention between mesh dimensions whose collectives
-  overlap in time (FSDP prefetch during TP's); Ulysses' all-to-alls are priced at the ring's
-  bus bandwidth.
+  overlap in time (FSDP prefetch during TP's). All-to-alls across nodes (EP, Ulysses) are priced
+  at one GPU's NIC share for what leaves the node, NCCL's PXN routing and its own overheads aside.
 - The allgather CP kernel's speed was measured at one sequence length (32K) on one H100 and
   is keyed by the queries each rank holds; below 4K per rank it is extrapolated. The ulysses
   kernel's (1.0 of plain attention) is a target, not a measurement; the accumulation modes'

@@ -45,6 +45,10 @@ class Workload:
     tp_overlap: str = "none"  # TP collectives in t pieces beside their GEMMs: async (torch), userbuffers (TE)
     p2p_overlap: bool = False  # pipeline sends/recvs beside the next chunk's compute: Megatron's overlap_p2p_comm
     cp_ring: bool = False  # CP as Transformer Engine's p2p ring: K/V (and dK/dV) steps beside attention (planner-only)
+    # MoE tokens sent once to each other node that holds any of their experts and fanned out there
+    # over NVLink, as DeepEP's and Hybrid-EP's dispatchers send them (planner-only; the entrypoints'
+    # all_to_all_single sends every token copy to its expert's rank)
+    ep_dispatch_per_node: bool = False
     # tp_saved_inputs shard's all-gathers in backward issued async beside the input-gradient GEMM,
     # as Megatron-Core and Transformer Engine issue them (planner-only; the entrypoints wait on them)
     regather_overlap: bool = False

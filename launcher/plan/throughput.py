@@ -659,9 +659,28 @@ class _Step:
             return self.intra, k.latency_intra_s
         if self.node_network <= 0:
             return self.intra or self.hbm, k.latency_intra_s  # one machine without a network: stays local
-        per_node = max(1, min(size, g // stride))  # this group's ranks on one node
+        per_node = self.ranks_per_node(stride, size)
         network = self.node_network * per_node / g
         return (min(network, self.intra) if per_node > 1 and self.intra else network), k.latency_inter_s
+
+    def ranks_per_node(self, stride: int, size: int) -> int:
+        """How many of a group's `size` ranks, `stride` apart in the mesh, share one node."""
+        return max(1, min(size, self.gpus_per_node // stride))
+
+    def exchange_time(self, stride: int, size: int, on_node: float, off_node: float) -> float:
+        """Seconds of one all-to-all over `size` ranks `stride` apart, in which each rank sends
+        `on_node` bytes to the group's ranks on its own node and `off_node` bytes to those on others.
+
+        An all-to-all is not a ring: what a rank sends to another node leaves through the NICs,
+        and every GPU of the node sends its own at once (SPMD), so it gets one GPU's share of them
+        (`inter`) whatever the group's shape, while its bytes for its own node go over NVLink at
+        the same time; the slower of the two sets the time. Within a node, or on one machine
+        without a network, it runs at the group's link rate."""
+        if self._within_node(stride, size) or self.node_network <= 0:
+            bandwidth, latency = self.link(stride, size)
+            return (on_node + off_node) / bandwidth + latency
+        nvlink = on_node / (self.intra or self.inter)
+        return max(nvlink, off_node / self.inter) + self.k.latency_inter_s
 
     def p2p_link(self, stride: int, size: int) -> tuple[float, float]:
         """(bandwidth, latency) of a send/recv between ranks `stride` apart: one GPU's NIC share across
@@ -860,19 +879,48 @@ def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> 
 def expert_parallel_time(step: _Step) -> float:
     """The token all-to-alls of one micro-batch under expert parallelism (model/dispatch.py):
     there and back in forward, both again in backward and in a recomputed forward, and the
-    router weights' beside them. Each sends
-    (ep - 1)/ep of the rank's N x k copies (balanced routing) over the EP group, ep consecutive
-    ranks of dp_shard x cp (tp apart). They sit between the router and the experts, so nothing
-    overlaps them."""
+    router weights' beside them, over the EP group, ep consecutive ranks of dp_shard x cp (tp
+    apart). They sit between the router and the experts, so nothing overlaps them."""
     if step.moe is None or step.ep == 1:
         return 0.0
-    k, ep = step.k, step.ep
-    bw, lat = step.link(step.t, ep)
-    all_to_all = k.activation_bytes * step.copies * step.h * (ep - 1) / ep / bw + lat
+    k = step.k
+    all_to_all = step.exchange_time(step.t, step.ep, *expert_exchange_bytes(step, k.activation_bytes * step.h))
     # The copies' router weights go with the rows (one scalar each, its gradient back in backward):
     # latency, all but free of bytes.
-    weights = lat + k.activation_bytes * step.copies * (ep - 1) / ep / bw
+    weights = step.exchange_time(step.t, step.ep, *expert_exchange_bytes(step, k.activation_bytes))
     return step.layers * ((4 + 2 * step.recompute) * all_to_all + (2 + step.recompute) * weights)
+
+
+def expert_exchange_bytes(step: _Step, per_copy: float) -> tuple[float, float]:
+    """(bytes to the EP group's ranks on this rank's node, bytes to its ranks on other nodes) of
+    one dispatch, `per_copy` bytes for each of the rank's N x k token copies (balanced routing:
+    each of the ep ranks, this one included, gets 1/ep of them).
+
+    The entrypoints' all_to_all_single sends every copy to its expert's rank. A dispatcher that
+    sends a token once to each node that holds any of its experts and fans it out there over
+    NVLink (Workload.ep_dispatch_per_node) sends fewer bytes across nodes: DeepSeek-V3's
+    (arXiv 2412.19437, section 3.2.2: each token goes over IB once to the GPU of the same
+    in-node index on a target node, then over NVLink to its experts' GPUs) and Hybrid-EP's, which
+    keeps one buffer slot per token and remote node (deepseek-ai/DeepEP docs/
+    Hybrid-EP_Implementation.md, 4.2: rdma_token_buffer is max_tokens_per_rank x (num_nodes - 1)
+    x hidden_dim). Its NVLink side is priced as every copy not for the rank itself crossing
+    NVLink once, on this node or after the network."""
+    ep, copies = step.ep, step.copies * per_copy
+    local = step.ranks_per_node(step.t, ep)
+    if not step.w.ep_dispatch_per_node or local >= ep:
+        return copies * (local - 1) / ep, copies * (ep - local) / ep
+    tokens = step.rows * per_copy
+    nodes = ceil(ep / local)
+    return copies * (ep - 1) / ep, tokens * remote_nodes_per_token(step.moe.num_experts, step.moe.top_k, nodes)
+
+
+def remote_nodes_per_token(experts: int, top_k: int, nodes: int) -> float:
+    """The expected number of other nodes a token's top_k distinct experts fall on, experts spread
+    evenly over `nodes` nodes and chosen uniformly (balanced routing): each other node is missed
+    only when all top_k picks avoid its experts."""
+    per_node = experts // nodes
+    missed = math.comb(experts - per_node, top_k) / math.comb(experts, top_k)
+    return (nodes - 1) * (1 - missed)
 
 
 def attention_time(step: _Step) -> float:
@@ -1063,14 +1111,17 @@ def context_parallel_time(step: _Step) -> float:
     c, k = step.c, step.k
     if c == 1:
         return 0.0
-    bw, lat = step.link(step.t, c)
     if step.cp_attention == "ulysses":
         # Each rank keeps 1/c of its s/c tokens' heads and sends the rest: (c - 1)/c of its q, k, v
         # and, on the way back, of the attention output (gradients alike in backward).
         local_rows = step.b * step.s / c
         one_way = k.activation_bytes * local_rows * (2 * step.q + 2 * step.kv) / step.t
-        all_to_all = one_way * (c - 1) / c / bw + 2 * lat
+        local = step.ranks_per_node(step.t, c)
+        # q, k, v there and the output back: both exchanges' bytes in one, and a latency for each
+        there_and_back = step.exchange_time(step.t, c, one_way * (local - 1) / c, one_way * (c - local) / c)
+        all_to_all = there_and_back + step.link(step.t, c)[1]
         return step.layers * (2 + step.recompute) * all_to_all * (1 - k.cp_overlap)
+    bw, lat = step.link(step.t, c)
     kv_bytes = (
         2 * k.activation_bytes * step.b * step.s * step.kv / step.t
     )  # K and V of the whole sequence, this TP rank's heads

@@ -137,6 +137,38 @@ def test_ulysses_all_to_alls_move_less_than_allgathers_at_large_context_degrees(
     assert ulysses < allgather
 
 
+def test_an_all_to_all_across_nodes_sends_each_gpus_off_node_bytes_through_its_own_nic_share():
+    # 16 ranks on two nodes of 8: each rank sends 8/16 of its bytes to the other node and 7/16 to
+    # its own node's ranks. All 8 GPUs of a node send at once, so the NICs give each one eighth
+    # of the node's network (40 GB/s), while its on-node bytes cross NVLink (360 GB/s) meanwhile.
+    # A ring over the same group would get the node's whole network: this is 8x slower.
+    s = step(Layout(data_shard=16))
+    sent = 1e9
+    seconds = s.exchange_time(1, 16, sent * 7 / 16, sent * 8 / 16)
+    off_node = sent * 8 / 16 / (NODE_NETWORK / 8)
+    assert seconds == pytest.approx(off_node + CONSTANTS.latency_inter_s)
+    ring = sent * 15 / 16 / s.link(1, 16)[0]
+    assert seconds > 4 * ring
+    # Within a node it is NVLink alone.
+    inside = step(Layout(data_shard=8)).exchange_time(1, 8, sent * 7 / 8, 0.0)
+    assert inside == pytest.approx(sent * 7 / 8 / NVLINK + CONSTANTS.latency_intra_s)
+
+
+def test_ulysses_across_nodes_pays_the_nic_share_for_what_leaves_the_node():
+    # CP 16 over two nodes: 8 of each rank's 16 head groups go to the other node. Halving the NICs'
+    # bandwidth doubles the off-node part, which sets the time; the NVLink part is unchanged.
+    layout = Layout(context=16, data_shard=1)
+    w = workload(layout, seq_len=131072, cp_attention="ulysses", activation_checkpointing="full")
+    two_nodes = dataclasses.replace(P5, instance_count=2)
+    slow = dataclasses.replace(two_nodes, instance=P5.instance.model_copy(update={"efa_gbps": 1600}))
+    fast_cp, slow_cp = (predict(w, hw).breakdown["context_parallel"] for hw in (two_nodes, slow))
+    assert slow_cp / fast_cp == pytest.approx(2.0, rel=0.02)
+    # CP 8 in one node: each rank holds twice the tokens and sends 7/8 of them over NVLink; CP 16
+    # sends 8/16 of half as many through a NIC share 9 times slower: (1/4 / 40) / (7/8 / 360) = 2.57.
+    within = predict(dataclasses.replace(w, layout=Layout(context=8, data_shard=1)), P5).breakdown["context_parallel"]
+    assert fast_cp / within == pytest.approx((1 / 4 / 40) / (7 / 8 / 360), rel=0.02)
+
+
 def test_modes_are_what_the_entrypoints_run():
     plain = workload(Layout(data_shard=8))
     assert (mode(plain, "grad_accumulation"), mode(plain, "cp_attention"), mode(plain, "reduce_dtype")) == (

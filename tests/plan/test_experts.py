@@ -4,12 +4,15 @@ and expert parallelism searched and shown."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+
+import pytest
 
 from launcher import catalog
 from launcher.contract.layout import Layout
 from launcher.estimate import Workload
-from launcher.plan.throughput import model_flops_per_token, predict
+from launcher.plan.throughput import model_flops_per_token, predict, remote_nodes_per_token
 from launcher.recipe.hardware import hardware_for
 from tests import REPO
 
@@ -53,6 +56,34 @@ def test_all_to_alls_across_nodes_cost_more_than_within_one():
     per_copy_within = within.breakdown["expert_parallel"]
     per_copy_across = across.breakdown["expert_parallel"]
     assert per_copy_across > 2 * per_copy_within
+
+
+def test_a_token_reaches_another_node_once_whatever_its_experts_there():
+    # Brute force over every top-k choice of experts, spread evenly over the nodes: the expected
+    # number of other nodes hit (rank 0 sits on node 0).
+    for experts, top_k, nodes in ((8, 2, 2), (16, 4, 4), (12, 3, 3)):
+        per_node = experts // nodes
+        choices = list(itertools.combinations(range(experts), top_k))
+        hit = [len({e // per_node for e in choice} - {0}) for choice in choices]
+        assert remote_nodes_per_token(experts, top_k, nodes) == pytest.approx(sum(hit) / len(choices))
+
+
+def test_a_per_node_dispatcher_sends_a_quarter_of_the_bytes_across_two_nodes():
+    # Qwen3-30B-A3B over EP 16 on two nodes (8 experts per rank, top 8 of 128): an
+    # all_to_all_single sends the 4 copies of a token bound for the other node, Hybrid-EP's
+    # dispatch sends the token once (1 - C(64, 8)/C(128, 8) = 0.996 of the time). The all-to-alls
+    # are network-bound, so their time falls about fourfold.
+    two_nodes = dataclasses.replace(P5, instance_count=2)
+    layout = Layout(data_shard=16, expert=16)
+    workload = Workload(arch=QWEN3_MOE, layout=layout, seq_len=4096, micro_batch_size=1, grad_accum_steps=1)
+    plain = predict(workload, two_nodes).breakdown["expert_parallel"]
+    per_node = predict(dataclasses.replace(workload, ep_dispatch_per_node=True), two_nodes).breakdown["expert_parallel"]
+    assert 3.5 < plain / per_node < 4.05
+    # Inside one node there is nothing to save.
+    inside = dataclasses.replace(workload, layout=Layout(data_shard=8, expert=8))
+    assert predict(inside, P5).breakdown["expert_parallel"] == pytest.approx(
+        predict(dataclasses.replace(inside, ep_dispatch_per_node=True), P5).breakdown["expert_parallel"]
+    )
 
 
 def test_the_planner_searches_expert_parallelism_and_shows_it(cli):
