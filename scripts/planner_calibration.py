@@ -1217,9 +1217,13 @@ expert count that divide dp_shard x cp (`expert_choices` in launcher/contract/la
 rule recipes are validated by), and the table gains an `expert` column. Model FLOPs count the
 parameters a token goes through (router, top-k and shared experts), as the entrypoints' MFU
 does. The model prices two things against each other: gathering every expert per layer (FSDP,
-hidden behind compute as for dense blocks) against the all-to-alls EP adds. At long sequences
-attention dominates and hides the gathers, so for Qwen3-30B-A3B's small experts (768 wide) at
-64K the planner prefers no EP; for Mixtral's (14,336 wide) at 32K it prefers EP 8.
+hidden behind compute as for dense blocks) against the all-to-alls EP adds. Under EP a rank's
+experts are an FSDP unit of their own over the expert_fsdp ranks that hold the same ones, ep x
+tp apart and often one per node, so their gathers get one GPU's NIC share where a block's get
+the node's; every micro-batch of a step gathers them again (`grad_accumulation: sync_each`). At
+long sequences attention dominates and hides the gathers, so for Qwen3-30B-A3B's small experts
+(768 wide) at 64K the planner prefers no EP, and for Mixtral's (14,336 wide) at 32K on four p5
+no EP, by 2-3% over EP 2 to 8 with one micro-batch per step: within the model's noise.
 
 No published MoE *sweep* exists to rank against: Megatron-Bridge publishes one layout per MoE
 model and container, and NeMo and torchtitan none on H100. Its six DGX-H100 rows of Qwen3-30B-A3B
@@ -1496,8 +1500,7 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
 - Only one instance type is searched per call; mixed fleets and spot interruptions are not costed.
 - Mixture of experts: every term is our model with no published MoE sweep checked; routing is
   priced balanced (the memory estimate prices a bound above it), the grouped GEMM at the dense
-  GEMM efficiency with a rows-per-expert factor, and the experts' FSDP traffic over expert_fsdp
-  at the dp_shard x cp group's link. The one measurement of our MoE layer (one H100,
+  GEMM efficiency with a rows-per-expert factor. The one measurement of our MoE layer (one H100,
   docs/gpu_check_h100.md) is not fitted: its FP8-experts layer ran the single-tensor
   column-scale kernel that the dual-kernel fix (entrypoints/model/fp8_experts.py) replaced, and
   its experts-only FP8 time is torchao's own function, which casts the rows twice as often as

@@ -560,7 +560,7 @@ class _Step:
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
         "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
         "accumulation", "grad_bytes", "cp_attention", "machine", "moe", "ep", "copies", "state_params", "active_f",
-        "fp8_experts", "expert_rows",
+        "fp8_experts", "expert_rows", "expert_block_params",
     )  # fmt: skip
 
     def __init__(
@@ -601,7 +601,7 @@ class _Step:
         self.active_f = f  # the MLP width a token's FLOPs see (MFU): the dense f, or the MoE's below
         output = self.vocab * h + h if self.has_output else 0  # the last rank's final norm and output layer
         if self.moe is None:
-            self.copies = self.expert_rows = 0
+            self.copies = self.expert_rows = self.expert_block_params = 0
             self.fp8_experts = False
             self.block_params = self.layers * (2 * h * q + 2 * h * kv + 3 * h * f + small)
             self.stage_params = self.state_params = self.block_params + output
@@ -624,7 +624,8 @@ class _Step:
         self.fp8_experts = self.fp8 and self.w.experts_in_fp8
         padded = padded_group_rows(self.copies, moe.num_experts // self.ep)
         self.expert_rows = padded if self.fp8_experts else self.copies
-        self.block_params = self.layers * (attention + t * (dense + moe.num_experts // self.ep * expert))
+        self.expert_block_params = self.layers * t * moe.num_experts // self.ep * expert  # this rank's experts
+        self.block_params = self.layers * (attention + t * dense) + self.expert_block_params
         self.stage_params = self.block_params + output
         self.state_params = self.layers * (attention + t * (dense + moe.num_experts * expert)) + output
         self.active_f = moe.active_ffn_width()
@@ -1158,14 +1159,35 @@ class _FsdpTraffic(NamedTuple):
 
 
 def fsdp_traffic(step: _Step) -> _FsdpTraffic:
+    """Every FSDP unit over dp_shard x cp (tp apart); under expert parallelism the experts of a
+    block are a unit of their own (entrypoints/parallel/fsdp.py) over their expert_fsdp group
+    (`_expert_fsdp_spread`), with a collective of its own per block."""
     shard, k, layers = step.shard, step.k, step.layers
     bw, lat = step.link(step.t, shard)
     spread = (shard - 1) / shard / bw / step.t
-    param_bytes = 1 if step.fp8_gather else k.fsdp_param_bytes
-    block_gather = param_bytes * step.block_params * spread + layers * lat
+    expert_spread, expert_lat = _expert_fsdp_spread(step, spread)
+    experts, param_bytes = step.expert_block_params, 1 if step.fp8_gather else k.fsdp_param_bytes
+    blocks = (step.block_params - experts) * spread + experts * expert_spread
+    block_gather = param_bytes * blocks + layers * (lat + expert_lat)
     root_gather = k.fsdp_param_bytes * (step.stage_params - step.block_params) * spread + lat
-    reduce = step.grad_bytes * step.stage_params * spread + layers * lat
+    stage = (step.stage_params - experts) * spread + experts * expert_spread
+    reduce = step.grad_bytes * stage + layers * (lat + expert_lat)
     return _FsdpTraffic(block_gather, root_gather, reduce, block_gather / layers if layers else 0.0)
+
+
+def _expert_fsdp_spread(step: _Step, spread: float) -> tuple[float, float]:
+    """(seconds per parameter, latency) of the experts' FSDP collectives. Without expert
+    parallelism they are part of their block's unit (`spread`, no latency of their own). Under it
+    the group is expert_fsdp = dp_shard x cp / ep ranks holding the same E/ep experts: the expert
+    mesh is (pp, dp_replicate, expert_fsdp, ep, tp) (entrypoints/parallel/expert.py), so they sit
+    ep x tp apart, often one per node, and get that node's NIC share, not the whole node's."""
+    if step.moe is None or step.ep == 1:
+        return spread, 0.0
+    group = step.shard // step.ep
+    if group == 1:
+        return 0.0, 0.0  # every rank holds its experts whole: nothing to gather or reduce-scatter
+    bw, lat = step.link(step.t * step.ep, group)
+    return (group - 1) / group / bw / step.t, lat
 
 
 def fsdp_time(step: _Step, compute_mb: float) -> tuple[float, float]:

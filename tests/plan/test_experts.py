@@ -12,7 +12,14 @@ import pytest
 from launcher import catalog
 from launcher.contract.layout import Layout
 from launcher.estimate import Workload
-from launcher.plan.throughput import model_flops_per_token, predict, remote_nodes_per_token
+from launcher.plan.throughput import (
+    CONSTANTS,
+    _Step,
+    fsdp_traffic,
+    model_flops_per_token,
+    predict,
+    remote_nodes_per_token,
+)
 from launcher.recipe.hardware import hardware_for
 from tests import REPO
 
@@ -84,6 +91,35 @@ def test_a_per_node_dispatcher_sends_a_quarter_of_the_bytes_across_two_nodes():
     assert predict(inside, P5).breakdown["expert_parallel"] == pytest.approx(
         predict(dataclasses.replace(inside, ep_dispatch_per_node=True), P5).breakdown["expert_parallel"]
     )
+
+
+def wider_experts(arch, factor: int):
+    moe = arch.moe.model_copy(update={"expert_ffn_hidden_size": arch.moe.expert_ffn_hidden_size * factor})
+    return arch.model_copy(update={"moe": moe})
+
+
+def test_the_experts_fsdp_group_is_the_ranks_that_hold_the_same_experts():
+    # Under EP each rank's experts are an FSDP unit over expert_fsdp = dp_shard x cp / ep ranks,
+    # ep apart (entrypoints/parallel/expert.py's mesh: expert_fsdp outside ep). Wider experts
+    # add traffic only there.
+    two_nodes = dataclasses.replace(P5, instance_count=2)
+
+    def reduce_s(arch, layout):
+        workload = Workload(arch=arch, layout=layout, seq_len=4096, micro_batch_size=1, grad_accum_steps=1)
+        return fsdp_traffic(_Step(workload, two_nodes, CONSTANTS)).reduce
+
+    # EP 16 over 16 ranks: each rank holds its 8 experts whole, nothing to reduce-scatter.
+    whole = Layout(data_shard=16, expert=16)
+    assert reduce_s(wider_experts(QWEN3_MOE, 2), whole) == pytest.approx(reduce_s(QWEN3_MOE, whole))
+    # EP 8 over 16 ranks on two nodes: the two ranks with the same experts sit on different
+    # nodes, so half of each expert gradient leaves through one GPU's NIC share (40 GB/s).
+    split = Layout(data_shard=16, expert=8)
+    added = reduce_s(wider_experts(QWEN3_MOE, 2), split) - reduce_s(QWEN3_MOE, split)
+    layers, moe, h = QWEN3_MOE.num_layers, QWEN3_MOE.moe, QWEN3_MOE.hidden_size
+    added_params = layers * moe.num_experts // 8 * moe.expert_params(h)  # the 16 experts a rank holds, twice as wide
+    nic_share = 3200 / 8 * 1e9 * CONSTANTS.network_efficiency / 8
+    fp32_grad = CONSTANTS.fsdp_grad_bytes["fp32"]
+    assert added == pytest.approx(fp32_grad * added_params * (2 - 1) / 2 / nic_share)
 
 
 def test_the_planner_searches_expert_parallelism_and_shows_it(cli):
