@@ -190,6 +190,33 @@ def test_the_500w_part_peak_is_fitted_inside_its_source_bounds(calibration):
     assert predicted == pytest.approx(measured, rel=0.01)
 
 
+def test_a_cp_rows_implied_kernel_rate_reproduces_its_measured_speed(calibration):
+    """`cp_rate_that_fits` solves a CP row for its kernel's rate: priced at that rate the row
+    predicts what was measured. Transformer Engine's ring over NeMo's long-sequence sweep implies
+    the 0.58 every published CP row is priced at; torchtitan's 8B at 64K with CP 2 far more."""
+    _, published = calibration.load_benchmark()
+    long_sequence = [p for p in published if p.source.startswith("NeMo long-sequence") and p.layout.context > 1]
+    assert len(long_sequence) == 6
+    for point in long_sequence:
+        rate = calibration.cp_rate_that_fits(point)
+        assert rate == pytest.approx(0.58, abs=0.03), point
+        speed = calibration.priced_speed(point, calibration.hardware(point), cp_rate=rate)
+        assert speed.tokens_per_s_per_gpu == pytest.approx(calibration.measured_tokens(point), rel=0.01)
+    cp2 = next(p for p in published if p.model == "llama3.1-8b" and p.layout.context == 2 and p.seq_len == 65536)
+    assert calibration.cp_rate_that_fits(cp2) > 0.85
+
+
+def test_hybrid_ep_rows_cross_nodes_once_per_token_as_their_config_sets(calibration):
+    """From 26.04 Megatron-Bridge's H100 Qwen3-30B-A3B config runs EP 16 over two nodes with
+    moe_flex_dispatcher_backend hybridep (cited in docs/published_benchmark.yaml): those rows are
+    priced with Workload.ep_dispatch_per_node; the EP 8 rows stay inside a node."""
+    _, published = calibration.load_benchmark()
+    moe = [p for p in published if p.model == "qwen3-30b-a3b"]
+    per_node = {p.layout.expert for p in moe if p.ep_dispatch_per_node}
+    assert per_node == {16}
+    assert all(calibration.workload_of(p).ep_dispatch_per_node == (p.layout.expert == 16) for p in moe)
+
+
 def test_megatron_bridge_rows_reduce_gradients_in_bf16_as_their_configs_set(calibration):
     """Megatron-Bridge's performance configs set grad_reduce_in_fp32 False (the evidence cited in
     docs/published_benchmark.yaml): its rows are priced and estimated with reduce_dtype bf16, as is
