@@ -49,6 +49,13 @@ class Workload:
     # over NVLink, as DeepEP's and Hybrid-EP's dispatchers send them (planner-only; the entrypoints'
     # all_to_all_single sends every token copy to its expert's rank)
     ep_dispatch_per_node: bool = False
+    # The MLP's activation as Megatron-Core runs it without bias_activation_fusion: "squared_relu_unfused",
+    # torch.pow(F.relu(x), 2) on a two-matrix FFN 3/2 as wide as the SwiGLU of equal size the arch
+    # describes, eager whatever `compile` says (planner-only; the entrypoints run SwiGLU)
+    mlp_activation: str = "swiglu"
+    # Megatron-Core's recompute_granularity "selective": each layer's core attention (the fused
+    # attention kernel) runs its forward again in backward (planner-only)
+    recompute_core_attention: bool = False
     # tp_saved_inputs shard's all-gathers in backward issued async beside the input-gradient GEMM,
     # as Megatron-Core and Transformer Engine issue them (planner-only; the entrypoints wait on them)
     regather_overlap: bool = False

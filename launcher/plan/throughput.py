@@ -154,6 +154,15 @@ class Constants:
     forward + backward take beyond their GEMMs (at the sustained rate) and attention: about 0.3 us
     per token and layer, at 8K and at 32K alike."""
 
+    unfused_squared_relu_bytes: float = 28.0
+    """Forward and backward HBM traffic per FFN element of Megatron-Core's unfused squared ReLU
+    (Workload.mlp_activation "squared_relu_unfused": NeMo's squared_relu, torch.pow(F.relu(x), 2),
+    nemo/collections/nlp/parts/utils_funcs.py at v2.0.0rc0; Megatron-Core core_r0.8.0
+    transformer/mlp.py applies it eagerly without bias_activation_fusion), counted for bf16, not
+    measured: relu reads and writes (4 bytes), pow writes its square (4); backward, pow's gradient
+    makes self.pow(1) (4), scales it by 2 (4) and multiplies the incoming gradient (6), and relu's
+    threshold_backward reads the gradient and the output and writes (6): 28."""
+
     compiled_elementwise_factor: float = 0.35
     """torch.compile fuses the norms, RoPE and SwiGLU into a few kernels: about a third of the eager
     traffic remains. On torchtitan's 8B, compile gives +16%; this factor predicts +11% there."""
@@ -718,13 +727,15 @@ def compute_time(step: _Step) -> _Compute:
     per_layer_forward = (block_gemm_s + attention_s) / 3 + forward_ew_s + cast_forward_s
     layers = step.layers
     kept_products = (1 - step.recompute) * layers * product_recompute_time(step)
+    # Megatron's selective recomputation: the kept layers' core attention forward again
+    core_attention = (1 - step.recompute) * layers * attention_s / 3 if step.w.recompute_core_attention else 0.0
     return _Compute(
         matmul=layers * block_gemm_s + (head_s if step.has_output else 0.0),
         attention=layers * attention_s,
         elementwise=layers * (3 * forward_ew_s + 2 * cast_forward_s)
         + kept_products
         + (loss_s if step.has_output else 0.0),
-        recompute=step.recompute * layers * per_layer_forward,
+        recompute=step.recompute * layers * per_layer_forward + core_attention,
     )
 
 
@@ -748,7 +759,7 @@ def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]
     w = step.w
     key = (
         w.dtype, w.fp8_recipe, w.compile, w.tp_overlap, step.fp8, step.fp8_gather, step.rows, step.s, step.h,
-        w.fp8_weights_cached and w.grad_accum_steps, w.logits_materialized,
+        w.fp8_weights_cached and w.grad_accum_steps, w.logits_materialized, w.mlp_activation,
         step.q, step.kv, step.f, step.vocab, step.t, step.c, step.shard, step.cp_attention,
         None if step.moe is None else (step.moe.num_experts, step.moe.top_k, step.moe.expert_ffn_hidden_size,
                                        step.moe.shared_experts, step.ep),
@@ -958,9 +969,15 @@ def elementwise_time(step: _Step) -> float:
     Sequence parallel runs the norms on s/(c t) tokens; RoPE and SwiGLU see 1/t of the heads/FFN."""
     k, w = step.k, step.w
     dtype_scale = 2 if w.dtype == "fp32" else 1
-    forward_bytes = (k.elementwise_bytes_per_hidden * step.h + k.elementwise_bytes_per_ffn * step.f) * dtype_scale
     fused = k.compiled_elementwise_factor if w.compile else 1.0
-    dense = fused * forward_bytes * step.rows / step.t
+    if w.mlp_activation == "squared_relu_unfused":
+        # Eager whatever `compile` says, on the two-matrix FFN of the same parameters: 3/2 of the
+        # gated width f; a third of the forward-and-backward bytes counts as the forward's.
+        ffn_bytes = k.unfused_squared_relu_bytes / 3 * 1.5 * step.f
+    else:
+        ffn_bytes = fused * k.elementwise_bytes_per_ffn * step.f
+    forward_bytes = (fused * k.elementwise_bytes_per_hidden * step.h + ffn_bytes) * dtype_scale
+    dense = forward_bytes * step.rows / step.t
     if step.moe is None:
         return dense / step.hbm
     # The experts' SwiGLU on every copy, and the copies gathered by expert and back in token

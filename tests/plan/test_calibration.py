@@ -118,6 +118,16 @@ BAD_ROWS = [
         "accelerator: h100-80gb, attention_kernel: flash9}",
         r"source 'tt' attention_kernel 'flash9' is not one of cudnn, flash2",
     ),
+    (
+        "unit: tokens/s/GPU}",
+        "unit: tokens/s/GPU, mlp_activation: gelu}",
+        r"point 1: mlp_activation must be one of swiglu, squared_relu_unfused",
+    ),
+    (
+        "unit: tokens/s/GPU}",
+        "unit: tokens/s/GPU, recompute_core_attention: yes please}",
+        r"point 1: .*recompute_core_attention.* must be true or false",
+    ),
 ]
 
 
@@ -215,6 +225,24 @@ def test_hybrid_ep_rows_cross_nodes_once_per_token_as_their_config_sets(calibrat
     per_node = {p.layout.expert for p in moe if p.ep_dispatch_per_node}
     assert per_node == {16}
     assert all(calibration.workload_of(p).ep_dispatch_per_node == (p.layout.expert == 16) for p in moe)
+
+
+def test_nemo_nemotron_rows_run_their_squared_relu_unfused_and_the_340b_recomputes_core_attention(calibration):
+    """NeMo 24.07's Nemotron configs set squared-relu with bias_activation_fusion false, its other
+    configs fuse GeLU or SwiGLU; only nemotron_340b.yaml recomputes (granularity selective), and
+    no 24.07 row's recomputation is an assumption any more (evidence in the YAML)."""
+    _, published = calibration.load_benchmark()
+    nemo = [p for p in published if p.source.startswith("NeMo performance summary")]
+    unfused = {p.model for p in nemo if p.mlp_activation == "squared_relu_unfused"}
+    assert unfused == {"nemotron-8b", "nemotron-22b", "nemotron-340b"}
+    assert {p.model for p in nemo if p.recompute_core_attention} == {"nemotron-340b"}
+    assert not any("assumed: ac" in p.note for p in nemo)
+    for point in nemo:
+        workload = calibration.workload_of(point)
+        assert (workload.mlp_activation, workload.recompute_core_attention) == (
+            point.mlp_activation,
+            point.recompute_core_attention,
+        )
 
 
 def test_megatron_bridge_rows_reduce_gradients_in_bf16_as_their_configs_set(calibration):

@@ -155,6 +155,34 @@ def test_recomputation_costs_a_forward_of_the_checkpointed_blocks():
     assert none.tokens_per_s_per_gpu > selective.tokens_per_s_per_gpu > full.tokens_per_s_per_gpu
 
 
+def test_megatron_selective_recomputation_runs_each_kept_layers_core_attention_forward_again():
+    # recompute_granularity "selective": attention's forward (a third of its time) once more per
+    # layer; under full recomputation the layer's whole forward already includes it.
+    plain = run()
+    selective = run(recompute_core_attention=True)
+    assert selective.breakdown["recompute"] - plain.breakdown["recompute"] == pytest.approx(
+        plain.breakdown["attention"] / 3
+    )
+    full = run(activation_checkpointing="full")
+    assert run(activation_checkpointing="full", recompute_core_attention=True).breakdown == full.breakdown
+
+
+def test_an_unfused_squared_relu_costs_its_counted_bytes_compiled_or_not():
+    # Megatron-Core's squared ReLU without bias_activation_fusion: 28 bytes per element of the
+    # two-matrix FFN (3/2 of the gated width), forward and backward, eager under compile too.
+    def elementwise(activation, compile):
+        return run(mlp_activation=activation, compile=compile).breakdown["elementwise"]
+
+    eager_gap = elementwise("squared_relu_unfused", False) - elementwise("swiglu", False)
+    compiled_gap = elementwise("squared_relu_unfused", True) - elementwise("swiglu", True)
+    f, layers, rows = LLAMA8B.ffn_hidden_size, LLAMA8B.num_layers, 8192
+    hbm = 3350e9 * CONSTANTS.hbm_efficiency  # H100 SXM, 3.35 TB/s
+    per_byte = layers * rows / hbm  # seconds per byte of every token of every layer
+    swiglu = 3 * CONSTANTS.elementwise_bytes_per_ffn * f  # forward, and backward twice that
+    assert eager_gap == pytest.approx(per_byte * (28 * 1.5 * f - swiglu))
+    assert compiled_gap == pytest.approx(per_byte * (28 * 1.5 * f - CONSTANTS.compiled_elementwise_factor * swiglu))
+
+
 def test_megatron_block_recomputation_recomputes_k_layers_of_each_virtual_stage():
     # recompute_layers (Megatron-Core's recompute_method block): 5 of 8B's 32 layers recompute their
     # forward; under PP 4 with 2 virtual stages, 2 layers of each 4-layer chunk, half the rank's 8.
