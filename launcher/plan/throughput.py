@@ -677,6 +677,12 @@ class _Step:
         """How many of a group's `size` ranks, `stride` apart in the mesh, share one node."""
         return max(1, min(size, self.gpus_per_node // stride))
 
+    def even_split(self, stride: int, size: int, sent: float) -> tuple[float, float]:
+        """(to this node's ranks, to other nodes' ranks) of `sent` bytes spread evenly over a
+        group of `size` ranks `stride` apart, 1/size of them to the sender itself."""
+        local = self.ranks_per_node(stride, size)
+        return sent * (local - 1) / size, sent * (size - local) / size
+
     def exchange_time(self, stride: int, size: int, on_node: float, off_node: float) -> float:
         """Seconds of one all-to-all over `size` ranks `stride` apart, in which each rank sends
         `on_node` bytes to the group's ranks on its own node and `off_node` bytes to those on others.
@@ -920,7 +926,7 @@ def expert_exchange_bytes(step: _Step, per_copy: float) -> tuple[float, float]:
     ep, copies = step.ep, step.copies * per_copy
     local = step.ranks_per_node(step.t, ep)
     if not step.w.ep_dispatch_per_node or local >= ep:
-        return copies * (local - 1) / ep, copies * (ep - local) / ep
+        return step.even_split(step.t, ep, copies)
     tokens = step.rows * per_copy
     nodes = ceil(ep / local)
     return copies * (ep - 1) / ep, tokens * remote_nodes_per_token(step.moe.num_experts, step.moe.top_k, nodes)
@@ -1134,9 +1140,8 @@ def context_parallel_time(step: _Step) -> float:
         # and, on the way back, of the attention output (gradients alike in backward).
         local_rows = step.b * step.s / c
         one_way = k.activation_bytes * local_rows * (2 * step.q + 2 * step.kv) / step.t
-        local = step.ranks_per_node(step.t, c)
         # q, k, v there and the output back: both exchanges' bytes in one, and a latency for each
-        there_and_back = step.exchange_time(step.t, c, one_way * (local - 1) / c, one_way * (c - local) / c)
+        there_and_back = step.exchange_time(step.t, c, *step.even_split(step.t, c, one_way))
         all_to_all = there_and_back + step.link(step.t, c)[1]
         return step.layers * (2 + step.recompute) * all_to_all * (1 - k.cp_overlap)
     bw, lat = step.link(step.t, c)
