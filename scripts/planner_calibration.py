@@ -80,6 +80,7 @@ class Point:
     network_gbps: float = 3200  # 400 Gb/s per GPU: p5, DGX H100 and torchtitan's hosts alike
     tflops: bool = False  # measured is model TFLOP/s/GPU (published 12·L·h·s convention)
     attention_kernel: str = "cudnn"  # the attention kernel the run used (Constants.attention_kernel_factor)
+    cp_kernel: str = "-"  # the source's own CP kernel, as it names it (shown, not priced: cp_ring prices TE's ring)
     tp_overlap: str = "none"  # TP collectives overlapped with GEMMs: async (torch) or userbuffers (TE) (Workload)
     p2p_overlap: bool = False  # Megatron's overlap_p2p_comm under the interleaved schedule (Workload)
     # Megatron's distributed optimizer (ZeRO-1, grads reduce-scattered and params all-gathered
@@ -297,6 +298,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         accelerator=source["accelerator"],
         tflops=UNITS[row["unit"]],
         attention_kernel=source.get("attention_kernel", "cudnn"),
+        cp_kernel=source.get("cp_kernel", "-"),
         tp_overlap=_tp_overlap(row, source, layout),
         p2p_overlap=layout.virtual_stages > 1 and _setting(row, source, "overlap_p2p_comm"),
         distributed_optimizer=_setting(row, source, "distributed_optimizer"),
@@ -1016,14 +1018,16 @@ def peak_that_fits(point: Point) -> float:
     """The BF16 peak (FP8 at twice it, as on Hopper) at which the model predicts the point's
     measured speed exactly. Faster hardware is never predicted slower, so bisection finds it."""
     machine = hardware(point)
+    return solve_rising(lambda peak: run(point, with_peak(machine, peak))[1], point.measured, PEAK_SEARCH_TFLOPS, 0.5)
 
-    def predicted(peak: float) -> float:
-        return run(point, with_peak(machine, peak))[1]
 
-    low, high = PEAK_SEARCH_TFLOPS
-    while high - low > 0.5:
+def solve_rising(predicted, target: float, bounds: tuple[float, float], tolerance: float) -> float:
+    """The x within `bounds` (to `tolerance`) at which `predicted(x)`, never falling as x rises,
+    reaches `target`: bisection."""
+    low, high = bounds
+    while high - low > tolerance:
         middle = (low + high) / 2
-        low, high = (low, middle) if predicted(middle) > point.measured else (middle, high)
+        low, high = (low, middle) if predicted(middle) > target else (middle, high)
     return (low + high) / 2
 
 
@@ -1120,16 +1124,12 @@ def cp_rate_that_fits(point: Point) -> float | None:
     low, high = CP_RATE_SEARCH
     if not predicted(low) <= measured <= predicted(high):
         return None
-    while high - low > 0.005:
-        middle = (low + high) / 2
-        low, high = (low, middle) if predicted(middle) > measured else (middle, high)
-    return (low + high) / 2
+    return solve_rising(predicted, measured, CP_RATE_SEARCH, 0.005)
 
 
 def implied_cp_section(found: list[Result]) -> str:
     """Each published CP row's implied kernel rate, beside the rate its row is priced at."""
     priced = PUBLISHED_CP.cp_attention_factor["allgather"]
-    kernels = {record["title"]: record.get("cp_kernel", "-") for record in load_benchmark()[0].values()}
     lines = [
         "| # | source | model | seq | layout | queries per CP rank | CP kernel | implied rate | error at "
         f"{priced:.2f} |",
@@ -1140,7 +1140,7 @@ def implied_cp_section(found: list[Result]) -> str:
         if not point.held_apart or point.layout.context == 1:
             continue
         rate = cp_rate_that_fits(point)
-        kernel = "TE p2p ring" if point.cp_ring else kernels[point.source]
+        kernel = "TE p2p ring" if point.cp_ring else point.cp_kernel
         cells = [
             str(number), point.source.split(",")[0], point.model, f"{point.seq_len:,}", layout_text(point.layout),
             f"{point.seq_len // point.layout.context:,}", kernel, "-" if rate is None else f"{rate:.2f}",
