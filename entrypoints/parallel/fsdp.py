@@ -40,13 +40,41 @@ def apply_fsdp(
     reshard_after_forward: bool,
     reduce_dtype: torch.dtype = torch.float32,
     expert_mesh: DeviceMesh | None = None,
+    pipelined: bool = False,
 ) -> None:
     """`expert_mesh`: the experts' FSDP mesh under expert parallelism, else None (the experts are
-    then part of their block's unit)."""
+    then part of their block's unit). `pipelined`: `model` is one pipeline chunk
+    (`chunk_backward_prefetch`)."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    units = []  # per block in forward order: (block, its experts' unit or None)
     for block in model.layers.values():
+        experts = None
         if expert_mesh is not None and isinstance(block.feed_forward, MoE):
             experts = block.feed_forward.experts
             fully_shard(experts, mesh=expert_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        units.append((block, experts))
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    if pipelined:
+        chunk_backward_prefetch(units)
+
+
+def chunk_backward_prefetch(units: list) -> None:
+    """Under pipeline parallelism, each block's backward prefetches its own experts and the block
+    before it in its chunk, and nothing else.
+
+    FSDP's own backward prefetch (FSDPParamGroup._backward_prefetch, torch/distributed/fsdp/
+    _fully_shard/_fsdp_param_group.py) all-gathers the unit whose forward finished just before
+    the latest forward of the unit entering backward. A pipeline schedule runs other micro-batches'
+    and chunks' forwards in between, so that unit can be any block of the rank, one of them the
+    block just resharded after its backward under sync_each (pipeline.py): it was gathered again,
+    and held, for nothing (traced: 70B 4K, PP 2 x 2, FP8, sync_each: one block's float8 weights,
+    0.8 GiB, beside the second block's backward). The list FSDP takes instead
+    (`set_modules_to_backward_prefetch`) may not be empty, which means the default: a unit with
+    nothing to prefetch names itself, already gathered by its own pre-backward, a no-op (unshard
+    returns at once for an unsharded group)."""
+    for index, (block, experts) in enumerate(units):
+        targets = [unit for unit in (experts, units[index - 1][0] if index else None) if unit is not None]
+        block.set_modules_to_backward_prefetch(targets or [block])
+        if experts is not None:
+            experts.set_modules_to_backward_prefetch([experts])

@@ -86,6 +86,7 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
         reshard_after_forward=par.pipeline == 1 and par.grad_accumulation != "sync_last_gathered",
         reduce_dtype=REDUCE_DTYPES[par.reduce_dtype],
         expert_mesh=None if expert_mesh is None else expert_fsdp_mesh(expert_mesh),
+        pipelined=par.pipeline > 1,
     )
 
 

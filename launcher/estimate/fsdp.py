@@ -86,6 +86,7 @@ class _Block:
         "params",
         "gathered",
         "weight_grad_w2",
+        "gating_cast",
         "freed_in_backward",
         "recompute",
         "state_params",
@@ -94,7 +95,7 @@ class _Block:
 
     def __init__(self, w: Workload, cb: int, *, float8_all_gather: bool):
         arch, layout = w.arch, w.layout
-        h, f, kv, heads = arch.hidden_size, arch.ffn_hidden_size, arch.kv_dim, arch.num_heads
+        h, kv, heads = arch.hidden_size, arch.kv_dim, arch.num_heads
         q = arch.q_dim  # num_heads x head_dim: h for Llama, not for every Qwen3
         t, c = layout.tensor, layout.context
         tokens = w.micro_batch_size * w.seq_len / c
@@ -127,22 +128,10 @@ class _Block:
         self.freed_in_backward = mlp.freed_in_backward  # released of the saved set by then
         # A checkpointed MoE block may peak in its recomputation instead: its working set there.
         self.recompute = None if mlp.recompute is None else mlp.recompute + incoming
-        # FP8, eager: w2 casts its T x f/t input to float8 through an fp32 copy, an fp32 scaled
-        # and an fp32 clamped tensor, 9 bytes per value on top of the saved set, in its forward
-        # (or recomputation) and again in its backward, beside w2's input gradient and two
-        # float8 copies of its incoming T x h gradient (Float8 TP styles: no backward cast, and
-        # the bf16 product being cast beside the float8 one the block saves).
-        fp8_moment = 9 * tokens * f / t + cb * sharded * h + (cb - 1) * tokens * f / t * float8_tp_styles
-        fp8_moment += mlp.recomputed_product  # made again for w2's backward, beside its cast
-        if not float8_tp_styles:
-            fp8_moment += cb * tokens * f / t + 2 * tokens * h
-        if w.fp8_recipe == "rowwise":
-            # Rowwise scaling also keeps float8 copies of the MLP input (for w1 and w3) and
-            # casts the gathered bf16 w2 weight to float8 (no float8 all-gather).
-            fp8_moment += 2 * tokens * h + h * f / t
         self.weight_grad_w2 = mlp.weight_grads
         self.forward_cast, self.forward_working = _forward_transient(w, cb, float8_tp_styles)
         self.fp8_cast = 0.0
+        self.gating_cast = None
         # Under training.compile the casts fuse into the compiled block (Inductor writes the
         # float8 tensor directly from the bf16 input), so these eager fp32 temporaries do not
         # exist. What the compiled block holds instead is to be measured on a GPU
@@ -150,12 +139,8 @@ class _Block:
         # so the CPU trace cannot see it.
         # A mixture-of-experts block's FP8 experts hold their casts inside their own backward
         # (moe.py), where this block peaks; its dense casts are the attention's alone.
-        moe = arch.moe is not None
-        if w.fp8 and not w.compile and not moe and fp8_moment > self.backward_working + self.weight_grad_w2:
-            # The block peaks at that cast, before any of its weight gradients exist.
-            self.fp8_cast = fp8_moment - cb * sharded * h
-            self.backward_working = cb * sharded * h
-            self.weight_grad_w2 = 0.0
+        if w.fp8 and not w.compile and arch.moe is None:
+            self._eager_fp8_moments(w, cb, mlp, float8_tp_styles)
         # The weights of nn.Linear modules (float8 under FP8): the attention projections and the
         # dense MLP, or the router and shared experts; then the grouped experts' weights.
         linear = (2 * h * q + 2 * h * kv) / t + mlp.linear_params
@@ -173,6 +158,35 @@ class _Block:
         # parallelism the block without its experts, a unit reduced before it.
         self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
 
+    def _eager_fp8_moments(self, w: Workload, cb: int, mlp: _Mlp, float8_tp_styles: bool) -> None:
+        """Eager FP8's casts in the MLP's backward. w2 casts its T x f/t input to float8 through an
+        fp32 copy, an fp32 scaled and an fp32 clamped tensor, 9 bytes per value on top of the saved
+        set, in its forward (or recomputation) and again in its backward, beside w2's input
+        gradient and two float8 copies of its incoming T x h gradient (Float8 TP styles: no
+        backward cast, and the bf16 product being cast beside the float8 one the block saves).
+        Where that exceeds the bf16 MLP-backward moment the block peaks there, before any of its
+        weight gradients exist. Later, without TP, w1's or w3's casts (`_gating_linear_cast`);
+        under TP the full-sequence input gradients are reduce-scattered as they come and the
+        Float8 TP styles cast w1's and w3's output gradients once (traced 70B 16K, TP 4: the block
+        peaks at w2's cast, 4.6% below that moment)."""
+        t, h, f = w.layout.tensor, w.arch.hidden_size, w.arch.ffn_hidden_size
+        tokens = _tokens(w)
+        sharded = tokens / t
+        fp8_moment = 9 * tokens * f / t + cb * sharded * h + (cb - 1) * tokens * f / t * float8_tp_styles
+        fp8_moment += mlp.recomputed_product  # made again for w2's backward, beside its cast
+        if not float8_tp_styles:
+            fp8_moment += cb * tokens * f / t + 2 * tokens * h
+        if w.fp8_recipe == "rowwise":
+            # Rowwise scaling also keeps float8 copies of the MLP input (for w1 and w3) and
+            # casts the gathered bf16 w2 weight to float8 (no float8 all-gather).
+            fp8_moment += 2 * tokens * h + h * f / t
+        if fp8_moment > self.backward_working + self.weight_grad_w2:
+            self.fp8_cast = fp8_moment - cb * sharded * h
+            self.backward_working = cb * sharded * h
+            self.weight_grad_w2 = 0.0
+        if t == 1:
+            self.gating_cast = _gating_linear_cast(w, cb, mlp)
+
     def in_backward(self, checkpointed: bool) -> _BackwardMoment:
         """The block at its backward's peak: inside the MLP's backward, or, where it holds more,
         inside the attention's backward under K/V regathering, where its attention input's
@@ -183,6 +197,10 @@ class _Block:
         own = self.saved - self.freed_in_backward + tp_recomputed + kv_recomputed
         gathered = (self.tp_gathered + tp_recomputed, self.cp_gathered + kv_recomputed)
         moments = [_BackwardMoment(own, self.backward_working, self.weight_grad_w2, self.fp8_cast, *gathered)]
+        if self.gating_cast is not None:
+            # Later in the MLP's backward, eager FP8's casts for w1 or w3, with the MLP's saved set gone.
+            working, weight_grads, cast = self.gating_cast
+            moments.append(_BackwardMoment(own - self.mlp_saved, working, weight_grads, cast, *gathered))
         if not checkpointed and self.regathers_kv:
             # Later, in the attention's backward, the MLP's saved set is gone.
             moments.append(
@@ -228,6 +246,25 @@ def _forward_transient(w: Workload, cb: int, float8_tp_styles: bool) -> tuple[fl
     # first copies the output's t chunks into one tensor (_chunk_or_narrow_cat in
     # reduce_scatter_single, torch/distributed/_functional_collectives.py).
     return 0.0, cb * tokens * h * (2 if t > 1 else 1) + cb * tokens / t * h
+
+
+def _gating_linear_cast(w: Workload, cb: int, mlp: _Mlp) -> tuple[float, float, float]:
+    """(working set, weight gradients, float8 cast) of a dense block without TP, eager FP8, where
+    the second of w1 and w3 casts its output gradient for its weight's gradient.
+
+    torchao's Float8Linear backward (torchao/float8/float8_linear.py,
+    matmul_with_hp_or_float8_args.backward) casts the T x f output gradient once for the input
+    gradient and again for the weight gradient, keeping the first float8 copy while the second
+    is made through an fp32 scaled and an fp32 clamped tensor: 10 bytes per value. Beside it:
+    that output gradient (silu_backward's), the linear's input gradient, the other's and the
+    block's incoming residual gradient (T x h each), and w2's and the first linear's weight
+    gradients in the compute dtype. The MLP's saved set is gone: the gating's backward let its
+    inputs go, and w2 its input. Traced: 70B 8K, CP 2, full AC: 2.4% under the trace at w2's
+    cast, where the block had been priced; 70B 4K, PP 2 x 2, sync_each: 5.8% under (with the
+    re-gathered block parallel/fsdp.py no longer prefetches)."""
+    tokens, h, f = _tokens(w), w.arch.hidden_size, w.arch.ffn_hidden_size
+    working = cb * tokens * f + 3 * cb * tokens * h
+    return working, 2 * mlp.weight_grads, 10 * tokens * f
 
 
 class _BackwardMoment(NamedTuple):
@@ -926,8 +963,9 @@ def _second_block_sync_each(
     left its reduce-scatter input pending until the next reduce-scatter (FSDP keeps it in
     reduce_scatter_state) and, on the stage's first backward, a new fp32 gradient shard. Traced:
     70B 4K, PP 2 x 2, two layers per chunk, 5.9% under the trace before and 5.6% after; the rest
-    is a block's float8 all-gather in that backward that this does not explain yet
-    (docs/estimator.md, "Random layouts")."""
+    was eager FP8's gating-linear moment (`_gating_linear_cast`) and a block FSDP's default
+    backward prefetch gathered again, which the program no longer does (parallel/fsdp.py
+    `chunk_backward_prefetch`): within 0.1% now (tests/estimate/traced_configs.py)."""
     first_checkpointed, second_checkpointed = run[-1] in chosen, run[-2] in chosen
     at = _in_block(block, moment, kept_activations, receive_buffers, 1, second_checkpointed)
     if first_checkpointed:  # _in_block let the first block's whole set go; it kept its input alone

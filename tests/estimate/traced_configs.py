@@ -467,6 +467,36 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=4,
         stage=2,
     ),
+    # Found by tracing random layouts. Eager FP8's last MLP moment: the second of w1 and w3 casts
+    # its output gradient again for its weight gradient, beside w2's and the first one's weight
+    # gradients (fsdp.py `_gating_linear_cast`; 2.4% under the trace at w2's cast before).
+    TracedConfig(
+        "70B 8K cp2 dp16 fp8 full (6 layers)",
+        llama70b(6),
+        8192,
+        instances=4,
+        parallel={"context": 2, "activation_checkpointing": "full", "grad_accumulation": "sync_last_gathered"},
+        precision={"fp8": True},
+        global_batch_size=16,
+    ),
+    # And under sync_each in a pipeline chunk's second block, where FSDP's own backward prefetch
+    # had gathered again the block resharded just before (parallel/fsdp.py
+    # `chunk_backward_prefetch`): 5.8% under the trace before both.
+    TracedConfig(
+        "70B 4K pp2 v2 dp8 fp8 selective, sync_each (8 layers)",
+        llama70b(8),
+        4096,
+        instances=2,
+        parallel={
+            "pipeline": 2,
+            "virtual_stages": 2,
+            "pipeline_schedule": "interleaved_1f1b",
+            "activation_checkpointing": "selective",
+            "grad_accumulation": "sync_each",
+        },
+        precision={"fp8": True},
+        global_batch_size=16,
+    ),
     shard_saved(TP2_8B),
     shard_saved(PP4_70B_SELECTIVE),
     TracedConfig(
