@@ -108,10 +108,15 @@ def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_p
     args = [arg for override in overrides for arg in ("--set", override)]
     result = from_checkout("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", *args, home=home)
     assert result.returncode != 0
-    assert "Connection closed by peer" in result.stdout  # the symptom is in the log...
+    # The peer fails too: with gloo's symptom, or, where torchrun's agent notices rank 0's exit
+    # first (it polls every 0.1 s, monitor_interval in torch/distributed/launcher/api.py) and
+    # stops the rest ("Sending process %s closing signal %s", torch/distributed/elastic/
+    # multiprocessing/api.py), by its SIGTERM: the race a loaded machine can lose either way.
+    peer_failed = "Connection closed by peer" in result.stdout or "closing signal SIGTERM" in result.stdout
+    assert peer_failed, result.stdout[-3000:]
     name = result.stdout.splitlines()[-1].split(":")[0]
     status = json.loads(from_checkout("status", name, "--json", home=home, timeout=60).stdout)
-    # ...but the reason is rank 0's error.
+    # The reason is rank 0's error, not the peer's.
     assert status["state"] == "Failed"
     assert status["failure_reason"] == (
         f"torchrun exited with code 1: rank 0: NotADirectoryError: [Errno 20] Not a directory: "
