@@ -8,11 +8,12 @@
 
 **Stall.** When no step completes within max(stall_factor x the running median step time,
 min_stall_s) of the rank's own time (time its training thread waited for a CPU, or the process
-did not run, does not count: a loaded machine makes a rank slow, not stalled), the rank dumps
-its Python stacks with faulthandler to <stacks_dir>/rank-<r>.txt, records the failure in
-torchrun's error file (entrypoints/failure.py, so the launcher and the SageMaker bootstrap name
-it) and exits with EXIT_STALLED, and the restart (torchrun --max-restarts, or the engine's
-rerun of a failed job: Slurm's requeue) resumes from the newest checkpoint. Before the first step, and during a
+did not run, does not count: a loaded machine makes a rank slow, not stalled; a thread that only
+sleeps measures the latter by how late it wakes), the rank dumps its Python stacks with
+faulthandler to <stacks_dir>/rank-<r>.txt, records the failure in torchrun's error file
+(entrypoints/failure.py, so the launcher and the SageMaker bootstrap name it) and exits with
+EXIT_STALLED, and the restart (torchrun --max-restarts, or the engine's rerun of a failed job:
+Slurm's requeue) resumes from the newest checkpoint. Before the first step, and during a
 save or an evaluation, the limit is `first_step_limit_s` (the collective timeout, which covers a
 compile and a model load).
 
@@ -44,9 +45,9 @@ before every live rank has dumped (or DUMP_WAIT_S passed): the first to exit end
 collectives, and a peer whose collective fails would exit before its dump.
 
 **Straggler.** A rank's compute time for a step is the CPU time its training thread used plus
-the time the process did not run at all (the thread measures how late its own wake-ups are: a stopped,
-starved or swapping host); a wait for a peer counts in neither, so the slow rank stands out even
-though every rank's step lasts as long as the slowest's. Every straggler_every steps each rank
+the time the process did not run at all (a thread that only sleeps measures how late its
+wake-ups are: a stopped, starved or swapping host); a wait for a peer counts in neither, so the
+slow rank stands out even though every rank's step lasts as long as the slowest's. Every straggler_every steps each rank
 contributes its mean over those steps (one float, all_gather), and rank 0 prints
 `straggler step=N rank=R host=H ...` when the slowest is more than straggler_margin above the
 median. On a GPU the CPU time includes waits on the device (the CUDA sync spins), so there the
@@ -135,6 +136,7 @@ class Watchdog:
         self._beats: dict[int, tuple[str, float]] = {}  # rank -> (heartbeat text, when it last changed)
         self._hosts: dict[int, str] = {}  # rank -> its host, as its heartbeat says (checked, at most 255 characters)
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        self._clock_thread = threading.Thread(target=self._measure_not_running, name="watchdog-clock", daemon=True)
         self._training_thread = threading.get_native_id()
 
     @classmethod
@@ -143,6 +145,7 @@ class Watchdog:
         watchdog = cls(cfg, **kwargs)
         if cfg.enabled:
             watchdog._store = _store_client()
+            watchdog._clock_thread.start()
             watchdog._thread.start()
         return watchdog
 
@@ -197,8 +200,9 @@ class Watchdog:
         its training (the last save's collectives behind it) and exits is not a stopped one, to
         rank 0 still finishing its own save."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=2 * TICK_S + 1)
+        for thread in (self._thread, self._clock_thread):
+            if thread.is_alive():
+                thread.join(timeout=2 * TICK_S + 1)
         if self._store is not None and not self._thread.is_alive():
             text = json.dumps({"step": self.clock.step, "host": self.host, "pid": os.getpid(), "closed": True})
             with contextlib.suppress(Exception):
@@ -251,16 +255,25 @@ class Watchdog:
         machine loaded past its cores), or the whole process not running (stopped)."""
         return runqueue_wait_s(self._training_thread) + self.not_running_s
 
+    def _measure_not_running(self) -> None:
+        """`not_running_s`: how late this thread's wake-ups are, which only a stopped, starved or
+        swapping process makes late. A thread of its own that does nothing else: the watchdog
+        thread's store calls wait on the agent's host, and counted there, a slow store (its host
+        loaded) read as a process that did not run, and the stall clock stood still."""
+        last_tick = time.monotonic()
+        while not self._stop.wait(TICK_S):
+            now = time.monotonic()
+            self.not_running_s += max(0.0, now - last_tick - TICK_S)
+            last_tick = now
+
     def _run(self) -> None:
-        last_tick = last_beat = time.monotonic()
+        last_beat = time.monotonic()
         beat = 0
         # A heartbeat at once: a rank stopped in its first second is still named with its host.
         self._write_heartbeat(beat, read_others=False)
         mark, held_at_mark = None, 0.0
         while not self._stop.wait(TICK_S):
             now = time.monotonic()
-            self.not_running_s += max(0.0, now - last_tick - TICK_S)
-            last_tick = now
             with self.clock.lock:
                 limit, started = self.limit_s(), self.clock.mark()
                 step_limit, in_pause = self.step_limit_s(), self.watches_peers_in_pause()

@@ -236,3 +236,66 @@ def test_in_a_save_only_a_peer_stale_since_the_last_step_counts_as_stopped(tmp_p
     closed = {"step": 10, "host": "h", "pid": 1, "closed": True}
     watchdog._beats[2] = (json.dumps(closed), now - 12.0)
     assert watchdog._stopped_at_this_step(5.0) == [] and watchdog._stale_ranks() == [1, 4]
+
+
+class SlowStore:
+    """The watchdog's store client where every call takes 0.4 s to answer, as torchrun's agent
+    answers from a loaded host. Rank 1's heartbeat changes at every read: a live peer."""
+
+    CALL_S = 0.4
+
+    def __init__(self):
+        self.values: dict[str, str] = {}
+        self.reads = 0
+
+    def _answer(self) -> None:
+        time.sleep(self.CALL_S)
+
+    def set(self, key: str, value: str) -> None:
+        self._answer()
+        self.values[key] = value
+
+    def check(self, keys: list[str]) -> bool:
+        self._answer()
+        return all(key in self.values or key == "beat/1" for key in keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self._answer()
+        self.reads += 1
+        peer = json.dumps({"step": 3, "host": "h", "pid": 1, "beat": self.reads})
+        return [self.values.get(key, peer).encode() for key in keys]
+
+
+def test_a_slow_store_does_not_hold_the_stall_clock(tmp_path, monkeypatch):
+    """Each heartbeat costs four store calls (set, check, multi_get, the check for a report):
+    1.6 s a beat here. Counted as time the process did not run (the watchdog thread's own late
+    ticks, as it was), they held the stall clock to 0.1 s per 1.7 s: no report in 20 s of a 3 s
+    limit, 18 s counted as not running. Measured by a thread that only sleeps, the clock runs at
+    the wall clock's pace: the report comes about 6 s in (3 s, one beat's calls, the check)."""
+    watchdog = Watchdog(
+        WatchdogConfig(stall_factor=2, min_stall_s=3.0),
+        rank=0,
+        world_size=2,
+        stacks_dir=tmp_path,
+        first_step_limit_s=600,
+    )
+    watchdog._store = SlowStore()
+    reports = []
+
+    def fired(report: dict, *, first: bool) -> None:
+        reports.append((report, first, time.monotonic()))
+        watchdog._stop.set()
+
+    monkeypatch.setattr(watchdog, "_fire", fired)
+    for step in range(1, 4):
+        watchdog.step_done(step, 0.01)
+    began = time.monotonic()
+    watchdog._clock_thread.start()
+    watchdog._thread.start()
+    watchdog._thread.join(timeout=12.0)
+    watchdog.close()
+    assert reports, "no stall reported within 12 s of a 3 s limit"
+    report, first, at = reports[0]
+    assert first and at - began < 12.0
+    assert "every rank is alive at step 3: a collective that never completes" in report["message"]
+    assert watchdog.not_running_s < 1.0  # the store's waits are not the process's
