@@ -497,6 +497,22 @@ CONFIGS: list[TracedConfig] = [
         precision={"fp8": True},
         global_batch_size=16,
     ),
+    # A bf16 reduce with the gradients unsynced over 2 micro-batches: by the blocks' backward the
+    # output weight's gradient is the accumulated one (6.1% over the trace when counted twice).
+    TracedConfig(
+        "70B 16K tp4 cp4 dp2 selective, sync_last, bf16 reduce, 2 micro-batches (6 layers)",
+        llama70b(6),
+        16384,
+        instances=4,
+        parallel={
+            "tensor": 4,
+            "context": 4,
+            "activation_checkpointing": "selective",
+            "grad_accumulation": "sync_last",
+            "reduce_dtype": "bf16",
+        },
+        global_batch_size=4,
+    ),
     shard_saved(TP2_8B),
     shard_saved(PP4_70B_SELECTIVE),
     TracedConfig(
