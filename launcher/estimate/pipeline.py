@@ -92,6 +92,11 @@ class BackwardMoment:
     by_stage: tuple[int, ...] = field(default=(), compare=False)
     """`in_flight` split over the rank's stages, rank, rank + p, ... in order: stages may hold
     different layer counts (none at all at the ends, `stage_layer_counts`)."""
+    resharded: tuple[int, ...] = ()
+    """The rank's other stages whose latest action was a backward. Under sync_each FSDP reshards
+    a stage's blocks after each backward and gathers them again at its next forward
+    (entrypoints/parallel/pipeline.py, _GradientSyncEachMicroBatch), so these hold no gathered
+    weights now; under the other modes every block stays gathered."""
 
 
 @cache
@@ -127,7 +132,14 @@ def backward_moments(
         ]
         if m > 1:
             chunks = found.forwards - (not found.steady)
-            moments.append(BackwardMoment("second backward", rank, chunks, sends(chunks), (rank,), by_stage=(chunks,)))
+            # The chunk whose backward just ended counts among the outputs too, as in
+            # steady_forwards: its send may still hold its output (fsdp._outputs_kept: the latest
+            # two). Where no forward ran in between (GPipe, or 1F1B without a steady phase) it is
+            # one of the latest two sends. Traced: 8B 16K, TP 2, PP 2 GPipe, rank 0: one boundary
+            # tensor that the estimate had let go.
+            moments.append(
+                BackwardMoment("second backward", rank, chunks, sends(chunks + 1), (rank,), by_stage=(chunks,))
+            )
         return tuple(moments)
     first_two = _interleaved_candidates(rank, p, v, m)[0]
     return (*first_two, *_heaviest_per_kind(rank, layout, m, weights, backwards=True))
@@ -189,10 +201,11 @@ def _fronts(rank: int, p: int, v: int, m: int, pattern: tuple[int, ...], backwar
         kind = (pattern[moment.stage // p], moment.stage == 0, moment.stage == last)
         # Of candidates alike in these respects, the latest stands for all: it has sent back the
         # most input gradients, which only a CPU rank (gloo) still holds.
-        by_kind.setdefault(kind, {})[tuple(counts), moment.done] = (tuple(counts), set(moment.done), moment)
+        key = tuple(counts), moment.done, moment.resharded
+        by_kind.setdefault(kind, {})[key] = (tuple(counts), set(moment.done), moment, set(moment.resharded))
 
     def covers(a, b) -> bool:
-        return b[1] <= a[1] and all(map(int.__ge__, a[0], b[0]))
+        return b[1] <= a[1] and a[3] <= b[3] and all(map(int.__ge__, a[0], b[0]))
 
     return tuple(
         tuple(b[2] for b in items if not any(a is not b and covers(a, b) for a in items))
@@ -207,12 +220,19 @@ def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, t
     after its first backward (each distinct one once)."""
     last = p * v - 1
     first_two, steady, forwards = [], {}, {}
-    for kind, virtual, in_flight, done, sent in _interleaved_ops(rank, p, v, m):
+    for kind, virtual, in_flight, done, sent, resharded in _interleaved_ops(rank, p, v, m):
         stage = virtual * p + rank
         outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
         stages = tuple(x * p + rank for x in done)
         moment = BackwardMoment(
-            _moment_name(kind, stage, len(first_two), p, last), stage, sum(in_flight), outputs, stages, sent, in_flight
+            _moment_name(kind, stage, len(first_two), p, last),
+            stage,
+            sum(in_flight),
+            outputs,
+            stages,
+            sent,
+            in_flight,
+            tuple(x * p + rank for x in resharded),
         )
         if kind == "F":
             if virtual in done:
@@ -247,11 +267,16 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
     steady_ops = m * v - warmup
     in_flight, done, sent, stop = [0] * v, set(), 0, None
+    backward_last = set()  # the virtual stages whose latest action was a backward
+
+    def resharded(virtual):
+        return tuple(sorted(backward_last - {virtual}))
 
     def forward(k):
         virtual = (k // per_round) % v
         in_flight[virtual] += 1
-        return "F", virtual, tuple(in_flight), tuple(sorted(done)), sent
+        backward_last.discard(virtual)
+        return "F", virtual, tuple(in_flight), tuple(sorted(done)), sent, resharded(virtual)
 
     for k in range(warmup):
         yield forward(k)
@@ -259,9 +284,10 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
         if j < steady_ops:
             yield forward(warmup + j)
         virtual = v - 1 - (j // per_round) % v
-        yield "B", virtual, tuple(in_flight), tuple(sorted(done)), sent
+        yield "B", virtual, tuple(in_flight), tuple(sorted(done)), sent, resharded(virtual)
         in_flight[virtual] -= 1
         done.add(virtual)
+        backward_last.add(virtual)
         sent += virtual * p + rank > 0  # stage 0 sends no gradient back
         if stop is None and len(done) == v:
             stop = j + v * per_round

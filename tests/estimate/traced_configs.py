@@ -158,6 +158,23 @@ def shard_saved(config: TracedConfig) -> TracedConfig:
     return replace(config, name=f"{config.name}, shard saved", parallel={**config.parallel, "tp_saved_inputs": "shard"})
 
 
+PP2_V2_70B_SYNC_EACH = TracedConfig(
+    "70B 4K pp2 v2 dp8 fp8 selective, sync_each (8 layers)",
+    llama70b(8),
+    4096,
+    instances=2,
+    parallel={
+        "pipeline": 2,
+        "virtual_stages": 2,
+        "pipeline_schedule": "interleaved_1f1b",
+        "activation_checkpointing": "selective",
+        "grad_accumulation": "sync_each",
+    },
+    precision={"fp8": True},
+    global_batch_size=16,
+)
+
+
 CONFIGS: list[TracedConfig] = [
     TracedConfig("8B 8K fsdp8", llama8b(), 8192, global_batch_size=8),
     TracedConfig(
@@ -482,21 +499,7 @@ CONFIGS: list[TracedConfig] = [
     # And under sync_each in a pipeline chunk's second block, where FSDP's own backward prefetch
     # had gathered again the block resharded just before (parallel/fsdp.py
     # `chunk_backward_prefetch`): 5.8% under the trace before both.
-    TracedConfig(
-        "70B 4K pp2 v2 dp8 fp8 selective, sync_each (8 layers)",
-        llama70b(8),
-        4096,
-        instances=2,
-        parallel={
-            "pipeline": 2,
-            "virtual_stages": 2,
-            "pipeline_schedule": "interleaved_1f1b",
-            "activation_checkpointing": "selective",
-            "grad_accumulation": "sync_each",
-        },
-        precision={"fp8": True},
-        global_batch_size=16,
-    ),
+    PP2_V2_70B_SYNC_EACH,
     # A bf16 reduce with the gradients unsynced over 2 micro-batches: by the blocks' backward the
     # output weight's gradient is the accumulated one (6.1% over the trace when counted twice).
     TracedConfig(
@@ -512,6 +515,36 @@ CONFIGS: list[TracedConfig] = [
             "reduce_dtype": "bf16",
         },
         global_batch_size=4,
+    ),
+    # GPipe, full AC, Float8 TP styles, sync_each (seed 1 of scripts/estimator_fuzz.py), rank 0 at
+    # its second backward: the earlier micro-batch's output, still held by its send, and the
+    # recomputation's float8-gathered incoming gradient and bf16 MLP input beside w2's cast
+    # (`recomputed_cast`): 4.3% under the trace before.
+    TracedConfig(
+        "8B 16K tp2 pp2 gpipe fp8 full, sync_each, bf16 reduce (4 layers)",
+        llama8b(4),
+        16384,
+        instances=4,
+        parallel={
+            "tensor": 2,
+            "pipeline": 2,
+            "pipeline_schedule": "gpipe",
+            "activation_checkpointing": "full",
+            "grad_accumulation": "sync_each",
+            "reduce_dtype": "bf16",
+        },
+        precision={"fp8": True},
+        global_batch_size=16,
+    ),
+    # Interleaved, sync_each, the loss stage's rank (seed 3): at its steady backward the other
+    # stage's blocks are resharded after their own backward (`BackwardMoment.resharded`) and the
+    # loss stage's chunk has let its head go: 4.9% over the trace before.
+    replace(
+        PP2_V2_70B_SYNC_EACH,
+        name="70B 4K pp2 v2 fp8 full, sync_each, bf16 reduce (8 layers), last rank",
+        parallel={**PP2_V2_70B_SYNC_EACH.parallel, "activation_checkpointing": "full", "reduce_dtype": "bf16"},
+        global_batch_size=32,
+        stage=1,
     ),
     shard_saved(TP2_8B),
     shard_saved(PP4_70B_SELECTIVE),
