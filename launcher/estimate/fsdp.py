@@ -197,6 +197,8 @@ class _Block:
                 self.recomputed_cast = tokens * h + cb * sharded * h
         if t == 1:
             self.gating_cast = _gating_linear_cast(w, cb, mlp)
+        elif float8_tp_styles:
+            self.gating_cast = _gating_linear_cast_tp(w, cb, mlp)
 
     def in_backward(self, checkpointed: bool) -> _BackwardMoment:
         """The block at its backward's peak: inside the MLP's backward, or, where it holds more,
@@ -253,7 +255,16 @@ def _forward_transient(w: Workload, cb: int, float8_tp_styles: bool) -> tuple[fl
         cast = (9 + (cb - 1) * float8_tp_styles) * tokens * f / t
         if w.fp8_recipe == "rowwise":
             cast += h * f / t
-        return cast, 0.0
+        other = 0.0
+        if float8_tp_styles:
+            # The MLP's argument, ffn_norm's bf16 output shard, is alive while w2 casts; under
+            # tp_saved_inputs shard the float8-gathered MLP input too (T x h, its own storage
+            # beside the float8 shard the block keeps). Traced: 70B 32K, TP 2, CP 4, PP 4 1F1B,
+            # shard saved: 2.3% under the trace at the steady forward before these.
+            other = cb * tokens / t * h
+            if w.tp_saved_inputs == "shard":
+                other += tokens * h
+        return cast, other
     # Sequence parallel reduce-scatters along the sequence, not dim 0: the functional collective
     # first copies the output's t chunks into one tensor (_chunk_or_narrow_cat in
     # reduce_scatter_single, torch/distributed/_functional_collectives.py).
@@ -277,6 +288,23 @@ def _gating_linear_cast(w: Workload, cb: int, mlp: _Mlp) -> tuple[float, float, 
     tokens, h, f = _tokens(w), w.arch.hidden_size, w.arch.ffn_hidden_size
     working = cb * tokens * f + 3 * cb * tokens * h
     return working, 2 * mlp.weight_grads, 10 * tokens * f
+
+
+def _gating_linear_cast_tp(w: Workload, cb: int, mlp: _Mlp) -> tuple[float, float, float]:
+    """`_gating_linear_cast` under the Float8 TP styles: the first of w1 and w3 in backward casts
+    its T x f/t output gradient once (Float8ColwiseParallel's NoopFwToFloat8BwDynamic, torchao/
+    float8/float8_tensor_parallel.py), through an fp32 scaled and an fp32 clamped tensor beside
+    the float8 result: 9 bytes per value. Beside it: the other linear's output gradient
+    (silu_backward's, T x f/t), this linear's full-sequence input gradient (T x h), the incoming
+    gradient all-gathered in float8 for w2 (T x h, 1 byte) and its bf16 shard, and this linear's
+    weight gradient, with w2's under sync_each, where FSDP reduces the block's gradients only
+    once its backward ends (otherwise autograd has added w2's into the gradient accumulated over
+    micro-batches). Traced: 70B 32K, TP 2, CP 4, PP 4 1F1B, sync_each, no AC: the rank peaks
+    there, 2.3% under the trace at w2's cast, where the block had been priced."""
+    t, tokens, h, f = w.layout.tensor, _tokens(w), w.arch.hidden_size, w.arch.ffn_hidden_size
+    working = cb * tokens * f / t + cb * tokens * h + tokens * h + cb * tokens / t * h
+    weight_grads = (2 if w.grad_accumulation == "sync_each" else 1) * mlp.weight_grads
+    return working, weight_grads, 9 * tokens * f / t
 
 
 class _BackwardMoment(NamedTuple):
