@@ -260,7 +260,8 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
     forward runs virtual stage (k // per_round) % v, the j-th backward virtual stage
     v - 1 - (j // per_round) % v), as (F or B, its virtual stage, the chunks in flight per
     virtual stage, a forward's own included, the virtual stages of the backwards before it, the
-    input gradients sent back before it). They end one round (v x per_round backwards) after
+    input gradients sent back before it, the other virtual stages whose latest action was a
+    backward). They end one round (v x per_round backwards) after
     the first backward with every stage done: the steady state repeats each round from there,
     and the cooldown only lets chunks go, so no later action holds more."""
     per_round = m // max(1, m // p)
