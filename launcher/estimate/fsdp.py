@@ -92,6 +92,8 @@ class _Block:
         "recompute",
         "state_params",
         "reduce_scatter_params",
+        "last_param",
+        "checkpointed_forward",
     )
 
     def __init__(self, w: Workload, cb: int, *, float8_all_gather: bool):
@@ -131,6 +133,7 @@ class _Block:
         self.recompute = None if mlp.recompute is None else mlp.recompute + incoming
         self.weight_grad_w2 = mlp.weight_grads
         self.forward_cast, self.forward_working = _forward_transient(w, cb, float8_tp_styles)
+        self.checkpointed_forward = _checkpointed_forward(w, cb, float8_all_gather)
         self.fp8_cast = 0.0
         self.recomputed_cast = 0.0
         self.gating_cast = None
@@ -159,6 +162,9 @@ class _Block:
         # The reduce-scatter input kept until the next one: the block's unit, or under expert
         # parallelism the block without its experts, a unit reduced before it.
         self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
+        # The unit's last parameter (feed_forward's w3; an MoE block's experts' w3, for want of a
+        # trace): its unsharded gradient outlives the reduce-scatter's copy-in (`_root_reduce`).
+        self.last_param = mlp.grouped_params / 3 if mlp.grouped_params else mlp.linear_params / 3
 
     def _eager_fp8_moments(self, w: Workload, cb: int, mlp: _Mlp, float8_tp_styles: bool) -> None:
         """Eager FP8's casts in the MLP's backward. w2 casts its T x f/t input to float8 through an
@@ -200,11 +206,16 @@ class _Block:
         elif float8_tp_styles:
             self.gating_cast = _gating_linear_cast_tp(w, cb, mlp)
 
-    def in_backward(self, checkpointed: bool) -> _BackwardMoment:
+    def in_backward(self, checkpointed: bool, grads_in_place: bool = False) -> _BackwardMoment:
         """The block at its backward's peak: inside the MLP's backward, or, where it holds more,
         inside the attention's backward under K/V regathering, where its attention input's
         gradients are summed (a dense block's last moment), or for a checkpointed MoE block
-        inside its recomputation."""
+        inside its recomputation. With `grads_in_place` (a bf16 reduce with gradient sync off, on
+        a later micro-batch) each weight gradient is added into the one accumulated before and let
+        go (autograd's AccumulateGrad: FSDP2 keeps no accumulator of its own when the reduce dtype
+        is the compute dtype, FSDPParam.to_accumulated_grad_if_needed), so none is alive later in
+        the block's backward. Traced: 70B 16K, PP 2 x 2, full AC, bf16 reduce, rank 1's steady
+        backward: 2.8% over the trace with w2's counted."""
         tp_recomputed = self.tp_regathered if checkpointed else 0.0
         kv_recomputed = self.recomputed_kv if checkpointed else 0.0
         own = self.saved - self.freed_in_backward + tp_recomputed + kv_recomputed
@@ -235,6 +246,8 @@ class _Block:
             moments.append(
                 _BackwardMoment(self.saved + tp_recomputed + kv_recomputed, self.recompute, 0.0, 0.0, *gathered)
             )
+        if grads_in_place:
+            moments = [moment._replace(weight_grads=0.0) for moment in moments]
         return max(moments, key=_BackwardMoment.total)
 
 
@@ -269,6 +282,24 @@ def _forward_transient(w: Workload, cb: int, float8_tp_styles: bool) -> tuple[fl
     # first copies the output's t chunks into one tensor (_chunk_or_narrow_cat in
     # reduce_scatter_single, torch/distributed/_functional_collectives.py).
     return 0.0, cb * tokens * h * (2 if t > 1 else 1) + cb * tokens / t * h
+
+
+def _checkpointed_forward(w: Workload, cb: int, float8_all_gather: bool) -> float:
+    """What a checkpointed dense block holds in its first forward at w2's reduce-scatter, beyond
+    its input (all it saves) and `_forward_transient`: nothing is saved for backward there, but
+    FeedForward.forward's locals keep gate (w1 x), up (w3 x) and their product (a checkpointed
+    block keeps its product, parallel/activation.py `keep_product`) until w2 returns, its argument
+    keeps the MLP's input, all-gathered along the sequence under TP, and the block's frame keeps
+    the residual after attention and ffn_norm's output shard (entrypoints/model/llama.py).
+    Traced: 70B 8K, TP 2, PP 4 x 2, selective, sync_each, rank 1's steady forward of its
+    checkpointed stage: 5.5% under the trace before it was priced. An MoE block's forward is its
+    experts' (moe.py): not priced here."""
+    arch, t = w.arch, w.layout.tensor
+    if arch.moe is not None:
+        return 0.0
+    tokens, h, f = _tokens(w), arch.hidden_size, arch.ffn_hidden_size
+    gathered = (1 if float8_all_gather else cb) * tokens * h if t > 1 else 0.0
+    return 3 * cb * tokens * f / t + gathered + 2 * cb * tokens / t * h
 
 
 def _gating_linear_cast(w: Workload, cb: int, mlp: _Mlp) -> tuple[float, float, float]:
@@ -771,13 +802,15 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     # _fsdp_param.py) as the loss's backward ends: by the blocks' backward it is root_grads alone
     # (traced: 70B 16K, TP 4, CP 4, sync_last, 6.1% over the trace when counted twice).
     beside_blocks = 0 if acc.unsynced and acc.grad_bytes == cb else output_grad
+    # So is each block's weight gradients (`_Block.in_backward`).
+    grads_in_place = acc.unsynced and acc.grad_bytes == cb
     reduce_scatter = acc.grad_bytes * block.reduce_scatter_params
     for k in sorted({k for k in (0, 1, n - 2, n - 1) if 0 <= k < n}):
         index = n - 1 - k
         below_checkpointed = _checkpointed_below(mode, index)
         below = _kept(block, index, below_checkpointed)
         recomputed = _checkpointed_below(mode, index + 1) > below_checkpointed
-        own, working, weight_grads, fp8_cast, own_tp, own_kv = block.in_backward(recomputed)
+        own, working, weight_grads, fp8_cast, own_tp, own_kv = block.in_backward(recomputed, grads_in_place)
         alive = (below[0] + own, below[1] + own_tp, below[2] + own_kv)
         moment = dict(base)
         moment["gradients"] = acc.gradients(k)
@@ -796,16 +829,37 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     # The embedding's backward, last: every block's gradient shard and the last block's
     # reduce-scatter input exist, with the embedding's dense gradient over the rank's V / tp
     # rows (parallel/tensor.py's VocabParallelEmbedding) and the output gradient it reads,
-    # all-gathered along the sequence under TP. Under TP the output weight's unsharded
-    # gradient also has a copy (DTensor's to_local backward).
+    # all-gathered along the sequence under TP. The output weight's gradient is there once, as
+    # beside the blocks (traced under TP 2 and 8, FP8 or not, sync_each and sync_last: a second
+    # copy the estimate had counted is not made, 2-5% over the trace here).
     moment = dict(base)
     moment["gradients"] = acc.gradients(n)
-    moment["fsdp_buffers"] = (
-        gathered_root + output_grad * (2 if t > 1 else 1) + reduce_scatter + cb * vocab_matrix + acc.unsharded_grads(n)
-    )
+    moment["fsdp_buffers"] = gathered_root + beside_blocks + reduce_scatter + cb * vocab_matrix + acc.unsharded_grads(n)
     moment["working"] = cb * _tokens(w) * h
     found["backward of the embedding"] = moment
+    found["root reduce-scatter"] = _root_reduce_scatter(w, acc, base, root_params, output_grad / cb)
     return found
+
+
+def _root_reduce_scatter(w: Workload, acc: _Accumulation, base: dict, root_params: float, output: float) -> dict:
+    """The root unit (embedding, final norm, output weight) reduced at the very end of backward,
+    by FSDP's final callback: every block is resharded and reduced, the activations are gone, and
+    the root, resharded too, copies its unsharded gradients (the compute dtype's, or accumulated
+    in the reduce dtype) into a reduce-scatter input in the reduce dtype. foreach_reduce's loop
+    variable `unsharded_grad` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) keeps
+    the last one, the output weight's (`output` values; the final norm's where tied), beside the
+    input and the output shard. Traced: 8B 8K, CP 2, selective, sync_each, FP8, the root's
+    reduce-scatter input beside both dense gradients: 2.5% under the trace before it was
+    priced."""
+    per_value = acc.grad_bytes if acc.unsynced else _compute_bytes(w)
+    last = output or w.arch.hidden_size
+    gb, shard = acc.grad_bytes, w.layout.fsdp_shard
+    moment = dict(base)
+    moment["gradients"] = acc.gradients(acc.n)
+    moment["fsdp_buffers"] = _reduce_scatter_transient(
+        per_value * root_params, root_params, gb, per_value * last, shard
+    )
+    return moment
 
 
 def _tokens(w: Workload) -> float:
@@ -851,6 +905,9 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
             activations, tp, cp = _in_flight(w, context, at, per_chunk, head_saved)
             # A chunk of the loss stage in its blocks' forward has not reached the head yet.
             activations -= head_saved if at.stage == last_stage else 0.0
+            run = stage_layers(w.arch.num_layers, layout, at.stage)
+            if run and run[-1] in chosen:  # the chunk's last block runs its forward checkpointed
+                activations += block.checkpointed_forward
             moments[f"{at.name} (pipeline)"] = _regathering_forward(block, moment, activations, tp, cp)
     for at in backward_moments(rank, layout, w.pipeline_schedule, m, weights):
         moment = _with_gradients(w, block, base, at, n, root_params, root_stage)
@@ -885,7 +942,54 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
             in_loss["loss"] = loss.backward_working
             in_loss["activations"] = kept_activations
             moments[f"{at.name}, loss (pipeline)"] = in_loss
+    if not sync_each:
+        moments.update(_step_end_reduce_scatters(w, block, base, rank))
     return moments
+
+
+def _step_end_reduce_scatters(w: Workload, block: _Block, base: dict, rank: int) -> dict:
+    """Without sync_each, the reduce-scatters that end a pipelined step, once every backward is
+    through: the schedule's `perform_reduce_grad` runs each of the rank's stages in turn (stage
+    order), and in each FSDP's post_backward goes through the stage's units root first
+    (`_state_ctx.all_states`, the modules in pre-order): a unit is resharded, then its
+    accumulated gradients are copied into a reduce-scatter input in the reduce dtype and the
+    output shard is made, while every later unit is still gathered and holds its accumulated
+    gradients. The unit's last gradient outlives the copy-in: foreach_reduce's loop variable
+    `unsharded_grad` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) keeps it until
+    the call returns, so a root of one parameter (the embedding) has its gradient, the input and
+    the output alive together. Each unit frees more than its shard adds, so the moments are the
+    first unit and each stage's root. Traced: 70B 8K, PP 4 x 2, full AC, rank 0, the embedding's
+    reduce-scatter: 6.3% under the trace before it was priced."""
+    layout, arch = w.layout, w.arch
+    cb, gb, shard = _compute_bytes(w), _grad_bytes(w), layout.fsdp_shard
+    vocab_matrix = arch.vocab_size * arch.hidden_size / layout.tensor
+    last_stage = layout.num_stages - 1
+    # (root's stage or None, unsharded params, its last parameter, gathered bytes, sharded params)
+    units = []
+    for stage in rank_stages(rank, layout):
+        if stage in (0, last_stage):
+            root = vocab_matrix + (arch.hidden_size if stage == last_stage else 0)  # + the final norm
+            units.append((stage, root, vocab_matrix, cb * root, root))
+        units += [(None, block.params, block.last_param, block.gathered, block.state_params)] * len(
+            stage_layers(arch.num_layers, layout, stage)
+        )
+    still_gathered = sum(unit[3] for unit in units)
+    accumulated = gb * sum(unit[1] for unit in units)
+    reduced = 0.0
+    found = {}
+    for index, (root_stage, params, last, gathered, state) in enumerate(units):
+        still_gathered -= gathered
+        accumulated -= gb * params
+        if index == 0 or root_stage is not None:
+            moment = dict(base)
+            moment["gradients"] = FP32 * reduced / shard
+            # Accumulated gradients and the input, then (the last gradient kept) the output.
+            transient = _reduce_scatter_transient(gb * params, params, gb, gb * last, shard)
+            moment["fsdp_buffers"] = still_gathered + accumulated + transient
+            where = "a block" if root_stage is None else f"stage {root_stage}'s root"
+            found[f"step-end reduce-scatter, {where} (pipeline)"] = moment
+        reduced += state
+    return found
 
 
 def _with_gradients(w: Workload, block: _Block, base: dict, at, n: int, root_params: float, root_stage: int) -> dict:
@@ -963,9 +1067,10 @@ def _chunk_moments(
     moment["fsdp_buffers"] += output_grad
     found = {}
     in_backward = _blocks_in_backward(w, at.stage, chosen)
+    in_place = w.grad_accumulation != "sync_each" and _grad_bytes(w) == _compute_bytes(w) and at.stage in at.done
     for name, blocks_done, recomputed in in_backward:
         found[f"{at.name}{name} (pipeline)"] = _in_block(
-            block, moment, kept_activations, receive_buffers, blocks_done, recomputed
+            block, moment, kept_activations, receive_buffers, blocks_done, recomputed, grads_in_place=in_place
         )
     if w.grad_accumulation != "sync_each" or not in_backward:
         return found
@@ -981,13 +1086,20 @@ def _chunk_moments(
 
 
 def _in_block(
-    block, moment: dict, kept_activations: float, receive_buffers: float, done: int, recomputed: bool
+    block,
+    moment: dict,
+    kept_activations: float,
+    receive_buffers: float,
+    done: int,
+    recomputed: bool,
+    *,
+    grads_in_place: bool = False,
 ) -> dict:
     """A pipelined chunk's block in backward: its full set (recomputed if checkpointed) and its
     working set, beside what the rank keeps. The chunk's `done` blocks already through backward
     kept everything (_blocks_in_backward), and the kept set counts this block as saved (or,
     checkpointed, as its input alone)."""
-    at = block.in_backward(recomputed)
+    at = block.in_backward(recomputed, grads_in_place)
     in_block = dict(moment)
     in_block["fsdp_buffers"] += at.weight_grads
     in_block["fp8"] = at.fp8_cast
@@ -1033,6 +1145,22 @@ def _second_block_sync_each(
     return at
 
 
+def _reduce_scatter_transient(grads: float, params: float, grad_bytes: int, last: float, shard: int) -> float:
+    """Bytes FSDP's foreach_reduce holds for one unit of `params` values
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): its unsharded gradients (`grads`
+    bytes) beside the reduce-scatter input in the reduce dtype (`grad_bytes` per value), then,
+    the gradients let go once copied in, the output shard beside the input and, in a bf16 reduce,
+    the output's cast to the fp32 shard (`_to_dtype_if_needed`). Over more than one rank the loop
+    that checks each gradient's shard dim leaves its variable `unsharded_grad` on the last
+    gradient (`last` bytes) until the call returns; on one rank that loop does not run. Traced:
+    70B 8K, TP 4, CP 2, full AC, bf16 reduce, the root unit's: 3.0% under the trace without the
+    cast."""
+    reduced = grad_bytes * params
+    cast = FP32 * params / shard if grad_bytes != FP32 else 0.0
+    kept = last if shard > 1 else 0.0
+    return max(grads + reduced, kept + reduced * (1 + 1 / shard) + cast)
+
+
 def _pipelined_reduce_scatter(
     w: Workload, block: _Block, moment: dict, kept_activations: float, receive_buffers: float, *, recomputed: bool
 ) -> dict:
@@ -1040,7 +1168,7 @@ def _pipelined_reduce_scatter(
     gradients: its saved set is gone and, resharded after backward, so are its gathered weights
     (_GradientSyncEachMicroBatch); its unsharded gradients in the compute dtype and FSDP's
     reduce-scatter input in the reduce dtype are alive together until the gradients are copied
-    in and let go, before the output, a shard of the input, is made
+    in and let go (all but the last), before the output, a shard of the input, is made
     (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce). With few layers
     per chunk and a short sequence this is where the rank peaks (traced: 70B 4K, TP 2, PP 4 x 2,
     one layer per chunk, 12.7% under the trace before it was priced)."""
@@ -1053,7 +1181,12 @@ def _pipelined_reduce_scatter(
     at["tp_buffers"] -= kept_tp
     at["cp_buffers"] -= kept_cp
     at["working"] = block.layer_input + receive_buffers  # the gradient on its way to the next block
-    at["fsdp_buffers"] += (cb + _grad_bytes(w)) * reduced - block.gathered
+    # The gradients and the input, then the output beside the input and the last gradient, which
+    # foreach_reduce's loop variable keeps (`_step_end_reduce_scatters`).
+    transient = _reduce_scatter_transient(
+        cb * reduced, reduced, _grad_bytes(w), cb * block.last_param, w.layout.fsdp_shard
+    )
+    at["fsdp_buffers"] += transient - block.gathered
     return at
 
 
@@ -1117,7 +1250,8 @@ def _embedding_reduce_scatter(
     blocks = len(stage_layers(w.arch.num_layers, layout, 0))
     at = dict(at_embedding)
     at["working"] = 0.0
-    at["fsdp_buffers"] += _grad_bytes(w) * embedding * (1 + 1 / layout.fsdp_shard)
+    dense = _compute_bytes(w) * embedding  # the gradient `_pipelined_embedding_backward` counted
+    at["fsdp_buffers"] += _reduce_scatter_transient(dense, embedding, _grad_bytes(w), dense, layout.fsdp_shard) - dense
     at["fsdp_buffers"] -= gathered_root + blocks * block.gathered
     if first_time:
         at["gradients"] += FP32 * blocks * block.state_params / layout.fsdp_shard

@@ -41,9 +41,9 @@ def test_bf16_reduce_halves_unsharded_gradients_and_the_reduce_scatter_input():
     bf16 = fsdp.moments(workload(grad_accum_steps=2, grad_accumulation="sync_last", reduce_dtype="bf16"))
     saved = fp32["fsdp_buffers"] - bf16["backward of layer 2"]["fsdp_buffers"]
     # Half of the unsharded gradients and of the reduce-scatter input, and the micro-batch's own
-    # output-weight gradient: in bf16 it is added into the accumulated one as the loss's backward
-    # ends (FSDP2 keeps no fp32 accumulator to add it to later).
-    assert saved == 2 * (P_ROOT + 3 * P_BLOCK) + 2 * P_BLOCK + OUTPUT_GRAD
+    # output-weight and w2 gradients: in bf16 each is added into the accumulated one as it is
+    # made (FSDP2 keeps no fp32 accumulator to add it to later).
+    assert saved == 2 * (P_ROOT + 3 * P_BLOCK) + 2 * P_BLOCK + OUTPUT_GRAD + W2_GRAD
     # In the loss's backward both are alive.
     assert bf16["loss backward"]["fsdp_buffers"] - 2 * (P_ROOT + 4 * P_BLOCK) == 2 * P_ROOT + OUTPUT_GRAD + 2 * P_BLOCK
     sync_each = fsdp.moments(workload(reduce_dtype="bf16"))["backward of layer 2"]
