@@ -94,6 +94,7 @@ class _Block:
         "reduce_scatter_params",
         "last_param",
         "checkpointed_forward",
+        "_in_backward_memo",
     )
 
     def __init__(self, w: Workload, cb: int, *, float8_all_gather: bool):
@@ -134,6 +135,7 @@ class _Block:
         self.weight_grad_w2 = mlp.weight_grads
         self.forward_cast, self.forward_working = _forward_transient(w, cb, float8_tp_styles)
         self.checkpointed_forward = _checkpointed_forward(w, cb, float8_all_gather)
+        self._in_backward_memo: dict[tuple[bool, bool], _BackwardMoment] = {}
         self.fp8_cast = 0.0
         self.recomputed_cast = 0.0
         self.gating_cast = None
@@ -216,6 +218,12 @@ class _Block:
         is the compute dtype, FSDPParam.to_accumulated_grad_if_needed), so none is alive later in
         the block's backward. Traced: 70B 16K, PP 2 x 2, full AC, bf16 reduce, rank 1's steady
         backward: 2.8% over the trace with w2's counted."""
+        key = checkpointed, grads_in_place
+        if key not in self._in_backward_memo:  # a pipelined rank asks again at every moment
+            self._in_backward_memo[key] = self._in_backward(checkpointed, grads_in_place)
+        return self._in_backward_memo[key]
+
+    def _in_backward(self, checkpointed: bool, grads_in_place: bool) -> _BackwardMoment:
         tp_recomputed = self.tp_regathered if checkpointed else 0.0
         kv_recomputed = self.recomputed_kv if checkpointed else 0.0
         own = self.saved - self.freed_in_backward + tp_recomputed + kv_recomputed
@@ -896,12 +904,13 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
     root_stage = 0 if rank == 0 else last_stage
 
     sync_each = w.grad_accumulation == "sync_each"
+    counts = {s: len(stage_layers(w.arch.num_layers, layout, s)) for s in rank_stages(rank, layout)}
     output_grad = cb * w.arch.vocab_size * w.arch.hidden_size / layout.tensor
     weights = tuple(kept[0] for kept in per_chunk)
     moments = {}
     if sync_each:
         for at in steady_forwards(rank, layout, w.pipeline_schedule, m, weights):
-            moment = _with_gradients(w, block, base, at, n, root_params, root_stage)
+            moment = _with_gradients(w, block, base, at, n, root_params, root_stage, counts)
             activations, tp, cp = _in_flight(w, context, at, per_chunk, head_saved)
             # A chunk of the loss stage in its blocks' forward has not reached the head yet.
             activations -= head_saved if at.stage == last_stage else 0.0
@@ -910,7 +919,7 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
                 activations += block.checkpointed_forward
             moments[f"{at.name} (pipeline)"] = _regathering_forward(block, moment, activations, tp, cp)
     for at in backward_moments(rank, layout, w.pipeline_schedule, m, weights):
-        moment = _with_gradients(w, block, base, at, n, root_params, root_stage)
+        moment = _with_gradients(w, block, base, at, n, root_params, root_stage, counts)
         kept_activations, tp, cp = _in_flight(w, context, at, per_chunk, head_saved)
         moment["tp_buffers"] = tp
         moment["cp_buffers"] = cp
@@ -929,11 +938,35 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
             embedding = _pipelined_embedding_backward(
                 w, cb, moment, kept_activations - freed, (tp - first[1], cp - first[2])
             )
+            first_time = 0 not in at.done
+            if first_time:
+                _with_stage_gradients(w, block, embedding, stage=0)
             moments[f"{at.name}, embedding (pipeline)"] = embedding
             if sync_each:
                 moments[f"{at.name}, embedding reduce-scatter (pipeline)"] = _embedding_reduce_scatter(
-                    w, block, embedding, cb * root_params, first_time=0 not in at.done
+                    w, block, embedding, cb * root_params, _own_stage_gathered(w, at, counts)
                 )
+            elif first_time and _grad_bytes(w) != cb:
+                # FSDP's post_backward turns the embedding's gradient into the accumulated one in
+                # the reduce dtype: `unsharded_grad.to(reduce_dtype)` beside the gradient it
+                # copies (FSDPParam.to_accumulated_grad_if_needed). Traced: 70B 4K, PP 4 x 2,
+                # sync_last_gathered, rank 0's first backward of stage 0: 3.4% under the trace
+                # before it and the stage's accumulated block gradients were priced.
+                accumulating = dict(embedding)
+                accumulating["fsdp_buffers"] += _grad_bytes(w) * root_params
+                moments[f"{at.name}, embedding accumulated (pipeline)"] = accumulating
+        if with_loss and sync_each:
+            own = per_chunk[at.stage // layout.pipeline]
+            freed = own[0] - own[1] - own[2] + context.documents + head_saved
+            moments[f"{at.name}, output reduce-scatter (pipeline)"] = _output_reduce_scatter(
+                w,
+                block,
+                moment,
+                kept_activations - freed,
+                (tp - own[1], cp - own[2]),
+                _own_stage_gathered(w, at, counts),
+                first_time=last_stage not in at.done,
+            )
         if with_loss:
             # The last stage's loss backward, with the output weight's bf16 gradient.
             in_loss = dict(moment)
@@ -992,12 +1025,15 @@ def _step_end_reduce_scatters(w: Workload, block: _Block, base: dict, rank: int)
     return found
 
 
-def _with_gradients(w: Workload, block: _Block, base: dict, at, n: int, root_params: float, root_stage: int) -> dict:
+def _with_gradients(
+    w: Workload, block: _Block, base: dict, at, n: int, root_params: float, root_stage: int, counts: dict[int, int]
+) -> dict:
     """The rank at a pipeline moment before its chunk's own bytes: its `n` blocks and its root
-    unit gathered, and the gradients of the stages done. Under sync_each those are fp32 shards;
-    otherwise they accumulate unsharded in the reduce dtype until the step's end."""
+    unit gathered, and the gradients of the stages done (`counts`: layers per stage of the rank). Under
+    sync_each those are fp32 shards; otherwise they accumulate unsharded in the reduce dtype until
+    the step's end."""
     layout = w.layout
-    done_layers = sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.done)
+    done_layers = sum(counts[s] for s in at.done)
     done_root = root_params if root_stage in at.done else 0
     moment = dict(base)
     accumulated = 0.0
@@ -1006,18 +1042,34 @@ def _with_gradients(w: Workload, block: _Block, base: dict, at, n: int, root_par
         moment["gradients"] = FP32 * (done_layers * block.state_params + done_root) / layout.fsdp_shard
         # Traced: 70B 4K, PP 2 x 2, full AC, the last stage's steady backward: the other stage's
         # two blocks, resharded, 1.6 GiB less than the estimate had.
-        gathered -= sum(len(stage_layers(w.arch.num_layers, layout, s)) for s in at.resharded)
+        gathered -= sum(counts[s] for s in at.resharded)
+        gathered -= counts[at.stage] - _own_stage_gathered(w, at, counts)
     else:
         accumulated = _grad_bytes(w) * (done_layers * block.params + done_root)
     moment["fsdp_buffers"] = gathered * block.gathered + _compute_bytes(w) * root_params + accumulated
     return moment
 
 
+def _own_stage_gathered(w: Workload, at, counts: dict[int, int]) -> int:
+    """How many blocks of the chunk's own stage a backward moment counts gathered: all (blocks
+    stay gathered after forward), or under sync_each, where the stage's latest action was a
+    backward too (`BackwardMoment.own_resharded`), the two it gathers again as it reaches them:
+    the block in backward and the one below it, prefetched (`_second_block_sync_each` adds the
+    third). Traced: 70B 4K, PP 2 GPipe, full AC, the last rank: its second backward 5.4% over
+    the trace with the stage's four blocks counted gathered."""
+    own = counts[at.stage]
+    if w.grad_accumulation == "sync_each" and at.own_resharded:
+        return min(own, 2)
+    return own
+
+
 def _in_flight(w: Workload, context: _Context, at, per_chunk: list, head_saved: float) -> tuple[float, float, float]:
     """(activations, TP-gathered, CP-gathered bytes) the rank's chunks in flight keep at `at`: their
     layers' saved sets, the loss stage's kept head, each micro-batch's document masks, the
     outputs still held by their sends and, on gloo, the input gradients sent back."""
-    total, tp, cp = (sum(count * kept[i] for count, kept in zip(at.by_stage, per_chunk, strict=True)) for i in range(3))
+    total = tp = cp = 0.0
+    for count, (kept, kept_tp, kept_cp) in zip(at.by_stage, per_chunk, strict=True):
+        total, tp, cp = total + count * kept, tp + count * kept_tp, cp + count * kept_cp
     boundary = context.cb * _tokens(w) / w.layout.tensor * w.arch.hidden_size
     activations = total - tp - cp + head_saved * (at.in_flight - at.outputs)
     activations += context.documents * at.in_flight
@@ -1080,7 +1132,15 @@ def _chunk_moments(
     run = stage_layers(w.arch.num_layers, w.layout, at.stage)
     if len(run) > 1:
         found[f"{at.name}, second block (pipeline)"] = _second_block_sync_each(
-            w, block, moment, kept_activations, receive_buffers, run, chosen, first_time=at.stage not in at.done
+            w,
+            block,
+            moment,
+            kept_activations,
+            receive_buffers,
+            run,
+            chosen,
+            first_time=at.stage not in at.done,
+            own_resharded=at.own_resharded,
         )
     return found
 
@@ -1125,6 +1185,7 @@ def _second_block_sync_each(
     chosen: frozenset[int],
     *,
     first_time: bool,
+    own_resharded: bool = False,
 ) -> dict:
     """Under sync_each, a chunk's second block in backward: the first one, reduced and resharded,
     left its reduce-scatter input pending until the next reduce-scatter (FSDP keeps it in
@@ -1140,6 +1201,8 @@ def _second_block_sync_each(
         at["tp_buffers"] += block.tp_gathered
         at["cp_buffers"] += block.cp_gathered
     at["fsdp_buffers"] += _grad_bytes(w) * block.reduce_scatter_params - block.gathered
+    if own_resharded and len(run) > 2:  # the third block, prefetched by the second
+        at["fsdp_buffers"] += block.gathered
     if first_time:
         at["gradients"] += FP32 * block.state_params / w.layout.fsdp_shard
     return at
@@ -1236,23 +1299,65 @@ def _pipelined_embedding_backward(w, cb, moment, kept_activations, kept_tp_cp) -
     return at_embedding
 
 
+def _with_stage_gradients(w: Workload, block: _Block, moment: dict, *, stage: int) -> None:
+    """After a stage's first backward of the step, its blocks' gradients exist where the
+    moments before it (`_with_gradients`, over the stages done) had none: under sync_each as new
+    fp32 shards, otherwise accumulated unsharded in the reduce dtype (each block's post_backward
+    made them before the stage's root unit's)."""
+    blocks = len(stage_layers(w.arch.num_layers, w.layout, stage))
+    if w.grad_accumulation == "sync_each":
+        moment["gradients"] += FP32 * blocks * block.state_params / w.layout.fsdp_shard
+    else:
+        moment["fsdp_buffers"] += _grad_bytes(w) * blocks * block.params
+
+
 def _embedding_reduce_scatter(
-    w: Workload, block: _Block, at_embedding: dict, gathered_root: float, *, first_time: bool
+    w: Workload, block: _Block, at_embedding: dict, gathered_root: float, gathered_blocks: int
 ) -> dict:
     """Under sync_each, stage 0's root unit reduced right after the embedding's backward: its
     dense gradient, FSDP's reduce-scatter input in the reduce dtype and the output shard alive
     together, the output gradient the embedding read let go (traced: Llama 3.1 8B, 16K, CP 2,
     PP 4, 6.3% under the trace before). FSDP reshards a unit before reducing it, and stage 0's
-    blocks were resharded after their backward (_GradientSyncEachMicroBatch), their gradients
-    reduced into fp32 shards, which on the stage's first backward are new."""
+    blocks were resharded after their backward (_GradientSyncEachMicroBatch; the moment counted
+    `gathered_blocks` of them), their gradients reduced into fp32 shards (on the stage's first
+    backward new ones, which the embedding's moment counts: `_with_stage_gradients`)."""
     layout = w.layout
     embedding = w.arch.vocab_size * w.arch.hidden_size / layout.tensor
-    blocks = len(stage_layers(w.arch.num_layers, layout, 0))
     at = dict(at_embedding)
     at["working"] = 0.0
     dense = _compute_bytes(w) * embedding  # the gradient `_pipelined_embedding_backward` counted
     at["fsdp_buffers"] += _reduce_scatter_transient(dense, embedding, _grad_bytes(w), dense, layout.fsdp_shard) - dense
-    at["fsdp_buffers"] -= gathered_root + blocks * block.gathered
+    at["fsdp_buffers"] -= gathered_root + gathered_blocks * block.gathered
+    return at
+
+
+def _output_reduce_scatter(
+    w: Workload,
+    block: _Block,
+    moment: dict,
+    kept_activations: float,
+    kept_tp_cp: tuple,
+    gathered_blocks: int,
+    *,
+    first_time: bool,
+) -> dict:
+    """Under sync_each, the loss stage's root unit (the final norm and the output weight) reduced
+    once its chunk's backward is through, as `_embedding_reduce_scatter` is stage 0's: the chunk's
+    saved set, its head's included, is gone, its input gradient is on its way back, the stage's
+    blocks are resharded and reduced, and the root, resharded too, holds its bf16 gradients beside
+    the reduce-scatter (`_reduce_scatter_transient`; the output weight's is the one kept) and the
+    shard an earlier micro-batch left. Traced: 70B 4K, TP 2, PP 4 x 2, FP8, rank 3, whose loss
+    stage holds no layers: 6.7% under the trace before it was priced."""
+    layout, arch, cb = w.layout, w.arch, _compute_bytes(w)
+    output = arch.vocab_size * arch.hidden_size / layout.tensor
+    root = output + arch.hidden_size
+    blocks = len(stage_layers(arch.num_layers, layout, layout.num_stages - 1))
+    at = dict(moment)
+    at["activations"] = kept_activations
+    at["tp_buffers"], at["cp_buffers"] = kept_tp_cp
+    at["working"] = cb * _tokens(w) / layout.tensor * arch.hidden_size  # the input gradient sent back
+    transient = _reduce_scatter_transient(cb * root, root, _grad_bytes(w), cb * output, layout.fsdp_shard)
+    at["fsdp_buffers"] += transient - cb * root - gathered_blocks * block.gathered
     if first_time:
         at["gradients"] += FP32 * blocks * block.state_params / layout.fsdp_shard
     return at

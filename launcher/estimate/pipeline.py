@@ -9,6 +9,7 @@ output layer. A "chunk" is one stage of one micro-batch: about 1/v of a rank's l
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -97,6 +98,11 @@ class BackwardMoment:
     a stage's blocks after each backward and gathers them again at its next forward
     (entrypoints/parallel/pipeline.py, _GradientSyncEachMicroBatch), so these hold no gathered
     weights now; under the other modes every block stays gathered."""
+    own_resharded: bool = False
+    """A backward right after another of its own stage, no forward between (GPipe, 1F1B's
+    cooldown, interleaved runs of one stage): under sync_each that stage's blocks were resharded
+    after the last one and are gathered again one at a time as this backward reaches them, with
+    the block below prefetched (entrypoints/parallel/fsdp.py `chunk_backward_prefetch`)."""
 
 
 @cache
@@ -132,17 +138,32 @@ def backward_moments(
         ]
         if m > 1:
             chunks = found.forwards - (not found.steady)
+            # With no steady phase the second backward follows the first at once (GPipe always).
             # The chunk whose backward just ended counts among the outputs too, as in
             # steady_forwards: its send may still hold its output (fsdp._outputs_kept: the latest
             # two). Where no forward ran in between (GPipe, or 1F1B without a steady phase) it is
             # one of the latest two sends. Traced: 8B 16K, TP 2, PP 2 GPipe, rank 0: one boundary
             # tensor that the estimate had let go.
             moments.append(
-                BackwardMoment("second backward", rank, chunks, sends(chunks + 1), (rank,), by_stage=(chunks,))
+                BackwardMoment(
+                    "second backward",
+                    rank,
+                    chunks,
+                    sends(chunks + 1),
+                    (rank,),
+                    by_stage=(chunks,),
+                    own_resharded=not found.steady,
+                )
             )
         return tuple(moments)
     first_two = _interleaved_candidates(rank, p, v, m)[0]
-    return (*first_two, *_heaviest_per_kind(rank, layout, m, weights, backwards=True))
+    weights = weights or (1.0,) * v
+    pattern = _pattern(weights)
+    return (
+        *first_two,
+        *_uncovered_stage_firsts(rank, p, v, m, pattern),
+        *_heaviest_per_kind(rank, layout, m, weights, backwards=True),
+    )
 
 
 @cache
@@ -177,13 +198,64 @@ def _heaviest_per_kind(rank: int, layout: Layout, m: int, weights: tuple[float, 
     the schedule, so the search runs over the few candidates `_fronts` leaves."""
     p, v = layout.pipeline, layout.virtual_stages
     weights = weights or (1.0,) * v
-    first_seen = list(dict.fromkeys(weights))
-    pattern = tuple(first_seen.index(weight) for weight in weights)
-    found = [
-        max(front, key=lambda moment: sum(weights[x] * count for x, count in enumerate(moment.by_stage)))
-        for front in _fronts(rank, p, v, m, pattern, backwards)
-    ]
+    pattern = _pattern(weights)
+
+    # Of as heavy ones, the one with the fewest stages resharded (under sync_each those hold no
+    # gathered blocks). Traced: 70B 4K, TP 2, PP 4 x 2, sync_each: 8.3% under the trace where a
+    # steady backward after one of its own stage stood for one after another stage's.
+    def holds(moment):
+        activations = sum(weights[x] * count for x, count in enumerate(moment.by_stage))
+        return activations, -len(moment.resharded), not moment.own_resharded
+
+    found = [max(front, key=holds) for front in _fronts(rank, p, v, m, pattern, backwards)]
     return sorted(found, key=lambda moment: -moment.stage)
+
+
+def _pattern(weights: tuple[float, ...]) -> tuple[int, ...]:
+    """Which of the rank's stages keep as much per chunk: each stage's index among the distinct
+    weights, in order of first appearance."""
+    first_seen = list(dict.fromkeys(weights))
+    return tuple(first_seen.index(weight) for weight in weights)
+
+
+def _summary(moment: BackwardMoment, pattern: tuple[int, ...]) -> tuple:
+    """What `_fronts` compares of a moment: chunks in flight per kind of stage, the stages done,
+    the other stages resharded, and whether its own is."""
+    counts = [0] * (max(pattern) + 1)
+    for x, count in enumerate(moment.by_stage):
+        counts[pattern[x]] += count
+    return tuple(counts), set(moment.done), moment, set(moment.resharded), moment.own_resharded
+
+
+def _covers(a: tuple, b: tuple) -> bool:
+    """Whether moment summary `a` holds at least what `b` does, whatever the chunks weigh: as many
+    chunks of every kind or more, every stage `b` has done, and no stage resharded that `b` keeps."""
+    return b[1] <= a[1] and a[3] <= b[3] and a[4] <= b[4] and all(map(int.__ge__, a[0], b[0]))
+
+
+def _kind(moment: BackwardMoment, pattern: tuple[int, ...], p: int, last: int) -> tuple:
+    return pattern[moment.stage // p], moment.stage == 0, moment.stage == last
+
+
+@cache
+def _uncovered_stage_firsts(rank: int, p: int, v: int, m: int, pattern: tuple[int, ...]) -> tuple:
+    """The stages' first backwards (`_interleaved_candidates`) that no other first backward or
+    steady backward of the same kind covers: stages alike run alike first backwards, and a
+    stage's first backward may hold no more than a later one, which has more stages done."""
+    last = p * v - 1
+    _, steady, _, firsts = _interleaved_candidates(rank, p, v, m)
+    by_kind: dict[tuple, list] = {}
+    for moment in steady:
+        by_kind.setdefault(_kind(moment, pattern, p, last), []).append(_summary(moment, pattern))
+    alike: dict[tuple, tuple] = {}
+    for moment in firsts:  # of first backwards alike in every respect compared, one stands for all
+        summary = _summary(moment, pattern)
+        alike[_kind(moment, pattern, p, last), summary[0], moment.done, moment.resharded] = summary
+    for (kind, *_), summary in alike.items():
+        by_kind.setdefault(kind, []).append(summary)
+    return tuple(
+        b[2] for (kind, *_), b in alike.items() if not any(a is not b and _covers(a, b) for a in by_kind[kind])
+    )
 
 
 @cache
@@ -193,34 +265,31 @@ def _fronts(rank: int, p: int, v: int, m: int, pattern: tuple[int, ...], backwar
     stages done. Only these can hold the most, whatever the weights."""
     last = p * v - 1
     candidates = _interleaved_candidates(rank, p, v, m)[1 if backwards else 2]
-    by_kind: dict[tuple, list] = {}
+    by_kind: dict[tuple, dict] = {}
     for moment in candidates:
-        counts = [0] * (max(pattern) + 1)
-        for x, count in enumerate(moment.by_stage):
-            counts[pattern[x]] += count
-        kind = (pattern[moment.stage // p], moment.stage == 0, moment.stage == last)
+        summary = _summary(moment, pattern)
         # Of candidates alike in these respects, the latest stands for all: it has sent back the
         # most input gradients, which only a CPU rank (gloo) still holds.
-        key = tuple(counts), moment.done, moment.resharded
-        by_kind.setdefault(kind, {})[key] = (tuple(counts), set(moment.done), moment, set(moment.resharded))
-
-    def covers(a, b) -> bool:
-        return b[1] <= a[1] and a[3] <= b[3] and all(map(int.__ge__, a[0], b[0]))
+        key = summary[0], moment.done, moment.resharded, moment.own_resharded
+        by_kind.setdefault(_kind(moment, pattern, p, last), {})[key] = summary
 
     return tuple(
-        tuple(b[2] for b in items if not any(a is not b and covers(a, b) for a in items))
+        tuple(b[2] for b in items if not any(a is not b and _covers(a, b) for a in items))
         for items in (list(alike.values()) for alike in by_kind.values())
     )
 
 
 @cache
-def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, tuple, tuple]:
+def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, tuple, tuple, tuple]:
     """An interleaved rank's moments that can hold the most, whatever its chunks weigh: its first
-    two backwards; the backwards once every stage holds gradients; and the forwards of a stage
-    after its first backward (each distinct one once)."""
+    two backwards; the backwards once every stage holds gradients; the forwards of a stage
+    after its first backward (each distinct one once); and each other stage's first backward,
+    where that stage's gradients are new beside as many chunks in flight as the steady state's
+    or more (traced: 70B 4K, PP 4 x 2, 8 micro-batches, rank 0's first backward of stage 0 after
+    four of stage 4: 3.4% under the trace while only the steady backwards were priced)."""
     last = p * v - 1
-    first_two, steady, forwards = [], {}, {}
-    for kind, virtual, in_flight, done, sent, resharded in _interleaved_ops(rank, p, v, m):
+    first_two, steady, forwards, stage_firsts = [], {}, {}, []
+    for kind, virtual, in_flight, done, sent, resharded, own_resharded in _interleaved_ops(rank, p, v, m):
         stage = virtual * p + rank
         outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
         stages = tuple(x * p + rank for x in done)
@@ -233,15 +302,18 @@ def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, t
             sent,
             in_flight,
             tuple(x * p + rank for x in resharded),
+            own_resharded,
         )
         if kind == "F":
             if virtual in done:
                 forwards.setdefault((moment, in_flight), moment)
         elif len(first_two) < 2:
             first_two.append(moment)
+        elif virtual not in done:
+            stage_firsts.append(dataclasses.replace(moment, name=f"first backward, stage {stage}"))
         elif len(done) == v:
             steady.setdefault((moment, in_flight), moment)  # by_stage is left out of equality
-    return tuple(first_two), tuple(steady.values()), tuple(forwards.values())
+    return tuple(first_two), tuple(steady.values()), tuple(forwards.values()), tuple(stage_firsts)
 
 
 def _moment_name(kind: str, stage: int, backwards_before: int, p: int, last: int) -> str:
@@ -261,7 +333,7 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
     v - 1 - (j // per_round) % v), as (F or B, its virtual stage, the chunks in flight per
     virtual stage, a forward's own included, the virtual stages of the backwards before it, the
     input gradients sent back before it, the other virtual stages whose latest action was a
-    backward). They end one round (v x per_round backwards) after
+    backward, and for a backward whether its own stage's was). They end one round (v x per_round backwards) after
     the first backward with every stage done: the steady state repeats each round from there,
     and the cooldown only lets chunks go, so no later action holds more."""
     per_round = m // max(1, m // p)
@@ -277,7 +349,7 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
         virtual = (k // per_round) % v
         in_flight[virtual] += 1
         backward_last.discard(virtual)
-        return "F", virtual, tuple(in_flight), tuple(sorted(done)), sent, resharded(virtual)
+        return "F", virtual, tuple(in_flight), tuple(sorted(done)), sent, resharded(virtual), False
 
     for k in range(warmup):
         yield forward(k)
@@ -285,7 +357,8 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
         if j < steady_ops:
             yield forward(warmup + j)
         virtual = v - 1 - (j // per_round) % v
-        yield "B", virtual, tuple(in_flight), tuple(sorted(done)), sent, resharded(virtual)
+        own = virtual in backward_last
+        yield "B", virtual, tuple(in_flight), tuple(sorted(done)), sent, resharded(virtual), own
         in_flight[virtual] -= 1
         done.add(virtual)
         backward_last.add(virtual)
