@@ -932,52 +932,77 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
         in_blocks = kept_activations - (head_saved if with_loss else 0.0)
         moments.update(_chunk_moments(w, block, at, moment, beside, in_blocks, receive_buffers, chosen))
         if at.stage == 0:
-            # Stage 0's chunk is done with its layers: its saved set and document masks are gone.
-            first = per_chunk[0]
-            freed = first[0] - first[1] - first[2] + context.documents
-            embedding = _pipelined_embedding_backward(
-                w, cb, moment, kept_activations - freed, (tp - first[1], cp - first[2])
-            )
-            first_time = 0 not in at.done
-            if first_time:
-                _with_stage_gradients(w, block, embedding, stage=0)
-            moments[f"{at.name}, embedding (pipeline)"] = embedding
-            if sync_each:
-                moments[f"{at.name}, embedding reduce-scatter (pipeline)"] = _embedding_reduce_scatter(
-                    w, block, embedding, cb * root_params, _own_stage_gathered(w, at, counts)
-                )
-            elif first_time and _grad_bytes(w) != cb:
-                # FSDP's post_backward turns the embedding's gradient into the accumulated one in
-                # the reduce dtype: `unsharded_grad.to(reduce_dtype)` beside the gradient it
-                # copies (FSDPParam.to_accumulated_grad_if_needed). Traced: 70B 4K, PP 4 x 2,
-                # sync_last_gathered, rank 0's first backward of stage 0: 3.4% under the trace
-                # before it and the stage's accumulated block gradients were priced.
-                accumulating = dict(embedding)
-                accumulating["fsdp_buffers"] += _grad_bytes(w) * root_params
-                moments[f"{at.name}, embedding accumulated (pipeline)"] = accumulating
-        if with_loss and sync_each:
-            own = per_chunk[at.stage // layout.pipeline]
-            freed = own[0] - own[1] - own[2] + context.documents + head_saved
-            moments[f"{at.name}, output reduce-scatter (pipeline)"] = _output_reduce_scatter(
-                w,
-                block,
-                moment,
-                kept_activations - freed,
-                (tp - own[1], cp - own[2]),
-                _own_stage_gathered(w, at, counts),
-                first_time=last_stage not in at.done,
+            moments.update(
+                _embedding_moments(w, block, context, at, moment, (kept_activations, tp, cp), per_chunk[0], counts)
             )
         if with_loss:
-            # The last stage's loss backward, with the output weight's bf16 gradient.
-            in_loss = dict(moment)
-            in_loss["fsdp_buffers"] += output_grad
-            in_loss["working"] = receive_buffers
-            in_loss["loss"] = loss.backward_working
-            in_loss["activations"] = kept_activations
-            moments[f"{at.name}, loss (pipeline)"] = in_loss
+            own = per_chunk[at.stage // layout.pipeline]
+            moments.update(
+                _loss_stage_moments(
+                    w, block, context, at, moment, (kept_activations, tp, cp), own, counts, receive_buffers
+                )
+            )
     if not sync_each:
         moments.update(_step_end_reduce_scatters(w, block, base, rank))
     return moments
+
+
+def _embedding_moments(w, block, context, at, moment: dict, in_flight: tuple, first: tuple, counts: dict) -> dict:
+    """Stage 0's chunk at `at`, done with its layers (their saved set, `first`, and its document
+    masks are gone): the embedding's backward and, under sync_each, its reduce-scatter, or
+    otherwise on the stage's first backward its gradient made the accumulated one."""
+    cb = context.cb
+    kept_activations, tp, cp = in_flight
+    root_params = w.arch.vocab_size * w.arch.hidden_size / w.layout.tensor
+    freed = first[0] - first[1] - first[2] + context.documents
+    embedding = _pipelined_embedding_backward(w, cb, moment, kept_activations - freed, (tp - first[1], cp - first[2]))
+    first_time = 0 not in at.done
+    if first_time:
+        _with_stage_gradients(w, block, embedding, stage=0)
+    found = {f"{at.name}, embedding (pipeline)": embedding}
+    if w.grad_accumulation == "sync_each":
+        found[f"{at.name}, embedding reduce-scatter (pipeline)"] = _embedding_reduce_scatter(
+            w, block, embedding, cb * root_params, _own_stage_gathered(w, at, counts)
+        )
+    elif first_time and _grad_bytes(w) != cb:
+        # FSDP's post_backward turns the embedding's gradient into the accumulated one in the
+        # reduce dtype: `unsharded_grad.to(reduce_dtype)` beside the gradient it copies
+        # (FSDPParam.to_accumulated_grad_if_needed). Traced: 70B 4K, PP 4 x 2, sync_last_gathered,
+        # rank 0's first backward of stage 0: 3.4% under the trace before it and the stage's
+        # accumulated block gradients were priced.
+        accumulating = dict(embedding)
+        accumulating["fsdp_buffers"] += _grad_bytes(w) * root_params
+        found[f"{at.name}, embedding accumulated (pipeline)"] = accumulating
+    return found
+
+
+def _loss_stage_moments(
+    w, block, context, at, moment: dict, in_flight: tuple, own: tuple, counts: dict, receive_buffers: float
+) -> dict:
+    """The loss stage's chunk at `at`: the loss's backward, with the output weight's bf16
+    gradient, and under sync_each the root's reduce-scatter once the chunk (its saved set `own`,
+    its head and document masks) is through."""
+    kept_activations, tp, cp = in_flight
+    loss = context.loss
+    found = {}
+    if w.grad_accumulation == "sync_each":
+        freed = own[0] - own[1] - own[2] + context.documents + loss.head_saved
+        found[f"{at.name}, output reduce-scatter (pipeline)"] = _output_reduce_scatter(
+            w,
+            block,
+            moment,
+            kept_activations - freed,
+            (tp - own[1], cp - own[2]),
+            _own_stage_gathered(w, at, counts),
+            first_time=w.layout.num_stages - 1 not in at.done,
+        )
+    in_loss = dict(moment)
+    in_loss["fsdp_buffers"] += context.cb * w.arch.vocab_size * w.arch.hidden_size / w.layout.tensor
+    in_loss["working"] = receive_buffers
+    in_loss["loss"] = loss.backward_working
+    in_loss["activations"] = kept_activations
+    found[f"{at.name}, loss (pipeline)"] = in_loss
+    return found
 
 
 def _step_end_reduce_scatters(w: Workload, block: _Block, base: dict, rank: int) -> dict:
