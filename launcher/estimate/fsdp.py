@@ -165,7 +165,7 @@ class _Block:
         # parallelism the block without its experts, a unit reduced before it.
         self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
         # The unit's last parameter (feed_forward's w3; an MoE block's experts' w3, for want of a
-        # trace): its unsharded gradient outlives the reduce-scatter's copy-in (`_root_reduce`).
+        # trace): its unsharded gradient outlives the reduce-scatter's copy-in (`_reduce_scatter_transient`).
         self.last_param = mlp.grouped_params / 3 if mlp.grouped_params else mlp.linear_params / 3
 
     def _eager_fp8_moments(self, w: Workload, cb: int, mlp: _Mlp, float8_tp_styles: bool) -> None:
