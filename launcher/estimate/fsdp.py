@@ -845,7 +845,8 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     moment["fsdp_buffers"] = gathered_root + beside_blocks + reduce_scatter + cb * vocab_matrix + acc.unsharded_grads(n)
     moment["working"] = cb * _tokens(w) * h
     found["backward of the embedding"] = moment
-    found["root reduce-scatter"] = _root_reduce_scatter(w, acc, base, root_params, output_grad / cb)
+    output = 0 if arch.tie_embeddings else vocab_matrix
+    found["root reduce-scatter"] = _root_reduce_scatter(w, acc, base, root_params, output)
     return found
 
 
