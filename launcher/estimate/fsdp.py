@@ -23,7 +23,7 @@ is explained, with the line of code it comes from, in docs/estimator.md. In shor
   log-sum-exp per token, and handles the vocabulary in chunks of about N x hidden values.
 
 The peak is the largest of a few moments of a step: the loss's forward and backward, the
-backward of the first and second blocks it reaches (and the last, when gradients outgrow
+backward of the first three blocks it reaches (and the last two, when gradients outgrow
 activations), and the optimizer step. Each pipeline rank is evaluated on its own.
 """
 
@@ -88,6 +88,7 @@ class _Block:
         "weight_grad_w2",
         "gating_cast",
         "recomputed_cast",
+        "kept_mlp_backward",
         "freed_in_backward",
         "recompute",
         "state_params",
@@ -116,6 +117,11 @@ class _Block:
         mlp = _Mlp(w, cb, product_recomputed=arch.moe is None and not w.compile and not float8_tp_styles)
         local += mlp.saved
         self.mlp_saved = mlp.saved
+        if float8_tp_styles and arch.moe is None:
+            # What the MLP's backward lets go of includes w2's input as saved, in float8
+            # (`_float8_tp_styles_saved`). Traced: 8B 32K, TP 2, CP 2, no AC, at w1's cast: 1.2%
+            # under the trace with a bf16 product counted as let go.
+            self.mlp_saved -= (cb - 1) * tokens * arch.ffn_hidden_size / t
         if arch.qk_norm:
             # Qwen3's q_norm and k_norm (RMSNorm per head, before RoPE) save their inputs, the
             # projections' outputs, and an fp32 rstd per head and token.
@@ -138,6 +144,7 @@ class _Block:
         self._in_backward_memo: dict[tuple[bool, bool], _BackwardMoment] = {}
         self.fp8_cast = 0.0
         self.recomputed_cast = 0.0
+        self.kept_mlp_backward = None
         self.gating_cast = None
         # Under training.compile the casts fuse into the compiled block (Inductor writes the
         # float8 tensor directly from the bf16 input), so these eager fp32 temporaries do not
@@ -191,6 +198,12 @@ class _Block:
             # casts the gathered bf16 w2 weight to float8 (no float8 all-gather).
             fp8_moment += 2 * tokens * h + h * f / t
         if fp8_moment > self.backward_working + self.weight_grad_w2:
+            if float8_tp_styles:
+                # The block saves w2's float8 input, so only a recomputation casts it again: a
+                # block that kept its activations runs w2's backward in bf16 working memory.
+                # Traced: 8B 32K, TP 2, CP 2, no AC, sync_each: 2.2% over the trace with w2's
+                # cast priced, the block's peak being w1's or w3's (`_gating_linear_cast_tp`).
+                self.kept_mlp_backward = self.backward_working, self.weight_grad_w2
             self.fp8_cast = fp8_moment - cb * sharded * h
             self.backward_working = cb * sharded * h
             self.weight_grad_w2 = 0.0
@@ -228,8 +241,12 @@ class _Block:
         kv_recomputed = self.recomputed_kv if checkpointed else 0.0
         own = self.saved - self.freed_in_backward + tp_recomputed + kv_recomputed
         gathered = (self.tp_gathered + tp_recomputed, self.cp_gathered + kv_recomputed)
-        fp8_cast = self.fp8_cast + (self.recomputed_cast if checkpointed else 0.0)
-        moments = [_BackwardMoment(own, self.backward_working, self.weight_grad_w2, fp8_cast, *gathered)]
+        working, w2_grad, fp8_cast = self.backward_working, self.weight_grad_w2, self.fp8_cast
+        if checkpointed:
+            fp8_cast += self.recomputed_cast
+        elif self.kept_mlp_backward is not None:
+            (working, w2_grad), fp8_cast = self.kept_mlp_backward, 0.0
+        moments = [_BackwardMoment(own, working, w2_grad, fp8_cast, *gathered)]
         if self.gating_cast is not None:
             # Later in the MLP's backward, eager FP8's casts for w1 or w3, with the MLP's saved set gone.
             working, weight_grads, cast = self.gating_cast
@@ -237,9 +254,7 @@ class _Block:
         if not checkpointed and self.regathers_kv:
             # Later, in the attention's backward, the MLP's saved set is gone.
             moments.append(
-                _BackwardMoment(
-                    self.saved - self.mlp_saved, self.attention_backward, self.weight_grad_w2, 0.0, *gathered
-                )
+                _BackwardMoment(self.saved - self.mlp_saved, self.attention_backward, w2_grad, 0.0, *gathered)
             )
         if self.input_gradient is not None:
             # Last, the attention input's gradient: the attention's half of the regathered
@@ -335,13 +350,15 @@ def _gating_linear_cast_tp(w: Workload, cb: int, mlp: _Mlp) -> tuple[float, floa
     float8/float8_tensor_parallel.py), through an fp32 scaled and an fp32 clamped tensor beside
     the float8 result: 9 bytes per value. Beside it: the other linear's output gradient
     (silu_backward's, T x f/t), this linear's full-sequence input gradient (T x h), the incoming
-    gradient all-gathered in float8 for w2 (T x h, 1 byte) and its bf16 shard, and this linear's
-    weight gradient, with w2's under sync_each, where FSDP reduces the block's gradients only
-    once its backward ends (otherwise autograd has added w2's into the gradient accumulated over
-    micro-batches). Traced: 70B 32K, TP 2, CP 4, PP 4 1F1B, sync_each, no AC: the rank peaks
-    there, 2.3% under the trace at w2's cast, where the block had been priced."""
+    gradient's bf16 shard, and this linear's weight gradient, with w2's under sync_each, where
+    FSDP reduces the block's gradients only once its backward ends (otherwise autograd has added
+    w2's into the gradient accumulated over micro-batches). The incoming gradient all-gathered in
+    float8 for w2 is gone by then. Traced: 70B 32K, TP 2, CP 4, PP 4 1F1B, sync_each, no AC: the
+    rank peaks there, 2.3% under the trace at w2's cast, where the block had been priced. With
+    the float8-gathered gradient counted here, 8B 32K TP 8 CP 2 PP 2 and 70B 32K TP 8 CP 2 PP 2 x
+    2 were 2.2% and 2.4% over the trace; without it they and 8B 32K TP 2 CP 2 are within 0.5%."""
     t, tokens, h, f = w.layout.tensor, _tokens(w), w.arch.hidden_size, w.arch.ffn_hidden_size
-    working = cb * tokens * f / t + cb * tokens * h + tokens * h + cb * tokens / t * h
+    working = cb * tokens * f / t + cb * tokens * h + cb * tokens / t * h
     weight_grads = (2 if w.grad_accumulation == "sync_each" else 1) * mlp.weight_grads
     return working, weight_grads, 9 * tokens * f / t
 
@@ -813,7 +830,13 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     # So is each block's weight gradients (`_Block.in_backward`).
     grads_in_place = acc.unsynced and acc.grad_bytes == cb
     reduce_scatter = acc.grad_bytes * block.reduce_scatter_params
-    for k in sorted({k for k in (0, 1, n - 2, n - 1) if 0 <= k < n}):
+    # From the second block reached on, each block adds a gradient shard and lets go of what the
+    # layer below it kept; selective checkpointing alternates kept and recomputed layers, so each
+    # kind's moments grow or shrink steadily and peak at its first or last block: the first,
+    # second and third reached (the first recomputed one after a kept one, or the reverse), and
+    # the last two. Traced: 70B 32K, TP 8, CP 4, selective, the third block: 2.2% under the
+    # trace with the first two alone.
+    for k in sorted({k for k in (0, 1, 2, n - 2, n - 1) if 0 <= k < n}):
         index = n - 1 - k
         below_checkpointed = _checkpointed_below(mode, index)
         below = _kept(block, index, below_checkpointed)
@@ -834,20 +857,27 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
         moment["working"] = working
         moment["fp8"] = fp8_cast
         found[f"backward of layer {index}"] = _with_activations(moment, alive, rope_cast)
-    # The embedding's backward, last: every block's gradient shard and the last block's
-    # reduce-scatter input exist, with the embedding's dense gradient over the rank's V / tp
-    # rows (parallel/tensor.py's VocabParallelEmbedding) and the output gradient it reads,
-    # all-gathered along the sequence under TP. The output weight's gradient is there once, as
-    # beside the blocks (traced under TP 2 and 8, FP8 or not, sync_each and sync_last: a second
-    # copy the estimate had counted is not made, 2-5% over the trace here).
-    moment = dict(base)
-    moment["gradients"] = acc.gradients(n)
-    moment["fsdp_buffers"] = gathered_root + beside_blocks + reduce_scatter + cb * vocab_matrix + acc.unsharded_grads(n)
-    moment["working"] = cb * _tokens(w) * h
-    found["backward of the embedding"] = moment
+    beside = gathered_root + beside_blocks + reduce_scatter
+    found["backward of the embedding"] = _embedding_backward(w, acc, base, beside, vocab_matrix)
     output = 0 if arch.tie_embeddings else vocab_matrix
     found["root reduce-scatter"] = _root_reduce_scatter(w, acc, base, root_params, output)
     return found
+
+
+def _embedding_backward(w: Workload, acc: _Accumulation, base: dict, beside: float, vocab_matrix: float) -> dict:
+    """The embedding's backward, last without pipelining: every block's gradient shard and the
+    last block's reduce-scatter input exist (in `beside`, with the gathered root and the output
+    weight's gradient), with the embedding's dense gradient over the rank's V / tp rows
+    (parallel/tensor.py's VocabParallelEmbedding) and the output gradient it reads, all-gathered
+    along the sequence under TP. The output weight's gradient is there once, as beside the blocks
+    (traced under TP 2 and 8, FP8 or not, sync_each and sync_last: a second copy the estimate
+    had counted is not made, 2-5% over the trace here)."""
+    cb = _compute_bytes(w)
+    moment = dict(base)
+    moment["gradients"] = acc.gradients(acc.n)
+    moment["fsdp_buffers"] = beside + cb * vocab_matrix + acc.unsharded_grads(acc.n)
+    moment["working"] = cb * _tokens(w) * w.arch.hidden_size
+    return moment
 
 
 def _root_reduce_scatter(w: Workload, acc: _Accumulation, base: dict, root_params: float, output: float) -> dict:
@@ -1064,15 +1094,22 @@ def _with_gradients(
     moment = dict(base)
     accumulated = 0.0
     gathered = n
+    root_gathered = root_params
     if w.grad_accumulation == "sync_each":
         moment["gradients"] = FP32 * (done_layers * block.state_params + done_root) / layout.fsdp_shard
         # Traced: 70B 4K, PP 2 x 2, full AC, the last stage's steady backward: the other stage's
         # two blocks, resharded, 1.6 GiB less than the estimate had.
         gathered -= sum(counts[s] for s in at.resharded)
         gathered -= counts[at.stage] - _own_stage_gathered(w, at, counts)
+        # The stage's set_reshard_after_backward(True) reaches its root unit too (FSDPModule's
+        # recurse), so the embedding or output layer is resharded with its stage's blocks and
+        # gathered again by that stage's next forward. Traced: 70B 8K, TP 2, PP 2 x 2, full AC,
+        # the last rank in stage 1's backward: 3.4% over the trace with the output layer gathered.
+        if root_stage in at.resharded:
+            root_gathered = 0.0
     else:
         accumulated = _grad_bytes(w) * (done_layers * block.params + done_root)
-    moment["fsdp_buffers"] = gathered * block.gathered + _compute_bytes(w) * root_params + accumulated
+    moment["fsdp_buffers"] = gathered * block.gathered + _compute_bytes(w) * root_gathered + accumulated
     return moment
 
 

@@ -125,10 +125,18 @@ def test_tensorwise_fp8_all_gathers_float8_weights_and_casts_w2_input_through_fp
 
 
 def test_float8_tensor_parallel_styles_skip_the_backward_cast():
-    moment = fsdp.moments(workload(fp8=True, layout=Layout(tensor=2, data_shard=2)))["backward of layer 3"]
-    # The forward cast's fp32 temporaries (9 bytes per value), and the bf16 product being cast
-    # beside the float8 one the block saves (1 more byte per value than the saved set counts).
-    assert moment["fp8"] == (9 + 1) * 256 * 352 / 2
+    tp = Layout(tensor=2, data_shard=2)
+    kept = fsdp.moments(workload(fp8=True, layout=tp))["backward of layer 3"]
+    # The block saves w2's float8 input, so a kept block casts nothing for w2 in backward; it
+    # peaks at w1's or w3's cast of its T x f/t output gradient (9 bytes per value), beside the
+    # other's output gradient, the full-sequence input gradient and the incoming one's shard.
+    assert kept["fp8"] == 9 * 256 * 352 / 2
+    assert kept["working"] == 2 * 256 * 352 / 2 + 2 * 256 * 128 + 2 * 128 * 128
+    recomputed = fsdp.moments(workload(fp8=True, layout=tp, activation_checkpointing="full"))["backward of layer 3"]
+    # A checkpointed block's recomputation casts w2's input again (9 bytes per value) beside the
+    # bf16 product (1 more than the float8 copy the saved set counts), with the float8-gathered
+    # incoming gradient (T x h) and the MLP's bf16 input shard (`recomputed_cast`).
+    assert recomputed["fp8"] == (9 + 1) * 256 * 352 / 2 + 256 * 128 + 2 * 128 * 128
 
 
 def test_gloo_has_no_float8_all_gather():

@@ -558,7 +558,7 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=32,
         stage=1,
     ),
-    # From random layouts (scripts/estimator_fuzz.py seeds 4, 5, 7 and 9), each a moment the
+    # From random layouts (scripts/estimator_fuzz.py seeds 4, 5, 7, 9, 14 and 10), each a moment the
     # estimate had not priced, found in what the replay held at its peak:
     # the step-end reduce-scatter of stage 0's root with every unit still gathered and
     # accumulated (`_step_end_reduce_scatters`): 6.3% under the trace before;
@@ -601,7 +601,7 @@ CONFIGS: list[TracedConfig] = [
         stage=3,
     ),
     # stage 0's first backward after four of stage 4, the embedding's gradient copied to fp32
-    # beside itself (`_uncovered_stage_firsts`, "embedding accumulated"): 3.4%.
+    # beside itself (`_uncovered_stage_firsts`, "embedding accumulated"): 3.4%;
     TracedConfig(
         "70B 4K pp4 v2 none, sync_last_gathered, 8 micro-batches (8 layers)",
         llama70b(8),
@@ -609,6 +609,38 @@ CONFIGS: list[TracedConfig] = [
         instances=4,
         parallel=pp4_v2("sync_last_gathered", "none"),
         global_batch_size=32,
+    ),
+    # the loss stage's rank in its other stage's backward under sync_each, the output layer
+    # resharded with the loss stage after that stage's backward (`_with_gradients`): 3.4% over;
+    TracedConfig(
+        "70B 8K tp2 pp2 v2 full, sync_each (6 layers), last rank",
+        llama70b(6),
+        8192,
+        parallel={
+            "tensor": 2,
+            "pipeline": 2,
+            "virtual_stages": 2,
+            "pipeline_schedule": "interleaved_1f1b",
+            "activation_checkpointing": "full",
+            "grad_accumulation": "sync_each",
+        },
+        global_batch_size=16,
+        stage=1,
+    ),
+    # and (seed 10) without pipelining, selective, the third block reached in backward: the first
+    # recomputed one after a kept one, with two gradient shards done (`_unpipelined_moments`): 2.2%.
+    TracedConfig(
+        "70B 32K tp8 cp4 selective, one micro-batch (8 layers)",
+        llama70b(8),
+        32768,
+        instances=4,
+        parallel={
+            "tensor": 8,
+            "context": 4,
+            "activation_checkpointing": "selective",
+            "grad_accumulation": "sync_last_gathered",
+        },
+        global_batch_size=1,
     ),
     shard_saved(TP2_8B),
     shard_saved(PP4_70B_SELECTIVE),
