@@ -132,9 +132,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-trace", action="store_true", help="keep the traced table as it is")
     args = parser.parse_args()
+    traced = None if args.no_trace else traced_table()  # minutes: the doc is read after it
     text = DOC.read_text()
-    if not args.no_trace:
-        text = replace_section(text, "traced", traced_table())
+    if traced is not None:
+        text = replace_section(text, "traced", traced)
     text = replace_section(text, "recipes", recipes_table())
     text = replace_section(text, "gpu", gpu_table())
     DOC.write_text(text)

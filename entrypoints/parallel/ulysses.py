@@ -20,7 +20,10 @@ the KV heads those queries read, because both counts are divisible by cp (the ru
 Memory per layer and rank (what the estimator models): SDPA saves q, k, v and the output for
 H/c heads of the whole sequence, the same number of elements as the local q, k, v and output
 they replace, so nothing grows with cp (the all-gather path holds K/V of the whole sequence
-within each layer's attention, and keeps them where a layer is recomputed).
+within each layer's attention, and keeps them where a layer is recomputed). One more copy of the
+output is kept: the inverse all-to-all returns [B, H, S/c, D], which the attention's
+transpose(1, 2).reshape copies into wo's input, and wo saves that copy beside SDPA's own (a
+float8 cast of it under the Float8 TP styles, parallel/tensor.py).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def in_flight(rank: int, layout: Layout, schedule: str, microbatches: int) -> fl
 
 @dataclass(frozen=True, slots=True)
 class BackwardMoment:
-    """A backward (or, from `steady_forwards`, a forward) of one of the rank's chunks, where the
+    """A backward (or, from `forward_moments`, a forward) of one of the rank's chunks, where the
     rank's memory can peak."""
 
     name: str
@@ -140,7 +140,7 @@ def backward_moments(
             chunks = found.forwards - (not found.steady)
             # With no steady phase the second backward follows the first at once (GPipe always).
             # The chunk whose backward just ended counts among the outputs too, as in
-            # steady_forwards: its send may still hold its output (fsdp._outputs_kept: the latest
+            # forward_moments: its send may still hold its output (fsdp._outputs_kept: the latest
             # two). Where no forward ran in between (GPipe, or 1F1B without a steady phase) it is
             # one of the latest two sends. Traced: 8B 16K, TP 2, PP 2 GPipe, rank 0: one boundary
             # tensor that the estimate had let go.
@@ -167,27 +167,42 @@ def backward_moments(
 
 
 @cache
-def steady_forwards(
+def forward_moments(
     rank: int, layout: Layout, schedule: str, microbatches: int, weights: tuple[float, ...] | None = None
 ) -> tuple[BackwardMoment, ...]:
-    """Per kind of stage of the rank, a forward after that stage's first backward, with the most
-    activations in flight (`weights` as for backward_moments): `in_flight` counts the chunk in
-    forward; `outputs` counts it too, standing for the output of the chunk whose backward just
-    ended, which its send may still hold (fsdp._outputs_kept: the latest two). Under sync_each FSDP
-    reshards each block after its backward, so such a forward all-gathers the stage's blocks
-    again. GPipe runs every forward first: none."""
+    """The forwards where the rank can peak: the last forward before its first backward, and per
+    kind of stage a forward after that stage's first backward, with the most activations in
+    flight (`weights` as for backward_moments). `in_flight` counts the chunk in forward; after a
+    backward `outputs` counts it too, standing for the output of the chunk whose backward just
+    ended, which its send may still hold (fsdp._outputs_kept: the latest two). Under sync_each
+    FSDP reshards each block after its backward, so such a forward all-gathers the stage's blocks
+    again. The last forward before the first backward holds as many chunks as that backward,
+    with no gradients yet; a steady forward covers it where there is one, but GPipe and a
+    1F1B rank without a steady phase have none. Traced: 8B 16K, TP 8, PP 4 GPipe, selective,
+    rank 0 peaks in its fourth forward, 3.4% under the trace while it was not priced."""
     p, v, m = layout.pipeline, layout.virtual_stages, microbatches
     last = layout.num_stages - 1
-    if p == 1 or schedule == "gpipe":
+    if p == 1:
         return ()
     if not (schedule == "interleaved_1f1b" and v > 1):
         found = first_backward(rank, layout, schedule, m)
-        if not found.steady:
-            return ()
         chunks = found.forwards  # one chunk fewer after the backward, one more in forward
+        if not found.steady:
+            outputs = 0 if rank == last else chunks - 1  # the chunks before it
+            return (BackwardMoment("last warmup forward", rank, chunks, outputs, (), by_stage=(chunks,)),)
         outputs = 0 if rank == last else chunks  # the chunks before it, and the one just done
         return (BackwardMoment("steady forward", rank, chunks, outputs, (rank,), by_stage=(chunks,)),)
-    return tuple(_heaviest_per_kind(rank, layout, m, weights, backwards=False))
+    pattern = _pattern(weights or (1.0,) * v)
+    found = [moment for front in _fronts(rank, p, v, m, pattern, False) for moment in front]
+    # A stage may run more than one forward that no other covers (more chunks in flight, or
+    # more stages done): each is priced, named by the stages done.
+    stages = [moment.stage for moment in found]
+    return tuple(
+        dataclasses.replace(moment, name=f"{moment.name}, {_count(len(moment.done), 'stage')} done")
+        if stages.count(moment.stage) > 1
+        else moment
+        for moment in found
+    )
 
 
 def _heaviest_per_kind(rank: int, layout: Layout, m: int, weights: tuple[float, ...] | None, *, backwards: bool):
@@ -289,6 +304,7 @@ def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, t
     four of stage 4: 3.4% under the trace while only the steady backwards were priced)."""
     last = p * v - 1
     first_two, steady, forwards, stage_firsts = [], {}, {}, []
+    warmup_last = None  # the latest forward before the first backward
     for kind, virtual, in_flight, done, sent, resharded, own_resharded in _interleaved_ops(rank, p, v, m):
         stage = virtual * p + rank
         outputs = sum(count for x, count in enumerate(in_flight) if x * p + rank != last)
@@ -307,7 +323,11 @@ def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, t
         if kind == "F":
             if virtual in done:
                 forwards.setdefault((moment, in_flight), moment)
+            elif not first_two:
+                warmup_last = dataclasses.replace(moment, name=f"last warmup forward, stage {stage}")
         elif len(first_two) < 2:
+            if not first_two:
+                forwards.setdefault((warmup_last, warmup_last.by_stage), warmup_last)
             first_two.append(moment)
         elif virtual not in done:
             stage_firsts.append(dataclasses.replace(moment, name=f"first backward, stage {stage}"))
@@ -367,3 +387,7 @@ def _interleaved_ops(rank: int, p: int, v: int, m: int):
             stop = j + v * per_round
         if stop is not None and j >= stop:
             return
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -185,8 +185,9 @@ def test_pipeline_rank_holds_p_micro_batches_all_blocks_gathered_and_fp32_accumu
     moments = fsdp.moments(w, rank=0)
     first, second = moments["first backward (pipeline)"], moments["second backward (pipeline)"]
     # rank 0 of 2 in 1F1B: 2 micro-batches of its 2 layers in flight, and each one's output
-    # (256 x 128, bf16), which the stage keeps for that micro-batch's backward
-    assert first["activations"] == 2 * 2 * SAVED_PER_LAYER + 2 * 2 * 256 * 128
+    # (256 x 128, bf16), which the stage keeps for that micro-batch's backward, and its RoPE
+    # table cast to bf16 (256 x head_dim 16), which every layer's rotation saves
+    assert first["activations"] == 2 * 2 * SAVED_PER_LAYER + 2 * 2 * 256 * 128 + 2 * 2 * 256 * 16
     gathered = 2 * 2 * P_BLOCK + 2 * 512 * 128  # its blocks and the embedding, bf16
     assert first["fsdp_buffers"] == gathered + 2 * 128 * 352
     # after the first backward: fp32 unsharded gradients of everything the rank holds

@@ -94,8 +94,17 @@ def test_full_checkpointing_needs_no_more_than_selective_which_needs_no_more_tha
     # hypothesis: Llama 3.1 70B at 256 tokens, CP 2, selective 0.55 MB above none; Mistral 7B at
     # 1K tokens, micro-batch 2, CP 2, 4.4 MB (0.012%), under the 8.4 MB of one layer's K and V.
     kv = 2 * 2 * w.micro_batch_size * w.seq_len * w.arch.kv_dim / w.layout.tensor if w.layout.context > 1 else 0
+    # Under the Float8 TP styles a pipelined rank without checkpointing peaks at a steady
+    # forward's w2 cast, and with it at a recomputation's w2 cast in backward: two moments that
+    # the estimate prices from different terms, each within 1% of the trace but not exactly.
+    # Found by hypothesis: llama-tiny, TP 2, PP 2 x 2, FP8, sync_each, 8 micro-batches: the
+    # estimate puts selective 5.6 KB (0.08%) above none; traced (dp 2), selective is 0.5% below
+    # none, and the estimates are within 0.8% of both. Allowed: less than w2's float8 input.
+    w2_cast = w.micro_batch_size * w.seq_len / w.layout.context * w.arch.ffn_hidden_size / w.layout.tensor
+    float8_tp_styles = w.fp8 and w.fp8_recipe == "tensorwise" and w.layout.tensor > 1 and w.layout.pipeline > 1
+    cast_slack = w2_cast if float8_tp_styles else 0
     assert peak(full, mode) <= peak(selective, mode) + kv
-    assert peak(selective, mode) <= peak(none, mode) + kv
+    assert peak(selective, mode) <= peak(none, mode) + kv + cast_slack
 
 
 @settings(max_examples=150, deadline=None)

@@ -262,6 +262,23 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=1,
     ),
     TracedConfig(
+        # Ulysses without recomputation: wo saves its own copy of the attention output beside
+        # SDPA's (parallel/ulysses.py). Fuzz seed 16: 2.8% under the trace before it was priced.
+        "8B 64K tp2 cp4 ulysses none, shard saved, bf16 reduce (4 layers)",
+        llama8b(4),
+        65536,
+        parallel={
+            "tensor": 2,
+            "context": 4,
+            "cp_attention": "ulysses",
+            "activation_checkpointing": "none",
+            "tp_saved_inputs": "shard",
+            "grad_accumulation": "sync_last",
+            "reduce_dtype": "bf16",
+        },
+        global_batch_size=1,
+    ),
+    TracedConfig(
         "8B 128K cp8 full",
         llama8b(),
         131072,
