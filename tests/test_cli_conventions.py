@@ -179,7 +179,7 @@ def test_show_prints_every_section_and_tiny_figures_are_mib(cli):
 
     table = cli("estimate", recipe_path("tiny-cpu")).out
     assert "┃ MiB per CPU rank" in table and "┃ GiB per" not in table
-    assert "│ parameters       │                    0.86 │" in table  # 0.00 in GiB
+    assert "│ parameters       │                    0.85 │" in table  # 0.00 in GiB
     assert "┃ GiB per GPU" in cli("estimate", recipe_path("llama3-8b-8k")).out
 
 
