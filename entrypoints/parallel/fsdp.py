@@ -19,6 +19,11 @@ What is gathered when (the estimator models this):
 - under expert parallelism each MoE layer's experts are a unit of their own on the expert mesh
   (expert.py), sharded over expert_fsdp (FSDP divides their gradients by that mesh's size; the
   experts scale them by 1/ep first, see `GroupedExperts.grad_scale`);
+- the experts' [E, ., .] weights are sharded on dim 1 wherever their (local) expert count is
+  not a multiple of the shard degree (`expert_placement`): FSDP2 splits dim 0 in torch.chunk's
+  pieces, so 1 local expert over 2 ranks would leave one rank the whole expert and the other
+  none (as torchtitan, torchtitan/models/llama4/infra/parallelize.py `apply_fsdp`, whose
+  shard_placement_fn shards on dim 1 when dp_mod_ep x ep exceeds the experts);
 - Float8 all-gather (torchao, tensorwise) is switched on in fp8.py only where the backend has
   float8 collectives (nccl).
 """
@@ -28,8 +33,9 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
 
-from entrypoints.model.moe import MoE
+from entrypoints.model.moe import GroupedExperts, MoE
 
 
 def apply_fsdp(
@@ -46,17 +52,41 @@ def apply_fsdp(
     then part of their block's unit). `pipelined`: `model` is one pipeline chunk
     (`chunk_backward_prefetch`)."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+    def shard(module: torch.nn.Module, on: DeviceMesh, block: torch.nn.Module | None = None) -> None:
+        placement = expert_placement(block, on) if block is not None else None
+        fully_shard(
+            module, mesh=on, mp_policy=policy, reshard_after_forward=reshard_after_forward, shard_placement_fn=placement
+        )
+
     units = []  # per block in forward order: (block, its experts' unit or None)
     for block in model.layers.values():
         experts = None
         if expert_mesh is not None and isinstance(block.feed_forward, MoE):
             experts = block.feed_forward.experts
-            fully_shard(experts, mesh=expert_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+            shard(experts, expert_mesh, block)
+        shard(block, mesh, block)
         units.append((block, experts))
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    shard(model, mesh)
     if pipelined:
         chunk_backward_prefetch(units)
+
+
+def expert_placement(block: torch.nn.Module, mesh: DeviceMesh):
+    """FSDP's placement for `block`'s grouped expert weights on `mesh` (its last dim shards):
+    Shard(1) where the local experts (dim 0 of the local tensor) do not divide evenly over the
+    shard degree, else FSDP's default Shard(0); None for a block without experts."""
+    feed_forward = getattr(block, "feed_forward", None)
+    if not isinstance(feed_forward, MoE) or not isinstance(feed_forward.experts, GroupedExperts):
+        return None
+    shards = mesh.size(mesh.ndim - 1)
+    experts = set(feed_forward.experts.parameters())
+
+    def placement(param: torch.nn.Parameter) -> Shard | None:
+        local = param.to_local() if isinstance(param, DTensor) else param
+        return Shard(1) if param in experts and local.shape[0] % shards else None
+
+    return placement
 
 
 def chunk_backward_prefetch(units: list) -> None:

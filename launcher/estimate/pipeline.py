@@ -162,7 +162,8 @@ def backward_moments(
     return (
         *first_two,
         *_uncovered_stage_firsts(rank, p, v, m, pattern),
-        *_heaviest_per_kind(rank, layout, m, weights, backwards=True),
+        *_heaviest_before_all_done(rank, layout, m, weights),
+        *_heaviest_per_kind(rank, layout, m, weights),
     )
 
 
@@ -205,12 +206,12 @@ def forward_moments(
     )
 
 
-def _heaviest_per_kind(rank: int, layout: Layout, m: int, weights: tuple[float, ...] | None, *, backwards: bool):
-    """Of an interleaved rank's steady backwards (or forwards: _interleaved_candidates), the one
-    holding the most (`weights` per stage of the rank) per kind of stage: stages whose chunks
-    keep as much, and which are not the first or the last, run the same backward (or forward)
-    and need pricing once. The weights change with every workload and the candidates only with
-    the schedule, so the search runs over the few candidates `_fronts` leaves."""
+def _heaviest_per_kind(rank: int, layout: Layout, m: int, weights: tuple[float, ...] | None):
+    """Of an interleaved rank's steady backwards, the one holding the most (`weights` per stage of
+    the rank) per kind of stage: stages whose chunks keep as much, and which are not the first or
+    the last, run the same backward and need pricing once (forwards: forward_moments). The
+    weights change with every workload and the candidates only with the schedule, so the search
+    runs over the few candidates `_fronts` leaves."""
     p, v = layout.pipeline, layout.virtual_stages
     weights = weights or (1.0,) * v
     pattern = _pattern(weights)
@@ -222,8 +223,66 @@ def _heaviest_per_kind(rank: int, layout: Layout, m: int, weights: tuple[float, 
         activations = sum(weights[x] * count for x, count in enumerate(moment.by_stage))
         return activations, -len(moment.resharded), not moment.own_resharded
 
-    found = [max(front, key=holds) for front in _fronts(rank, p, v, m, pattern, backwards)]
+    found = [max(front, key=holds) for front in _fronts(rank, p, v, m, pattern, True)]
     return sorted(found, key=lambda moment: -moment.stage)
+
+
+def _heaviest_before_all_done(rank: int, layout: Layout, m: int, weights: tuple[float, ...] | None) -> tuple:
+    """Of an interleaved rank's backwards after the first two, of stages done before, while some
+    other stage has yet to run one, the one holding the most (`weights`) per kind of stage and
+    set of stages done: as many gradients, and the forwards between them may add chunks heavier
+    than the backwards let go. Traced: 70B 32K, CP 2, PP 4 x 2, selective (one layer a stage:
+    stage 1 kept, stage 5 checkpointed), sync_each, rank 1 peaks in stage 5's fourth backward,
+    with all eight of stage 1's chunks in flight: 2.5% under the trace, whose second backward
+    held two of them fewer."""
+    p, v = layout.pipeline, layout.virtual_stages
+    weights = weights or (1.0,) * v
+    pattern, last = _pattern(weights), p * v - 1
+
+    def holds(moment):
+        activations = sum(weights[x] * count for x, count in enumerate(moment.by_stage))
+        return activations, -len(moment.resharded), not moment.own_resharded
+
+    heaviest: dict[tuple, BackwardMoment] = {}
+    for moment in _uncovered_before_all_done(rank, p, v, m, pattern):
+        key = _kind(moment, pattern, p, last), moment.done, moment.own_resharded
+        if key not in heaviest or holds(moment) > holds(heaviest[key]):
+            heaviest[key] = moment
+    # Named by the stages done, and, where two differ only in that, by the latest action.
+    found = [
+        dataclasses.replace(moment, name=f"backward, stage {moment.stage}, {_count(len(moment.done), 'stage')} done")
+        for moment in heaviest.values()
+    ]
+    names = [moment.name for moment in found]
+    return tuple(
+        dataclasses.replace(moment, name=f"{moment.name}, after its own")
+        if names.count(moment.name) > 1 and moment.own_resharded
+        else moment
+        for moment in found
+    )
+
+
+@cache
+def _uncovered_before_all_done(rank: int, p: int, v: int, m: int, pattern: tuple[int, ...]) -> tuple:
+    """The backwards `_heaviest_before_all_done` weighs: of those before every stage is done, the
+    ones no steady backward or other such backward of the same kind covers, whatever the chunks
+    weigh (with every stage's chunks alike, the steady state's cover them all)."""
+    last = p * v - 1
+    _, steady, _, _, before = _interleaved_candidates(rank, p, v, m)
+    alike: dict[tuple, tuple] = {}
+    for moment in before:  # of backwards alike in every respect compared, one stands for all
+        summary = _summary(moment, pattern)
+        alike[_kind(moment, pattern, p, last), summary[0], moment.done, moment.resharded, moment.own_resharded] = (
+            summary
+        )
+    by_kind: dict[tuple, list] = {}
+    for moment in steady:
+        by_kind.setdefault(_kind(moment, pattern, p, last), []).append(_summary(moment, pattern))
+    for (kind, *_), summary in alike.items():
+        by_kind.setdefault(kind, []).append(summary)
+    return tuple(
+        b[2] for (kind, *_), b in alike.items() if not any(a is not b and _covers(a, b) for a in by_kind[kind])
+    )
 
 
 def _pattern(weights: tuple[float, ...]) -> tuple[int, ...]:
@@ -258,7 +317,7 @@ def _uncovered_stage_firsts(rank: int, p: int, v: int, m: int, pattern: tuple[in
     steady backward of the same kind covers: stages alike run alike first backwards, and a
     stage's first backward may hold no more than a later one, which has more stages done."""
     last = p * v - 1
-    _, steady, _, firsts = _interleaved_candidates(rank, p, v, m)
+    _, steady, _, firsts, _ = _interleaved_candidates(rank, p, v, m)
     by_kind: dict[tuple, list] = {}
     for moment in steady:
         by_kind.setdefault(_kind(moment, pattern, p, last), []).append(_summary(moment, pattern))
@@ -295,15 +354,18 @@ def _fronts(rank: int, p: int, v: int, m: int, pattern: tuple[int, ...], backwar
 
 
 @cache
-def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, tuple, tuple, tuple]:
+def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, tuple, tuple, tuple, tuple]:
     """An interleaved rank's moments that can hold the most, whatever its chunks weigh: its first
-    two backwards; the backwards once every stage holds gradients; the forwards of a stage
-    after its first backward (each distinct one once); and each other stage's first backward,
-    where that stage's gradients are new beside as many chunks in flight as the steady state's
-    or more (traced: 70B 4K, PP 4 x 2, 8 micro-batches, rank 0's first backward of stage 0 after
-    four of stage 4: 3.4% under the trace while only the steady backwards were priced)."""
+    two backwards; the backwards once every stage holds gradients; the forwards of a stage after
+    its first backward (each distinct one once), and the warmup's last forward (as many chunks
+    in flight as the first backward, without its gradients); and each other stage's first
+    backward, where that stage's gradients are new beside as many chunks in flight as the steady
+    state's or more (traced: 70B 4K, PP 4 x 2, 8 micro-batches, rank 0's first backward of stage
+    0 after four of stage 4: 3.4% under the trace while only the steady backwards were
+    priced); last, the other backwards before every stage holds gradients
+    (`_heaviest_before_all_done`)."""
     last = p * v - 1
-    first_two, steady, forwards, stage_firsts = [], {}, {}, []
+    first_two, steady, forwards, stage_firsts, before_all_done = [], {}, {}, [], []
     warmup_last = None  # the latest forward before the first backward
     for kind, virtual, in_flight, done, sent, resharded, own_resharded in _interleaved_ops(rank, p, v, m):
         stage = virtual * p + rank
@@ -333,7 +395,15 @@ def _interleaved_candidates(rank: int, p: int, v: int, m: int) -> tuple[tuple, t
             stage_firsts.append(dataclasses.replace(moment, name=f"first backward, stage {stage}"))
         elif len(done) == v:
             steady.setdefault((moment, in_flight), moment)  # by_stage is left out of equality
-    return tuple(first_two), tuple(steady.values()), tuple(forwards.values()), tuple(stage_firsts)
+        else:
+            before_all_done.append(moment)
+    return (
+        tuple(first_two),
+        tuple(steady.values()),
+        tuple(forwards.values()),
+        tuple(stage_firsts),
+        tuple(before_all_done),
+    )
 
 
 def _moment_name(kind: str, stage: int, backwards_before: int, p: int, last: int) -> str:

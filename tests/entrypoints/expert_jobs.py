@@ -20,7 +20,10 @@ MOE_MODEL = {"num_layers": 2, "qk_norm": True, "head_dim": 32, "moe": MOE}
 # The auxiliary losses pool every layer's routing, which pipeline stages cannot (the contract
 # refuses them under pipeline > 1), so the pipelined job trains the model without them.
 MOE_MODEL_NO_AUX = {**MOE_MODEL, "moe": {**MOE, "aux_loss_coef": 0.0, "z_loss_coef": 0.0}}
-REFERENCES = {"moe": MOE_MODEL, "moe-no-aux": MOE_MODEL_NO_AUX}
+# Six experts: 3 a rank under EP 2 and 1.5 a rank without EP, on 4 ranks, which FSDP shards on
+# their dim 1 instead (parallel/fsdp.py, expert_placement).
+MOE_MODEL_6 = {**MOE_MODEL, "moe": {**MOE, "num_experts": 6}}
+REFERENCES = {"moe": MOE_MODEL, "moe-no-aux": MOE_MODEL_NO_AUX, "moe6": MOE_MODEL_6}
 # name -> (overrides, parallel.expert, its reference), each on 4 ranks. "no_ep_dp_shard4" is
 # ep2/ep4's layout without expert parallelism: EP must not move them from it by more than float
 # rounding, whatever the data-parallel layout itself does to the order of sums.
@@ -31,6 +34,8 @@ LAYOUTS = {
     "ep2_tp2_dp_shard2": ({"parallel.tensor": 2}, 2, "moe"),
     "ep2_pp2_dp_shard2": ({"parallel.pipeline": 2, "parallel.pipeline_schedule": "1f1b"}, 2, "moe-no-aux"),
     "no_ep_dp_shard4": ({}, 1, "moe"),
+    "ep2_dp_shard4_6_experts": ({}, 2, "moe6"),
+    "no_ep_dp_shard4_6_experts": ({}, 1, "moe6"),
 }
 # Two steps of 64 tokens (2 x cp 2 x 16, or tp 2 x 32) keep the jobs to seconds. A peak lr of
 # 1e-4: AdamW moves every weight by about lr whatever the size of its gradient, so the order of

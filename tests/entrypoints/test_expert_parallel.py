@@ -151,9 +151,17 @@ def test_expert_parallel_layout_matches_one_process_loss_and_gradient_norm(exper
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("layout", ["ep2_dp_shard4", "ep4_dp_shard4"])
-def test_expert_parallelism_changes_loss_and_gradient_norm_by_float_rounding_only(expert_runs, layout):
-    got, want = (metrics(expert_runs["layouts"][name]) for name in (layout, "no_ep_dp_shard4"))
+@pytest.mark.parametrize(
+    "layout, without_ep",
+    [
+        ("ep2_dp_shard4", "no_ep_dp_shard4"),
+        ("ep4_dp_shard4", "no_ep_dp_shard4"),
+        # 3 experts a rank over expert_fsdp 2, and 6 over dp_shard 4: sharded on dim 1
+        ("ep2_dp_shard4_6_experts", "no_ep_dp_shard4_6_experts"),
+    ],
+)
+def test_expert_parallelism_changes_loss_and_gradient_norm_by_float_rounding_only(expert_runs, layout, without_ep):
+    got, want = (metrics(expert_runs["layouts"][name]) for name in (layout, without_ep))
     for mine, theirs in zip(got, want, strict=True):
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=PARITY), (layout, mine["step"])
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=PARITY), (layout, mine["step"])

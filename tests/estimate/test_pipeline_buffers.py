@@ -102,6 +102,43 @@ def test_backward_moments_follow_torchs_order(p, v, m):
             assert moments[-1].in_flight == max(s[1] for s in every)
 
 
+@pytest.mark.parametrize("p, v, m", [(4, 2, 8), (4, 2, 16), (2, 3, 8), (4, 5, 16), (8, 4, 32)])
+@pytest.mark.parametrize("weights", [(4.0, 1.0), (1.0, 4.0), (1.0, 3.0, 2.0)])
+def test_every_backward_before_all_stages_are_done_is_covered_where_chunks_weigh_differently(p, v, m, weights):
+    """Where the rank's stages keep different amounts per chunk (one layer a stage, alternately
+    kept and checkpointed), a later backward of a stage already done may hold more than the
+    second: the forwards between add heavy chunks while the backwards let light ones go. Each
+    backward of torch's order after the first two, of a stage done before, is covered by one
+    priced of its stage's kind: every stage it has done, and as much (weighted) in flight or
+    more."""
+    weights = (weights * v)[:v]
+    layout = Layout(pipeline=p, virtual_stages=v, data_shard=1)
+    last = p * v - 1
+
+    def kind(stage):
+        return weights[stage // p], stage == 0, stage == last
+
+    for rank in range(p):
+        moments = backward_moments(rank, layout, "interleaved_1f1b", m, weights)
+        priced = [(kind(at.stage), frozenset(at.done), sum(map(float.__mul__, weights, at.by_stage))) for at in moments]
+        in_flight, done, backwards = [], set(), 0
+        for action, stage, _mb in pipeline_actions(rank, p, v, m, "interleaved_1f1b"):
+            if action == "F":
+                in_flight.append(stage)
+                continue
+            if backwards >= 2 and stage in done and len(done) < v:
+                held = sum(weights[x] * in_flight.count(rank + x * p) for x in range(v))
+                assert any(k == kind(stage) and d >= done and h >= held for k, d, h in priced), (
+                    rank,
+                    stage,
+                    sorted(done),
+                    held,
+                )
+            backwards += 1
+            in_flight.remove(stage)
+            done.add(stage)
+
+
 @pytest.mark.parametrize("p, v, m", [(2, 2, 4), (2, 2, 8), (4, 2, 16), (4, 5, 16), (3, 2, 12)])
 def test_forward_moments_follow_torchs_order(p, v, m):
     """Each forward the estimate prices runs in torch's order, after its stage's first backward
