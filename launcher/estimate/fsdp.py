@@ -86,6 +86,7 @@ class _Block:
         "forward_working",
         "params",
         "gathered",
+        "last_prefetched",
         "weight_grad_w2",
         "gating_cast",
         "recomputed_cast",
@@ -171,6 +172,8 @@ class _Block:
         float8_linear = linear - mlp.router_params
         unconverted = small + mlp.grouped_params + mlp.router_params
         self.gathered = (1 if float8_all_gather else cb) * float8_linear + cb * unconverted
+        # The last block as the root's backward prefetch gathers it (`_unpipelined_moments`).
+        self.last_prefetched = self.gathered - (cb * mlp.grouped_params if w.layout.expert > 1 else 0)
         # The reduce-scatter input kept until the next one: the block's unit, or under expert
         # parallelism the block without its experts, a unit reduced before it.
         self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
@@ -878,10 +881,15 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     forward["fsdp_buffers"] = gathered_root + acc.gathered_blocks(0, n) + acc.unsharded_grads(0)
     forward["loss"] = loss.forward_working
     found["loss forward"] = _with_activations(forward, all_kept, rope_cast + loss.head_saved)
-    # FSDP's root pre-backward hook has already prefetched the last block's all-gather.
+    # FSDP's root pre-backward hook has already prefetched the unit whose forward ended before the
+    # root's (FSDPParamGroup._backward_prefetch, torch/distributed/fsdp/_fully_shard/
+    # _fsdp_param_group.py): the last block, under EP without its experts (a unit of their own).
     backward = dict(forward)
     backward["fsdp_buffers"] = (
-        gathered_root + cb * vocab_matrix + acc.gathered_blocks(block.gathered if n else 0, n) + acc.unsharded_grads(0)
+        gathered_root
+        + cb * vocab_matrix
+        + acc.gathered_blocks(block.last_prefetched if n else 0, n)
+        + acc.unsharded_grads(0)
     )
     backward["loss"] = loss.backward_working
     found["loss backward"] = _with_activations(backward, all_kept, rope_cast + loss.head_saved)
