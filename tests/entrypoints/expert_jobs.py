@@ -34,8 +34,8 @@ LAYOUTS = {
     "ep2_tp2_dp_shard2": ({"parallel.tensor": 2}, 2, "moe"),
     "ep2_pp2_dp_shard2": ({"parallel.pipeline": 2, "parallel.pipeline_schedule": "1f1b"}, 2, "moe-no-aux"),
     "no_ep_dp_shard4": ({}, 1, "moe"),
-    "ep2_dp_shard4_6_experts": ({}, 2, "moe6"),
-    "no_ep_dp_shard4_6_experts": ({}, 1, "moe6"),
+    "ep2_dp_shard4_6_experts": ({"checkpoint.every_steps": 2}, 2, "moe6"),
+    "no_ep_dp_shard4_6_experts": ({"checkpoint.every_steps": 2}, 1, "moe6"),
 }
 # Two steps of 64 tokens (2 x cp 2 x 16, or tp 2 x 32) keep the jobs to seconds. A peak lr of
 # 1e-4: AdamW moves every weight by about lr whatever the size of its gradient, so the order of

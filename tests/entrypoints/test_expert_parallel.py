@@ -168,6 +168,20 @@ def test_expert_parallelism_changes_loss_and_gradient_norm_by_float_rounding_onl
 
 
 @pytest.mark.torchrun
+def test_experts_sharded_on_dim_1_checkpoint_as_the_same_full_tensors(expert_runs):
+    """DCP writes the experts FSDP shards on dim 1 (3 a rank over 2 shards under EP 2; 6 over 4
+    without EP) at their global offsets: gathered back, both layouts' step-2 weights agree."""
+    import torch
+
+    with_ep, without = (expert_runs["layouts"][name].final_model(2) for name in LAYOUTS if name.endswith("6_experts"))
+    experts = [name for name in with_ep if ".experts." in name]
+    assert len(experts) == 6  # w1, w2, w3 of both layers
+    for name in experts:
+        assert with_ep[name].shape[0] == 6, name
+        torch.testing.assert_close(with_ep[name], without[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.torchrun
 def test_expert_parallel_jobs_announce_the_expert_degree_and_train_with_the_auxiliary_losses(expert_runs):
     for layout in ("dp_shard4xep2", "dp_shard4xep4", "dp_shard2xcp2xep2", "dp_shard2xtp2xep2", "pp2xdp_shard2xep2"):
         assert f"layout={layout} " in expert_runs["stdout"], layout
