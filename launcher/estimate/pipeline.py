@@ -262,24 +262,9 @@ def _heaviest_before_all_done(rank: int, layout: Layout, m: int, weights: tuple[
 @cache
 def _uncovered_before_all_done(rank: int, p: int, v: int, m: int, pattern: tuple[int, ...]) -> tuple:
     """The backwards `_heaviest_before_all_done` weighs: of those before every stage is done, the
-    ones no steady backward or other such backward of the same kind covers, whatever the chunks
-    weigh (with every stage's chunks alike, the steady state's cover them all)."""
-    last = p * v - 1
-    _, steady, _, _, before = _interleaved_candidates(rank, p, v, m)
-    alike: dict[tuple, tuple] = {}
-    for moment in before:  # of backwards alike in every respect compared, one stands for all
-        summary = _summary(moment, pattern)
-        alike[_kind(moment, pattern, p, last), summary[0], moment.done, moment.resharded, moment.own_resharded] = (
-            summary
-        )
-    by_kind: dict[tuple, list] = {}
-    for moment in steady:
-        by_kind.setdefault(_kind(moment, pattern, p, last), []).append(_summary(moment, pattern))
-    for (kind, *_), summary in alike.items():
-        by_kind.setdefault(kind, []).append(summary)
-    return tuple(
-        b[2] for (kind, *_), b in alike.items() if not any(a is not b and _covers(a, b) for a in by_kind[kind])
-    )
+    ones no steady backward or other such backward of the same kind covers (with every stage's
+    chunks alike, the steady state's cover them all)."""
+    return _uncovered(_interleaved_candidates(rank, p, v, m)[4], rank, p, v, m, pattern)
 
 
 def _pattern(weights: tuple[float, ...]) -> tuple[int, ...]:
@@ -313,15 +298,22 @@ def _uncovered_stage_firsts(rank: int, p: int, v: int, m: int, pattern: tuple[in
     """The stages' first backwards (`_interleaved_candidates`) that no other first backward or
     steady backward of the same kind covers: stages alike run alike first backwards, and a
     stage's first backward may hold no more than a later one, which has more stages done."""
+    return _uncovered(_interleaved_candidates(rank, p, v, m)[3], rank, p, v, m, pattern)
+
+
+def _uncovered(candidates: tuple, rank: int, p: int, v: int, m: int, pattern: tuple[int, ...]) -> tuple:
+    """Of `candidates`, those no steady backward or other candidate of the same kind covers,
+    whatever the chunks weigh; of candidates alike in every respect compared, one stands for all."""
     last = p * v - 1
-    _, steady, _, firsts, _ = _interleaved_candidates(rank, p, v, m)
-    by_kind: dict[tuple, list] = {}
-    for moment in steady:
-        by_kind.setdefault(_kind(moment, pattern, p, last), []).append(_summary(moment, pattern))
     alike: dict[tuple, tuple] = {}
-    for moment in firsts:  # of first backwards alike in every respect compared, one stands for all
+    for moment in candidates:
         summary = _summary(moment, pattern)
-        alike[_kind(moment, pattern, p, last), summary[0], moment.done, moment.resharded] = summary
+        alike[_kind(moment, pattern, p, last), summary[0], moment.done, moment.resharded, moment.own_resharded] = (
+            summary
+        )
+    by_kind: dict[tuple, list] = {}
+    for moment in _interleaved_candidates(rank, p, v, m)[1]:
+        by_kind.setdefault(_kind(moment, pattern, p, last), []).append(_summary(moment, pattern))
     for (kind, *_), summary in alike.items():
         by_kind.setdefault(kind, []).append(summary)
     return tuple(
