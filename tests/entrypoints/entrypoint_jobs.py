@@ -20,8 +20,9 @@ one launch per world size for all of them, beside the serial tests (tests/backgr
   under each layout;
 - `plan_attention` (test_attention_paths.py): 2 processes: Ulysses, document masking and the
   training jobs of attention_paths_run.py;
-- `plan_experts` (test_expert_parallel.py, expert_jobs.py): 1 process: two tiny MoE references;
-  4 processes: expert parallelism alone and with CP, TP and PP.
+- `plan_experts` (test_expert_parallel.py, expert_jobs.py): 1 process: three tiny MoE references;
+  4 processes: expert parallelism alone and with CP, TP and PP; 2 processes: an EP 2 checkpoint
+  of experts sharded on dim 1, resumed with EP 2 and without.
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ class Planned:
     finish: Callable[[dict[int, str]], Any]
 
 
-LAUNCH_ORDER = (1, 4, 2)  # the 2-rank resume reads a checkpoint the 4-rank launch writes
+LAUNCH_ORDER = (1, 4, 2)  # the 2-rank resumes read checkpoints the 4-rank launch writes
 _JOB_MARK = "multirun: job "  # multirun.py prints it on rank 0 before each plan entry
 
 

@@ -1,7 +1,7 @@
 """The Hugging Face checkpoint jobs of test_hf_weights.py, in the shared 4-rank launch.
 
-Llama in every layout, Mistral and Qwen3 under FSDP 2 x TP 2, Qwen3-MoE under EP 2 over FSDP 4,
-Mixtral under EP 2 x TP 2; see test_hf_weights.py for what each proves.
+Llama in every layout, Mistral and Qwen3 under FSDP 2 x TP 2, Qwen3-MoE under EP 2 over FSDP 4 and
+under FSDP 2 x TP 2, Mixtral under EP 2 x TP 2; see test_hf_weights.py for what each proves.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ LAYOUTS = {  # 4 ranks each: the named parallelism, with the remaining factor of
     "cp2": {"parallel.context": 2, "parallel.data_replicate": 2},
     "pp2": {"parallel.pipeline": 2, "parallel.data_replicate": 2},
     "fsdp2_tp2": {"parallel.tensor": 2, "parallel.data_shard": 2},
-    # Experts split 2 ways and each half FSDP-sharded 2 ways (expert_fsdp 2): a rank reads its
-    # rows of its own experts; then the experts beside tensor-parallel attention.
+    # Experts split 2 ways and each half FSDP-sharded 2 ways (expert_fsdp 2): Qwen3-MoE's 3 experts
+    # a rank are sharded on dim 1 (parallel/fsdp.py, expert_placement), so a rank reads a slice of
+    # each of its experts; then the experts beside tensor-parallel attention.
     "ep2_fsdp4": {"parallel.data_shard": 4, "parallel.expert": 2},
     "ep2_tp2": {"parallel.tensor": 2, "parallel.data_shard": 2, "parallel.expert": 2},
 }
@@ -29,6 +30,7 @@ CASES = [("llama", layout) for layout in DENSE_LAYOUTS] + [
     ("mistral", "fsdp2_tp2"),
     ("qwen3", "fsdp2_tp2"),
     ("qwen3_moe", "ep2_fsdp4"),
+    ("qwen3_moe", "fsdp2_tp2"),  # without EP: the 6 experts FSDP-sharded on dim 0, 3 a rank
     ("mixtral", "ep2_tp2"),
 ]
 # These train 3 steps for real; their step-1 loss is still the loaded model's.

@@ -23,8 +23,8 @@ COMMON = {
 # name -> (class name, config keywords): Llama 3.1 RoPE scaling + GQA + untied output; Mistral
 # with tied embeddings, other GQA ratio, another theta, and a sliding window longer than the
 # sequence (which therefore changes nothing); Qwen3 with QK-norm, attention biases, YaRN and a
-# head_dim that is not hidden / heads (8 x 16 = 128 != 64); Qwen3-MoE and Mixtral routing 2 of 4
-# experts. The MoE checkpoints train without the balancing loss: the layout jobs' loss is then
+# head_dim that is not hidden / heads (8 x 16 = 128 != 64); Qwen3-MoE routing 2 of 6 experts (3 a
+# rank under EP 2, which FSDP 2 shards on dim 1) and Mixtral 2 of 4. The MoE checkpoints train without the balancing loss: the layout jobs' loss is then
 # transformers' cross-entropy (the loss is per micro-batch, transformers' over the whole batch;
 # test_architectures.py and test_expert_parallel.py check the balancing loss itself).
 MODELS = {
@@ -67,7 +67,7 @@ MODELS = {
             "num_key_value_heads": 4,
             "head_dim": 16,
             "moe_intermediate_size": 32,
-            "num_experts": 4,
+            "num_experts": 6,
             "num_experts_per_tok": 2,
             "norm_topk_prob": True,
             "router_aux_loss_coef": 0.0,

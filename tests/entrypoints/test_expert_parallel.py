@@ -11,7 +11,7 @@ from launcher.contract.config import ConfigError, JobConfig
 from launcher.contract.layout import Layout, expert_choices, expert_problems
 
 from .entrypoint_jobs import REPO
-from .expert_jobs import LAYOUTS, MOE
+from .expert_jobs import LAYOUTS, MOE, RESUMED
 from .tiny_models import tiny
 
 # fp32 on gloo: the same sums in another order (micro-batches over ranks, experts over ranks).
@@ -144,7 +144,8 @@ LAYOUT_GRAD_NORM = 1e-5
 def test_expert_parallel_layout_matches_one_process_loss_and_gradient_norm(expert_runs, layout):
     got = metrics(expert_runs["layouts"][layout])
     want = metrics(expert_runs["references"][LAYOUTS[layout][2]])
-    assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2]
+    steps = LAYOUTS[layout][0].get("training.steps", 2)
+    assert [m["step"] for m in got] == [m["step"] for m in want] == list(range(1, steps + 1))
     for mine, theirs in zip(got, want, strict=True):
         assert mine["loss"] == pytest.approx(theirs["loss"], rel=PARITY), (layout, mine["step"])
         assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=LAYOUT_GRAD_NORM), (layout, mine["step"])
@@ -179,6 +180,27 @@ def test_experts_sharded_on_dim_1_checkpoint_as_the_same_full_tensors(expert_run
     for name in experts:
         assert with_ep[name].shape[0] == 6, name
         torch.testing.assert_close(with_ep[name], without[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("name", RESUMED)
+def test_experts_sharded_on_dim_1_resume_on_2_ranks_like_the_uninterrupted_run(expert_runs, name):
+    """The 4-rank EP 2 checkpoint (experts FSDP-sharded on dim 1) resumed on 2 ranks, with EP 2
+    and without: step 3's loss is the loaded model's, and its update the loaded moments'."""
+    import torch
+
+    source = expert_runs["layouts"][RESUMED[name][0]]
+    resumed = expert_runs["resumed"][name]
+    assert [m["step"] for m in metrics(resumed)] == [3]
+    uninterrupted = metrics(source)[2]
+    assert metrics(resumed)[0]["loss"] == pytest.approx(uninterrupted["loss"], rel=PARITY)
+    # 2 data-parallel ranks sum the gradients in another order than 4 (LAYOUT_GRAD_NORM).
+    assert metrics(resumed)[0]["grad_norm"] == pytest.approx(uninterrupted["grad_norm"], rel=LAYOUT_GRAD_NORM)
+    assert metrics(resumed)[0]["lr"] == uninterrupted["lr"]
+    got, want = resumed.final_model(3), source.final_model(3)
+    assert got.keys() == want.keys() and sum(".experts." in key for key in got) == 6
+    for key, tensor in want.items():
+        torch.testing.assert_close(got[key], tensor, rtol=1e-5, atol=1e-7, msg=key)
 
 
 @pytest.mark.torchrun
