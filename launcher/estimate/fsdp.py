@@ -87,12 +87,16 @@ class _Block:
         "params",
         "gathered",
         "last_prefetched",
+        "copy_temporaries",
+        "copy_out",
+        "experts_reduced",
         "weight_grad_w2",
         "gating_cast",
         "recomputed_cast",
         "kept_mlp_backward",
         "freed_in_backward",
         "recompute",
+        "recompute_swiglu",
         "state_params",
         "reduce_scatter_params",
         "last_param",
@@ -142,10 +146,11 @@ class _Block:
         self.freed_in_backward = mlp.freed_in_backward  # released of the saved set by then
         # A checkpointed MoE block may peak in its recomputation instead: its working set there.
         self.recompute = None if mlp.recompute is None else mlp.recompute + incoming
+        self.recompute_swiglu = None if mlp.recompute_swiglu is None else mlp.recompute_swiglu + incoming
         self.weight_grad_w2 = mlp.weight_grads
         self.forward_cast, self.forward_working = _forward_transient(w, cb, float8_tp_styles, mlp.recomputed_product)
         self.checkpointed_forward = _checkpointed_forward(w, cb, float8_all_gather, mlp.recomputed_product)
-        self._in_backward_memo: dict[tuple[bool, bool], _BackwardMoment] = {}
+        self._in_backward_memo: dict[tuple[bool, bool], _BackwardParts] = {}
         self.fp8_cast = 0.0
         self.recomputed_cast = 0.0
         self.kept_mlp_backward = None
@@ -172,8 +177,7 @@ class _Block:
         float8_linear = linear - mlp.router_params
         unconverted = small + mlp.grouped_params + mlp.router_params
         self.gathered = (1 if float8_all_gather else cb) * float8_linear + cb * unconverted
-        # The last block as the root's backward prefetch gathers it (`_unpipelined_moments`).
-        self.last_prefetched = self.gathered - (cb * mlp.grouped_params if w.layout.expert > 1 else 0)
+        self._experts_apart(w, cb, mlp, incoming)
         # The reduce-scatter input kept until the next one: the block's unit, or under expert
         # parallelism the block without its experts, a unit reduced before it.
         self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
@@ -227,6 +231,63 @@ class _Block:
         elif float8_tp_styles:
             self.gating_cast = _gating_linear_cast_tp(w, cb, mlp)
 
+    def _experts_apart(self, w: Workload, cb: int, mlp: _Mlp, incoming: float) -> None:
+        """What FSDP holds of a block's experts apart from the rest of it (`_gathered_in_backward`)."""
+        # The block without its experts under EP (a unit of their own), as the root's backward
+        # prefetch gathers the last one (`_unpipelined_moments`) and a block's experts' the one below.
+        self.last_prefetched = self.gathered - (cb * mlp.grouped_params if w.layout.expert > 1 else 0)
+        self.copy_temporaries = cb * mlp.grouped_params if _experts_on_dim_1(w) else 0.0
+        self.copy_out = self._copy_out(w, mlp, incoming)
+        self.experts_reduced = self._experts_reduced(w, mlp, incoming)
+
+    def _copy_out(self, w: Workload, mlp: _Mlp, incoming: float) -> dict[bool, _BackwardMoment] | None:
+        """An MoE block as FSDP copies its experts out of their all-gather (`_gathered_in_backward`),
+        checkpointed or not: under expert parallelism at the experts' pre-backward, with the
+        gradient of their output rows made, or in a checkpointed block's recomputation, before
+        the experts' forward; without it at the block's pre-backward, before any recomputation."""
+        if w.arch.moe is None:
+            return None
+        kept = _BackwardMoment(self.saved, incoming, 0.0, 0.0, self.tp_gathered, self.cp_gathered)
+        if w.layout.expert == 1:
+            return {False: kept, True: _BackwardMoment(self.layer_input, incoming, 0.0, 0.0, 0.0, 0.0)}
+        recomputing = self.saved + self.tp_regathered + self.recomputed_kv - mlp.expert_saved
+        return {
+            False: kept._replace(working=incoming + mlp.output_gradient),
+            True: _BackwardMoment(
+                recomputing,
+                incoming,
+                0.0,
+                0.0,
+                self.tp_gathered + self.tp_regathered,
+                self.cp_gathered + self.recomputed_kv,
+            ),
+        }
+
+    def _experts_reduced(self, w: Workload, mlp: _Mlp, incoming: float) -> dict[bool, _BackwardMoment] | None:
+        """Under expert parallelism, checkpointed or not, the experts' unit as FSDP reduce-scatters
+        their gradients after their backward (FSDPParamGroup.post_backward, foreach_reduce in
+        torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): resharded, their gradients
+        copied into one reduce-dtype input, beside its output shard (weight_grads,
+        `_reduce_scatter_transient`); what they kept for backward is gone, and the gradient of
+        their input rows is made. Over expert_fsdp 1 or 2 the input and output hold the local
+        experts once or more each, in fp32 by default.
+        Traced: Mixtral 4 layers on 8 GPUs, TP 4, EP 2, no AC, sync_each: 3.7% under the trace
+        without it."""
+        if w.arch.moe is None or w.layout.expert == 1:
+            return None
+        cb, experts = _compute_bytes(w), mlp.grouped_params
+        reduced = _reduce_scatter_transient(
+            cb * experts, experts, _grad_bytes(w), cb * experts / 3, w.layout.expert_fsdp
+        )
+        working = incoming + mlp.output_gradient  # the input rows' gradient, as large as the output's
+        kept = _BackwardMoment(self.saved - mlp.expert_saved, working, reduced, 0.0, self.tp_gathered, self.cp_gathered)
+        recomputed = kept._replace(
+            own=kept.own + self.tp_regathered + self.recomputed_kv,
+            own_tp=self.tp_gathered + self.tp_regathered,
+            own_cp=self.cp_gathered + self.recomputed_kv,
+        )
+        return {False: kept, True: recomputed}
+
     def in_backward(self, checkpointed: bool, grads_in_place: bool = False) -> _BackwardMoment:
         """The block at its backward's peak: inside the MLP's backward, or, where it holds more,
         inside the attention's backward under K/V regathering, where its attention input's
@@ -237,12 +298,20 @@ class _Block:
         is the compute dtype, FSDPParam.to_accumulated_grad_if_needed), so none is alive later in
         the block's backward. Traced: 70B 16K, PP 2 x 2, full AC, bf16 reduce, rank 1's steady
         backward: 2.8% over the trace with w2's counted."""
+        parts = [part for part in self.in_backward_parts(checkpointed, grads_in_place) if part is not None]
+        return max(parts, key=_BackwardMoment.total)
+
+    def in_backward_parts(self, checkpointed: bool, grads_in_place: bool = False) -> _BackwardParts:
+        """`in_backward` in parts: the block's peak from its MLP's backward on, and, for a
+        checkpointed MoE block, its recomputation inside the experts' SwiGLU and where their
+        outputs are regathered (None otherwise). Under expert parallelism FSDP holds different
+        units at each (`_gathered_in_backward`)."""
         key = checkpointed, grads_in_place
         if key not in self._in_backward_memo:  # a pipelined rank asks again at every moment
             self._in_backward_memo[key] = self._in_backward(checkpointed, grads_in_place)
         return self._in_backward_memo[key]
 
-    def _in_backward(self, checkpointed: bool, grads_in_place: bool) -> _BackwardMoment:
+    def _in_backward(self, checkpointed: bool, grads_in_place: bool) -> _BackwardParts:
         tp_recomputed = self.tp_regathered if checkpointed else 0.0
         kv_recomputed = self.recomputed_kv if checkpointed else 0.0
         own = self.saved - self.freed_in_backward + tp_recomputed + kv_recomputed
@@ -278,13 +347,14 @@ class _Block:
             kept_tp = self.tp_gathered / 2 + (regathered if checkpointed else 0.0)
             working += 0.0 if checkpointed else regathered
             moments.append(_BackwardMoment(kept + kept_tp, working, weight_grads, 0.0, kept_tp, 0.0))
+        swiglu = outputs = None
         if checkpointed and self.recompute is not None:
-            moments.append(
-                _BackwardMoment(self.saved + tp_recomputed + kv_recomputed, self.recompute, 0.0, 0.0, *gathered)
-            )
+            recomputed = self.saved + tp_recomputed + kv_recomputed
+            swiglu = _BackwardMoment(recomputed, self.recompute_swiglu, 0.0, 0.0, *gathered)
+            outputs = _BackwardMoment(recomputed, self.recompute, 0.0, 0.0, *gathered)
         if grads_in_place:
             moments = [moment._replace(weight_grads=0.0) for moment in moments]
-        return max(moments, key=_BackwardMoment.total)
+        return _BackwardParts(max(moments, key=_BackwardMoment.total), swiglu, outputs)
 
 
 def _forward_transient(w: Workload, cb: int, float8_tp_styles: bool, product: float) -> tuple[float, float]:
@@ -391,6 +461,14 @@ def _gating_linear_cast_tp(w: Workload, cb: int, mlp: _Mlp) -> tuple[float, floa
     working = cb * tokens * f / t + cb * tokens * h + cb * tokens / t * h
     weight_grads = (2 if w.grad_accumulation == "sync_each" else 1) * mlp.weight_grads
     return working, weight_grads, 9 * tokens * f / t
+
+
+class _BackwardParts(NamedTuple):
+    """A block's backward moments apart (`_Block.in_backward_parts`)."""
+
+    inside: _BackwardMoment
+    swiglu_recomputed: _BackwardMoment | None
+    outputs_recomputed: _BackwardMoment | None
 
 
 class _BackwardMoment(NamedTuple):
@@ -558,17 +636,21 @@ class _Mlp:
         "weight_grads",
         "freed_in_backward",
         "recompute",
+        "recompute_swiglu",
         "recomputed_product",
         "linear_params",
         "router_params",
         "grouped_params",
         "grouped_state_params",
+        "expert_saved",
+        "output_gradient",
     )
 
     def __init__(self, w: Workload, cb: int, *, product_recomputed: bool):
         arch, t = w.arch, w.layout.tensor
         h, f = arch.hidden_size, arch.ffn_hidden_size
         self.recomputed_product = 0.0
+        self.expert_saved = self.output_gradient = 0.0
         if arch.moe is None:
             tokens = _tokens(w)
             product = cb * tokens * f / t
@@ -583,7 +665,7 @@ class _Mlp:
             self.backward_working = cb * 2 * tokens * f / t + self.recomputed_product
             self.weight_grads = cb * h * f / t
             self.freed_in_backward = 0.0
-            self.recompute = None
+            self.recompute = self.recompute_swiglu = None
             self.linear_params = 3 * h * f / t
             self.router_params = self.grouped_params = self.grouped_state_params = 0.0
             return
@@ -593,10 +675,13 @@ class _Mlp:
         self.weight_grads = experts.weight_grads
         self.freed_in_backward = experts.freed_in_backward
         self.recompute = experts.recompute_working
+        self.recompute_swiglu = experts.swiglu_recompute_working
         self.linear_params = experts.local_params - experts.local_expert_params
         self.router_params = arch.moe.num_experts * h  # in linear_params, never float8 (entrypoints/fp8.py)
         self.grouped_params = experts.local_expert_params
         self.grouped_state_params = experts.state_params - self.linear_params
+        self.expert_saved = experts.expert_saved
+        self.output_gradient = experts.output_gradient
 
 
 def _checkpointed_below(mode: str, index: int) -> int:
@@ -915,32 +1000,94 @@ def _unpipelined_moments(context: _Context, n: int, base: dict, root_params: flo
     # second and third reached (the first recomputed one after a kept one, or the reverse), and
     # the last two. Traced: 70B 32K, TP 8, CP 4, selective, the third block: 2.2% under the
     # trace with the first two alone.
+    beside = gathered_root + beside_blocks + reduce_scatter
     for k in sorted({k for k in (0, 1, 2, n - 2, n - 1) if 0 <= k < n}):
         index = n - 1 - k
         below_checkpointed = _checkpointed_below(mode, index)
         below = _kept(block, index, below_checkpointed)
         recomputed = _checkpointed_below(mode, index + 1) > below_checkpointed
-        own, working, weight_grads, fp8_cast, own_tp, own_kv = block.in_backward(recomputed, grads_in_place)
-        alive = (below[0] + own, below[1] + own_tp, below[2] + own_kv)
-        moment = dict(base)
-        moment["gradients"] = acc.gradients(k)
-        prefetch = block.gathered if index > 0 else 0
-        moment["fsdp_buffers"] = (
-            gathered_root
-            + beside_blocks
-            + acc.gathered_blocks(block.gathered + prefetch, index + 1)
-            + acc.unsharded_grads(k)
-            + (reduce_scatter if k >= 1 else 0)
-            + weight_grads
-        )
-        moment["working"] = working
-        moment["fp8"] = fp8_cast
-        found[f"backward of layer {index}"] = _with_activations(moment, alive, rope_cast)
-    beside = gathered_root + beside_blocks + reduce_scatter
+        candidates = []
+        for part, when in _block_parts(block, recomputed, grads_in_place, reduces=not acc.unsynced):
+            own, working, weight_grads, fp8_cast, own_tp, own_kv = part
+            moment = dict(base)
+            moment["gradients"] = acc.gradients(k)
+            moment["fsdp_buffers"] = (
+                (beside if k >= 1 else beside - reduce_scatter)
+                + acc.gathered_blocks(_gathered_in_backward(block, index, when), index + 1)
+                + acc.unsharded_grads(k)
+                + weight_grads
+            )
+            moment["working"] = working
+            moment["fp8"] = fp8_cast
+            alive = (below[0] + own, below[1] + own_tp, below[2] + own_kv)
+            candidates.append(_with_activations(moment, alive, rope_cast))
+        found[f"backward of layer {index}"] = max(candidates, key=lambda moment: sum(moment.values()))
     found["backward of the embedding"] = _embedding_backward(w, acc, base, beside, vocab_matrix)
     output = 0 if arch.tie_embeddings else vocab_matrix
     found["root reduce-scatter"] = _root_reduce_scatter(w, acc, base, root_params, output)
     return found
+
+
+def _block_parts(block: _Block, recomputed: bool, grads_in_place: bool, *, reduces: bool) -> list[tuple]:
+    """(moment, when) for each candidate peak of a block's backward without pipelining, `when`
+    as `_gathered_in_backward` takes it; `reduces`: FSDP reduce-scatters every micro-batch."""
+    inside, swiglu, outputs = block.in_backward_parts(recomputed, grads_in_place)
+    copy_out = block.copy_out[recomputed] if block.copy_out else None
+    reduced = block.experts_reduced[recomputed] if block.experts_reduced and reduces else None
+    parts = (
+        (inside, "inside"),
+        (swiglu, "recomputing"),
+        (outputs, "recomputed_outputs"),
+        (copy_out, "copy_out"),
+        (reduced, "reduced"),
+    )
+    return [(part, when) for part, when in parts if part is not None]
+
+
+def _experts_on_dim_1(w: Workload) -> bool:
+    """Whether FSDP shards the experts' weights on dim 1: where a rank's experts do not divide
+    over their shard ranks (entrypoints/parallel/fsdp.py `expert_placement`)."""
+    moe, layout = w.arch.moe, w.layout
+    if moe is None:
+        return False
+    shards = layout.expert_fsdp if layout.expert > 1 else layout.fsdp_shard
+    return (moe.num_experts // layout.expert) % shards != 0
+
+
+def _gathered_in_backward(block: _Block, index: int, when: str) -> float:
+    """What FSDP holds gathered while block `index` is in backward (not pipelined, resharding):
+    the block, and the block below it, prefetched (FSDPParamGroup._backward_prefetch, torch/
+    distributed/fsdp/_fully_shard/_fsdp_param_group.py: the unit whose forward finished just
+    before this one's). Under expert parallelism the experts are a unit of their own, whose
+    forward ends inside the block's: the block's pre-backward prefetches its own experts, and
+    the experts' pre-backward the block below without its experts, so the MLP's backward and
+    the rest of the block see no other experts. A checkpointed block recomputes before the
+    experts' pre-backward: the experts run their forward again, gathered, while FSDP keeps the
+    prefetch's all-gather output as a forward does (FSDPParamGroup.wait_for_unshard keeps it in
+    comm_ctx.all_gather_state), and the block below is not yet prefetched. Traced: Mixtral 4
+    layers, 16 GPUs, EP 4, full AC, sync_each: 6.1% over the trace with the block below's experts
+    counted in the MLP's backward.
+
+    `when`: "inside" the MLP's backward or later, "recomputing" (a checkpointed MoE block, in
+    the experts' SwiGLU) and "recomputed_outputs" (later, where their outputs are regathered),
+    "reduced" (the experts' reduce-scatter under expert parallelism, `_Block._experts_reduced`),
+    or at the experts' "copy_out" from their all-gather output (FSDP's foreach_all_gather_copy_out,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), into the parameters' own storage
+    beside that output, and for weights sharded on dim 1 through a temporary copy each first
+    (`copy_temporaries`). Traced: Mixtral 4 layers, 16 GPUs, EP 2, no AC, sync_each: 6.0% under
+    the trace without the copy-out."""
+    experts = block.gathered - block.last_prefetched  # none without expert parallelism
+    if when == "reduced":  # under expert parallelism: the experts are resharded
+        return block.last_prefetched * (2 if index > 0 else 1)
+    if when == "copy_out":  # the block below is not prefetched yet
+        return block.gathered + (experts or block.gathered) + block.copy_temporaries
+    if not experts:
+        return block.gathered * (2 if index > 0 else 1)
+    if when == "recomputing":
+        return block.gathered + experts
+    if when == "recomputed_outputs":  # the all-gather output is let go by the experts' forward's end
+        return block.gathered
+    return block.gathered + (block.last_prefetched if index > 0 else 0)
 
 
 def _embedding_backward(w: Workload, acc: _Accumulation, base: dict, beside: float, vocab_matrix: float) -> dict:
@@ -1278,6 +1425,19 @@ def _chunk_moments(
         )
     if w.grad_accumulation != "sync_each" or not in_backward:
         return found
+    if block.experts_reduced:  # resharded, the experts' unit reduces mid-block (`_Block._experts_reduced`)
+        for name, blocks_done, recomputed in in_backward:
+            reduced = _in_block(
+                block,
+                moment,
+                kept_activations,
+                receive_buffers,
+                blocks_done,
+                recomputed,
+                part=block.experts_reduced[recomputed],
+            )
+            reduced["fsdp_buffers"] -= block.gathered - block.last_prefetched
+            found[f"{at.name}{name}, experts reduce-scatter (pipeline)"] = reduced
     found[f"{at.name}, reduce-scatter (pipeline)"] = _pipelined_reduce_scatter(
         w, block, moment, kept_activations, receive_buffers, recomputed=in_backward[0][2]
     )
@@ -1306,12 +1466,13 @@ def _in_block(
     recomputed: bool,
     *,
     grads_in_place: bool = False,
+    part: _BackwardMoment | None = None,
 ) -> dict:
     """A pipelined chunk's block in backward: its full set (recomputed if checkpointed) and its
-    working set, beside what the rank keeps. The chunk's `done` blocks already through backward
-    kept everything (_blocks_in_backward), and the kept set counts this block as saved (or,
-    checkpointed, as its input alone)."""
-    at = block.in_backward(recomputed, grads_in_place)
+    working set, beside what the rank keeps, at its peak or at `part` of its backward. The
+    chunk's `done` blocks already through backward kept everything (_blocks_in_backward), and
+    the kept set counts this block as saved (or, checkpointed, as its input alone)."""
+    at = part or block.in_backward(recomputed, grads_in_place)
     in_block = dict(moment)
     in_block["fsdp_buffers"] += at.weight_grads
     in_block["fp8"] = at.fp8_cast

@@ -99,10 +99,14 @@ def test_full_checkpointing_needs_no_more_than_selective_which_needs_no_more_tha
     # the estimate prices from different terms, each within 1% of the trace but not exactly.
     # Found by hypothesis: llama-tiny, TP 2, PP 2 x 2, FP8, sync_each, 8 micro-batches: the
     # estimate puts selective 5.6 KB (0.08%) above none; traced (dp 2), selective is 0.5% below
-    # none, and the estimates are within 0.8% of both. Allowed: less than w2's float8 input.
-    w2_cast = w.micro_batch_size * w.seq_len / w.layout.context * w.arch.ffn_hidden_size / w.layout.tensor
+    # none, and the estimates are within 0.8% of both. Then the same at micro-batch 2 and 256
+    # tokens, interleaved: the estimate puts selective 110 KB above none, and the trace (dp 2)
+    # has selective above none too, by 38 KB (0.47%): the recomputation holds w2's bf16 input
+    # made again beside its float8 cast (fsdp.py `_eager_fp8_moments`), which the forward does
+    # not. Allowed: w2's input in bf16 and in float8, 3 bytes per element.
+    w2_elements = w.micro_batch_size * w.seq_len / w.layout.context * w.arch.ffn_hidden_size / w.layout.tensor
     float8_tp_styles = w.fp8 and w.fp8_recipe == "tensorwise" and w.layout.tensor > 1 and w.layout.pipeline > 1
-    cast_slack = w2_cast if float8_tp_styles else 0
+    cast_slack = 3 * w2_elements if float8_tp_styles else 0
     assert peak(full, mode) <= peak(selective, mode) + kv
     assert peak(selective, mode) <= peak(none, mode) + kv + cast_slack
 

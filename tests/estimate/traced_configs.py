@@ -766,6 +766,53 @@ CONFIGS: list[TracedConfig] = [
         instances=2,
         global_batch_size=16,
     ),
+    # What FSDP holds of the experts in backward under EP (launcher/estimate/fsdp.py
+    # `_gathered_in_backward`), from fuzz --family moe seeds 1 and 3: no other block's experts
+    # beside the MLP's backward (+6.1% before); the SwiGLU's recomputed forward; the experts'
+    # dim-1 copy-out through temporaries (-6.0% without it); their reduce-scatter over
+    # expert_fsdp 1, unpipelined and pipelined (-3.7% and -3.6% without it).
+    TracedConfig(
+        "Mixtral 8x7B 4K dp16 ep4 full sync_each (4 layers), experts prefetched with their block",
+        {"base": "mixtral-8x7b", "num_layers": 4},
+        4096,
+        instances=2,
+        parallel={"expert": 4, "activation_checkpointing": "full", "grad_accumulation": "sync_each"},
+        global_batch_size=32,
+    ),
+    TracedConfig(
+        "Mixtral 8x7B 8K dp16 ep2 sync_each (4 layers), 4 experts a rank copied out of 8 dim-1 shards",
+        {"base": "mixtral-8x7b", "num_layers": 4},
+        8192,
+        instances=2,
+        parallel={"expert": 2, "grad_accumulation": "sync_each"},
+        global_batch_size=32,
+    ),
+    TracedConfig(
+        "Mixtral 8x7B 4K tp4 dp2 ep2 sync_each round-robin (4 layers), experts reduced over 1 rank",
+        {"base": "mixtral-8x7b", "num_layers": 4},
+        4096,
+        parallel={"tensor": 4, "expert": 2, "grad_accumulation": "sync_each"},
+        global_batch_size=4,
+        training={"moe_force_load_balance": True},
+    ),
+    TracedConfig(
+        "Qwen3-30B-A3B 8K tp4 pp2 dp2 ep2 fp8 selective sync_each round-robin (4 layers, no aux loss), last rank",
+        {"hf_config": str(QWEN3_MOE_NO_AUX_LOSS)},
+        8192,
+        instances=2,
+        parallel={
+            "tensor": 4,
+            "pipeline": 2,
+            "expert": 2,
+            "activation_checkpointing": "selective",
+            "grad_accumulation": "sync_each",
+            "pipeline_schedule": "1f1b",
+        },
+        precision={"fp8": True},
+        global_batch_size=4,
+        stage=1,
+        training={"moe_force_load_balance": True},
+    ),
     TracedConfig(
         "Mixtral 8x7B 32K tp2 cp2 dp2 ep4 full (4 layers)",
         {"base": "mixtral-8x7b", "num_layers": 4},
