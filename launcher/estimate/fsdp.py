@@ -88,6 +88,7 @@ class _Block:
         "gathered",
         "last_prefetched",
         "copy_temporaries",
+        "expert_shards",
         "copy_out",
         "experts_reduced",
         "weight_grad_w2",
@@ -237,6 +238,7 @@ class _Block:
         # prefetch gathers the last one (`_unpipelined_moments`) and a block's experts' the one below.
         self.last_prefetched = self.gathered - (cb * mlp.grouped_params if w.layout.expert > 1 else 0)
         self.copy_temporaries = cb * mlp.grouped_params if _experts_on_dim_1(w) else 0.0
+        self.expert_shards = w.layout.expert_fsdp
         self.copy_out = self._copy_out(w, mlp, incoming)
         self.experts_reduced = self._experts_reduced(w, mlp, incoming)
 
@@ -1083,8 +1085,8 @@ def _gathered_in_backward(block: _Block, index: int, when: str) -> float:
         return block.gathered + (experts or block.gathered) + block.copy_temporaries
     if not experts:
         return block.gathered * (2 if index > 0 else 1)
-    if when == "recomputing":
-        return block.gathered + experts
+    if when == "recomputing":  # over one expert_fsdp rank no all-gather output is kept (`_chunk_forward`)
+        return block.gathered + (experts if block.expert_shards > 1 else 0)
     if when == "recomputed_outputs":  # the all-gather output is let go by the experts' forward's end
         return block.gathered
     return block.gathered + (block.last_prefetched if index > 0 else 0)
@@ -1173,7 +1175,9 @@ def _pipelined_moments(w, block, context, rank, base, loss, head_saved, root_par
         run = stage_layers(w.arch.num_layers, layout, at.stage)
         if run and run[-1] in chosen:  # the chunk's last block runs its forward checkpointed
             activations += block.checkpointed_forward
-        regathered = sync_each and at.stage in at.done  # resharded after the stage's last backward
+        # Resharded after the stage's last backward; over one rank FSDP copies the shard in place
+        # of an all-gather and keeps no output (`_chunk_forward`).
+        regathered = sync_each and at.stage in at.done and layout.fsdp_shard > 1
         moments[f"{at.name} (pipeline)"] = _chunk_forward(block, moment, activations, tp, cp, regathered=regathered)
     for at in backward_moments(rank, layout, w.pipeline_schedule, m, weights):
         moment = _with_gradients(w, block, base, at, n, root_params, root_stage, counts)
@@ -1385,7 +1389,10 @@ def _chunk_forward(block: _Block, moment: dict, activations: float, tp: float, c
     stage, rank 2: 6.1% under the trace at the second backward before this was priced, 1.2%
     after. In the other modes the blocks stay gathered, but a forward can still be the peak: 70B
     8K, TP 4, PP 4 x 2, FP8, no AC, shard saved peaks at w2's float8 cast in a steady forward
-    (traced grid: -1.3% while only the backwards were priced)."""
+    (traced grid: -1.3% while only the backwards were priced). Over one FSDP rank there is no
+    all-gather output to keep: FSDPParamGroup.unshard records none and wait_for_unshard copies
+    the shard into the parameters and defers nothing (`world_size > 1`). Traced: 8B 8K, TP 8,
+    PP 4 1F1B, no AC, sync_each, rank 1's steady forward: 2.1% over the trace with it counted."""
     at = dict(moment)
     if regathered:
         at["fsdp_buffers"] += block.gathered

@@ -766,6 +766,17 @@ CONFIGS: list[TracedConfig] = [
         instances=2,
         global_batch_size=16,
     ),
+    # Over one FSDP rank (dp 1) a steady forward under sync_each keeps no all-gather output: fuzz
+    # seed 25, 2.1% over the trace before (launcher/estimate/fsdp.py `_chunk_forward`).
+    TracedConfig(
+        "Llama 3.1 8B 8K tp8 pp4 dp1 sync_each (8 layers), rank 1",
+        {"base": "llama3.1-8b", "num_layers": 8},
+        8192,
+        instances=4,
+        parallel={"tensor": 8, "pipeline": 4, "pipeline_schedule": "1f1b", "grad_accumulation": "sync_each"},
+        global_batch_size=4,
+        stage=1,
+    ),
     # What FSDP holds of the experts in backward under EP (launcher/estimate/fsdp.py
     # `_gathered_in_backward`), from fuzz --family moe seeds 1 and 3: no other block's experts
     # beside the MLP's backward (+6.1% before); the SwiGLU's recomputed forward; the experts'
