@@ -1099,11 +1099,11 @@ def cp_speedup_section() -> str:
         )
         cells = [f"{seq:,}", str(gpus), f"{ratio:.2f}"]
         for constants in (CONSTANTS, fast_cp):
-            plans = search(recipe, SearchOptions(top=100_000, constants=constants)).ranked
-            without = next(p for p in plans if p.layout.context == 1)
+            best = search(recipe, SearchOptions(top=1, constants=constants)).ranked[0]
+            without = search(recipe, SearchOptions(top=1, constants=constants, fixed=(("context", 1),))).ranked[0]
             if len(cells) == 3:
                 cells.append(without.describe())
-            cells += [plans[0].describe(), f"{plans[0].tokens_per_s_per_gpu / without.tokens_per_s_per_gpu:.2f}"]
+            cells += [best.describe(), f"{best.tokens_per_s_per_gpu / without.tokens_per_s_per_gpu:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

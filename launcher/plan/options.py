@@ -29,6 +29,9 @@ class SearchOptions:
     ran as fast as plain attention?)."""
     vary_accumulation: bool = True
     """Also search the `parallel.grad_accumulation` modes."""
+    fixed: tuple[tuple[str, int], ...] = ()
+    """Degrees the search holds, as (`Layout` field, value) pairs: (("context", 1),) searches the
+    layouts without context parallelism."""
 
     def __repr__(self) -> str:
         """Only what differs from the defaults: `SearchOptions(gpus=64, top=5)`."""

@@ -88,6 +88,7 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
             f"{training.global_batch_size} must be a multiple of the data-parallel size and training.seq_len "
             f"{training.seq_len} of 2 x context x tensor; change them or the GPU count"
         )
+    scored = _held(scored, options.fixed, budget)
     scored.sort(key=Scored.sort_key)
 
     found = first_that_fit(scored, budget, top=top, threshold=threshold)
@@ -111,6 +112,21 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
         current=_current(recipe, budget, threshold, constants),
         notes=[note for note in (host_cpu_note(budget),) if note] + _notes(recipe, ranked[0], budget, constants),
     )
+
+
+def _held(scored: list[Scored], fixed: tuple[tuple[str, int], ...], budget: Hardware) -> list[Scored]:
+    """The candidates whose layout has every degree `fixed` holds."""
+    if not fixed:
+        return scored
+    degrees = {f.name for f in fields(Layout)}
+    for name, _ in fixed:
+        if name not in degrees:
+            raise UsageError(f"cannot hold {name!r} in a search: valid: {', '.join(sorted(degrees))}")
+    held = [item for item in scored if all(getattr(item.workload.layout, n) == v for n, v in fixed)]
+    if not held:
+        wanted = ", ".join(f"{n}={v}" for n, v in fixed)
+        raise UsageError(f"no valid layout on {budget} has {wanted}")
+    return held
 
 
 def candidate_workloads(

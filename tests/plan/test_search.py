@@ -150,6 +150,18 @@ def test_bad_budgets_are_refused_with_one_line(kwargs, message):
     assert "\n" not in str(error.value)
 
 
+def test_a_held_degree_returns_the_fastest_fitting_layouts_that_have_it():
+    recipe = Recipe.load(RECIPES / "llama3-8b-128k-cp.yaml")
+    everything = search(recipe, SearchOptions(top=100_000)).ranked
+    held = search(recipe, SearchOptions(top=3, fixed=(("context", 1), ("tensor", 8)))).ranked
+    expected = [p for p in everything if p.layout.context == 1 and p.layout.tensor == 8][:3]
+    assert expected and [p.workload for p in held] == [p.workload for p in expected]
+    with pytest.raises(UsageError, match=r"^cannot hold 'contex' in a search: valid: context, data_replicate"):
+        search(recipe, SearchOptions(fixed=(("contex", 1),)))
+    with pytest.raises(UsageError, match=r"^no valid layout on .* has context=3$"):
+        search(recipe, SearchOptions(fixed=(("context", 3),)))
+
+
 def test_a_model_that_fits_nowhere_says_how_much_it_needs():
     recipe = Recipe.load(RECIPES / "llama405b-128k.yaml")
     with pytest.raises(
