@@ -34,7 +34,9 @@ reduce-scatters the unit.
 
 A checkpointed layer's recomputation, inside backward, peaks as its forward does: where the
 experts' outputs are regathered (in token order, or back in source-rank order under EP) while the
-outputs themselves still exist, two R x h tensors beside the saved set.
+outputs themselves still exist, two R x h tensors beside the saved set, and beside the combine's
+incoming gradient, which its backward has already copied into C x h rows, where no router loss
+reached the layer first (a pipeline stage without the loss).
 
 FP8 experts (precision.fp8_experts; launcher/contract/fp8.py `fp8_experts`; entrypoints/model/fp8_experts.py) compute on
 a padded copy of their rows: P = R rounded up to 16, plus 16 x E/ep (each expert's group padded
@@ -102,6 +104,10 @@ class MoeMemory:
     """Of `saved`, what the experts' GEMMs and SwiGLU keep: made inside the experts' forward."""
     output_gradient: float
     """The gradient of the experts' output rows, alive before the experts' backward begins."""
+    combine_gradient: float
+    """The combine's incoming gradient as C x h rows, beside a recomputation that its backward
+    starts: the gather's index is the layer's first saved tensor its backward reads where no
+    router loss reaches the layer first (`_Block._in_backward`)."""
 
 
 def routed_rows(workload: Workload) -> tuple[float, float]:
@@ -198,4 +204,5 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
         local_expert_params=experts / ep * expert_params,
         expert_saved=expert_set,
         output_gradient=cb * rows * h,
+        combine_gradient=cb * sent * h,
     )
