@@ -1501,17 +1501,12 @@ def _chunk_moments(
     accumulating = w.grad_accumulation != "sync_each"
     in_place = accumulating and _grad_bytes(w) == _compute_bytes(w) and at.stage in at.done
     router_loss = at.stage == w.layout.num_stages - 1  # the loss reaches this stage's routers
+
+    def at_block(done: int, recomputed: bool, **how) -> dict:
+        return _in_block(block, moment, kept_activations, receive_buffers, done, recomputed, **how)
+
     for name, blocks_done, recomputed in in_backward:
-        in_block = _in_block(
-            block,
-            moment,
-            kept_activations,
-            receive_buffers,
-            blocks_done,
-            recomputed,
-            grads_in_place=in_place,
-            router_loss=router_loss,
-        )
+        in_block = at_block(blocks_done, recomputed, grads_in_place=in_place, router_loss=router_loss)
         if accumulating and at.stage not in at.done:
             # On the stage's first backward the blocks done have just made their unsharded
             # gradients the accumulated ones, in the reduce dtype (FSDPParam.
@@ -1523,15 +1518,7 @@ def _chunk_moments(
         return found
     if block.experts_reduced:  # resharded, the experts' unit reduces mid-block (`_Block._experts_reduced`)
         for name, blocks_done, recomputed in in_backward:
-            reduced = _in_block(
-                block,
-                moment,
-                kept_activations,
-                receive_buffers,
-                blocks_done,
-                recomputed,
-                part=block.experts_reduced[recomputed],
-            )
+            reduced = at_block(blocks_done, recomputed, part=block.experts_reduced[recomputed])
             reduced["fsdp_buffers"] -= block.gathered - block.last_prefetched
             found[f"{at.name}{name}, experts reduce-scatter (pipeline)"] = reduced
     found[f"{at.name}, reduce-scatter (pipeline)"] = _pipelined_reduce_scatter(
