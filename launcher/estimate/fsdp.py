@@ -346,9 +346,9 @@ class _Block:
             fp8_cast += self.recomputed_cast
         elif self.kept_mlp_backward is not None:
             (working, w2_grad), fp8_cast = self.kept_mlp_backward, 0.0
-        at_w2 = self.at_w2_backward  # a dense block's w2 backward, for gradients added in place (below)
-        if at_w2 is not None:
-            at_w2 = _BackwardMoment(own, at_w2, self.weight_grad_w2, 0.0, *gathered)
+        at_w2 = None  # a dense block's w2 backward, for gradients added in place (below)
+        if self.at_w2_backward is not None:
+            at_w2 = _BackwardMoment(own, self.at_w2_backward, self.weight_grad_w2, 0.0, *gathered)
         moments = [_BackwardMoment(own, working, w2_grad, fp8_cast, *gathered)]
         if self.gating_cast is not None:
             # Later in the MLP's backward, eager FP8's casts for w1 or w3, with the MLP's saved set
