@@ -99,6 +99,9 @@ class Point:
     tp_saves_shard: bool = False
     # FP8 weights cast once per step and reused by its micro-batches (Workload.fp8_weights_cached).
     fp8_weights_cached: bool = False
+    # Whose float8 casts ran: torchao's, or Transformer Engine's with delayed or current scaling
+    # (Workload.fp8_casts).
+    fp8_casts: str = "torchao"
     # The experts' grouped GEMMs in FP8 too (precision.fp8_experts, Workload.fp8_experts).
     fp8_experts: bool = False
     # Round-robin routing, every expert the same rows (training.moe_force_load_balance, Workload):
@@ -120,7 +123,7 @@ class Point:
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
                 self.p2p_overlap, self.ep_dispatch_per_node, self.mlp_activation, self.recompute_core_attention,
-                self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached,
+                self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached, self.fp8_casts,
                 self.fp8_experts, self.moe_force_load_balance, self.optimizer_state_dtype,
                 self.recompute_layers, self.logits_materialized)  # fmt: skip
 
@@ -222,6 +225,14 @@ def load_benchmark(path: Path = BENCHMARK) -> tuple[dict[str, dict], list[Point]
                     f"{path.name}: source {key!r} sets {setting}: it must be true or false, and {evidence} "
                     "must say where the source's configs set it"
                 )
+        casts = record.get("fp8_casts", "torchao")
+        if casts not in ("torchao", "transformer_engine") or (
+            casts != "torchao" and not record.get("fp8_casts_evidence")
+        ):
+            raise BenchmarkError(
+                f"{path.name}: source {key!r} fp8_casts {casts!r}: torchao (the default) or transformer_engine, "
+                "with fp8_casts_evidence saying where the source ran it"
+            )
         kernel = record.get("attention_kernel", "cudnn")
         if kernel not in CONSTANTS.attention_kernel_factor:
             raise BenchmarkError(
@@ -309,6 +320,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
         tp_saves_shard=layout.tensor > 1 and _setting(row, source, "tp_saves_shard"),
         fp8_weights_cached=row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"),
+        fp8_casts=_fp8_casts(row, source),
         fp8_experts=row["precision"] != "bf16" and _setting(row, source, "fp8_experts"),
         moe_force_load_balance=_setting(row, source, "moe_force_load_balance"),
         optimizer_state_dtype=row.get("optimizer_state_dtype", "fp32"),
@@ -317,6 +329,14 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
     )
+
+
+def _fp8_casts(row: dict, source: dict) -> str:
+    """Workload.fp8_casts of a row: torchao's, or Transformer Engine's where the source ran it
+    (its `fp8_casts`), with current scaling where the row says fp8-cs."""
+    if source.get("fp8_casts") != "transformer_engine":
+        return "torchao"
+    return "te_current" if row["precision"] == "fp8-cs" else "te_delayed"
 
 
 def _tp_overlap(row: dict, source: dict, layout: Layout) -> str:
@@ -349,6 +369,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("SP saves the shard (tp_saved_inputs shard)")
     if row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"):
         parts.append("FP8 weights cached per step (fp8_weights_cached)")
+    if row["precision"] != "bf16" and _fp8_casts(row, source) != "torchao":
+        parts.append(f"TE's fused float8 casts (fp8_casts {_fp8_casts(row, source)})")
     if row["precision"] != "bf16" and _setting(row, source, "fp8_experts"):
         parts.append("FP8 experts (precision.fp8_experts)")
     if _setting(row, source, "moe_force_load_balance"):
@@ -366,7 +388,7 @@ def _benchmark_note(row: dict, source: dict) -> str:
     if row.get("recompute_layers"):
         parts.append(f"{row['recompute_layers']} layers per stage recomputed in full (recompute_layers)")
     if row["precision"] == "fp8-cs":  # Transformer Engine's current scaling: per tensor, as torchao's tensorwise
-        parts.append("fp8-cs priced as tensorwise")
+        parts.append("fp8-cs GEMMs priced as tensorwise")
     if row["precision"] == "fp8-rowwise":
         parts.append("priced as rowwise (fp8_rowwise_factor, not fitted to these rows)")
     if row.get("async_tp"):
@@ -435,6 +457,7 @@ def workload_of(point: Point) -> Workload:
         tp_saved_inputs="shard" if point.tp_saves_shard else "gathered",
         regather_overlap=point.tp_saves_shard,  # both regather async beside the dgrad GEMM (Workload)
         fp8_weights_cached=point.fp8_weights_cached,
+        fp8_casts=point.fp8_casts,
         fp8_experts=point.fp8_experts,
         moe_force_load_balance=point.moe_force_load_balance,
         optimizer_state_dtype=point.optimizer_state_dtype,
@@ -1238,7 +1261,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 |---|---|---|
 | matmuls | 6 FLOPs per weight and token (8 for the output layer: the fused loss recomputes each chunk's logits, on chunks of the contract's `chunk_tokens`, launcher/contract/loss.py), at peak x efficiency(GPU, precision) x d/(d+half) for each GEMM dimension M, K, N | `logits_materialized` (planner-only: Megatron-Core and torchtitan run the output layer once over the micro-batch and keep the logits): 6 FLOPs per output weight, M all the rows |
 | attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; at the rate of the fused kernel that runs it (`attention_kernel`: cuDNN, which torch's SDPA prefers on Hopper from torch 2.11 and Transformer Engine runs, or FlashAttention-2 at 0.62 of it); efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: allgather (LSE-merged fused pieces) 0.95, 0.92 and 0.88 with 16K, 8K and 4K queries per rank, measured on an H100; ulysses 1.0, a target; 0.58 the masked two-SDPA kernel document masking runs) | - |
-| elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3. FP8 casts the linears' inputs (under float8 all-gather the sequence-parallel ones on this rank's s/t rows, before the gather, as torchao's PrepareFloat8ModuleInput does) and the weights every micro-batch (the FSDP shard under float8 all-gather) | `fp8_weights_cached` (planner-only: Transformer Engine's is_first_microbatch cache, which Megatron-Core sets) casts the weights once per step |
+| elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3. FP8 casts the linears' inputs (under float8 all-gather the sequence-parallel ones on this rank's s/t rows, before the gather, as torchao's PrepareFloat8ModuleInput does), their output gradients and the weights every micro-batch (the FSDP shard under float8 all-gather), at the bytes per element inductor counts for the compiled block (`torchao_cast_bytes`, scripts/fp8_cast_bytes.py) | `fp8_weights_cached` (planner-only: Transformer Engine's is_first_microbatch cache, which Megatron-Core sets) casts the weights once per step; `fp8_casts` (planner-only) prices Transformer Engine's fused cast-transposes instead, counted from its source (`te_cast_bytes`) |
 | recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | `recompute_layers` (planner-only: Megatron-Core's recompute_method block): the first k layers of each virtual stage |
 | TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink; under `parallel.tp_saved_inputs: shard` a kept block all-gathers both inputs once more in backward (an MoE block the attention's) | none for the entrypoints (DTensor's collectives sit between dependent matmuls, and the regathers wait); `tp_overlap` (planner-only: torch's async TP, TE userbuffers) cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time; `regather_overlap` (planner-only: Megatron-Core's and TE's async all-gather before the input-gradient GEMM) hides each regather behind that GEMM at the same interference |
 | CP | allgather: all-gather of K and V in forward, again in backward (a kept layer regathers them, parallel/context.py) or in the recomputed forward, and reduce-scatter of their gradients: three per layer (two under document masking, which keeps the gathered K/V); ulysses: all-to-alls of q, k, v in and the output back, forward, recomputed forward and backward | none for the entrypoints; `cp_ring` (planner-only: Transformer Engine's p2p ring) moves each K/V chunk (with dK/dV in backward) beside one of the c attention steps, exposed only by what outlasts the step |
@@ -1438,6 +1461,27 @@ Where the errors come from (read the tables above for their size):
   70B rows went from -15% to -16% to -12% to -14%, the share within ±15% from 68% to 79%, NeMo
   24.07's Spearman from 0.80 to 0.82; torchtitan's FP8 TP 8 rows rose by 3-7% (70B at 256 GPUs:
   +1% to +7%, +4% to +10%).
+- FP8 casts, measured. A compiled torchao float8 block moves far more than one amax and one cast
+  per linear input: scripts/fp8_cast_bytes.py sums inductor's own per-kernel byte counts over the
+  entrypoints' compiled Llama block, forward and backward, float8 against bf16, at six widths
+  (docs/fp8_cast_bytes.json, torch 2.13 and torchao 0.18 on the CPU build of inductor: the
+  graphs a GPU compiles, the CPU backend's fusion). The fits, within 1.5% at every width:
+  tensorwise 13.0 bytes per linear input element (the backward's casts for the weight gradient
+  move into the forward graph with an amax of their own), 5.2 per output gradient, 7.6 per
+  weight; rowwise 16.1, 2.2 and 11.4; against 5 per input, doubled for backward, before
+  (`torchao_cast_bytes`). The same script's bf16 block moves 29.5 KB per token at h 256, f 768,
+  where the model's fitted elementwise bytes give 26.9. The eager factor, refitted to the 1B
+  point, went from 28 to 17. Transformer Engine's casts (NeMo's and Megatron-Bridge's rows) are
+  now counted from its source rather than priced as torchao's (`fp8_casts` te_delayed /
+  te_current, `te_cast_bytes`, evidence in the YAML): 0-2% slower there. torchtitan's FP8 rows'
+  errors fell by 4-14 points (the December 2024 8B at 8K from +7% to +1%, the June 2025 8B TP 8 rows from
+  +20-44% to +11-30%); torchtitan's December 2024 runs used torchao eab345c, which saved the
+  float8 inputs for backward instead of casting them again
+  (manual_float8_matmul_with_args_in_float8), so their casts moved somewhat less than priced.
+  Over the held-apart points: within ±15% 50 to 51 of 66, median absolute error 8.9% to 9.2%;
+  Spearman of torchtitan's June 2025 rows 0.83 to 0.94, of Megatron-Bridge's dense rows 0.02 to
+  0.27, of NeMo 24.07's 0.797 to 0.769 (its GPT-3 20B and 175B rows, now 0.7% apart in predicted
+  model FLOP/s, changed places).
 - Under pipeline parallelism our program used to keep every gradient unsharded in the reduce
   dtype until the step's end (torch.distributed.pipelining turns FSDP's gradient sync off).
   `parallel.grad_accumulation: sync_each` now reduce-scatters each micro-batch's gradients into

@@ -63,6 +63,10 @@ class Workload:
     # Transformer Engine caches them when Megatron-Core passes is_first_microbatch (planner-only;
     # torchao's float8 linears in the entrypoints cast every micro-batch)
     fp8_weights_cached: bool = False
+    # Whose float8 casts run: "torchao" (the entrypoints' float8 linears), or Transformer Engine's
+    # fused cast-transposes with delayed scaling ("te_delayed") or current scaling ("te_current"),
+    # as Megatron-Core runs them (planner-only; launcher/plan/throughput.py fp8_cast_time)
+    fp8_casts: str = "torchao"
     # Megatron-Core's recompute_method "block" with recompute_granularity "full": the first
     # `recompute_layers` layers of each (virtual) pipeline stage recompute their forward in backward,
     # the rest keep their activations (planner-only; the entrypoints checkpoint every other block or

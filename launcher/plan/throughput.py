@@ -77,10 +77,10 @@ class Constants:
     0.62 assumes the same power-limited drop."""
 
     fp8_rowwise_factor: float = 0.85
-    """Rowwise FP8 scaling runs slower GEMMs and more casts than tensorwise (a scale per row of each
-    operand, applied in the GEMM's epilogue). 0.85 is an assumption, not a measurement: no rowwise
-    GEMM of ours has run on a GPU, and it is not fitted to the published rowwise rows that
-    docs/planner.md prices with it."""
+    """Rowwise FP8 scaling runs slower GEMMs than tensorwise (a scale per row of each operand,
+    applied in the GEMM's epilogue; its casts are priced apart, `torchao_cast_bytes`). 0.85 is an
+    assumption, not a measurement: no rowwise GEMM of ours has run on a GPU, and it is not fitted
+    to the published rowwise rows that docs/planner.md prices with it."""
 
     gemm_half_dim: dict[str, int] = field(default_factory=lambda: {"bf16": 128, "fp8": 256, "fp32": 128})
     """Shape efficiency: each GEMM dimension d (M, K, N) multiplies the rate by d / (d + half_dim).
@@ -167,16 +167,44 @@ class Constants:
     """torch.compile fuses the norms, RoPE and SwiGLU into a few kernels: about a third of the eager
     traffic remains. On torchtitan's 8B, compile gives +16%; this factor predicts +11% there."""
 
-    fp8_cast_bytes_per_element: float = 5.0
-    """Dynamic FP8 scaling reads each linear input (bf16, 2 bytes) for its amax, reads it again and
-    writes the fp8 copy (1 byte): about 5 bytes per element cast, for activations and weights, when
-    torch.compile fuses the casts."""
+    torchao_cast_bytes: dict[str, dict[str, float]] = field(
+        default_factory=lambda: {
+            "tensorwise": {"input": 13.0, "grad_output": 5.2, "weight": 7.6},
+            "rowwise": {"input": 16.1, "grad_output": 2.2, "weight": 11.4},
+        }
+    )
+    """HBM bytes torchao's float8 casts add per element, by `precision.fp8_recipe`, in a
+    torch.compile'd block (Workload.fp8_casts "torchao"): of each linear's input (the attention's
+    and the MLP's inputs, shared by their linears, once each), of each linear's output gradient,
+    and of each weight. Measured, not assumed: scripts/fp8_cast_bytes.py sums inductor's own
+    per-kernel byte counts over the entrypoints' compiled Llama block, forward and backward, float8
+    against bf16, at six widths, and fits these three (docs/fp8_cast_bytes.json: torch 2.13,
+    torchao 0.18, every shape within 1.5%). An input costs more than its one amax and cast (5
+    bytes): the backward's casts for the weight gradient (torchao/float8/float8_linear.py
+    matmul_with_hp_or_float8_args recasts the saved bf16 input) are moved into the forward graph
+    with an amax of their own, and the layouts `_scaled_mm` needs are copies (float8_ops.py
+    preprocess_addmm)."""
 
-    fp8_eager_cast_factor: float = 28.0
+    te_cast_bytes: dict[str, float] = field(default_factory=lambda: {"te_delayed": 4.0, "te_current": 6.0})
+    """HBM bytes per element Transformer Engine's float8 casts move (Workload.fp8_casts), counted
+    from its source, not measured. Delayed scaling (TE 1.x, NeMo 24.07): every GEMM input and
+    output gradient goes through one fused cast-transpose, which reads it (2 bytes) and writes the
+    float8 copy and its transpose (1 + 1), the amax taken in the same pass from the previous
+    steps' history (v1.8 transformer_engine/pytorch/module/linear.py fp8_cast_transpose_fused,
+    module/base.py grad_output_preprocess). Current scaling (fp8-cs): an amax pass over the input
+    first, then the scale, then the cast (Float8CurrentScalingQuantizer::quantize_impl,
+    transformer_engine/pytorch/csrc/quantizer.cpp at d0067d0d: nvte_compute_amax_with_config,
+    nvte_compute_scale_from_amax, nvte_quantize_v2): 2 bytes more."""
+
+    fp8_cast_bytes_per_element: float = 5.0
+    """torchao's fused Triton casts of the FP8 experts' rows and weights (_expert_cast_elements): read
+    for the amax (2 bytes), read again and write the float8 copy (3)."""
+
+    fp8_eager_cast_factor: float = 17.0
     """Without torch.compile, torchao's float8 linears run separate amax, scale, cast and transpose
-    kernels through a tensor subclass: about 28 times the fused traffic. Fitted to the entrypoints'
-    own run (scripts/gpu_check.sh, Llama 3.2 1B at 8K on an H200): FP8 eager 22,520 tokens/s against
-    41,437 in bf16. FP8 pays off only with training.compile."""
+    kernels through a tensor subclass: about 17 times the compiled traffic (`torchao_cast_bytes`).
+    Fitted to the entrypoints' own run (scripts/gpu_check.sh, Llama 3.2 1B at 8K on an H200): FP8
+    eager 22,520 tokens/s against 41,437 in bf16. FP8 pays off only with training.compile."""
 
     loss_bytes_per_logit: float = 123.0
     """What the chunked loss costs per logit beyond its GEMMs, as HBM traffic: bf16 logits upcast to
@@ -729,7 +757,7 @@ class _Compute(NamedTuple):
 def compute_time(step: _Step) -> _Compute:
     """Matmuls, attention and elementwise work, forward and backward, plus the forward again of the
     blocks activation checkpointing recomputes."""
-    block_gemm_s, head_s, attention_s, forward_ew_s, cast_forward_s, loss_s = _layer_terms(step)
+    block_gemm_s, head_s, attention_s, forward_ew_s, (cast_forward_s, cast_backward_s), loss_s = _layer_terms(step)
     per_layer_forward = (block_gemm_s + attention_s) / 3 + forward_ew_s + cast_forward_s
     layers = step.layers
     kept_products = (1 - step.recompute) * layers * product_recompute_time(step)
@@ -738,7 +766,7 @@ def compute_time(step: _Step) -> _Compute:
     return _Compute(
         matmul=layers * block_gemm_s + (head_s if step.has_output else 0.0),
         attention=layers * attention_s,
-        elementwise=layers * (3 * forward_ew_s + 2 * cast_forward_s)
+        elementwise=layers * (3 * forward_ew_s + cast_forward_s + cast_backward_s)
         + kept_products
         + (loss_s if step.has_output else 0.0),
         recompute=step.recompute * layers * per_layer_forward + core_attention,
@@ -757,14 +785,14 @@ def product_recompute_time(step: _Step) -> float:
     return 3 * step.k.activation_bytes * dtype_scale * step.rows * step.f / step.t / step.hbm
 
 
-def _layer_terms(step: _Step) -> tuple[float, float, float, float, float, float]:
+def _layer_terms(step: _Step) -> tuple[float, float, float, float, tuple[float, float], float]:
     """One layer's GEMMs, attention, elementwise work and FP8 casts, and the output layer's GEMMs
     and loss, on one GPU: worked out once per distinct set of what they read (the cluster's
     rates are the machine's), since layouts that differ only in pipelining, replicas,
     checkpointing or accumulation share them."""
     w = step.w
     key = (
-        w.dtype, w.fp8_recipe, w.compile, w.tp_overlap, step.fp8, step.fp8_gather, step.rows, step.s, step.h,
+        w.dtype, w.fp8_recipe, w.fp8_casts, w.compile, w.tp_overlap, step.fp8, step.fp8_gather, step.rows, step.s, step.h,
         w.fp8_weights_cached and w.grad_accum_steps, w.logits_materialized, w.mlp_activation,
         step.q, step.kv, step.f, step.vocab, step.t, step.c, step.shard, step.cp_attention,
         None if step.moe is None else (step.moe.num_experts, step.moe.top_k, step.moe.expert_ffn_hidden_size,
@@ -995,17 +1023,25 @@ def elementwise_time(step: _Step) -> float:
     return (dense + fused * swiglu + permutes) / step.hbm
 
 
-def fp8_cast_time(step: _Step) -> float:
-    """One block's forward float8 casts; backward casts as many again (gradients, transposes).
+class _Casts(NamedTuple):
+    """Elements of one block's float8 casts on one GPU, per micro-batch: what torchao's and
+    Transformer Engine's casts are priced on (fp8_cast_time)."""
 
-    Forward casts: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each; with float8 all-gather,
-    cast on this rank's s/t rows before the gather, as torchao 0.18's PrepareFloat8ModuleInput and
-    Float8ColwiseParallel do and Transformer Engine's norm-fused cast does), the inputs of wo and w2
-    (h/t, f/t) and this rank's weights (its local shard, with float8 all-gather)."""
-    if not step.fp8:
-        return 0.0
-    k, h, kv, f, t = step.k, step.h, step.kv, step.f, step.t
-    weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t
+    inputs: float  # the linears' inputs: the attention's and the MLP's (gathered), wo's and w2's
+    grad_outputs: float  # the linears' output gradients
+    weights: float  # this rank's weights, as often as a micro-batch casts them
+
+
+def fp8_cast_elements(step: _Step) -> _Casts:
+    """Inputs: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each; with float8 all-gather, cast
+    on this rank's s/t rows before the gather, as torchao 0.18's PrepareFloat8ModuleInput and
+    Float8ColwiseParallel do and Transformer Engine's norm-fused cast does), the inputs of wo and
+    w2 (q/t, f/t). Output gradients: wq/wk/wv's and w1/w3's (q + 2 kv + 2f over t) and wo's and
+    w2's (h each, on the gathered rows). An MoE block's MLP is its experts (_expert_cast_elements):
+    only the attention's linears here. Weights: the local shard under float8 all-gather, once a
+    step where cached (Workload.fp8_weights_cached)."""
+    h, q, kv, f, t = step.h, step.q, step.kv, step.f, step.t
+    weights = (2 * h * q + 2 * h * kv + 3 * h * f) / t
     if step.w.fp8_weights_cached:
         # Transformer Engine casts the whole local weight on a step's first micro-batch only
         # (Linear.forward's is_first_microbatch, NVIDIA/TransformerEngine 3ec87875,
@@ -1014,10 +1050,62 @@ def fp8_cast_time(step: _Step) -> float:
         weights /= step.w.grad_accum_steps
     elif step.fp8_gather:
         weights /= step.shard
-    gathered = 2 * h / t if step.fp8_gather else 2 * h
-    elements = step.rows * (gathered + (h + f) / t) + weights
-    cast_factor = 1.0 if step.w.compile else k.fp8_eager_cast_factor
-    return (cast_factor * elements + _expert_cast_elements(step)) * k.fp8_cast_bytes_per_element / step.hbm
+    blocks_inputs = 2 if step.moe is None else 1  # the attention's, and a dense MLP's
+    gathered = blocks_inputs * (h / t if step.fp8_gather else h)
+    rows = step.rows
+    inputs = rows * (gathered + (q + f) / t)
+    grad_outputs = rows * (blocks_inputs * h + (q + 2 * kv + 2 * f) / t)
+    return _Casts(inputs, grad_outputs, weights)
+
+
+def fp8_cast_time(step: _Step) -> tuple[float, float]:
+    """One block's float8 casts, (forward, backward) seconds: a recomputed forward casts again.
+
+    Workload.fp8_casts "torchao" (the entrypoints, torchtitan): inputs and weights in the forward
+    graph, output gradients in the backward's, at `torchao_cast_bytes` when compiled and
+    `fp8_eager_cast_factor` times that when not. Transformer Engine (te_delayed, te_current): its
+    fused casts as `_te_cast_bytes` counts them. The FP8 experts' casts are their own."""
+    if not step.fp8:
+        return 0.0, 0.0
+    k, casts = step.k, fp8_cast_elements(step)
+    experts = _expert_cast_elements(step) * k.fp8_cast_bytes_per_element / step.hbm
+    if step.w.fp8_casts == "torchao":
+        price = k.torchao_cast_bytes[step.w.fp8_recipe]
+        factor = 1.0 if step.w.compile else k.fp8_eager_cast_factor
+        forward = factor * (price["input"] * casts.inputs + price["weight"] * casts.weights) / step.hbm
+        backward = factor * price["grad_output"] * casts.grad_outputs / step.hbm
+    else:
+        forward, backward = (b / step.hbm for b in _te_cast_bytes(step, casts.weights))
+    return forward + experts, backward + experts
+
+
+def _te_cast_bytes(step: _Step, weights: float) -> tuple[float, float]:
+    """(forward, backward) bytes of Transformer Engine's float8 casts in one block, as
+    TransformerEngine v1.8 runs them (module/layernorm_linear.py, linear.py, base.py
+    grad_output_preprocess), each at `te_cast_bytes` for a cast-transpose from bf16, one byte less
+    without the transposed copy, 2 bytes (read and write) to transpose a float8 tensor:
+
+    - the norm-fed inputs of wq/wk/wv and w1/w3: delayed scaling casts inside the norm kernel
+      (layernorm_fwd_fp8), nothing extra; current scaling takes the norm's bf16 output with its
+      amax and casts it (csrc/extensions/normalization.cpp FUSED_NORM_AMAX_FP8). Backward
+      transposes the (gathered) float8 input for the weight gradient (fp8_transpose).
+    - wo's and w2's inputs, wq/wk/wv's and w1/w3's output gradients: a cast-transpose each.
+    - wo's and w2's output gradients: under sequence parallel cast on this rank's s/t rows, gathered
+      in float8, and the gathered copy transposed; without, a cast-transpose.
+    - the weights, a cast-transpose each, as often as `fp8_cast_elements` counts them."""
+    k, h, q, kv, f, t, rows = step.k, step.h, step.q, step.kv, step.f, step.t, step.rows
+    cast_transpose = k.te_cast_bytes[step.w.fp8_casts]
+    cast = cast_transpose - 1
+    transpose = 2.0
+    norm_fed = (2 if step.moe is None else 1) * h * rows  # the attention's and a dense MLP's inputs
+    # Current scaling: the amax comes with the norm, so the cast only reads and writes (3 bytes).
+    norm_cast = 0.0 if step.w.fp8_casts == "te_delayed" else cast - 2
+    local_inputs = rows * (q + f) / t
+    column_grads = rows * (q + 2 * kv + 2 * f) / t
+    row_grads = (cast / t + transpose if t > 1 else cast_transpose) * norm_fed  # wo's (and w2's): h each
+    forward = norm_cast * norm_fed / t + cast_transpose * (local_inputs + weights)
+    backward = transpose * norm_fed + cast_transpose * column_grads + row_grads
+    return forward, backward
 
 
 def _expert_cast_elements(step: _Step) -> float:

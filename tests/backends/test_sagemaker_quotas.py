@@ -216,7 +216,7 @@ def test_a_run_that_saves_no_periodic_checkpoints_is_no_chain_it_is_refused_with
     )
     assert result.code == 2
     assert result.err_lines[-1].endswith(
-        "exceeds cluster.max_run 5.0 days, so the job would be stopped before its last step; training.steps: 1578 or "
+        "exceeds cluster.max_run 5.0 days, so the job would be stopped before its last step; training.steps: 1563 or "
         "checkpoint.every_minutes: 60 with resume: auto (then a chain of jobs runs it); nothing was submitted "
         "(pass --force to submit anyway)"
     )

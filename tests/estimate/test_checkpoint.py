@@ -248,13 +248,13 @@ def test_a_local_cpu_job_has_a_size_but_no_modelled_save_time():
 
 
 def test_an_engine_the_job_sets_the_grace_of_gets_the_predicted_step_and_save_with_margin(home):
-    """70B on 4 p5e under Slurm: a ~273.6 s step and a ~53 s save (nothing uploaded) take
-    ceil(1.25 x 326.7) + 20 = 429 s; the trainer and torchrun get 409 s of it."""
+    """70B on 4 p5e under Slurm: a ~276.2 s step and a ~53 s save (nothing uploaded) take
+    ceil(1.25 x 329.3) + 20 = 432 s; the trainer and torchrun get 412 s of it."""
     recipe = Recipe.load(REPO / "recipes" / "llama70b-128k.yaml", {"cluster.backend": "slurm"})
     resolved = resolve(recipe)
-    assert resolved.settled["cluster.stop_grace"] == 429 == resolved.concrete.stop_grace_s
-    assert resolved.concrete.resolved().runtime.stop_budget_s == 409
-    est = estimate_recipe_checkpoint(resolved.concrete, 273.6)
+    assert resolved.settled["cluster.stop_grace"] == 432 == resolved.concrete.stop_grace_s
+    assert resolved.concrete.resolved().runtime.stop_budget_s == 412
+    est = estimate_recipe_checkpoint(resolved.concrete, 276.2)
     assert est.stop_text.startswith("a stop saves first: the step in progress (~4.6 min) and a save (~53 s) fit")
     # SageMaker's grace is its own: nothing to settle, and the 120 s it gives leave 100 s.
     role = {"sagemaker.role_arn": MY_ROLE.partition("=")[2]}

@@ -107,8 +107,13 @@ def test_full_checkpointing_needs_no_more_than_selective_which_needs_no_more_tha
     w2_elements = w.micro_batch_size * w.seq_len / w.layout.context * w.arch.ffn_hidden_size / w.layout.tensor
     float8_tp_styles = w.fp8 and w.fp8_recipe == "tensorwise" and w.layout.tensor > 1 and w.layout.pipeline > 1
     cast_slack = 3 * w2_elements if float8_tp_styles else 0
-    assert peak(full, mode) <= peak(selective, mode) + kv
-    assert peak(selective, mode) <= peak(none, mode) + kv + cast_slack
+    # Each mode's peak is priced within 1% of its trace, their order not to the byte. Found by
+    # hypothesis: Mistral 7B at 512 tokens, micro-batch 2, CP 4: the estimate puts selective
+    # 4.5 MiB above none; traced (4 layers, dp 2), selective is 2 MiB below none, and both
+    # estimates are within 0.63% of their traces. Allowed: 0.05% of the peak.
+    noise = 0.0005 * peak(none, mode)
+    assert peak(full, mode) <= peak(selective, mode) + kv + noise
+    assert peak(selective, mode) <= peak(none, mode) + kv + cast_slack + noise
 
 
 @settings(max_examples=150, deadline=None)

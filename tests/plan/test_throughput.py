@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -21,7 +22,7 @@ from launcher.plan.throughput import (
 )
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import hardware_for
-from tests import REPO
+from tests import REPO, load_script
 
 RECIPES = REPO / "recipes"
 
@@ -404,11 +405,11 @@ def test_fp8_speeds_up_large_matmuls():
 
 
 def test_cached_fp8_weights_are_cast_once_per_step_not_per_micro_batch():
-    # Transformer Engine's is_first_microbatch cache (Workload.fp8_weights_cached): the forward and
-    # backward casts of this rank's weights (2 x 5 bytes per element) are paid once in m micro-batches.
+    # Transformer Engine's is_first_microbatch cache (Workload.fp8_weights_cached): the casts of
+    # this rank's weights (a cast-transpose each) are paid once in m micro-batches.
     layout, m = Layout(tensor=4, pipeline=8, data_shard=2), 64
     arch, k = LLAMA70B, CONSTANTS
-    kwargs = dict(fp8=True, compile=True, grad_accum_steps=m, pipeline_schedule="1f1b")
+    kwargs = dict(fp8=True, compile=True, grad_accum_steps=m, pipeline_schedule="1f1b", fp8_casts="te_delayed")
     fresh, cached = (run(arch, layout, fp8_weights_cached=c, **kwargs) for c in (False, True))
     h, kv, f, t = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, layout.tensor
     weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t
@@ -416,15 +417,15 @@ def test_cached_fp8_weights_are_cast_once_per_step_not_per_micro_batch():
     hbm = H100.hbm_gbps * 1e9 * k.hbm_efficiency
     # Uncached, float8 all-gather casts the FSDP shard (1/2) every micro-batch; cached, the whole
     # local weight once.
-    saved = 2 * k.fp8_cast_bytes_per_element * layers * (m * weights / layout.data_shard - weights) / hbm
+    saved = k.te_cast_bytes["te_delayed"] * layers * (m * weights / layout.data_shard - weights) / hbm
     assert fresh.breakdown["elementwise"] - cached.breakdown["elementwise"] == pytest.approx(saved, rel=1e-6)
 
 
 def test_fp8_casts_the_sequence_parallel_inputs_on_the_shard_before_the_gather():
     # torchao's PrepareFloat8ModuleInput casts this rank's s/t rows, then all-gathers float8: the
-    # two h-wide block inputs cost 2h/t per token, not 2h.
+    # two h-wide block inputs cost 2h/t per token, not 2h. Each piece at its measured price.
     arch, k = LLAMA70B, CONSTANTS
-    h, f = arch.hidden_size, arch.ffn_hidden_size
+    h, kv, f = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size
     hbm = H100.hbm_gbps * 1e9 * k.hbm_efficiency
 
     def cast_seconds(t):
@@ -433,11 +434,45 @@ def test_fp8_casts_the_sequence_parallel_inputs_on_the_shard_before_the_gather()
         return fp8.breakdown["elementwise"] - bf16.breakdown["elementwise"]
 
     t = 8
-    rows, layers = 8192, arch.num_layers
-    activations = 2 * k.fp8_cast_bytes_per_element * layers * rows * (2 * h / t + (h + f) / t) / hbm
-    weights = (2 * h * h + 2 * h * arch.kv_dim + 3 * h * f) / t / (8 // t)
-    expected = activations + 2 * k.fp8_cast_bytes_per_element * layers * weights / hbm
-    assert cast_seconds(t) == pytest.approx(expected, rel=1e-6)
+    rows, layers, price = 8192, arch.num_layers, k.torchao_cast_bytes["tensorwise"]
+    inputs = rows * (2 * h / t + (h + f) / t)
+    grad_outputs = rows * (2 * h + (h + 2 * kv + 2 * f) / t)
+    weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t / (8 // t)
+    per_layer = price["input"] * inputs + price["grad_output"] * grad_outputs + price["weight"] * weights
+    assert cast_seconds(t) == pytest.approx(layers * per_layer / hbm, rel=1e-6)
+
+
+def test_torchao_cast_prices_are_the_recorded_inductor_fit():
+    # scripts/fp8_cast_bytes.py measures them; the constants carry its fit to one decimal.
+    record = json.loads((REPO / "docs" / "fp8_cast_bytes.json").read_text())["recipes"]
+    fitted = {recipe: {key: round(v, 1) for key, v in r["bytes_per_element"].items()} for recipe, r in record.items()}
+    assert fitted == CONSTANTS.torchao_cast_bytes
+    assert all(abs(shape["fit_error"]) < 0.02 for r in record.values() for shape in r["shapes"])
+
+
+def test_transformer_engine_casts_follow_its_fused_cast_transposes():
+    # TE v1.8 under sequence parallel, delayed scaling: the norm casts wq/wk/wv's and w1/w3's
+    # inputs itself and backward transposes them gathered (2 bytes each); wo's and w2's inputs and
+    # the column-parallel output gradients get a cast-transpose (4); wo's and w2's output gradients
+    # are cast on the shard (3 / t), gathered and transposed (2). Current scaling adds an amax pass.
+    arch, k = LLAMA70B, CONSTANTS
+    h, kv, f, t = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size, 4
+    layout, rows = Layout(tensor=t, data_shard=2), 8192
+    hbm = H100.hbm_gbps * 1e9 * k.hbm_efficiency
+
+    def cast_seconds(casts):
+        fp8, bf16 = (run(arch, layout, fp8=p, compile=True, fp8_casts=casts) for p in (True, False))
+        return fp8.breakdown["elementwise"] - bf16.breakdown["elementwise"]
+
+    weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t / layout.data_shard
+    delayed = (
+        2 * 2 * h * rows
+        + 4 * rows * ((h + f) / t + (h + 2 * kv + 2 * f) / t)
+        + (3 / t + 2) * 2 * h * rows
+        + 4 * weights
+    )
+    assert cast_seconds("te_delayed") == pytest.approx(arch.num_layers * delayed / hbm, rel=1e-6)
+    assert cast_seconds("te_current") > 1.2 * cast_seconds("te_delayed")
 
 
 def test_bf16_moments_pay_their_unfused_update_in_optimizer_time():
@@ -479,3 +514,15 @@ def test_predicting_every_candidate_at_once_gives_each_ones_own_prediction(path,
     assert predict_many(candidates, recipe.hardware) == alone
     assert predict_many(candidates[::-1], recipe.hardware) == alone[::-1]
     assert predict_many([], recipe.hardware) == []
+
+
+def test_the_cast_bytes_script_recovers_known_prices_from_block_widths():
+    # scripts/fp8_cast_bytes.py's least squares, on blocks whose extra bytes follow set prices.
+    script = load_script("fp8_cast_bytes")
+    prices = {"input": 11.0, "grad_output": 6.0, "weight": 9.0}
+    measured = []
+    for hidden, kv_heads, ffn in script.SHAPES:
+        i, g, w = script.widths(hidden, kv_heads, ffn)
+        extra = prices["input"] * i + prices["grad_output"] * g + prices["weight"] * w
+        measured.append(dict(hidden=hidden, kv_heads=kv_heads, ffn=ffn, bf16=1000.0, fp8=1000.0 + extra))
+    assert script.fit(measured) == pytest.approx(prices, rel=1e-9)
