@@ -1469,13 +1469,14 @@ Where the errors come from (read the tables above for their size):
   tensorwise 13.0 bytes per linear input element (the backward's casts for the weight gradient
   move into the forward graph with an amax of their own), 5.2 per output gradient, 7.6 per
   weight; rowwise 16.1, 2.2 and 11.4; against 5 per input, doubled for backward, before
-  (`torchao_cast_bytes`). The same script's bf16 block moves 29.5 KB per token at h 256, f 768,
+  (`torchao_cast_bytes`). Under the Float8 TP styles wo's and w2's output gradients are cast on
+  the rank's s/t rows, before backward gathers them (Float8RowwiseParallel). The same script's bf16 block moves 29.5 KB per token at h 256, f 768,
   where the model's fitted elementwise bytes give 26.9. The eager factor, refitted to the 1B
   point, went from 28 to 17. Transformer Engine's casts (NeMo's and Megatron-Bridge's rows) are
   now counted from its source rather than priced as torchao's (`fp8_casts` te_delayed /
   te_current, `te_cast_bytes`, evidence in the YAML): 0-2% slower there. torchtitan's FP8 rows'
-  errors fell by 4-14 points (the December 2024 8B at 8K from +7% to +1%, the June 2025 8B TP 8 rows from
-  +20-44% to +11-30%); torchtitan's December 2024 runs used torchao eab345c, which saved the
+  errors fell by 2-14 points (the December 2024 8B at 8K from +7% to +1%, the June 2025 8B TP 8 rows from
+  +20-44% to +15-30%); torchtitan's December 2024 runs used torchao eab345c, which saved the
   float8 inputs for backward instead of casting them again
   (manual_float8_matmul_with_args_in_float8), so their casts moved somewhat less than priced.
   Over the held-apart points: within ±15% 50 to 51 of 66, median absolute error 8.9% to 9.2%;

@@ -1037,7 +1037,7 @@ def fp8_cast_elements(step: _Step) -> _Casts:
     on this rank's s/t rows before the gather, as torchao 0.18's PrepareFloat8ModuleInput and
     Float8ColwiseParallel do and Transformer Engine's norm-fused cast does), the inputs of wo and
     w2 (q/t, f/t). Output gradients: wq/wk/wv's and w1/w3's (q + 2 kv + 2f over t) and wo's and
-    w2's (h each, on the gathered rows). An MoE block's MLP is its experts (_expert_cast_elements):
+    w2's (h each, on the gathered rows, or on the shard under float8 all-gather). An MoE block's MLP is its experts (_expert_cast_elements):
     only the attention's linears here. Weights: the local shard under float8 all-gather, once a
     step where cached (Workload.fp8_weights_cached)."""
     h, q, kv, f, t = step.h, step.q, step.kv, step.f, step.t
@@ -1051,10 +1051,13 @@ def fp8_cast_elements(step: _Step) -> _Casts:
     elif step.fp8_gather:
         weights /= step.shard
     blocks_inputs = 2 if step.moe is None else 1  # the attention's, and a dense MLP's
+    # Under the Float8 TP styles wo's and w2's output gradients are cast on this rank's s/t rows
+    # too, before backward all-gathers them (Float8RowwiseParallel._prepare_output_fn's
+    # NoopFwToFloat8BwDynamic, torchao/float8/float8_tensor_parallel.py at 6243040).
     gathered = blocks_inputs * (h / t if step.fp8_gather else h)
     rows = step.rows
     inputs = rows * (gathered + (q + f) / t)
-    grad_outputs = rows * (blocks_inputs * h + (q + 2 * kv + 2 * f) / t)
+    grad_outputs = rows * (gathered + (q + 2 * kv + 2 * f) / t)
     return _Casts(inputs, grad_outputs, weights)
 
 

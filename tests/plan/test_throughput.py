@@ -423,7 +423,8 @@ def test_cached_fp8_weights_are_cast_once_per_step_not_per_micro_batch():
 
 def test_fp8_casts_the_sequence_parallel_inputs_on_the_shard_before_the_gather():
     # torchao's PrepareFloat8ModuleInput casts this rank's s/t rows, then all-gathers float8: the
-    # two h-wide block inputs cost 2h/t per token, not 2h. Each piece at its measured price.
+    # two h-wide block inputs cost 2h/t per token, not 2h; so do wo's and w2's output gradients,
+    # which Float8RowwiseParallel casts before backward gathers them. Each at its measured price.
     arch, k = LLAMA70B, CONSTANTS
     h, kv, f = arch.hidden_size, arch.kv_dim, arch.ffn_hidden_size
     hbm = H100.hbm_gbps * 1e9 * k.hbm_efficiency
@@ -436,7 +437,7 @@ def test_fp8_casts_the_sequence_parallel_inputs_on_the_shard_before_the_gather()
     t = 8
     rows, layers, price = 8192, arch.num_layers, k.torchao_cast_bytes["tensorwise"]
     inputs = rows * (2 * h / t + (h + f) / t)
-    grad_outputs = rows * (2 * h + (h + 2 * kv + 2 * f) / t)
+    grad_outputs = rows * (2 * h / t + (h + 2 * kv + 2 * f) / t)  # wo's and w2's cast on the shard too
     weights = (2 * h * h + 2 * h * kv + 3 * h * f) / t / (8 // t)
     per_layer = price["input"] * inputs + price["grad_output"] * grad_outputs + price["weight"] * weights
     assert cast_seconds(t) == pytest.approx(layers * per_layer / hbm, rel=1e-6)
