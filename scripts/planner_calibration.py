@@ -1649,6 +1649,10 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   tests the model's sense of efficiency across shapes more than its choice among layouts.
 - FP8 without torch.compile rests on one measurement of a 1B model; how the eager cast overhead
   scales to 70B/405B shapes is extrapolated.
+- FP8 casts under torch.compile are inductor's byte counts on its CPU backend
+  (scripts/fp8_cast_bytes.py), one block without TP or FSDP: the graphs are the GPU's, Triton's
+  fusion may differ, and a GPU run has not timed them. Transformer Engine's casts are counted
+  from its source, not measured.
 - Overlap is a fixed fraction per collective, not a schedule; the pipeline's stages are taken as
   equal but for the last one's output layer and the ranks with the most layers; PP send/recv is
   hidden only under Megatron's overlap_p2p_comm with an interleaved schedule (`p2p_overlap`,
