@@ -1024,23 +1024,21 @@ def elementwise_time(step: _Step) -> float:
 
 
 class _Casts(NamedTuple):
-    """Elements of one block's float8 casts on one GPU, per micro-batch: what torchao's and
-    Transformer Engine's casts are priced on (fp8_cast_time)."""
+    """Elements of one block's float8 casts on one GPU, per micro-batch, by where they sit: what
+    torchao's and Transformer Engine's casts are each priced on (fp8_cast_time)."""
 
-    inputs: float  # the linears' inputs: the attention's and the MLP's (gathered), wo's and w2's
-    grad_outputs: float  # the linears' output gradients
+    block_inputs: float  # the attention's and a dense MLP's inputs, h each on the gathered rows;
+    # wo's and w2's output gradients are as large
+    local_inputs: float  # wo's and w2's inputs (q/t, f/t)
+    column_grads: float  # wq/wk/wv's and w1/w3's output gradients (q + 2 kv + 2f over t)
     weights: float  # this rank's weights, as often as a micro-batch casts them
 
 
 def fp8_cast_elements(step: _Step) -> _Casts:
-    """Inputs: the SP-gathered inputs of wq/wk/wv and w1/w3 (h each; with float8 all-gather, cast
-    on this rank's s/t rows before the gather, as torchao 0.18's PrepareFloat8ModuleInput and
-    Float8ColwiseParallel do and Transformer Engine's norm-fused cast does), the inputs of wo and
-    w2 (q/t, f/t). Output gradients: wq/wk/wv's and w1/w3's (q + 2 kv + 2f over t) and wo's and
-    w2's (h each, on the gathered rows, or on the shard under float8 all-gather). An MoE block's MLP is its experts (_expert_cast_elements):
-    only the attention's linears here. Weights: the local shard under float8 all-gather, once a
-    step where cached (Workload.fp8_weights_cached)."""
-    h, q, kv, f, t = step.h, step.q, step.kv, step.f, step.t
+    """An MoE block's MLP is its experts (_expert_cast_elements): only the attention's linears
+    here. Weights: the local shard under float8 all-gather, once a step where cached
+    (Workload.fp8_weights_cached)."""
+    h, q, kv, f, t, rows = step.h, step.q, step.kv, step.f, step.t, step.rows
     weights = (2 * h * q + 2 * h * kv + 3 * h * f) / t
     if step.w.fp8_weights_cached:
         # Transformer Engine casts the whole local weight on a step's first micro-batch only
@@ -1050,15 +1048,8 @@ def fp8_cast_elements(step: _Step) -> _Casts:
         weights /= step.w.grad_accum_steps
     elif step.fp8_gather:
         weights /= step.shard
-    blocks_inputs = 2 if step.moe is None else 1  # the attention's, and a dense MLP's
-    # Under the Float8 TP styles wo's and w2's output gradients are cast on this rank's s/t rows
-    # too, before backward all-gathers them (Float8RowwiseParallel._prepare_output_fn's
-    # NoopFwToFloat8BwDynamic, torchao/float8/float8_tensor_parallel.py at 6243040).
-    gathered = blocks_inputs * (h / t if step.fp8_gather else h)
-    rows = step.rows
-    inputs = rows * (gathered + (q + f) / t)
-    grad_outputs = rows * (gathered + (q + 2 * kv + 2 * f) / t)
-    return _Casts(inputs, grad_outputs, weights)
+    block_inputs = (2 if step.moe is None else 1) * h * rows
+    return _Casts(block_inputs, rows * (q + f) / t, rows * (q + 2 * kv + 2 * f) / t, weights)
 
 
 def fp8_cast_time(step: _Step) -> tuple[float, float]:
@@ -1073,41 +1064,49 @@ def fp8_cast_time(step: _Step) -> tuple[float, float]:
     k, casts = step.k, fp8_cast_elements(step)
     experts = _expert_cast_elements(step) * k.fp8_cast_bytes_per_element / step.hbm
     if step.w.fp8_casts == "torchao":
-        price = k.torchao_cast_bytes[step.w.fp8_recipe]
-        factor = 1.0 if step.w.compile else k.fp8_eager_cast_factor
-        forward = factor * (price["input"] * casts.inputs + price["weight"] * casts.weights) / step.hbm
-        backward = factor * price["grad_output"] * casts.grad_outputs / step.hbm
+        forward, backward = (b / step.hbm for b in _torchao_cast_bytes(step, casts))
     else:
-        forward, backward = (b / step.hbm for b in _te_cast_bytes(step, casts.weights))
+        forward, backward = (b / step.hbm for b in _te_cast_bytes(step, casts))
     return forward + experts, backward + experts
 
 
-def _te_cast_bytes(step: _Step, weights: float) -> tuple[float, float]:
+def _torchao_cast_bytes(step: _Step, casts: _Casts) -> tuple[float, float]:
+    """(forward, backward) bytes of torchao's float8 casts in one block. Under float8 all-gather
+    the block inputs are cast on this rank's s/t rows before the gather (torchao 0.18's
+    PrepareFloat8ModuleInput and Float8ColwiseParallel), and so are wo's and w2's output gradients
+    before backward gathers them (Float8RowwiseParallel._prepare_output_fn's
+    NoopFwToFloat8BwDynamic, torchao/float8/float8_tensor_parallel.py at 6243040)."""
+    k = step.k
+    price = k.torchao_cast_bytes[step.w.fp8_recipe]
+    factor = 1.0 if step.w.compile else k.fp8_eager_cast_factor
+    cast_rows = casts.block_inputs / step.t if step.fp8_gather else casts.block_inputs
+    forward = price["input"] * (cast_rows + casts.local_inputs) + price["weight"] * casts.weights
+    backward = price["grad_output"] * (cast_rows + casts.column_grads)
+    return factor * forward, factor * backward
+
+
+def _te_cast_bytes(step: _Step, casts: _Casts) -> tuple[float, float]:
     """(forward, backward) bytes of Transformer Engine's float8 casts in one block, as
     TransformerEngine v1.8 runs them (module/layernorm_linear.py, linear.py, base.py
     grad_output_preprocess), each at `te_cast_bytes` for a cast-transpose from bf16, one byte less
     without the transposed copy, 2 bytes (read and write) to transpose a float8 tensor:
 
-    - the norm-fed inputs of wq/wk/wv and w1/w3: delayed scaling casts inside the norm kernel
+    - the norm-fed block inputs: delayed scaling casts inside the norm kernel
       (layernorm_fwd_fp8), nothing extra; current scaling takes the norm's bf16 output with its
       amax and casts it (csrc/extensions/normalization.cpp FUSED_NORM_AMAX_FP8). Backward
       transposes the (gathered) float8 input for the weight gradient (fp8_transpose).
     - wo's and w2's inputs, wq/wk/wv's and w1/w3's output gradients: a cast-transpose each.
     - wo's and w2's output gradients: under sequence parallel cast on this rank's s/t rows, gathered
       in float8, and the gathered copy transposed; without, a cast-transpose.
-    - the weights, a cast-transpose each, as often as `fp8_cast_elements` counts them."""
-    k, h, q, kv, f, t, rows = step.k, step.h, step.q, step.kv, step.f, step.t, step.rows
-    cast_transpose = k.te_cast_bytes[step.w.fp8_casts]
-    cast = cast_transpose - 1
-    transpose = 2.0
-    norm_fed = (2 if step.moe is None else 1) * h * rows  # the attention's and a dense MLP's inputs
+    - the weights, a cast-transpose each."""
+    t = step.t
+    cast_transpose = step.k.te_cast_bytes[step.w.fp8_casts]
+    cast, transpose = cast_transpose - 1, 2.0
     # Current scaling: the amax comes with the norm, so the cast only reads and writes (3 bytes).
     norm_cast = 0.0 if step.w.fp8_casts == "te_delayed" else cast - 2
-    local_inputs = rows * (q + f) / t
-    column_grads = rows * (q + 2 * kv + 2 * f) / t
-    row_grads = (cast / t + transpose if t > 1 else cast_transpose) * norm_fed  # wo's (and w2's): h each
-    forward = norm_cast * norm_fed / t + cast_transpose * (local_inputs + weights)
-    backward = transpose * norm_fed + cast_transpose * column_grads + row_grads
+    row_grads = (cast / t + transpose if t > 1 else cast_transpose) * casts.block_inputs
+    forward = norm_cast * casts.block_inputs / t + cast_transpose * (casts.local_inputs + casts.weights)
+    backward = transpose * casts.block_inputs + cast_transpose * casts.column_grads + row_grads
     return forward, backward
 
 
