@@ -3,7 +3,7 @@
     from launcher.estimate import Workload, estimate_memory
     estimate_memory(Workload.from_recipe(recipe), recipe.hardware).verdict   # "fits" | "risky" | "oom"
 
-Pure arithmetic, no torch: the planner calls `estimate_memory` thousands of times.
+Pure arithmetic, no torch: the planner asks `estimate_if_fits` of thousands of layouts.
 `launcher.api.estimate(recipe)` adds a suggestion when a recipe does not fit.
 """
 
@@ -14,6 +14,7 @@ from launcher.estimate.memory import (
     MemoryEstimate,
     Mode,
     choose_grad_accumulation,
+    estimate_if_fits,
     estimate_memory,
     format_bytes,
     verdict,
@@ -29,6 +30,7 @@ __all__ = [
     "StageMemory",
     "Workload",
     "choose_grad_accumulation",
+    "estimate_if_fits",
     "estimate_memory",
     "format_bytes",
     "verdict",

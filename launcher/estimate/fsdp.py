@@ -841,19 +841,35 @@ class _Context:
         self.loss = _Loss(workload, self.cb)
 
 
-def stage_peaks(workload: Workload, *, device: str = "cuda") -> list[StageMemory]:
+def stage_peaks(
+    workload: Workload, *, device: str = "cuda", limit_bytes: float | None = None
+) -> list[StageMemory] | None:
     """Each pipeline rank at its largest moment, with the device overheads added. Under uneven
-    stages each rank is counted with the layers it really holds; the largest must fit."""
+    stages each rank is counted with the layers it really holds; the largest must fit.
+
+    With `limit_bytes`, None as soon as one rank's peak is above it: the planner rejects most of
+    its candidates this way at the cost of one or two ranks. The ranks that usually peak go
+    first: rank 0 keeps the most micro-batches in flight, the last holds the loss."""
     context = _Context(workload, device)
-    stages = []
-    for rank in range(workload.layout.pipeline):
-        layers = rank_layers(workload.arch.num_layers, workload.layout, rank)
-        found = _rank_moments(context, rank)
-        phase, breakdown = max(found.items(), key=lambda item: sum(item[1].values()))
-        breakdown = {name: round(value) for name, value in breakdown.items()}
-        breakdown.update(device_overheads(workload.layout, sum(breakdown.values()), device))
-        stages.append(StageMemory(stage=rank, layers=layers, phase=phase, breakdown=breakdown))
-    return stages
+    p = workload.layout.pipeline
+    order = [0, *([p - 1] if p > 1 else []), *range(1, p - 1)]
+    stages = {}
+    for rank in order:
+        stage = _stage_peak(context, rank, device)
+        if limit_bytes is not None and stage.peak_bytes > limit_bytes:
+            return None
+        stages[rank] = stage
+    return [stages[rank] for rank in range(p)]
+
+
+def _stage_peak(context: _Context, rank: int, device: str) -> StageMemory:
+    workload = context.w
+    layers = rank_layers(workload.arch.num_layers, workload.layout, rank)
+    found = _rank_moments(context, rank)
+    phase, breakdown = max(found.items(), key=lambda item: sum(item[1].values()))
+    breakdown = {name: round(value) for name, value in breakdown.items()}
+    breakdown.update(device_overheads(workload.layout, sum(breakdown.values()), device))
+    return StageMemory(stage=rank, layers=layers, phase=phase, breakdown=breakdown)
 
 
 def saved_activation_bytes(workload: Workload, *, rank: int = 0) -> int:

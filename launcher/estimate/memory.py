@@ -187,10 +187,48 @@ def estimate_memory(
     return _estimate(workload, hardware, mode, threshold)
 
 
+def estimate_if_fits(
+    workload: Workload, hardware: Hardware, *, mode: Mode = "fsdp", threshold: float = DEFAULT_THRESHOLD
+) -> MemoryEstimate | None:
+    """`estimate_memory`'s estimate where its verdict is fits, else None: the planner's question
+    about each candidate. The same numbers, found sooner: in `fsdp` mode a workload stops at the
+    first pipeline rank above `threshold` (`fsdp.stage_peaks`), and under `auto` accumulation the
+    modes go in the order `_choose_with_estimate` weighs them, so the first that fits is the one
+    it would choose (where none of the faster ones fits, sync_each fitting makes it the least)."""
+    check_options(mode, threshold)
+    if mode != "fsdp":
+        found = estimate_memory(workload, hardware, mode=mode, threshold=threshold)
+        return found if found.fits else None
+    if workload.grad_accumulation != "auto":
+        return _estimate_below(workload, hardware, threshold)
+    if not fsdp.accumulation_changes_memory(workload):
+        choices_in_order: tuple[str, ...] = ("sync_each",)
+    else:
+        faster = ACCUMULATION_SPEED_ORDER[:1] if workload.layout.pipeline > 1 else ACCUMULATION_SPEED_ORDER[:-1]
+        choices_in_order = (*faster, "sync_each")
+    for choice in choices_in_order:
+        found = _estimate_below(replace(workload, grad_accumulation=choice), hardware, threshold)
+        if found is not None:
+            return found
+    return None
+
+
+def _estimate_below(workload: Workload, hardware: Hardware, threshold: float) -> MemoryEstimate | None:
+    limit = threshold * hardware.accelerator.memory_bytes
+    stages = fsdp.stage_peaks(workload, device=_device_kind(hardware.accelerator), limit_bytes=limit)
+    return None if stages is None else _from_stages(workload, hardware, "fsdp", threshold, stages)
+
+
 def _estimate(workload: Workload, hardware: Hardware, mode: Mode, threshold: float) -> MemoryEstimate:
+    stages = ACCOUNTINGS[mode].stage_peaks(workload, device=_device_kind(hardware.accelerator))
+    return _from_stages(workload, hardware, mode, threshold, stages)
+
+
+def _from_stages(
+    workload: Workload, hardware: Hardware, mode: Mode, threshold: float, stages: list[StageMemory]
+) -> MemoryEstimate:
     accounting = ACCOUNTINGS[mode]
     accelerator = hardware.accelerator
-    stages = accounting.stage_peaks(workload, device=_device_kind(accelerator))
     heaviest = max(stages, key=lambda s: s.peak_bytes)
     peak = heaviest.peak_bytes
     return MemoryEstimate(

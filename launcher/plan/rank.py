@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 
 from launcher.contract.layout import Layout
 from launcher.errors import UsageError
-from launcher.estimate import MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
+from launcher.estimate import MemoryEstimate, Mode, Workload, estimate_if_fits, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
 from launcher.plan.candidates import Shape, shapes
 from launcher.plan.modes import GRAD_ACCUMULATION_MODES, PIPELINED_ACCUMULATION_MODES
@@ -214,7 +214,7 @@ def first_that_fit(
     fitting: list[tuple[Scored, MemoryEstimate]] = []
     failed: dict[tuple, list[tuple[int, int, float]]] = {}
     estimated = too_big = faster_than_best = 0
-    closest: MemoryEstimate | None = None
+    rejected: list[Workload] = []  # estimated and too big: measured whole only if none fits
     for item in scored:
         workload = item.workload
         layout = workload.layout
@@ -232,20 +232,26 @@ def first_that_fit(
         if any(shard <= s0 and b >= b0 and recompute <= r0 for s0, b0, r0 in failed.get(key, ())):
             too_big += 1
             continue
-        estimate = estimate_memory(workload, budget, mode=mode, threshold=threshold)
+        estimate = estimate_if_fits(workload, budget, mode=mode, threshold=threshold)
         estimated += 1
-        if estimate.verdict != "fits":
+        if estimate is None:
             failed.setdefault(key, []).append((shard, b, recompute))
             too_big += 1
-            if closest is None or estimate.per_gpu_peak_bytes < closest.per_gpu_peak_bytes:
-                closest = estimate
+            rejected.append(workload)
             continue
         fitting.append((item, estimate))
         if len(fitting) == 1:
             faster_than_best = too_big
         if len(fitting) == top:
             break
+    closest = None if fitting else _smallest(rejected, budget, mode, threshold)
     return Fitting(fitting, estimated, too_big, faster_than_best if fitting else too_big, closest)
+
+
+def _smallest(workloads: list[Workload], budget: Hardware, mode: Mode, threshold: float) -> MemoryEstimate | None:
+    """The whole estimate of the workload that needs the least memory, for the error that none fits."""
+    estimates = (estimate_memory(w, budget, mode=mode, threshold=threshold) for w in workloads)
+    return min(estimates, key=lambda e: e.per_gpu_peak_bytes, default=None)
 
 
 def _as_plan(item: Scored, estimate: MemoryEstimate, budget: Hardware) -> LayoutPlan:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from launcher import api
 from launcher.api import plan
-from launcher.estimate import MemoryEstimate, Workload, format_bytes, verdict
+from launcher.estimate import MemoryEstimate, Workload, estimate_if_fits, estimate_memory, format_bytes, verdict
+from launcher.plan.budget import resolve_budget
+from launcher.plan.rank import candidate_workloads
 from launcher.plan.suggest import find_fitting_change
 from launcher.recipe import Recipe
 from launcher.recipe.rules import layout_problems
 
-RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = sorted(RECIPE_DIR.glob("*.yaml"))
 GIB = 2**30
 
 
@@ -150,3 +154,32 @@ def test_megatron_mode_verdict_uses_the_published_estimate_without_overheads():
     estimate = api.estimate(Recipe.load("recipes/llama3-8b-8k.yaml"), mode="megatron")
     assert estimate.mode == "megatron"
     assert estimate.per_gpu_peak_bytes == estimate.allocated_bytes
+
+
+def test_the_planners_early_rejection_answers_as_the_whole_estimate_does():
+    # estimate_if_fits stops at the first pipeline rank above the threshold, and under auto tries
+    # the modes in the order the choice weighs them: where the whole estimate fits it must return
+    # that very estimate, and None wherever it does not.
+    recipe = Recipe.load(RECIPE_DIR / "llama405b-128k.yaml")
+    budget = resolve_budget(recipe, gpus=1024, instance_type="ml.p5en.48xlarge")
+    candidates = candidate_workloads(recipe, budget)
+    sample = candidates[:: len(candidates) // 40]
+    sample += [replace(w, grad_accumulation="auto") for w in sample[::3]]
+    heaviest_not_first = fitting = rejected = 0
+    for threshold in (0.8, 1.0):
+        for workload in sample:
+            whole = estimate_memory(workload, budget, threshold=threshold)
+            quick = estimate_if_fits(workload, budget, threshold=threshold)
+            assert quick == (whole if whole.fits else None), (workload.layout, threshold)
+            fitting += whole.fits
+            rejected += not whole.fits
+            heaviest_not_first += whole.peak_stage != 0
+    # The sample holds both answers, and pipelines whose heaviest rank is not the first one asked.
+    assert fitting > 10 and rejected > 10 and heaviest_not_first > 10, (fitting, rejected, heaviest_not_first)
+    # The published accounting is answered whole.
+    for name, fits in (("tiny-cpu.yaml", True), ("llama3-8b-8k.yaml", False)):
+        dense = Recipe.load(RECIPE_DIR / name)
+        published = Workload.from_recipe(dense)
+        whole = estimate_memory(published, dense.hardware, mode="megatron")
+        assert whole.fits == fits
+        assert estimate_if_fits(published, dense.hardware, mode="megatron") == (whole if fits else None)
