@@ -33,6 +33,7 @@ from launcher.plan.explain import against_recipe  # noqa: E402
 from launcher.plan.modes import mode  # noqa: E402
 from launcher.plan.rank import tp_saved_inputs_choices  # noqa: E402
 from launcher.plan.throughput import CONSTANTS, model_flops_per_token, predict  # noqa: E402
+from launcher.plan.userbuffers import USERBUFFERS  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
 from launcher.recipe.hardware import Hardware, hardware_for  # noqa: E402
 
@@ -82,6 +83,7 @@ class Point:
     attention_kernel: str = "cudnn"  # the attention kernel the run used (Constants.attention_kernel_factor)
     cp_kernel: str = "-"  # the source's own CP kernel, as it names it (shown, not priced: cp_ring prices TE's ring)
     tp_overlap: str = "none"  # TP collectives overlapped with GEMMs: async (torch) or userbuffers (TE) (Workload)
+    userbuffers: str = "te_defaults"  # under userbuffers, the TE config the row's run named (Workload.userbuffers)
     p2p_overlap: bool = False  # Megatron's overlap_p2p_comm under the interleaved schedule (Workload)
     # Megatron's distributed optimizer (ZeRO-1, grads reduce-scattered and params all-gathered
     # once per step, overlapped): priced with FSDP's sync_last_gathered traffic (workload_of).
@@ -121,7 +123,7 @@ class Point:
         """What the model can tell apart: rows that differ only in what it does not price (the
         container version, the FP8 recipe beyond tensorwise/rowwise) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
-                self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap,
+                self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap, self.userbuffers,
                 self.p2p_overlap, self.ep_dispatch_per_node, self.mlp_activation, self.recompute_core_attention,
                 self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached, self.fp8_casts,
                 self.fp8_experts, self.moe_force_load_balance, self.optimizer_state_dtype,
@@ -175,7 +177,7 @@ ROW_REQUIRED = (
 ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
                 "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "fp8_experts",
                 "moe_force_load_balance", "ep_dispatch_per_node", "mlp_activation", "recompute_core_attention",
-                "optimizer_state_dtype", "recompute_layers", "note", "assumed", "fitted")  # fmt: skip
+                "optimizer_state_dtype", "recompute_layers", "userbuffers", "note", "assumed", "fitted")  # fmt: skip
 # A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
 # source under the evidence key beside each.
 SOURCE_DEFAULTS = {
@@ -284,6 +286,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         raise BenchmarkError(f"{at}: optimizer_state_dtype must be one of {', '.join(OPTIMIZER_STATE_BYTES)}")
     if row.get("mlp_activation", "swiglu") not in MLP_ACTIVATIONS:
         raise BenchmarkError(f"{at}: mlp_activation must be one of {', '.join(MLP_ACTIVATIONS)}")
+    _check_userbuffers(row, sources[row["source"]], at)
     flags = {
         k: row[k]
         for k in ("async_tp", "ep_dispatch_per_node", "recompute_core_attention", *SOURCE_DEFAULTS)
@@ -311,6 +314,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         attention_kernel=source.get("attention_kernel", "cudnn"),
         cp_kernel=source.get("cp_kernel", "-"),
         tp_overlap=_tp_overlap(row, source, layout),
+        userbuffers=row.get("userbuffers", "te_defaults"),
         p2p_overlap=layout.virtual_stages > 1 and _setting(row, source, "overlap_p2p_comm"),
         distributed_optimizer=_setting(row, source, "distributed_optimizer"),
         cp_ring=layout.context > 1 and _setting(row, source, "cp_ring"),
@@ -329,6 +333,20 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         use="fit" if row.get("fitted") else "benchmark",
         note=_benchmark_note(row, source),
     )
+
+
+def _check_userbuffers(row: dict, source: dict, at: str) -> None:
+    """A row's `userbuffers` names a known TE config, under tp_comm_overlap, with the source's
+    userbuffers_evidence saying which config files its runs named."""
+    name = row.get("userbuffers")
+    if name is None:
+        return
+    if name not in USERBUFFERS:
+        raise BenchmarkError(f"{at}: userbuffers {name!r} is not one of {', '.join(USERBUFFERS)}")
+    if not _setting(row, source, "tp_comm_overlap") or not source.get("userbuffers_evidence"):
+        raise BenchmarkError(
+            f"{at}: userbuffers {name!r} needs tp_comm_overlap and the source's userbuffers_evidence citing the config"
+        )
 
 
 def _fp8_casts(row: dict, source: dict) -> str:
@@ -356,7 +374,7 @@ def _setting(row: dict, source: dict, key: str) -> bool:
 def _benchmark_note(row: dict, source: dict) -> str:
     parts = [row["table"], row.get("note", "")]
     if row.get("tp", 1) > 1 and _setting(row, source, "tp_comm_overlap"):
-        parts.append("TE TP overlap (tp_overlap)")
+        parts.append(f"TE TP overlap (tp_overlap; userbuffers {row.get('userbuffers', 'te_defaults')})")
     if row.get("vp", 1) > 1 and _setting(row, source, "overlap_p2p_comm"):
         parts.append("p2p overlap")
     if row.get("dp", 1) > 1 and row.get("pp", 1) == 1 and _setting(row, source, "distributed_optimizer"):
@@ -448,6 +466,7 @@ def workload_of(point: Point) -> Workload:
         compile=point.compile,
         cp_attention="allgather",  # K/V of the whole sequence per layer, as a ring moves them (cp_ring: overlapped)
         tp_overlap=point.tp_overlap,
+        userbuffers=point.userbuffers,
         p2p_overlap=point.p2p_overlap,
         cp_ring=point.cp_ring,
         ep_dispatch_per_node=point.ep_dispatch_per_node,
@@ -1263,7 +1282,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | attention | causal: 6·s·h FLOPs per token and layer, heads split over TP, queries over CP; at the rate of the fused kernel that runs it (`attention_kernel`: cuDNN, which torch's SDPA prefers on Hopper from torch 2.11 and Transformer Engine runs, or FlashAttention-2 at 0.62 of it); efficiency falls for short sequences, and under CP runs at the kernel's fraction of plain attention (`parallel.cp_attention`: allgather (LSE-merged fused pieces) 0.95, 0.92 and 0.88 with 16K, 8K and 4K queries per rank, measured on an H100; ulysses 1.0, a target; 0.58 the masked two-SDPA kernel document masking runs) | - |
 | elementwise | norms, RoPE, SwiGLU, residuals, FP8 casts and the loss's logits, in bytes over HBM bandwidth; torch.compile removes about 2/3. FP8 casts the linears' inputs (under float8 all-gather the sequence-parallel ones on this rank's s/t rows, before the gather, as torchao's PrepareFloat8ModuleInput does), their output gradients and the weights every micro-batch (the FSDP shard under float8 all-gather), at the bytes per element inductor counts for the compiled block (`torchao_cast_bytes`, scripts/fp8_cast_bytes.py) | `fp8_weights_cached` (planner-only: Transformer Engine's is_first_microbatch cache, which Megatron-Core sets) casts the weights once per step; `fp8_casts` (planner-only) prices Transformer Engine's fused cast-transposes instead, counted from its source (`te_cast_bytes`) |
 | recomputation | the forward again for checkpointed blocks: all (full) or every other one (selective) | `recompute_layers` (planner-only: Megatron-Core's recompute_method block): the first k layers of each virtual stage |
-| TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink; under `parallel.tp_saved_inputs: shard` a kept block all-gathers both inputs once more in backward (an MoE block the attention's) | none for the entrypoints (DTensor's collectives sit between dependent matmuls, and the regathers wait); `tp_overlap` (planner-only: torch's async TP, TE userbuffers) cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time; `regather_overlap` (planner-only: Megatron-Core's and TE's async all-gather before the input-gradient GEMM) hides each regather behind that GEMM at the same interference |
+| TP | sequence-parallel all-gather + reduce-scatter around attention and MLP, forward, backward and recomputed forward, over NVLink; under `parallel.tp_saved_inputs: shard` a kept block all-gathers both inputs once more in backward (an MoE block the attention's) | none for the entrypoints (DTensor's collectives sit between dependent matmuls, and the regathers wait); `tp_overlap` (planner-only) async, torch's async TP, cuts each into t pieces beside its GEMM, run as t GEMMs of M/t rows: one piece exposed, the rest hidden while the GEMM lasts, at `tp_overlap_interference` of their time; userbuffers, Transformer Engine's, prices each GEMM's collective by the method and SMs of the run's config (launcher/plan/userbuffers.py: ring exchange on the copy engines, pipelined and bulk on SMs); `regather_overlap` (planner-only: Megatron-Core's and TE's async all-gather before the input-gradient GEMM) hides each regather behind that GEMM at the same interference |
 | CP | allgather: all-gather of K and V in forward, again in backward (a kept layer regathers them, parallel/context.py) or in the recomputed forward, and reduce-scatter of their gradients: three per layer (two under document masking, which keeps the gathered K/V); ulysses: all-to-alls of q, k, v in and the output back, forward, recomputed forward and backward | none for the entrypoints; `cp_ring` (planner-only: Transformer Engine's p2p ring) moves each K/V chunk (with dK/dV in backward) beside one of the c attention steps, exposed only by what outlasts the step |
 | FSDP | by `parallel.grad_accumulation`: sync_each gathers each block before forward and backward and reduce-scatters gradients (in `parallel.reduce_dtype`) every micro-batch; sync_last reduce-scatters on the last micro-batch only; sync_last_gathered also gathers once per step, as under PP, where torch.distributed.pipelining keeps blocks gathered; under PP, sync_each gathers each block once and reduce-scatters every micro-batch (pipeline.py's _GradientSyncEachMicroBatch) | hidden behind 85% of the micro-batch's compute (the step's under PP and sync_last_gathered); the first block's gather always exposed |
 | HSDP | all-reduce of the gradient shards between replicas, once per step | half hidden |
@@ -1358,8 +1377,16 @@ torchtitan measured the same layouts with vanilla and async TP. Priced with no c
 hidden pieces, the model would promise about twice the speed-up they measured; the step time is
 linear in `tp_overlap_interference`, so each pair pins the value that reproduces its measured
 speed-up. The constant is the median over the Llama 3.1 8B pairs (their rows are `fitted`); the
-70B pairs stay held apart and check it. The same value prices Transformer Engine's userbuffers
-overlap in the NeMo and Megatron-Bridge rows, for want of a published measurement of its own.
+70B pairs stay held apart and check it. Transformer Engine's userbuffers overlap (the NeMo and
+Megatron-Bridge rows with tp_comm_overlap) does not use this value: it is priced from the config
+each run named (launcher/plan/userbuffers.py, the configs cited in docs/published_benchmark.yaml),
+GEMM by GEMM as TE runs it. Its ring exchanges move their bytes on the copy engines
+(`userbuffers_send` issues cudaMemcpyAsync where `use_ce`, TE's default), so the GEMM beside them
+keeps its SMs and a step hides whole behind the chunk before it; a pipelined reduce-scatter holds
+`num_sm` SMs from its GEMM (`set_sm_margin`: the GEMM runs `132 / (132 - num_sm)` times as long)
+and leaves its last chunk exposed; a bulk pair shares `num_sm` of the GEMM's 132 SMs while its
+collective runs. Where torch's async TP pays 53% of each hidden piece, a bulk reduce-scatter on 24
+SMs pays 18% and a ring exchange nothing: no measurement of TE's overlap was fitted.
 
 {overlap}
 
@@ -1418,7 +1445,8 @@ Where the errors come from (read the tables above for their size):
   at 32K for the same 8B FP8 layout; with it, +26% and +35%.
 - NeMo and Megatron-Bridge (Megatron-Core, Transformer Engine, 700 W DGX H100) run kernels
   (TE's fused attention and context parallelism) that beat the entrypoints' torch ones that the
-  constants describe, and their TP overlap is priced at torch async TP's fitted interference.
+  constants describe, and their TP overlap is priced GEMM by GEMM from the userbuffers config
+  each run named (below, "TE's userbuffers, from its configs").
   Their data parallelism is Megatron's distributed optimizer (`distributed_optimizer` in the
   benchmark's sources, with the configs that set it): gradients reduce-scattered and parameters
   all-gathered once per step, overlapped, which is FSDP's `sync_last_gathered` traffic and is
@@ -1483,6 +1511,22 @@ Where the errors come from (read the tables above for their size):
   Spearman of torchtitan's June 2025 rows 0.83 to 0.94, of Megatron-Bridge's dense rows 0.02 to
   0.27, of NeMo 24.07's 0.797 to 0.769 (its GPT-3 20B and 175B rows, now 0.7% apart in predicted
   model FLOP/s, changed places).
+- TE's userbuffers, from its configs. The NeMo and Megatron-Bridge rows with tp_comm_overlap had
+  their TP collectives priced as torch's async TP: t pieces, one exposed, the rest paying 53% of
+  their time (`tp_overlap_interference`, fitted to torchtitan's pairs). Transformer Engine runs
+  them otherwise (launcher/plan/userbuffers.py, from TE v1.8's comm_gemm_overlap.h and
+  userbuffers.cu): its ring exchanges copy on the copy engines beside GEMM chunks that keep their
+  SMs, and its pipelined and bulk overlaps take a config's few SMs (2 to 24 of 132). Each row now
+  names the config its run used (`userbuffers`, evidence in the YAML: NeMo-Framework-Launcher's
+  tp_overlap files, Megatron-Bridge's comm_overlap.py, TE's defaults where a config named none).
+  Megatron-Bridge's dense rows went from -6% to -19% (median -10%) to -0% to -10% (median -2%),
+  and that source's Spearman from 0.27 to 0.89: the 405B rows, TP 8 with 24 SMs on qkv's bulk
+  reduce-scatter, had paid most. NeMo 24.07's TP rows rose by 4-7% (GPT-3 20B +3% to +8%, Llama 2
+  70B -2% to +6%, Nemotron-4 340B -12% to -5%), its Spearman from 0.769 to 0.755: the rows it
+  misranks have no TP (GPT-3 5B, Llama 2 7B and 13B, +8% to +10%, against GPT-3 175B on 512 GPUs,
+  -9%). Over the held-apart points: median absolute error 9.2% to 7.6%, within ±15% 51 to 53 of 66.
+  Not measured: no run of TE's overlap has been timed here, and a bulk kernel on 2 SMs is priced
+  at the link's full rate.
 - Under pipeline parallelism our program used to keep every gradient unsharded in the reduce
   dtype until the step's end (torch.distributed.pipelining turns FSDP's gradient sync off).
   `parallel.grad_accumulation: sync_each` now reduce-scatters each micro-batch's gradients into
@@ -1599,8 +1643,9 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   those rows well, and within both sources the spread left to rank is a few percent (under
   "Where the errors come from"). torchtitan's 8B rows at 8K stay over-predicted (7-19%: the
   500 W part's peak sits at the bottom of its source's range, where its fitted rows push it, and
-  is not a measurement; early CP, async TP), large NeMo and Megatron-Bridge
-  TP x PP layouts under-predicted (their faster kernels and overlap). A 10% predicted gap between
+  is not a measurement; early CP, async TP), NeMo 24.07's small layouts without TP
+  over-predicted (GPT-3 5B, Llama 2 7B and 13B, +8% to +10%) and its GPT-3 175B on 512 GPUs
+  under-predicted (-9%), which is what keeps that source's Spearman under 0.8. A 10% predicted gap between
   two layouts is within the noise.
 - No layout that ran says `oom` for our program now; three did, and each closed by holding less
   in the entrypoints, not by pricing less:
@@ -1653,6 +1698,11 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   (scripts/fp8_cast_bytes.py), one block without TP or FSDP: the graphs are the GPU's, Triton's
   fusion may differ, and a GPU run has not timed them. Transformer Engine's casts are counted
   from its source, not measured.
+- Transformer Engine's userbuffers overlap is priced from its source and the runs' configs, not
+  from a timing: a copy-engine ring step is taken to cost its GEMM nothing, a kernel on `num_sm`
+  SMs to take that share of the GEMM's 132 and to move bytes at the link's full rate however few
+  SMs it has, and the final sum of a ring reduce-scatter's chunks is left out. NeMo's pipelined
+  reduce-scatters are split in 4 chunks, priced with the GEMM efficiency of t chunks.
 - Overlap is a fixed fraction per collective, not a schedule; the pipeline's stages are taken as
   equal but for the last one's output layer and the ranks with the most layers; PP send/recv is
   hidden only under Megatron's overlap_p2p_comm with an interleaved schedule (`p2p_overlap`,

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, field, fields
 from functools import cache
 from math import ceil
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from launcher import catalog
@@ -49,6 +50,7 @@ from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
 from launcher.plan.host_cpu import cpu_step_seconds
 from launcher.plan.modes import AC_RECOMPUTE, mode
+from launcher.plan.userbuffers import userbuffers_config
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
 
@@ -254,10 +256,12 @@ class Constants:
     reduce_dtype=fp32 unless the recipe says bf16)."""
 
     tp_overlap_interference: float = 0.53
-    """Overlapped TP (Workload.tp_overlap): the fraction of each hidden collective piece's time the
+    """torch's async TP (Workload.tp_overlap "async") and regathers issued async beside a GEMM
+    (regather_overlap, outside userbuffers): the fraction of each hidden collective piece's time the
     step still pays, since the copy and the GEMM beside it share SMs and HBM. Fitted to the vanilla
     and async TP pairs of torchtitan's Llama 3.1 8B rows (benchmarks/asyncTP_llama3_h100_2025-06_
-    torchtitan.md): scripts/planner_calibration.py prints the fit; the 70B pairs check it."""
+    torchtitan.md): scripts/planner_calibration.py prints the fit; the 70B pairs check it.
+    Transformer Engine's userbuffers is priced from its own configs instead (launcher/plan/userbuffers.py)."""
 
     cp_overlap: float = 0.0
     """The K/V all-gather (or Ulysses' all-to-alls) must finish before attention starts, and the
@@ -540,6 +544,7 @@ _VARIANT_FIELDS = ("activation_checkpointing", "grad_accumulation")
 """What `_Step.switch` changes: the Workload fields a step reads only through `w`, `recompute` and
 `accumulation`."""
 _FAMILY_FIELDS = tuple(f.name for f in fields(Workload) if f.name not in (*_VARIANT_FIELDS, "arch"))
+_family_fields = attrgetter(*_FAMILY_FIELDS)  # one C call for the planner's 100,000 keys
 
 
 class _Machine:
@@ -578,7 +583,7 @@ class _Machine:
         the workloads outlive this machine's call)."""
         # The context-parallel path follows the checkpointing (contract.layout.cp_attention_for):
         # members that resolve `auto` differently are priced apart.
-        key = (id(workload.arch), workload.cp_attention_path, *[getattr(workload, name) for name in _FAMILY_FIELDS])
+        key = (id(workload.arch), workload.cp_attention_path, _family_fields(workload))
         steps = self.steps.get(key)
         if steps is None:
             ranks = _slowest_rank_candidates(workload)
@@ -1153,7 +1158,8 @@ def tensor_parallel_time(step: _Step) -> float:
     loss = 2 * collective
     regathers = _regathered_inputs(step)
     if _overlapped_tp(step):
-        return step.layers * _overlapped_tp_layer(step, gather, collective, regathers) + loss
+        layer = _userbuffers_tp_layer if step.w.tp_overlap == "userbuffers" else _overlapped_tp_layer
+        return step.layers * layer(step, gather, collective, regathers) + loss
     # The entrypoints' DTensor sequence parallel: every collective sits between dependent matmuls.
     per_layer = (2 * gather + 2 * collective) * (1 + step.recompute) + 4 * collective
     return step.layers * (per_layer + regathers * _regather_exposed(step, gather)) + loss
@@ -1184,24 +1190,20 @@ def _regathered_inputs(step: _Step) -> float:
 
 
 def _overlapped_tp_layer(step: _Step, gather: float, collective: float, regathers: float) -> float:
-    """One block's exposed TP collectives when each is cut into t pieces that run beside t pieces
-    of the GEMM next to it: torch's async TP (`_fused_all_gather_matmul` and
+    """One block's exposed TP collectives under torch's async TP, each cut into t pieces that run
+    beside t pieces of the GEMM next to it (`_fused_all_gather_matmul` and
     `_fused_matmul_reduce_scatter`, torch/distributed/_symmetric_memory/__init__.py, which
-    torch.compile's micro-pipeline TP pass inserts) and Transformer Engine's userbuffers
-    ring-exchange overlap (Megatron's tp_comm_overlap). One piece waits on no GEMM (the first
+    torch.compile's micro-pipeline TP pass inserts). One piece waits on no GEMM (the first
     gathered or the last reduced); the other t - 1 hide as long as the GEMM beside them lasts,
     at `tp_overlap_interference` of their time.
 
     Forward (and a recomputed forward): the all-gathers before wq/wk/wv and w1/w3, the
     reduce-scatters after wo and w2, each beside that forward GEMM. Backward, as large: the
     output gradient's all-gather beside wo's and w2's input-gradient GEMMs, and the input
-    gradient's reduce-scatter beside wq/wk/wv's and w1/w3's input-gradient GEMMs (async TP) or
-    their weight-gradient GEMMs (userbuffers' bulk overlap). Under tp_saved_inputs shard the
-    inputs' all-gathers again in backward run beside wq/wk/wv's and w1/w3's input-gradient GEMMs
-    (Transformer Engine's layernorm_linear.py: "overlapped with dgrad GEMM"). Which GEMMs run in
-    pieces, on rows / t at a time, is `_CHUNKED_ROLES`."""
+    gradient's reduce-scatter beside wq/wk/wv's and w1/w3's input-gradient GEMMs. Which GEMMs
+    run in pieces, on rows / t at a time, is `_CHUNKED_ROLES`."""
     t = step.t
-    (qkv, qkv_grad, qkv_wgrad), (wo, wo_grad, _), (fc1, fc1_grad, fc1_wgrad), (fc2, fc2_grad, _) = _tp_gemm_roles(step)
+    (qkv, qkv_grad, _), (wo, wo_grad, _), (fc1, fc1_grad, _), (fc2, fc2_grad, _) = _tp_gemm_roles(step)
     interference = step.k.tp_overlap_interference
 
     def exposed(comm: float, gemm: float) -> float:
@@ -1209,10 +1211,38 @@ def _overlapped_tp_layer(step: _Step, gather: float, collective: float, regather
         return comm - hidden * (1 - interference)
 
     regather = regathers * _regather_exposed(step, gather)
-    if step.w.tp_overlap == "userbuffers":
-        qkv_grad, fc1_grad = qkv_wgrad, fc1_wgrad
     forward = exposed(gather, qkv) + exposed(collective, wo) + exposed(gather, fc1) + exposed(collective, fc2)
     backward = sum(exposed(collective, gemm) for gemm in (qkv_grad, wo_grad, fc1_grad, fc2_grad))
+    return forward * (1 + step.recompute) + backward + regather
+
+
+def _userbuffers_tp_layer(step: _Step, gather: float, collective: float, regathers: float) -> float:
+    """One block's TP collectives under Transformer Engine's userbuffers (Megatron's
+    tp_comm_overlap), each priced by the method and SMs of `Workload.userbuffers`'s config
+    (launcher/plan/userbuffers.py). Forward (and a recomputed forward): the all-gathers before
+    qkv and fc1, the reduce-scatters after proj and fc2, beside those GEMMs run in chunks.
+    Backward: the output gradient's all-gathers beside proj's and fc2's input gradient (in
+    chunks), the input gradient's reduce-scatters beside qkv's and fc1's weight gradient (bulk),
+    and under tp_saved_inputs shard the saved inputs' all-gathers beside qkv's and fc1's input
+    gradient (bulk: TE's layernorm_linear.py, "overlapped with dgrad GEMM")."""
+    ub, t = userbuffers_config(step.w.userbuffers), step.t
+    (qkv, qkv_dgrad, qkv_wgrad), (proj, proj_dgrad, _), (fc1, fc1_dgrad, fc1_wgrad), (fc2, fc2_dgrad, _) = (
+        _tp_gemm_roles(step)
+    )
+    forward = (
+        ub.qkv_fprop.exposed(gather, qkv, t)
+        + ub.proj_fprop.exposed(collective, proj, t)
+        + ub.fc1_fprop.exposed(gather, fc1, t)
+        + ub.fc2_fprop.exposed(collective, fc2, t)
+    )
+    backward = (
+        ub.proj_dgrad.exposed(gather, proj_dgrad, t)
+        + ub.fc2_dgrad.exposed(gather, fc2_dgrad, t)
+        + ub.qkv_wgrad.exposed(collective, qkv_wgrad, t)
+        + ub.fc1_wgrad.exposed(collective, fc1_wgrad, t)
+    )
+    # `regathers` counts both inputs' all-gathers (averaged over kept and checkpointed blocks)
+    regather = regathers / 2 * (ub.qkv_dgrad.exposed(gather, qkv_dgrad, t) + ub.fc1_dgrad.exposed(gather, fc1_dgrad, t))
     return forward * (1 + step.recompute) + backward + regather
 
 

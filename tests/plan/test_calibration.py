@@ -128,6 +128,16 @@ BAD_ROWS = [
         "unit: tokens/s/GPU, recompute_core_attention: yes please}",
         r"point 1: .*recompute_core_attention.* must be true or false",
     ),
+    (
+        "unit: tokens/s/GPU}",
+        "unit: tokens/s/GPU, userbuffers: ub_cfg_h100_h9999}",
+        r"point 1: userbuffers 'ub_cfg_h100_h9999' is not one of te_defaults, nemo_h6144",
+    ),
+    (
+        "unit: tokens/s/GPU}",
+        "unit: tokens/s/GPU, tp_comm_overlap: true, userbuffers: te_defaults}",
+        r"point 1: userbuffers 'te_defaults' needs tp_comm_overlap and the source's userbuffers_evidence",
+    ),
 ]
 
 
@@ -282,3 +292,24 @@ def test_megatron_and_torchtitan_rows_keep_their_logits_and_the_megatron_8b_row_
         assert workload.logits_materialized == ("Llama 3 Herd" not in point.source), point.source
         expected = 5 if "Megatron-Bridge" in point.source and point.model == "llama3-8b" else 0
         assert workload.recompute_layers == expected, point
+
+
+def test_megatron_rows_overlap_tp_with_the_userbuffers_config_their_runs_named(calibration):
+    """Each NeMo and Megatron-Bridge row with tp_comm_overlap is priced with the TE config its run
+    named (docs/published_benchmark.yaml's userbuffers_evidence), TE's defaults where it named none."""
+    _, published = calibration.load_benchmark()
+    named = {
+        (p.model, p.source.split(",")[0]): calibration.workload_of(p).userbuffers
+        for p in published
+        if p.tp_overlap == "userbuffers"
+    }
+    assert named == {
+        ("gpt3-20b", "NeMo performance summary"): "nemo_h6144_tp2_mbs2_seqlen2048",
+        ("llama2-70b", "NeMo performance summary"): "nemo_h8192_tp4_mbs1_seqlen4096",
+        ("llama3-70b", "NeMo performance summary"): "nemo_h8192_tp4_mbs1_seqlen8192",
+        ("nemotron-8b", "NeMo performance summary"): "te_defaults",
+        ("nemotron-22b", "NeMo performance summary"): "te_defaults",
+        ("nemotron-340b", "NeMo performance summary"): "te_defaults",
+        ("llama3-70b", "Megatron-Bridge performance summaries"): "bridge_fp8_h100_h8192_tp4_mbs1_seqlen8192",
+        ("llama3.1-405b", "Megatron-Bridge performance summaries"): "bridge_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192",
+    }

@@ -20,6 +20,7 @@ from launcher.plan.throughput import (
     predict,
     predict_many,
 )
+from launcher.plan.userbuffers import USERBUFFERS, Overlap, UserbuffersConfig
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import hardware_for
 from tests import REPO, load_script
@@ -301,6 +302,54 @@ def test_overlapped_tensor_parallel_runs_its_gemms_in_t_pieces():
     )
     assert plain < te < torch_async
     assert torch_async > 1.05 * plain
+
+
+@pytest.mark.parametrize(
+    "overlap, comm, gemm, exposed",
+    [
+        # Ring exchange: t - 1 copy-engine steps, each beside the GEMM chunk before the one that needs it.
+        (Overlap("ring_exchange", num_sm=1), 1.0, 2.0, 0.0),
+        (Overlap("ring_exchange", num_sm=1), 1.0, 0.4, 1.0 - 0.4 * 3 / 4),
+        # ... and with set_sm_margin the GEMM runs on the other 131 SMs.
+        (Overlap("ring_exchange", num_sm=1, sm_margin=True), 1.0, 2.0, 2.0 / 131),
+        # Pipelined on 24 SMs held from the GEMM: the GEMM runs 132 / 108 as long, the last of 4 chunks waits.
+        (Overlap("pipeline", num_sm=24, sm_margin=True), 1.0, 4.0, 1 / 4 + 4.0 * 24 / 108),
+        # TE's default pipeline shares 16 SMs with the GEMM while it runs.
+        (Overlap("pipeline", num_sm=16), 1.0, 4.0, 1 / 4 + 1.0 * 16 / 132),
+        # Bulk: the whole collective beside the whole GEMM on 24 of its SMs; what outlasts the GEMM shows.
+        (Overlap("bulk", num_sm=24), 1.0, 4.0, 24 / 132),
+        (Overlap("bulk", num_sm=16), 3.0, 2.0, 1.0 + 2.0 * 16 / 132),
+    ],
+)
+def test_each_userbuffers_method_costs_what_te_runs(overlap, comm, gemm, exposed):
+    assert overlap.exposed(comm, gemm, t=4) == pytest.approx(exposed)
+
+
+def test_a_userbuffers_config_of_unknown_method_or_name_is_refused():
+    with pytest.raises(ValueError, match=r"^userbuffers method 'atomic': use one of ring_exchange, pipeline, bulk$"):
+        Overlap("atomic")
+    with pytest.raises(ValueError, match=r"^userbuffers num_sm 132: use 1 to 131$"):
+        Overlap("bulk", num_sm=132)
+    with pytest.raises(ValueError, match=r"^userbuffers config 'mine' is not known; use one of te_defaults, "):
+        run(LLAMA70B, Layout(tensor=4, data_shard=2), tp_overlap="userbuffers", userbuffers="mine")
+
+
+def test_userbuffers_ring_exchanges_beside_longer_gemms_leave_only_the_loss_gathers(monkeypatch):
+    # A block whose ten collectives all ring-exchange on the copy engines, beside GEMMs that outlast
+    # them (70B at 16K tokens over TP 4), adds no TP time of its own: what remains is the loss's
+    # two all-gathers of the sequence, which no GEMM hides.
+    ring = Overlap("ring_exchange", num_sm=1)
+    every_ring = UserbuffersConfig("test", *(ring,) * 10)
+    monkeypatch.setitem(USERBUFFERS, "every_ring", every_ring)
+    layout = Layout(tensor=4, data_shard=2)
+    plain = run(LLAMA70B, layout, seq_len=16384).breakdown["tensor_parallel"]
+    collective = plain / (LLAMA70B.num_layers * 8 + 2)  # 8 per block, as in the test above, and the loss's 2
+    te = run(LLAMA70B, layout, seq_len=16384, tp_overlap="userbuffers", userbuffers="every_ring")
+    assert te.breakdown["tensor_parallel"] == pytest.approx(2 * collective)
+    # NeMo's pipelined reduce-scatters hold 24 and 16 SMs from proj's and fc2's GEMMs, and its bulk
+    # pairs share SMs: dearer, yet cheaper than the same collectives left waiting.
+    nemo = run(LLAMA70B, layout, seq_len=16384, tp_overlap="userbuffers", userbuffers="nemo_h8192_tp4_mbs1_seqlen4096")
+    assert te.breakdown["tensor_parallel"] < nemo.breakdown["tensor_parallel"] < plain
 
 
 def test_megatron_p2p_overlap_hides_sends_behind_chunks_of_the_interleaved_schedule_only():
