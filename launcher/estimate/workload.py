@@ -43,9 +43,7 @@ class Workload:
     # Planner-only: what published systems run and the entrypoints do not, so a recipe cannot set
     # them (launcher/plan/throughput.py prices them; docs/planner.md).
     tp_overlap: str = "none"  # TP collectives in t pieces beside their GEMMs: async (torch), userbuffers (TE)
-    userbuffers: str = (
-        "te_defaults"  # under tp_overlap userbuffers, TE's per-GEMM config (launcher/plan/userbuffers.py)
-    )
+    userbuffers: str = "te_defaults"  # under userbuffers, TE's config by name (launcher/plan/userbuffers.py)
     p2p_overlap: bool = False  # pipeline sends/recvs beside the next chunk's compute: Megatron's overlap_p2p_comm
     cp_ring: bool = False  # CP as Transformer Engine's p2p ring: K/V (and dK/dV) steps beside attention (planner-only)
     # MoE tokens sent once to each other node that holds any of their experts and fanned out there

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOPPER_SMS = 132
-"""Streaming multiprocessors of an H100 SXM5 (and an H200): NVIDIA H100 Tensor Core GPU
-Architecture whitepaper, table 3. The published userbuffers rows ran on DGX H100s."""
+"""Streaming multiprocessors of an H100 SXM5 (and an H200), as the NVIDIA H100 Tensor Core GPU
+Architecture whitepaper gives them. The published userbuffers rows ran on DGX H100s."""
 
 METHODS = ("ring_exchange", "pipeline", "bulk")
 
