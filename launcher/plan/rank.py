@@ -78,17 +78,18 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
         raise UsageError(f"--top {top}: use 1 or more")
     started = time.perf_counter()
     budget = resolve_budget(recipe, gpus=options.gpus, instances=options.instances, instance_type=options.instance_type)
-    scored = score_layouts(
-        recipe, budget, vary_fp8=options.vary_fp8, constants=constants, vary_accumulation=options.vary_accumulation
+    workloads = candidate_workloads(
+        recipe, budget, vary_fp8=options.vary_fp8, vary_accumulation=options.vary_accumulation
     )
-    if not scored:
+    if not workloads:
         training = recipe.training
         raise UsageError(
             f"no parallel layout of {recipe.model_name} is valid on {budget}: training.global_batch_size "
             f"{training.global_batch_size} must be a multiple of the data-parallel size and training.seq_len "
             f"{training.seq_len} of 2 x context x tensor; change them or the GPU count"
         )
-    scored = _held(scored, options.fixed, budget)
+    # Held degrees first: only the candidates that keep them are priced.
+    scored = score(_held(workloads, options.fixed, budget), budget, constants=constants)
     scored.sort(key=Scored.sort_key)
 
     found = first_that_fit(scored, budget, top=top, threshold=threshold)
@@ -114,15 +115,15 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
     )
 
 
-def _held(scored: list[Scored], fixed: tuple[tuple[str, int], ...], budget: Hardware) -> list[Scored]:
+def _held(workloads: list[Workload], fixed: tuple[tuple[str, int], ...], budget: Hardware) -> list[Workload]:
     """The candidates whose layout has every degree `fixed` holds."""
     if not fixed:
-        return scored
+        return workloads
     degrees = {f.name for f in fields(Layout)}
     for name, _ in fixed:
         if name not in degrees:
             raise UsageError(f"cannot hold {name!r} in a search: valid: {', '.join(sorted(degrees))}")
-    held = [item for item in scored if all(getattr(item.workload.layout, n) == v for n, v in fixed)]
+    held = [w for w in workloads if all(getattr(w.layout, n) == v for n, v in fixed)]
     if not held:
         wanted = ", ".join(f"{n}={v}" for n, v in fixed)
         raise UsageError(f"no valid layout on {budget} has {wanted}")
@@ -182,16 +183,8 @@ def accumulation_modes(shape: Shape, *, vary: bool) -> tuple[str | None, ...]:
     return GRAD_ACCUMULATION_MODES
 
 
-def score_layouts(
-    recipe: Recipe,
-    budget: Hardware,
-    *,
-    vary_fp8: bool = False,
-    constants: Constants = CONSTANTS,
-    vary_accumulation: bool = True,
-) -> list[Scored]:
-    """Every candidate workload with its predicted speed, unsorted."""
-    workloads = candidate_workloads(recipe, budget, vary_fp8=vary_fp8, vary_accumulation=vary_accumulation)
+def score(workloads: list[Workload], budget: Hardware, *, constants: Constants = CONSTANTS) -> list[Scored]:
+    """Each candidate workload with its predicted speed, unsorted."""
     speeds = predict_many(workloads, budget, constants=constants)
     return [Scored(workload, speed) for workload, speed in zip(workloads, speeds, strict=True)]
 
