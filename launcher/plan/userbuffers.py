@@ -19,7 +19,9 @@ Sources: TransformerEngine v1.8 (the NeMo 24.07 container's), transformer_engine
 initialize_ub (the default methods, num_sm 16 and set_sm_margin 0 where a config names none),
 transformer_engine/pytorch/csrc/comm_gemm_overlap.h (bulk_overlap, split_overlap_rs,
 split_overlap_ag: `_math_sms` is the SM count less num_sm under set_sm_margin) and
-csrc/userbuffers/userbuffers.cu (userbuffers_send); the configs' own files, cited per config.
+csrc/userbuffers/userbuffers.cu (userbuffers_send); the same defaults and copy-engine sends at
+d0067d0d (module/base.py, common/comm_gemm_overlap/userbuffers/userbuffers.cu), the TE 2.x that
+Megatron-Bridge's containers run; the configs' own files, cited per config.
 """
 
 from __future__ import annotations
