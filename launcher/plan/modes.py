@@ -37,7 +37,11 @@ sync_last_gathered (Recipe.grad_accumulation)."""
 def mode(workload: Workload, name: str) -> str:
     """The concrete `name` mode the throughput model prices for `workload` (see above)."""
     if name == "cp_attention":
-        path = workload.cp_attention_path
-        return "zigzag_sdpa" if path == "allgather" and workload.document_masking else path
+        return priced_cp_attention(workload.cp_attention_path, document_masking=workload.document_masking)
     value = getattr(workload, name)
     return "sync_each" if name == "grad_accumulation" and value == "auto" else value
+
+
+def priced_cp_attention(path: str, *, document_masking: bool) -> str:
+    """The CP kernel priced for a layout's concrete path (`Workload.cp_attention_path`)."""
+    return "zigzag_sdpa" if path == "allgather" and document_masking else path

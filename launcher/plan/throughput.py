@@ -49,7 +49,7 @@ from launcher.contract.loss import chunk_tokens
 from launcher.errors import UsageError
 from launcher.estimate.workload import Workload
 from launcher.plan.host_cpu import cpu_step_seconds
-from launcher.plan.modes import AC_RECOMPUTE, mode
+from launcher.plan.modes import AC_RECOMPUTE, mode, priced_cp_attention
 from launcher.plan.userbuffers import userbuffers_config
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
@@ -458,13 +458,14 @@ def predict_many(
 
 def _predict(workload: Workload, machine: _Machine) -> Throughput:
     """The step of the slowest rank that can be the slowest (the first of equals)."""
-    slowest = None
+    slowest, longest = None, -1.0
     for step in machine.steps_for(workload):
         breakdown = _rank_breakdown(step)
-        if slowest is None or sum(breakdown.values()) > sum(slowest[1].values()):
-            slowest = step, breakdown
+        step_s = sum(breakdown.values())
+        if step_s > longest:
+            slowest, longest = (step, breakdown), step_s
     assert slowest is not None
-    return _throughput(*slowest)
+    return _throughput(*slowest, longest)
 
 
 def _predict_host_cpu(workload: Workload, hardware: Hardware) -> Throughput:
@@ -503,13 +504,9 @@ def _slowest_rank_candidates(workload: Workload) -> list[int]:
 
 def _rank_breakdown(step: _Step) -> dict[str, float]:
     """The step's seconds by BREAKDOWN term if every pipeline rank were as slow as `step`'s."""
-    workload = step.w
-    compute = compute_time(step)
-    tp_mb = tensor_parallel_time(step)
-    cp_mb = context_parallel_time(step)
-    ep_mb = expert_parallel_time(step)
+    workload, family = step.w, step.family_terms()
+    compute, tp_mb, cp_mb, ep_mb, p2p_mb = step.micro_batch_terms()
     fsdp_mb, fsdp_step = fsdp_time(step, compute.total)
-    p2p_mb = pipeline_p2p_time(step)
     micro_batch_s = compute.total + tp_mb + cp_mb + ep_mb + fsdp_mb + p2p_mb
     m = workload.grad_accum_steps
     return {
@@ -523,8 +520,8 @@ def _rank_breakdown(step: _Step) -> dict[str, float]:
         "fsdp": m * fsdp_mb + fsdp_step,
         "pipeline_p2p": m * p2p_mb,
         "pipeline_bubble": pipeline_bubble_time(step, micro_batch_s),
-        "data_replicate": data_replicate_time(step),
-        "optimizer": optimizer_time(step),
+        "data_replicate": family.data_replicate,
+        "optimizer": family.optimizer,
         "host_overhead": 0.0,  # a GPU's kernels run behind the host's launches (host CPUs: _predict_host_cpu)
     }
 
@@ -583,14 +580,15 @@ class _Machine:
         the workloads outlive this machine's call)."""
         # The context-parallel path follows the checkpointing (contract.layout.cp_attention_for):
         # members that resolve `auto` differently are priced apart.
-        key = (id(workload.arch), workload.cp_attention_path, _family_fields(workload))
+        cp_path = workload.cp_attention_path
+        key = (id(workload.arch), cp_path, _family_fields(workload))
         steps = self.steps.get(key)
         if steps is None:
             ranks = _slowest_rank_candidates(workload)
             steps = self.steps[key] = [_Step(workload, self.hardware, self.k, rank, machine=self) for rank in ranks]
         else:
             for step in steps:
-                step.switch(workload)
+                step.switch(workload, cp_path)
         return steps
 
 
@@ -602,7 +600,7 @@ class _Step:
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
         "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
         "accumulation", "grad_bytes", "cp_attention", "machine", "moe", "ep", "copies", "state_params", "active_f",
-        "fp8_experts", "expert_rows", "expert_block_params",
+        "fp8_experts", "expert_rows", "expert_block_params", "family", "by_recompute",
     )  # fmt: skip
 
     def __init__(
@@ -625,6 +623,8 @@ class _Step:
         rank = layout.pipeline - 1 if rank is None else rank
         self.layers = rank_layers(arch.num_layers, layout, rank)
         self.has_output = rank == layout.pipeline - 1
+        self.family: _FamilyTerms | None = None
+        self.by_recompute: dict[float, _MicroBatchTerms] = {}
         self.switch(workload)
         fp8, fp8_recipe = workload.fp8 and accelerator.has_fp8, workload.fp8_recipe
         self.fp8 = fp8
@@ -636,7 +636,6 @@ class _Step:
         self.gpus_per_node, self.usd_per_hour = machine.gpus_per_node, machine.usd_per_hour
         self.node_network, self.inter = machine.node_network, machine.inter
         self.grad_bytes = k.fsdp_grad_bytes[mode(workload, "reduce_dtype")]
-        self.cp_attention = mode(workload, "cp_attention")
         h, q, kv, f = self.h, self.q, self.kv, self.f
         small = 2 * h + arch.attention_extra_params()  # norms (QK-norms), attention biases
         self.moe, self.ep = arch.moe, layout.expert
@@ -673,16 +672,44 @@ class _Step:
         self.active_f = moe.active_ffn_width()
         self.f = 0
 
-    def switch(self, workload: Workload) -> None:
+    def switch(self, workload: Workload, cp_path: str | None = None) -> None:
         """Make this the step of `workload`, which may differ from the one it was built for only in
-        `_VARIANT_FIELDS`: every other field reads the same."""
+        `_VARIANT_FIELDS`: every other field reads the same (`family_terms` too). `cp_path`:
+        `workload.cp_attention_path`, where the caller has it."""
         self.w = workload
         self.recompute = AC_RECOMPUTE[workload.activation_checkpointing]
         if workload.recompute_layers:  # k of each virtual stage's layers (Workload.recompute_layers)
             block = min(1.0, workload.recompute_layers * self.v / self.layers) if self.layers else 0.0
             self.recompute = max(self.recompute, block)
         self.accumulation = mode(workload, "grad_accumulation")
-        self.cp_attention = mode(workload, "cp_attention")
+        path = workload.cp_attention_path if cp_path is None else cp_path
+        self.cp_attention = priced_cp_attention(path, document_masking=workload.document_masking)
+
+    def micro_batch_terms(self) -> _MicroBatchTerms:
+        """One micro-batch's compute and the collectives FSDP's are not: of the family, they
+        change only with the share recomputed, so members that differ in accumulation alone
+        share them."""
+        terms = self.by_recompute.get(self.recompute)
+        if terms is None:
+            terms = self.by_recompute[self.recompute] = _MicroBatchTerms(
+                compute_time(self),
+                tensor_parallel_time(self),
+                context_parallel_time(self),
+                expert_parallel_time(self),
+                pipeline_p2p_time(self),
+            )
+        return terms
+
+    def family_terms(self) -> _FamilyTerms:
+        """The terms that read nothing `switch` changes, worked out once for the whole family."""
+        terms = self.family
+        if terms is None:
+            w = self.w
+            flops = _model_flops(self.h, self.q, self.kv, self.active_f, w.arch.num_layers, self.vocab, w.seq_len, 6)
+            terms = self.family = _FamilyTerms(
+                fsdp_traffic(self), data_replicate_time(self), optimizer_time(self), flops
+            )
+        return terms
 
     def link(self, stride: int, size: int) -> tuple[float, float]:
         """(bus bandwidth, latency) of a collective over `size` ranks `stride` apart in the mesh.
@@ -744,6 +771,25 @@ class _Step:
     def _within_node(self, stride: int, size: int) -> bool:
         g = self.gpus_per_node
         return bool(self.intra) and stride * size <= g and g % (stride * size) == 0
+
+
+class _FamilyTerms(NamedTuple):
+    """A step's terms that its family's members share (`_Step.family_terms`)."""
+
+    fsdp: _FsdpTraffic
+    data_replicate: float  # seconds per step
+    optimizer: float  # seconds per step
+    model_flops_per_token: float  # model_flops_per_token(arch, seq_len, causal=True)
+
+
+class _MicroBatchTerms(NamedTuple):
+    """Seconds of one micro-batch by kind, but FSDP's (`_Step.micro_batch_terms`)."""
+
+    compute: _Compute
+    tensor_parallel: float
+    context_parallel: float
+    expert_parallel: float
+    pipeline_p2p: float
 
 
 class _Compute(NamedTuple):
@@ -1342,7 +1388,7 @@ def fsdp_time(step: _Step, compute_mb: float) -> tuple[float, float]:
     compute; the first block's gather of each gathering micro-batch is always exposed."""
     if step.shard == 1:
         return 0.0, 0.0
-    traffic, hidden = fsdp_traffic(step), step.k.fsdp_overlap * compute_mb
+    traffic, hidden = step.family_terms().fsdp, step.k.fsdp_overlap * compute_mb
     gather = traffic.block_gather + traffic.root_gather
     if step.p > 1:
         if step.accumulation == "sync_each":
@@ -1414,14 +1460,13 @@ def optimizer_time(step: _Step) -> float:
     return per_param * shard_params / step.hbm
 
 
-def _throughput(step: _Step, breakdown: dict[str, float]) -> Throughput:
+def _throughput(step: _Step, breakdown: dict[str, float], step_s: float) -> Throughput:
+    """`step_s`: the sum of `breakdown`."""
     w, layout = step.w, step.w.layout
-    step_s = sum(breakdown.values())
     world = layout.world_size
     tokens_per_step = w.tokens_per_step
     tokens_per_s_per_gpu = tokens_per_step / step_s / world
-    # model_flops_per_token(w.arch, w.seq_len, causal=True), from the shapes the step already read
-    flops_per_token = _model_flops(step.h, step.q, step.kv, step.active_f, w.arch.num_layers, step.vocab, w.seq_len, 6)
+    flops_per_token = step.family_terms().model_flops_per_token
     instances = ceil(world / step.gpus_per_node)
     return Throughput(
         tokens_per_s_per_gpu=tokens_per_s_per_gpu,

@@ -554,8 +554,9 @@ def test_a_hand_built_arch_without_a_catalog_entry_predicts():
     ],
 )
 def test_predicting_every_candidate_at_once_gives_each_ones_own_prediction(path, changes, vary_fp8):
-    # predict_many shares rates, links, layer terms and steps between candidates; nothing it gives
-    # may differ from predicting each candidate alone, in any order.
+    # predict_many shares rates, links, layer terms and steps between candidates, and within a
+    # step the terms of its family and of each recomputed share; nothing it gives may differ from
+    # predicting each candidate alone, in any order.
     recipe = Recipe.load(RECIPES / path).with_changes(changes)
     candidates = candidate_workloads(recipe, recipe.hardware, vary_fp8=vary_fp8)
     assert len({w.activation_checkpointing for w in candidates}) == 3
