@@ -4,8 +4,10 @@ Throughput is pure arithmetic and cheap, so every candidate is scored first and 
 then estimated in that order, only until `top` layouts fit: the k-th layout that fits in speed
 order is exactly the k-th best fitting layout, without estimating the slow tail. Memory only grows
 with the micro batch, shrinks with more recomputation and with a larger FSDP shard (the rest of
-the data-parallel ranks being HSDP replicas), so once a layout fails, the same degrees with a
-larger micro batch, less recomputation or fewer shards are skipped without another estimate.
+the data-parallel ranks being HSDP replicas), grows from sync_each to sync_last to
+sync_last_gathered and is less where sequence parallel keeps the shard of its gathered inputs; so
+once a layout fails, the same degrees that hold at least as much on every one of those axes are
+skipped without another estimate.
 
 The OOM suggestion (`launcher.plan.suggest`) runs this same search in another order.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 from launcher.contract.layout import Layout
 from launcher.errors import UsageError
@@ -205,30 +208,21 @@ def first_that_fit(
 ) -> Fitting:
     """The first `top` of `scored` (in its order) that fit, with their estimates."""
     fitting: list[tuple[Scored, MemoryEstimate]] = []
-    failed: dict[tuple, list[tuple[int, int, float]]] = {}
+    failed: dict[tuple, list[_Heavier]] = {}
     estimated = too_big = faster_than_best = 0
     rejected: list[Workload] = []  # estimated and too big: measured whole only if none fits
     for item in scored:
         workload = item.workload
         layout = workload.layout
-        key = (
-            layout.tensor,
-            layout.context,
-            layout.pipeline,
-            layout.virtual_stages,
-            workload.fp8,
-            run_mode(workload, "grad_accumulation"),
-            workload.tp_saved_inputs,
-        )
-        shard, b = layout.data_shard, workload.micro_batch_size
-        recompute = AC_RECOMPUTE[workload.activation_checkpointing]
-        if any(shard <= s0 and b >= b0 and recompute <= r0 for s0, b0, r0 in failed.get(key, ())):
+        key = (layout.tensor, layout.context, layout.pipeline, layout.virtual_stages, workload.fp8)
+        heavier = _Heavier.of(workload)
+        if any(heavier.at_least(failure) for failure in failed.get(key, ())):
             too_big += 1
             continue
         estimate = estimate_if_fits(workload, budget, mode=mode, threshold=threshold)
         estimated += 1
         if estimate is None:
-            failed.setdefault(key, []).append((shard, b, recompute))
+            failed.setdefault(key, []).append(heavier)
             too_big += 1
             rejected.append(workload)
             continue
@@ -239,6 +233,39 @@ def first_that_fit(
             break
     closest = None if fitting else _smallest(rejected, budget, mode, threshold)
     return Fitting(fitting, estimated, too_big, faster_than_best if fitting else too_big, closest)
+
+
+class _Heavier(NamedTuple):
+    """Where a workload sits on each axis its memory only grows along, the other degrees equal
+    (the module's docstring): fewer FSDP shards, a larger micro batch, less recomputation, an
+    accumulation mode that keeps more (GRAD_ACCUMULATION_MODES, `auto` as sync_each, the least it
+    can pick), and sequence parallel keeping its gathered inputs rather than their shard."""
+
+    shard: int
+    micro_batch: int
+    recompute: float
+    accumulation: int
+    saved_inputs: int
+
+    @classmethod
+    def of(cls, workload: Workload) -> _Heavier:
+        return cls(
+            workload.layout.data_shard,
+            workload.micro_batch_size,
+            AC_RECOMPUTE[workload.activation_checkpointing],
+            GRAD_ACCUMULATION_MODES.index(run_mode(workload, "grad_accumulation")),
+            TP_SAVED_INPUTS.index(workload.tp_saved_inputs),
+        )
+
+    def at_least(self, other: _Heavier) -> bool:
+        """Whether this holds at least as much memory as `other` on every axis."""
+        return (
+            self.shard <= other.shard
+            and self.micro_batch >= other.micro_batch
+            and self.recompute <= other.recompute
+            and self.accumulation >= other.accumulation
+            and self.saved_inputs <= other.saved_inputs
+        )
 
 
 def _smallest(workloads: list[Workload], budget: Hardware, mode: Mode, threshold: float) -> MemoryEstimate | None:
