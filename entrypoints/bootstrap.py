@@ -279,11 +279,20 @@ class Torchrun:
 
     def __init__(self, argv: list[str], error_file: str, environment: Mapping[str, str]):
         env = {**os.environ, **environment, "TORCHELASTIC_ERROR_FILE": error_file}
-        # Its own session: a signal to this script's process group reaches torchrun only through
-        # `forward`, once. A second SIGTERM while torchrun waits for its workers cuts that wait short.
-        self.process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.signalled: int | None = None
+        self.process: subprocess.Popen | None = None
+        self._forwarded = False
+        # The handlers come first: a SIGTERM that found the default action once torchrun had
+        # started would end this script alone and leave torchrun, in a session of its own, running
+        # with nobody to pass it on.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.forward)
+        # Its own session: a signal to this script's process group reaches torchrun only through
+        # `forward`, once.
+        self.process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
+        if self.signalled is not None and not self._forwarded:  # it came while torchrun started
+            self._send(self.signalled)
         self._relay = threading.Thread(target=self._relay_stderr, daemon=True)
         self._relay.start()
 
@@ -295,14 +304,21 @@ class Torchrun:
             self.tail.append(line.decode(errors="replace").rstrip("\n"))
 
     def forward(self, signum: int, _frame=None) -> None:
-        if self.signalled is None and self.process.poll() is None:
-            self.signalled = signum
-            print(f"bootstrap: got {signal.Signals(signum).name}; passing it to torchrun", file=sys.stderr, flush=True)
-            self.process.send_signal(signum)
+        """The first SIGTERM or SIGINT, passed on to torchrun (once it has started)."""
+        if self.signalled is not None or (self.process is not None and self.process.poll() is not None):
+            return
+        self.signalled = signum
+        print(f"bootstrap: got {signal.Signals(signum).name}; passing it to torchrun", file=sys.stderr, flush=True)
+        if self.process is not None:
+            self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        self._forwarded = True
+        assert self.process is not None
+        self.process.send_signal(signum)
 
     def wait(self) -> int:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.forward)
+        assert self.process is not None
         code = self.process.wait()
         self._relay.join(timeout=10)
         return code

@@ -231,6 +231,60 @@ def test_sigterm_reaches_torchrun_once_and_the_bootstrap_waits_for_it(sagemaker_
     assert failure(tmp_path) == "stopped by SIGTERM (a stop request or a spot interruption) on algo-2"
 
 
+SIGNALLED_AT_SPAWN = """\
+import os, runpy, signal, subprocess, sys
+spawn = subprocess.Popen
+def spawned_then_signalled(*args, **kwargs):
+    process = spawn(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)  # the stop request lands the moment torchrun exists
+    return process
+subprocess.Popen = spawned_then_signalled
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_sigterm_that_lands_as_torchrun_is_spawned_still_reaches_it(sagemaker_host, tmp_path):
+    # The bootstrap's SIGTERM handler must be in place before torchrun exists: one that landed
+    # on the default action then would end the bootstrap alone and leave torchrun, in a session
+    # of its own, running with nobody to pass the stop on. The signal here arrives right after
+    # the spawn, before any other line of the bootstrap runs.
+    argv, env = sagemaker_host(mode="term")
+    wrapper = tmp_path / "signalled_at_spawn.py"
+    wrapper.write_text(SIGNALLED_AT_SPAWN)
+    # Into files: a torchrun left running would hold pipes open, and waiting on them would hang.
+    stderr = tmp_path / "bootstrap.stderr"
+    with open(stderr, "w") as err:
+        code = subprocess.run([argv[0], str(wrapper), *argv[1:]], env=env, stdout=err, stderr=err).returncode
+    try:
+        assert code == 128 + signal.SIGTERM, stderr.read_text()
+        assert "bootstrap: got SIGTERM; passing it to torchrun" in stderr.read_text()
+        assert failure(tmp_path) == "stopped by SIGTERM (a stop request or a spot interruption) on algo-2"
+    finally:
+        if code != 128 + signal.SIGTERM:  # an orphan writes its record as it starts
+            deadline = time.monotonic() + 30
+            while not (tmp_path / "torchrun.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        orphan = _running_fake_torchrun(tmp_path)
+        if orphan is not None:
+            os.kill(orphan, signal.SIGKILL)
+    assert orphan is None, "torchrun was left running"
+
+
+def _running_fake_torchrun(tmp_path: Path) -> int | None:
+    """The pid of this test's fake torchrun if it still runs (its record names its session, whose
+    leader it is), checked by its command line before anyone signals it."""
+    record = tmp_path / "torchrun.json"
+    if not record.exists():
+        return None
+    pid = recorded(tmp_path)["sid"]
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if str(tmp_path / "bin" / "torchrun").encode() in command else None
+
+
 SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
