@@ -289,7 +289,8 @@ class Torchrun:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self.forward)
         # Its own session: a signal to this script's process group reaches torchrun only through
-        # `forward`, once.
+        # `forward`, once (a second SIGTERM while torchrun waits for its workers would cut that
+        # wait short).
         self.process = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, start_new_session=True)
         if self.signalled is not None and not self._forwarded:  # it came while torchrun started
             self._send(self.signalled)
