@@ -104,3 +104,13 @@ def test_qwen3_moe_counts_every_expert_and_the_router():
     arch = catalog.models()["qwen3-30b-a3b"]
     assert arch.num_params() / 1e9 == pytest.approx(30.5, abs=0.05)
     assert arch.moe.layer_params(2048) == 128 * 2048 + 128 * 3 * 2048 * 768
+
+
+def test_qwen3_235b_counts_the_model_cards_235b_of_which_22b_are_active():
+    # The model card: "235B in total and 22B activated" (whole billions: within 0.5B); active:
+    # every parameter but the 120 of 128 experts a token skips in each of the 94 layers.
+    arch = catalog.models()["qwen3-235b-a22b"]
+    moe = arch.moe
+    skipped = arch.num_layers * (moe.num_experts - moe.top_k) * moe.expert_params(arch.hidden_size)
+    assert arch.num_params() / 1e9 == pytest.approx(235, abs=0.5)
+    assert (arch.num_params() - skipped) / 1e9 == pytest.approx(22, abs=0.5)
