@@ -341,6 +341,17 @@ def workers_of(host) -> dict[int, int]:
     return found
 
 
+def sigterm_pending(pid: int) -> bool:
+    """Whether a SIGTERM sent to the process `pid` waits undelivered (ShdPnd in /proc/PID/status,
+    a bit per signal): a stopped process keeps it pending until it runs again or is killed."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False  # it exited
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return bool(int(fields["ShdPnd"], 16) & 1 << (signal.SIGTERM - 1))
+
+
 @pytest.mark.timeout(2400)  # a last resort: every wait below has its own limit on progress
 def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_with_the_same_losses(
     submit, sim, s3, train_data, reference
@@ -355,10 +366,13 @@ def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_wi
     the markers in S3 instead raced the upload against the steps: on a busy machine the 8-step
     run logged its last step first. Rank 0's
     watchdog on algo-1 fires and names it; algo-1's torchrun restarts its worker, which rejoins
-    the c10d rendezvous; algo-2's torchrun sees a host waiting and restarts its own (killing the
-    stopped one after its 30 s), and both resume from the newest checkpoint and train to the end
-    with the uninterrupted run's losses. SageMaker itself never reruns the job: RetryStrategy
-    retries only after an InternalServerError (botocore's sagemaker service model)."""
+    the c10d rendezvous; algo-2's torchrun sees a host waiting and restarts its own: SIGTERM to
+    the stopped worker, then SIGKILL 30 s later (its agent's `_stop_workers`, whatever
+    --shutdown-timeout says), which the test gives at once when the SIGTERM is pending
+    (`sigterm_pending`); and both resume from
+    the newest checkpoint and train to the end with the uninterrupted run's losses. SageMaker
+    itself never reruns the job: RetryStrategy retries only after an InternalServerError
+    (botocore's sagemaker service model)."""
     steps = STALLED_STEPS
     want = reference(steps)
     watchdog = ["training.watchdog.min_stall_s=10", "training.watchdog.stall_factor=5"]  # defaults: 60 s and 10
@@ -374,6 +388,16 @@ def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_wi
         assert sorted(stopped) == [RANKS_PER_HOST], stopped
         assert newest_step(attempt) < steps, "the run reached its final save before the stop"
         os.kill(stopped[RANKS_PER_HOST], signal.SIGSTOP)
+        # algo-2's torchrun stops its worker to rejoin (SIGTERM), which a stopped process never
+        # acts on: the SIGKILL that torchrun sends 30 s later comes from here once the SIGTERM
+        # waits at the worker, so the restart takes the same path without the wait.
+        attempt.wait_for(
+            lambda a: sigterm_pending(stopped[RANKS_PER_HOST]),
+            timeout_s=STARTUP_LIMIT_S,
+            what="algo-2's torchrun sending SIGTERM to the stopped worker",
+        )
+        assert workers_of(attempt.host("algo-2")) == stopped, "the stopped worker is no longer the one stopped"
+        os.kill(stopped[RANKS_PER_HOST], signal.SIGKILL)
         outcome = wait_to_the_end(attempt)
     assert outcome.status == "Completed", outcome.report()
     assert [h.exit_code for h in outcome.hosts] == [0, 0], outcome.report()
