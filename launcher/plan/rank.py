@@ -6,8 +6,8 @@ order is exactly the k-th best fitting layout, without estimating the slow tail.
 with the micro batch, shrinks with more recomputation and with a larger FSDP shard (the rest of
 the data-parallel ranks being HSDP replicas), grows from sync_each to sync_last to
 sync_last_gathered and is less where sequence parallel keeps the shard of its gathered inputs; so
-once a layout fails, the same degrees that hold at least as much on every one of those axes are
-skipped without another estimate.
+once a layout fails, the same degrees (expert parallelism included) that hold at least as much on
+every one of those axes are skipped without another estimate.
 
 The OOM suggestion (`launcher.plan.suggest`) runs this same search in another order.
 """
@@ -98,11 +98,12 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
     found = first_that_fit(scored, budget, top=top, threshold=threshold)
     ranked = [_as_plan(item, estimate, budget) for item, estimate in found.fitting]
     if not ranked:
-        assert found.closest is not None
+        closest = smallest_rejected(found.rejected, budget, threshold=threshold)
+        assert closest is not None
         raise UsageError(
             f"no layout of {recipe.model_name} at {recipe.training.seq_len} tokens fits in {threshold:.0%} of "
             f"{budget.accelerator_key} memory on {budget}: the smallest needs "
-            f"{format_bytes(found.closest.per_gpu_peak_bytes)} per GPU ({found.closest.utilization:.0%}); "
+            f"{format_bytes(closest.per_gpu_peak_bytes)} per GPU ({closest.utilization:.0%}); "
             f"use more GPUs, a larger-memory instance type or a shorter training.seq_len"
         )
     return Search(
@@ -200,29 +201,34 @@ class Fitting:
     estimated: int  # memory estimates made
     too_big: int  # layouts skipped or estimated that do not fit
     faster_than_best: int  # of those, the ones ranked before the first that fits
-    closest: MemoryEstimate | None  # the smallest estimate that did not fit
+    rejected: list[Workload]  # estimated and too big, in the order tried (`smallest_rejected`)
 
 
 def first_that_fit(
-    scored: list[Scored], budget: Hardware, *, top: int, threshold: float, mode: Mode = "fsdp"
+    scored: list[Scored],
+    budget: Hardware,
+    *,
+    top: int,
+    threshold: float,
+    mode: Mode = "fsdp",
+    failures: Failures | None = None,
 ) -> Fitting:
-    """The first `top` of `scored` (in its order) that fit, with their estimates."""
+    """The first `top` of `scored` (in its order) that fit, with their estimates. `failures`: the
+    layouts already found too big on this budget at this threshold, which rule out heavier ones
+    here too (the OOM suggestion searches one budget in several groups); it gains this search's."""
     fitting: list[tuple[Scored, MemoryEstimate]] = []
-    failed: dict[tuple, list[_Heavier]] = {}
+    failures = Failures() if failures is None else failures
     estimated = too_big = faster_than_best = 0
-    rejected: list[Workload] = []  # estimated and too big: measured whole only if none fits
+    rejected: list[Workload] = []  # estimated and too big
     for item in scored:
         workload = item.workload
-        layout = workload.layout
-        key = (layout.tensor, layout.context, layout.pipeline, layout.virtual_stages, workload.fp8)
-        heavier = _Heavier.of(workload)
-        if any(heavier.at_least(failure) for failure in failed.get(key, ())):
+        if failures.rule_out(workload):
             too_big += 1
             continue
         estimate = estimate_if_fits(workload, budget, mode=mode, threshold=threshold)
         estimated += 1
         if estimate is None:
-            failed.setdefault(key, []).append(heavier)
+            failures.add(workload)
             too_big += 1
             rejected.append(workload)
             continue
@@ -231,8 +237,30 @@ def first_that_fit(
             faster_than_best = too_big
         if len(fitting) == top:
             break
-    closest = None if fitting else _smallest(rejected, budget, mode, threshold)
-    return Fitting(fitting, estimated, too_big, faster_than_best if fitting else too_big, closest)
+    return Fitting(fitting, estimated, too_big, faster_than_best if fitting else too_big, rejected)
+
+
+class Failures:
+    """Layouts that did not fit on one budget: each rules out the workloads of the same degrees
+    (`_degrees`) that hold at least as much on every `_Heavier` axis."""
+
+    def __init__(self) -> None:
+        self._by_degrees: dict[tuple, list[_Heavier]] = {}
+
+    def rule_out(self, workload: Workload) -> bool:
+        heavier = _Heavier.of(workload)
+        return any(heavier.at_least(failure) for failure in self._by_degrees.get(_degrees(workload), ()))
+
+    def add(self, workload: Workload) -> None:
+        self._by_degrees.setdefault(_degrees(workload), []).append(_Heavier.of(workload))
+
+
+def _degrees(workload: Workload) -> tuple:
+    """What two workloads must share for one to rule out the other (`_Heavier`). The expert degree
+    is one of them, not an axis: memory is not monotone in it (qwen3-30b-a3b-64k, selective: 50.2
+    GiB at EP 4, 63.1 at EP 8)."""
+    layout = workload.layout
+    return layout.tensor, layout.context, layout.pipeline, layout.virtual_stages, layout.expert, workload.fp8
 
 
 class _Heavier(NamedTuple):
@@ -268,9 +296,24 @@ class _Heavier(NamedTuple):
         )
 
 
-def _smallest(workloads: list[Workload], budget: Hardware, mode: Mode, threshold: float) -> MemoryEstimate | None:
-    """The whole estimate of the workload that needs the least memory, for the error that none fits."""
-    estimates = (estimate_memory(w, budget, mode=mode, threshold=threshold) for w in workloads)
+def smallest_rejected(
+    rejected: list[Workload], budget: Hardware, *, threshold: float, mode: Mode = "fsdp"
+) -> MemoryEstimate | None:
+    """The whole estimate of the rejected workload that needs the least memory, for the error
+    that none fits. A workload that holds at least as much as another of the same degrees on
+    every `_Heavier` axis cannot be the least, so only the others are estimated whole (each
+    estimate of a large pipelined model costs milliseconds, and a search that fails rejects
+    thousands)."""
+    by_key: dict[tuple, list[tuple[_Heavier, Workload]]] = {}
+    for workload in rejected:
+        by_key.setdefault(_degrees(workload), []).append((_Heavier.of(workload), workload))
+    lightest = [
+        workload
+        for group in by_key.values()
+        for heavier, workload in group
+        if not any(heavier != other and heavier.at_least(other) for other, _ in group)
+    ]
+    estimates = (estimate_memory(w, budget, mode=mode, threshold=threshold) for w in lightest)
     return min(estimates, key=lambda e: e.per_gpu_peak_bytes, default=None)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
-from launcher.plan.rank import Scored, candidate_workloads, first_that_fit
+from launcher.plan.rank import Failures, Scored, candidate_workloads, first_that_fit
 from launcher.plan.result import recipe_settings
 from launcher.plan.throughput import AC_RECOMPUTE, Throughput, ThroughputUnknown, predict
 from launcher.recipe import Recipe
@@ -80,6 +80,7 @@ def find_fitting_change(
     for scale in _scales(recipe):
         budget = resolve_budget(recipe, instances=None if scale == 1 else recipe.cluster.instance_count * scale)
         by_edits: dict[int, list[Scored]] = {}
+        failures = Failures()  # one budget: a layout too big in one group rules out heavier ones in the next
         for workload in candidate_workloads(recipe, budget):
             count = len(_edits(recipe, current, workload, budget))
             by_edits.setdefault(count, []).append(Scored(workload, None))
@@ -87,7 +88,7 @@ def find_fitting_change(
             # Memory first, then speed only for what fits: the fastest wins. The lightest layouts go
             # first, so that one that fails rules out the heavier ones without an estimate.
             group = sorted(by_edits[count], key=_lightest_first)
-            found = first_that_fit(group, budget, top=len(group), threshold=threshold, mode=mode)
+            found = first_that_fit(group, budget, top=len(group), threshold=threshold, mode=mode, failures=failures)
             if found.fitting:
                 scored = [
                     (Scored(item.workload, _speed_or_none(item.workload, budget)), fit) for item, fit in found.fitting

@@ -11,7 +11,8 @@ import pytest
 
 from launcher import catalog
 from launcher.contract.layout import Layout
-from launcher.estimate import Workload
+from launcher.estimate import Workload, estimate_memory
+from launcher.plan.rank import Scored, first_that_fit
 from launcher.plan.throughput import (
     CONSTANTS,
     _Step,
@@ -20,6 +21,7 @@ from launcher.plan.throughput import (
     predict,
     remote_nodes_per_token,
 )
+from launcher.recipe import Recipe
 from launcher.recipe.hardware import hardware_for
 from tests import REPO
 
@@ -136,3 +138,21 @@ def test_the_planner_searches_expert_parallelism_and_shows_it(cli):
     dense = cli("plan", recipe)
     assert "expert" not in dense.out.splitlines()[3].split()
     assert {plan["expert"] for plan in json.loads(cli("plan", recipe, "--json").out)} == {1}
+
+
+def test_a_layout_that_fails_rules_out_no_other_expert_degree():
+    # Memory is not monotone in the expert degree (qwen3-30b-a3b-64k on 16 H100s, selective:
+    # 53.3, 50.9, 50.2 and 63.1 GiB at EP 1, 2, 4 and 8): a failed layout rules out only the same
+    # degrees, EP included. Full checkpointing, micro batch 1: about 43 GiB at EP 1 and 38 at EP 4,
+    # so at half of the GPU's memory EP 1 fails and EP 4 fits, and the search must find EP 4.
+    recipe = Recipe.load(REPO / "recipes" / "qwen3-30b-a3b-64k.yaml")
+    base = dataclasses.replace(
+        Workload.from_recipe(recipe), activation_checkpointing="full", micro_batch_size=1, grad_accumulation="sync_each"
+    )
+    ep1, ep4 = (dataclasses.replace(base, layout=dataclasses.replace(base.layout, expert=ep)) for ep in (1, 4))
+    threshold = 0.5
+    assert not estimate_memory(ep1, recipe.hardware, threshold=threshold).fits
+    assert estimate_memory(ep4, recipe.hardware, threshold=threshold).fits
+    found = first_that_fit([Scored(ep1, None), Scored(ep4, None)], recipe.hardware, top=2, threshold=threshold)
+    assert [item.workload.layout.expert for item, _ in found.fitting] == [4]
+    assert found.estimated == 2

@@ -10,9 +10,18 @@ from launcher.api import estimate, plan
 from launcher.errors import UsageError
 from launcher.estimate import DEFAULT_THRESHOLD, Workload, estimate_memory
 from launcher.plan import SearchOptions, search
+from launcher.plan.budget import resolve_budget
 from launcher.plan.candidates import shapes
 from launcher.plan.explain import why
-from launcher.plan.rank import AC_MODES, tp_saved_inputs_choices
+from launcher.plan.rank import (
+    AC_MODES,
+    Scored,
+    candidate_workloads,
+    first_that_fit,
+    score,
+    smallest_rejected,
+    tp_saved_inputs_choices,
+)
 from launcher.plan.throughput import predict
 from launcher.recipe import Recipe
 from tests import REPO
@@ -166,9 +175,17 @@ def test_a_model_that_fits_nowhere_says_how_much_it_needs():
     recipe = Recipe.load(RECIPES / "llama405b-128k.yaml")
     with pytest.raises(
         UsageError,
-        match=r"no layout of llama3.1-405b at 131072 tokens fits in 80% of h200-141gb memory on 1 x ml.p5en.48xlarge .* the smallest needs [\d.]+ GiB per GPU",
+        match=r"no layout of llama3.1-405b at 131072 tokens fits in 80% of h200-141gb memory on 1 x ml.p5en.48xlarge .* the smallest needs 897.0 GiB per GPU",
     ):
         search(recipe, SearchOptions(instances=1))
+    # The least of every rejected layout's whole estimate, though only those no other of the same
+    # degrees is lighter than on every axis were estimated whole.
+    budget = resolve_budget(recipe, instances=1)
+    scored = sorted(score(candidate_workloads(recipe, budget), budget), key=Scored.sort_key)
+    rejected = first_that_fit(scored, budget, top=10, threshold=DEFAULT_THRESHOLD).rejected
+    every = min(estimate_memory(w, budget).per_gpu_peak_bytes for w in rejected)
+    assert len(rejected) > 100
+    assert smallest_rejected(rejected, budget, threshold=DEFAULT_THRESHOLD).per_gpu_peak_bytes == every
 
 
 def test_a_local_gpu_machine_plans_its_process_count(tmp_path):
