@@ -139,7 +139,11 @@ def make_scheduler(config: pytest.Config, log):
             waiting = self._waiting
             scope = next((s for s in queue if background_worker or s not in waiting), None)
             if scope is None:
-                return  # what is left waits for the background worker; xdist ends this one at the end
+                # What is left waits for the background worker. A worker runs a test only once it
+                # knows the next (pytest's nextitem) or is told to shut down, so without this its
+                # last test waited for the whole queue to empty: idle, then run after the rest.
+                node.shutdown()
+                return
             work_unit = self.workqueue.pop(scope)
             self.assigned_work.setdefault(node, {})[scope] = work_unit
             collection = self.registered_collections[node]
