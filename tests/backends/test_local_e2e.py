@@ -44,14 +44,16 @@ def from_checkout(*args: str, home: Path, timeout: float = 600) -> subprocess.Co
     )
 
 
-def readme_main_job(tmp_path: Path) -> tuple[str, Path]:
+@pytest.fixture(scope="module")
+def readme_main_job(tmp_path_factory) -> tuple[str, Path]:
     """(stdout, LAUNCHER_HOME) of the README's main job. `.ci/run` has just run it, exactly as the
     README says, in a clean copy of this tree and a venv of its own (README command 1), and names
-    that copy in LAUNCHER_CI_README_JOB: the job is checked there rather than trained twice."""
+    that copy in LAUNCHER_CI_README_JOB: the job is checked there rather than trained twice.
+    Elsewhere it trains here, once for the module: its tests only read what it left."""
     ran = os.environ.get("LAUNCHER_CI_README_JOB")
     if ran:
         return (Path(ran) / "readme-job.stdout").read_text(), Path(ran) / ".launcher-home"
-    home = tmp_path / "home"
+    home = tmp_path_factory.mktemp("readme-job") / "home"
     result = launcher("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", home=home)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout, home
@@ -68,8 +70,8 @@ def test_ci_runs_the_readme_commands_as_the_readme_writes_them():
     assert f"\n{setup}\n" in ci and f'LAUNCHER_CI_README_JOB="$first" {tests} --durations=15' in ci
 
 
-def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(tmp_path):
-    stdout, home = readme_main_job(tmp_path)
+def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(readme_main_job):
+    stdout, home = readme_main_job
     lines = stdout.splitlines()
     # The host-CPU step model predicts the layout (docs/monitoring.md); a busy machine may run below it.
     ends = r"tiny-cpu-\S+: Completed\. loss [\d.]+, tokens/s/GPU [\d.]+, step 20; ran at (\d+)% of predicted(; warning: .+)?"
@@ -290,7 +292,9 @@ def held_now_and_then(pid: int, stopped_s: float = 0.45, period_s: float = 0.6):
         os.kill(pid, signal.SIGCONT)
 
 
-def test_a_stalled_rank_is_named_the_live_ranks_dump_stacks_and_the_restart_ends_with_the_same_losses(tmp_path):
+def test_a_stalled_rank_is_named_the_live_ranks_dump_stacks_and_the_restart_ends_with_the_same_losses(
+    tmp_path, readme_main_job
+):
     """training.watchdog on the README's job (4 processes, FSDP 2 x TP 2), with real faults: rank 1
     is held for 0.45 s of every 0.6 s until rank 0's straggler line names it, and `status`
     warns that the job runs below its prediction, naming the straggler; then rank 2 is
@@ -370,7 +374,7 @@ def test_a_stalled_rank_is_named_the_live_ranks_dump_stacks_and_the_restart_ends
     records = [json.loads(x) for x in metrics.read_text().splitlines()]
     # ... and the metrics record it, for `status`'s likely-cause line (launcher.display.text.slow_cause_text).
     assert 1 in {r.get("straggler_rank") for r in records}
-    readme_stdout, readme_home = readme_main_job(tmp_path)
+    readme_stdout, readme_home = readme_main_job
     readme_job = readme_home / "jobs" / readme_stdout.splitlines()[-1].split(":")[0]
     uninterrupted = [json.loads(x) for x in (readme_job / "metrics.jsonl").read_text().splitlines()]
     losses = last_per_step((r["step"], r["loss"]) for r in records)
