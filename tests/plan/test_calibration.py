@@ -10,12 +10,31 @@ import textwrap
 
 import pytest
 
-from tests import load_script
+from tests import REPO, load_script
 
 
 @pytest.fixture(scope="module")
 def calibration():
     return load_script("planner_calibration")
+
+
+@pytest.fixture(scope="module")
+def found(calibration):
+    """Every calibration and benchmark point run through the model (about a second)."""
+    return calibration.results()
+
+
+def test_committed_planner_doc_is_what_the_calibration_script_generates(calibration):
+    # docs/planner.md's tables (calibration points, recipes' ranks) come from the model; after a
+    # change to the model or a recipe, regenerate with `python scripts/planner_calibration.py`
+    # (its --check compares the same text).
+    generated = calibration.render(calibration.existing_bench()).splitlines()
+    committed = (REPO / "docs" / "planner.md").read_text().splitlines()
+    differs = next((i for i, (a, b) in enumerate(zip(generated, committed, strict=False), 1) if a != b), None)
+    assert generated == committed, (
+        f"docs/planner.md is out of date (first at line {differs or min(len(generated), len(committed)) + 1}): "
+        "run python scripts/planner_calibration.py"
+    )
 
 
 def test_spearman_ranks_with_ties_as_scipy_does(calibration):
@@ -34,8 +53,7 @@ def test_the_spearman_ceiling_ties_repeats_of_one_configuration(calibration):
     assert calibration.spearman_ceiling([1, 2, 3, 4], ["y", "x", "x", "y"]) == pytest.approx(0.0)
 
 
-def test_no_source_ranks_above_what_its_configurations_allow(calibration):
-    found = calibration.results()
+def test_no_source_ranks_above_what_its_configurations_allow(calibration, found):
     held = calibration.error_summaries(found, held_apart=True)
     for source, summary in held.items():
         if summary.spearman is not None and summary.ceiling is not None:
@@ -45,8 +63,8 @@ def test_no_source_ranks_above_what_its_configurations_allow(calibration):
     assert "no model that reads the configuration can exceed" in "\n".join(calibration.goal_lines(held))
 
 
-def test_every_published_sweep_of_ten_layouts_ranks_with_spearman_of_at_least_0_7(calibration):
-    correlations = calibration.sweep_correlations(calibration.results())
+def test_every_published_sweep_of_ten_layouts_ranks_with_spearman_of_at_least_0_7(calibration, found):
+    correlations = calibration.sweep_correlations(found)
     large = {source: rho for source, (layouts, rho) in correlations.items() if layouts >= calibration.MIN_SWEEP}
     assert len(large) >= 2, "the torchtitan and NeMo tables each have 10 or more layouts"
     for source, rho in large.items():
@@ -62,8 +80,7 @@ def test_every_point_names_where_its_numbers_come_from(calibration):
         assert record.get("url") or re.fullmatch(r"[0-9a-f]{40}", record["commit"]), key
 
 
-def test_the_published_benchmark_is_held_apart_from_the_fitted_points(calibration):
-    found = calibration.results()
+def test_the_published_benchmark_is_held_apart_from_the_fitted_points(calibration, found):
     fitted = calibration.error_summaries(found, held_apart=False)
     held = calibration.error_summaries(found, held_apart=True)
     sources, published = calibration.load_benchmark()
