@@ -255,6 +255,11 @@ class Failures:
         self._by_degrees.setdefault(_degrees(workload), []).append(_Heavier.of(workload))
 
 
+def lightest_first(item: Scored) -> tuple:
+    """Sort key: lightest first on every axis memory only grows along (`_Heavier`)."""
+    return _Heavier.of(item.workload).lightest_first()
+
+
 def _degrees(workload: Workload) -> tuple:
     """What two workloads must share for one to rule out the other (`_Heavier`). The expert degree
     is one of them, not an axis: memory is not monotone in it (qwen3-30b-a3b-64k, selective: 50.2
@@ -284,6 +289,11 @@ class _Heavier(NamedTuple):
             GRAD_ACCUMULATION_MODES.index(run_mode(workload, "grad_accumulation")),
             TP_SAVED_INPUTS.index(workload.tp_saved_inputs),
         )
+
+    def lightest_first(self) -> tuple:
+        """A sort key that puts each workload before those of its degrees that hold at least as
+        much: searched in that order, the first that fails rules out the most."""
+        return -self.shard, self.micro_batch, -self.recompute, self.accumulation, -self.saved_inputs
 
     def at_least(self, other: _Heavier) -> bool:
         """Whether this holds at least as much memory as `other` on every axis."""

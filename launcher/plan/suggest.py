@@ -14,9 +14,9 @@ from typing import Any
 
 from launcher.estimate import DEFAULT_THRESHOLD, MemoryEstimate, Mode, Workload, estimate_memory, format_bytes
 from launcher.plan.budget import resolve_budget
-from launcher.plan.rank import Failures, Scored, candidate_workloads, first_that_fit
+from launcher.plan.rank import Failures, Scored, candidate_workloads, first_that_fit, lightest_first
 from launcher.plan.result import recipe_settings
-from launcher.plan.throughput import AC_RECOMPUTE, Throughput, ThroughputUnknown, predict
+from launcher.plan.throughput import Throughput, ThroughputUnknown, predict
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import Hardware
 
@@ -87,7 +87,7 @@ def find_fitting_change(
         for count in sorted(by_edits):
             # Memory first, then speed only for what fits: the fastest wins. The lightest layouts go
             # first, so that one that fails rules out the heavier ones without an estimate.
-            group = sorted(by_edits[count], key=_lightest_first)
+            group = sorted(by_edits[count], key=lightest_first)
             found = first_that_fit(group, budget, top=len(group), threshold=threshold, mode=mode, failures=failures)
             if found.fitting:
                 scored = [
@@ -122,12 +122,6 @@ def _edits(
     if recipe.parallel.data_shard == "auto":
         changed.discard("parallel.data_shard")
     return tuple((key, current[key], new[key]) for key in EDIT_ORDER if key in changed)
-
-
-def _lightest_first(item: Scored) -> tuple[int, int, float]:
-    workload = item.workload
-    recompute = AC_RECOMPUTE[workload.activation_checkpointing]
-    return -workload.layout.data_shard, workload.micro_batch_size, -recompute
 
 
 def _speed_or_none(workload: Workload, hardware: Hardware) -> Throughput | None:

@@ -18,15 +18,7 @@ from launcher.contract.layout import Layout
 from launcher.estimate import DEFAULT_THRESHOLD, Workload
 from launcher.plan import LayoutPlan
 from launcher.plan.budget import resolve_budget
-from launcher.plan.rank import (
-    AC_RECOMPUTE,
-    GRAD_ACCUMULATION_MODES,
-    TP_SAVED_INPUTS,
-    Scored,
-    candidate_workloads,
-    first_that_fit,
-    run_mode,
-)
+from launcher.plan.rank import Scored, candidate_workloads, first_that_fit, lightest_first
 from launcher.plan.throughput import CONSTANTS, predict
 from launcher.recipe import Recipe
 from tests import REPO
@@ -123,19 +115,9 @@ def test_405b_at_128k_needs_pipeline_or_large_tensor_x_context():
     # Searched lightest first, each layout that fails rules out the heavier ones of its degrees
     # (rank.first_that_fit): no layout without PP and with TP x CP below 16 fits, and some do.
     assert len(shallow) > 1000
-    assert first_that_fit(sorted(shallow, key=_lightest), budget, top=1, threshold=DEFAULT_THRESHOLD).fitting == []
-    assert len(first_that_fit(sorted(deep, key=_lightest), budget, top=10, threshold=DEFAULT_THRESHOLD).fitting) == 10
-
-
-def _lightest(item: Scored) -> tuple:
-    """Lightest first on every axis memory only grows along (rank._Heavier)."""
-    w = item.workload
-    return (
-        -w.layout.data_shard,
-        w.micro_batch_size,
-        -AC_RECOMPUTE[w.activation_checkpointing],
-        GRAD_ACCUMULATION_MODES.index(run_mode(w, "grad_accumulation")),
-        -TP_SAVED_INPUTS.index(w.tp_saved_inputs),
+    assert first_that_fit(sorted(shallow, key=lightest_first), budget, top=1, threshold=DEFAULT_THRESHOLD).fitting == []
+    assert (
+        len(first_that_fit(sorted(deep, key=lightest_first), budget, top=10, threshold=DEFAULT_THRESHOLD).fitting) == 10
     )
 
 
