@@ -1286,9 +1286,9 @@ is the API.
   20 us each), sorted, and the memory estimator runs in that order only until `--top` layouts fit.
   Memory grows with the micro batch, from sync_each to sync_last to sync_last_gathered, and where
   sequence parallel keeps its gathered inputs rather than their shard, and falls with
-  recomputation and with the FSDP shard, so a failure also rules out the same degrees that hold at
-  least as much on every one of those axes. A test checks the result equals estimating every
-  candidate. Scoring shares what candidates have in common: the cluster's rates and links, each
+  recomputation and with the FSDP shard, so a failure also rules out the same degrees (the expert
+  degree included: memory is not monotone in it) that hold at least as much on every one of those
+  axes. A test checks the result equals estimating every candidate. Scoring shares what candidates have in common: the cluster's rates and links, each
   distinct layer's compute, and, within a family of candidates that differ only in checkpointing
   and accumulation mode, the terms that read neither, and each recomputed share's micro-batch
   terms (a test checks every prediction equals predicting the candidate alone).
