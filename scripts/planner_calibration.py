@@ -252,6 +252,52 @@ def load_benchmark(path: Path = BENCHMARK) -> tuple[dict[str, dict], list[Point]
 
 def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
     at = f"{where} point {i}"
+    layout = _checked_row(row, sources, at)
+    recompute_layers = row.get("recompute_layers", 0)
+    source = sources[row["source"]]
+    return Point(
+        source["title"],
+        row["model"],
+        row["gpus"],
+        layout,
+        row["seq"],
+        row["gbs"],
+        row["mbs"],
+        row["ac"],
+        float(row["measured"]),
+        fp8=row["precision"] != "bf16",
+        fp8_recipe="rowwise" if row["precision"] == "fp8-rowwise" else "tensorwise",
+        compile=bool(row["compile"]),
+        schedule=row.get("schedule", "1f1b"),
+        accelerator=source["accelerator"],
+        tflops=UNITS[row["unit"]],
+        attention_kernel=source.get("attention_kernel", "cudnn"),
+        cp_kernel=source.get("cp_kernel", "-"),
+        tp_overlap=_tp_overlap(row, source, layout),
+        userbuffers=row.get("userbuffers", "te_defaults"),
+        p2p_overlap=layout.virtual_stages > 1 and _setting(row, source, "overlap_p2p_comm"),
+        distributed_optimizer=_setting(row, source, "distributed_optimizer"),
+        cp_ring=layout.context > 1 and _setting(row, source, "cp_ring"),
+        ep_dispatch_per_node=layout.expert > 1 and bool(row.get("ep_dispatch_per_node")),
+        mlp_activation=row.get("mlp_activation", "swiglu"),
+        recompute_core_attention=bool(row.get("recompute_core_attention")),
+        grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
+        tp_saves_shard=layout.tensor > 1 and _setting(row, source, "tp_saves_shard"),
+        fp8_weights_cached=row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"),
+        fp8_casts=_fp8_casts(row, source),
+        fp8_experts=row["precision"] != "bf16" and _setting(row, source, "fp8_experts"),
+        moe_force_load_balance=_setting(row, source, "moe_force_load_balance"),
+        optimizer_state_dtype=row.get("optimizer_state_dtype", "fp32"),
+        recompute_layers=recompute_layers,
+        logits_materialized=_setting(row, source, "logits_materialized"),
+        use="fit" if row.get("fitted") else "benchmark",
+        note=_benchmark_note(row, source),
+    )
+
+
+def _checked_row(row, sources: dict, at: str) -> Layout:
+    """The row's layout, once its fields, model, degrees and flags are checked by content
+    (BenchmarkError, one line, where any is not)."""
     if not isinstance(row, dict):
         raise BenchmarkError(f"{at}: expected a mapping, got {row!r}")
     missing = [k for k in ROW_REQUIRED if k not in row]
@@ -300,45 +346,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
     }
     if not all(isinstance(v, bool) for v in flags.values()):
         raise BenchmarkError(f"{at}: {', '.join(flags)} must be true or false")
-    source = sources[row["source"]]
-    return Point(
-        source["title"],
-        row["model"],
-        row["gpus"],
-        layout,
-        row["seq"],
-        row["gbs"],
-        row["mbs"],
-        row["ac"],
-        float(row["measured"]),
-        fp8=row["precision"] != "bf16",
-        fp8_recipe="rowwise" if row["precision"] == "fp8-rowwise" else "tensorwise",
-        compile=bool(row["compile"]),
-        schedule=row.get("schedule", "1f1b"),
-        accelerator=source["accelerator"],
-        tflops=UNITS[row["unit"]],
-        attention_kernel=source.get("attention_kernel", "cudnn"),
-        cp_kernel=source.get("cp_kernel", "-"),
-        tp_overlap=_tp_overlap(row, source, layout),
-        userbuffers=row.get("userbuffers", "te_defaults"),
-        p2p_overlap=layout.virtual_stages > 1 and _setting(row, source, "overlap_p2p_comm"),
-        distributed_optimizer=_setting(row, source, "distributed_optimizer"),
-        cp_ring=layout.context > 1 and _setting(row, source, "cp_ring"),
-        ep_dispatch_per_node=layout.expert > 1 and bool(row.get("ep_dispatch_per_node")),
-        mlp_activation=row.get("mlp_activation", "swiglu"),
-        recompute_core_attention=bool(row.get("recompute_core_attention")),
-        grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
-        tp_saves_shard=layout.tensor > 1 and _setting(row, source, "tp_saves_shard"),
-        fp8_weights_cached=row["precision"] != "bf16" and _setting(row, source, "fp8_weight_cache"),
-        fp8_casts=_fp8_casts(row, source),
-        fp8_experts=row["precision"] != "bf16" and _setting(row, source, "fp8_experts"),
-        moe_force_load_balance=_setting(row, source, "moe_force_load_balance"),
-        optimizer_state_dtype=row.get("optimizer_state_dtype", "fp32"),
-        recompute_layers=recompute_layers,
-        logits_materialized=_setting(row, source, "logits_materialized"),
-        use="fit" if row.get("fitted") else "benchmark",
-        note=_benchmark_note(row, source),
-    )
+    return layout
 
 
 def _check_userbuffers(row: dict, source: dict, at: str) -> None:
