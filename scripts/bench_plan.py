@@ -7,7 +7,8 @@ Each case loads recipes/llama405b-128k.yaml, changes what the case says, and tim
 (enumeration, throughput for every valid layout, memory estimates until the top 10 fit) in CPU
 seconds of this process, which a shared, loaded machine inflates less than wall time. The bound
 is 0.5 CPU s for the recipe as shipped. Beside it: `launcher --help` against
-`import boto3`, each a fresh interpreter, in CPU seconds of the child (the CLI must stay lighter).
+`import boto3`, each a fresh interpreter, in CPU seconds of the child (the CLI must stay lighter),
+and `launcher estimate` of a recipe that fits nowhere, whose suggestion searches up to 16x the GPUs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from launcher.api import estimate  # noqa: E402
 from launcher.plan import SearchOptions, search  # noqa: E402
 from launcher.recipe import Recipe  # noqa: E402
 
@@ -38,6 +40,13 @@ CASES = [
     ("global batch 1024 sequences, p5en (H200)", "ml.p5en.48xlarge", {"training.global_batch_size": 1024}),
     ("global batch 1024 sequences, p5 (H100 80GB)", "ml.p5.48xlarge", {"training.global_batch_size": 1024}),
 ]
+# `launcher estimate` of a recipe that fits nowhere: the suggestion searches every candidate on
+# the recipe's GPUs and on 2, 4, 8 and 16 times as many (launcher/plan/suggest.py).
+SUGGESTION = (
+    "405B at 128K on 1 to 16 ml.p4d.24xlarge (A100 40GB), nothing fits",
+    {"cluster.instance_type": "ml.p4d.24xlarge", "cluster.instance_count": 1, "precision.fp8": False,
+     "parallel.tensor": 2, "parallel.context": 4},
+)  # fmt: skip
 STARTUPS = [
     ("`launcher --help`", [sys.executable, "-m", "launcher", "--help"]),
     ("`python -c 'import boto3'`", [sys.executable, "-c", "import boto3"]),
@@ -73,6 +82,15 @@ def bench(repeats: int) -> list[dict]:
     return rows
 
 
+def bench_suggestion(repeats: int) -> dict:
+    """CPU seconds of `launcher.api.estimate` on SUGGESTION's recipe, which fits nowhere."""
+    label, overrides = SUGGESTION
+    recipe = Recipe.load(ROOT / "recipes" / "llama405b-128k.yaml", overrides=overrides)
+    first, found = cpu_seconds(lambda: estimate(recipe))
+    times = [cpu_seconds(lambda: estimate(recipe))[0] for _ in range(repeats)]
+    return {"case": label, "first_s": first, "median_s": statistics.median(times), "suggestion": found.suggestion}
+
+
 def child_cpu_seconds(command: list[str]) -> float:
     """CPU seconds (user + system) of one run of `command`, from this process's child usage."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -87,7 +105,7 @@ def startups(repeats: int) -> list[tuple[str, float]]:
     ]
 
 
-def table(rows: list[dict], started: list[tuple[str, float]], repeats: int) -> str:
+def table(rows: list[dict], suggested: dict, started: list[tuple[str, float]], repeats: int) -> str:
     lines = [
         f"Llama 3.1 405B, 131072 tokens, 1024 GPUs, top 10, in CPU time of the search: the first search in the "
         f"process, then the median and slowest of {repeats} more, on this machine ({platform.machine()}, "
@@ -102,6 +120,12 @@ def table(rows: list[dict], started: list[tuple[str, float]], repeats: int) -> s
             f"| {r['case']} | {r['considered']:,} | {r['estimated']:,} | {r['first_s'] * 1000:.0f} ms | "
             f"{r['median_s'] * 1000:.0f} ms | {r['max_s'] * 1000:.0f} ms | {r['best']} | {r['tokens_per_s_per_gpu']:.0f} |"
         )
+    lines += [
+        "",
+        f"`launcher estimate` of a recipe that fits nowhere ({suggested['case']}), its suggestion searched on up "
+        f"to 16x the GPUs: {suggested['first_s'] * 1000:.0f} ms first, {suggested['median_s'] * 1000:.0f} ms "
+        f'median; it says "{suggested["suggestion"]}".',
+    ]
     lines += ["", "Start-up, CPU time of a fresh interpreter (median of the same runs):", ""]
     lines += [f"- {label}: {seconds * 1000:.0f} ms" for label, seconds in started]
     return "\n".join(lines)
@@ -113,8 +137,9 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"record the table in {DOC.relative_to(ROOT)}")
     args = parser.parse_args()
     rows = bench(args.repeats)
+    suggested = bench_suggestion(args.repeats)
     started = startups(args.repeats)
-    text = table(rows, started, args.repeats)
+    text = table(rows, suggested, started, args.repeats)
     print(text)
     if args.write:
         doc = DOC.read_text()
