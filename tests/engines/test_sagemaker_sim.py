@@ -367,9 +367,11 @@ def test_a_stalled_rank_on_one_host_is_named_and_torchrun_restarts_every_host_wi
     run logged its last step first. Rank 0's
     watchdog on algo-1 fires and names it; algo-1's torchrun restarts its worker, which rejoins
     the c10d rendezvous; algo-2's torchrun sees a host waiting and restarts its own: SIGTERM to
-    the stopped worker, then SIGKILL 30 s later (its agent's `_stop_workers`, whatever
-    --shutdown-timeout says), which the test gives at once when the SIGTERM is pending
-    (`sigterm_pending`); and both resume from
+    the stopped worker, then SIGKILL 30 s later, whatever --shutdown-timeout says (torch 2.13:
+    torch/distributed/elastic/agent/server/local_elastic_agent.py `_stop_workers` calls
+    `_shutdown()` at its default timeout of 30, and multiprocessing/api.py
+    `SubprocessContext._close` SIGKILLs what outlives it), which the test gives at once when the
+    SIGTERM is pending (`sigterm_pending`); and both resume from
     the newest checkpoint and train to the end with the uninterrupted run's losses. SageMaker
     itself never reruns the job: RetryStrategy retries only after an InternalServerError
     (botocore's sagemaker service model)."""
