@@ -10,8 +10,8 @@ median `step_time_s` of steps 4 to 12 (the first steps warm up). The measurement
 docs/cpu_step_measured.json with the host they ran on. The rates are fitted (non-negative least
 squares on relative error) to the layouts marked "fit" only; the "held-out" ones try layouts the
 fit never saw (TP 4, CP 4, PP 4, PP with TP, CP at 1024 tokens, EP within a larger FSDP group, EP
-with CP), so their errors say how far the shipped rates can be trusted. MoE layouts train
-qwen3-moe-tiny (8 experts, top-2).
+with CP, EP spanning TP and FSDP, an MoE under TP without EP), so their errors say how far the
+shipped rates can be trusted. MoE layouts train qwen3-moe-tiny (8 experts, top-2).
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ HELD_OUT = {
     "moe: fsdp 4 x ep 2": ("parallel.tensor=1", MOE, "parallel.expert=2"),
     "moe: fsdp 4 x ep 4, micro-batch 1": ("parallel.tensor=1", MOE, "parallel.expert=4", "training.micro_batch_size=1"),
     "moe: cp 2 x fsdp 2 x ep 4": ("parallel.tensor=1", MOE, "parallel.context=2", "parallel.expert=4"),
+    "moe: tp 2 x fsdp 2 x ep 4": (MOE, "parallel.expert=4"),
+    "moe: tp 2 x fsdp 2": (MOE,),
 }
 
 

@@ -83,7 +83,7 @@ def draw_moe(rng: random.Random):
     """A mixture-of-experts layout: Qwen3-30B-A3B's shapes (128 experts of 768, top 8, q 4096 on
     h 2048) cut to 4-8 layers, or to 4 from a config.json without the auxiliary loss under PP
     (the contract refuses PP with auxiliary losses), or Mixtral 8x7B's (8 of 14336, top 2)
-    without PP; EP over any divisor of dp x cp that divides the experts; FP8 with or without
+    without PP; EP over any divisor of dp x cp x tp that divides the experts; FP8 with or without
     the FP8 experts; routing as learned or round-robin."""
     from traced_configs import QWEN3_MOE_NO_AUX_LOSS, TracedConfig
 
@@ -97,7 +97,7 @@ def draw_moe(rng: random.Random):
         return None
     data = world // (tensor * context * pipeline)
     experts = 8 if mixtral else 128
-    expert = rng.choice([e for e in (1, 2, 4, 8) if (data * context) % e == 0 and experts % e == 0])
+    expert = rng.choice([e for e in (1, 2, 4, 8, 16) if (data * context * tensor) % e == 0 and experts % e == 0])
     if mixtral:
         model = {"base": "mixtral-8x7b", "num_layers": layers}
     elif pipeline > 1:

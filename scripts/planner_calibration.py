@@ -329,10 +329,10 @@ def _checked_row(row, sources: dict, at: str) -> Layout:
             f"{at}: tp x pp x cp x dp = {layout.world_size} must equal gpus {row['gpus']}, and gbs {row['gbs']} "
             f"must be a multiple of mbs x dp = {row['mbs'] * degrees['dp']}"
         )
-    if (degrees["dp"] * degrees["cp"]) % degrees["ep"]:
+    if layout.moe_ranks % degrees["ep"]:
         raise BenchmarkError(
-            f"{at}: ep {degrees['ep']} must divide dp x cp = {degrees['dp'] * degrees['cp']}: expert parallelism "
-            "borrows ranks of dp_shard x cp (launcher/contract/layout.py)"
+            f"{at}: ep {degrees['ep']} must divide dp x cp x tp = {layout.moe_ranks}: expert parallelism "
+            "borrows ranks of dp_shard x cp x tp (launcher/contract/layout.py)"
         )
     if row.get("optimizer_state_dtype", "fp32") not in OPTIMIZER_STATE_BYTES:
         raise BenchmarkError(f"{at}: optimizer_state_dtype must be one of {', '.join(OPTIMIZER_STATE_BYTES)}")
@@ -1319,8 +1319,8 @@ pipeline rank (its blocks plus the output layer and the loss):
 | PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none for the entrypoints; `p2p_overlap` (planner-only: Megatron's overlap_p2p_comm, interleaved only) hides each behind a chunk's compute |
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
 | optimizer | AdamW over the fp32 shard, HBM-bound | - |
-| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16, at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), never divided by TP (tensor.py keeps the MoE whole on every tp rank); elementwise: the SwiGLU on every copy and the permutations by expert and back. With `precision.fp8_experts` the experts' GEMMs run at the FP8 rowwise rate on their padded rows (R rounded up to 16, plus 16 x E/ep: groups of 16-row multiples, none empty) and add torchao's fused casts (the rows, the gradients and the local experts' weights every micro-batch; once per step under `fp8_weights_cached`) and the padding's copies | `fp8_experts` (Megatron-Bridge's MoE rows: TE's grouped linears run FP8) |
-| EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp (tp apart): across nodes the copies for other nodes leave through one GPU's share of the NICs while those for its own node cross NVLink, and the slower sets the time (an all-to-all is not a ring); `ep_dispatch_per_node` (planner-only: DeepEP's and Hybrid-EP's dispatch) sends a token once to each other node that holds one of its experts; FSDP gathers and reduces E / ep experts per rank | none (the router and the experts wait for them) |
+| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16, at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), on the rank's own N = b x s / (c x t) tokens (tensor.py: each tp rank routes its own slice of the sequence); elementwise: the SwiGLU on every copy and the permutations by expert and back. With `precision.fp8_experts` the experts' GEMMs run at the FP8 rowwise rate on their padded rows (R rounded up to 16, plus 16 x E/ep: groups of 16-row multiples, none empty) and add torchao's fused casts (the rows, the gradients and the local experts' weights every micro-batch; once per step under `fp8_weights_cached`) and the padding's copies | `fp8_experts` (Megatron-Bridge's MoE rows: TE's grouped linears run FP8) |
+| EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp x tp (tp innermost; each tp rank routes its own tokens): across nodes the copies for other nodes leave through one GPU's share of the NICs while those for its own node cross NVLink, and the slower sets the time (an all-to-all is not a ring); `ep_dispatch_per_node` (planner-only: DeepEP's and Hybrid-EP's dispatch) sends a token once to each other node that holds one of its experts; FSDP gathers and reduces E / ep experts per rank | none (the router and the experts wait for them) |
 
 ### Links
 
@@ -1365,7 +1365,7 @@ the instance price (`cluster.usd_per_hour` overrides the catalog for the recipe'
 ### Mixture of experts
 
 For a model with a `moe:` block the search also walks `parallel.expert` over the divisors of the
-expert count that divide dp_shard x cp (`expert_choices` in launcher/contract/layout.py, the
+expert count that divide dp_shard x cp x tp (`expert_choices` in launcher/contract/layout.py, the
 rule recipes are validated by), and the table gains an `expert` column. Model FLOPs count the
 parameters a token goes through (router, top-k and shared experts), as the entrypoints' MFU
 does. The model prices two things against each other: gathering every expert per layer (FSDP,

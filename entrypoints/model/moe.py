@@ -15,9 +15,10 @@ no padding, no token ever dropped.
 
 Under expert parallelism (entrypoints/parallel/expert.py sets `expert_group`) this rank holds
 num_experts / ep of the experts, as DTensor shards of the [E, ...] weights, and the sorted copies
-travel to their experts' ranks and back by all-to-all (model/dispatch.py). Under context
-parallelism (`routing_group`, the cp group) the auxiliary losses pool the routing of the whole
-sequence, as one process would.
+travel to their experts' ranks and back by all-to-all (model/dispatch.py). Under context and
+tensor parallelism each rank routes its own slice of the sequence (parallel/tensor.py), and the
+auxiliary losses pool the routing of the whole sequence over the cp x tp ranks (`routing_group`),
+as one process would.
 """
 
 from __future__ import annotations
@@ -215,10 +216,11 @@ class MoE(nn.Module):
         self.routing: Routing | None = None
         self.force_balance = False
         """training.moe_force_load_balance (`force_load_balance`): round-robin routing, for benchmarks."""
-        # Set by apply_expert_parallel: the EP group the experts are split over, and the cp
-        # group whose ranks hold the other parts of this rank's sequences.
+        # Set by parallel/expert.py: the EP group the experts are split over, and the cp x tp
+        # group whose ranks hold the other parts of this rank's sequences (tp of them).
         self.expert_group = None
         self.routing_group = None
+        self.routing_tensor = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -280,10 +282,14 @@ def router_losses(layers: list[MoE], moe: MoeConfig) -> tuple[torch.Tensor, torc
             rows,
         ]
     )
-    group = layers[0].routing_group
+    group, tensor = layers[0].routing_group, layers[0].routing_tensor
     if group is not None:
-        # Context parallel: the sequences' other tokens are on the cp ranks. The sum's backward
-        # sums the gradients of every rank's copy of the loss; FSDP's mean over cp undoes that.
+        # Context and tensor parallel: the sequences' other tokens are on the cp x tp ranks. The
+        # sum's backward sums the gradients of every rank's copy of the loss: FSDP's mean over cp
+        # undoes the cp copies. The tp copies are scaled away here, since the tp ranks' router
+        # gradients are summed (the router's weight is replicated over tp: parallel/tensor.py).
+        if tensor > 1:
+            pooled = _ScaleGrad.apply(pooled, 1.0 / tensor)
         pooled = all_reduce(pooled, group=group)
     rows = pooled[-1].detach()
     tokens_per_expert = pooled[:experts].detach() / rows

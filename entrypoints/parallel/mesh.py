@@ -5,6 +5,7 @@
     mesh["dp_shard_cp"]                         # FSDP shards parameters over dp_shard x cp
     mesh["dp"]                                  # dp_replicate x dp_shard: ranks that read different data
     mesh["dp_cp"]                               # dp_replicate x dp_shard x cp: ranks that see different tokens
+    mesh["cp_tp"]                               # the ranks of one sequence's tokens in an MoE layer
 
 All five dims exist even at size 1 so that code never asks whether a dim is there. TP is
 innermost (NVLink), then CP (its K/V all-gather is the next most frequent collective): the
@@ -23,6 +24,7 @@ FLATTENED = {
     "dp": ("dp_replicate", "dp_shard"),
     "dp_shard_cp": ("dp_shard", "cp"),
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+    "cp_tp": ("cp", "tp"),
 }
 
 

@@ -2,7 +2,7 @@
 
     mesh = build_mesh(cfg.parallel, "cpu")
     parts = build_model_parts(cfg, mesh)          # meta model -> fp8 -> pipeline split -> parallelize
-                                                  # (and the expert mesh, under parallel.expert > 1)
+                                                  # (and the expert mesh: `Layout.experts_apart`)
     parallelize(model, mesh, cfg)                 # the same steps for a model you built yourself
 
 Both work under FakeTensorMode with a fake process group (the memory estimator traces them);
@@ -33,7 +33,7 @@ REDUCE_DTYPES = PARAM_DTYPES
 
 def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | None = None, expert_mesh=None) -> None:
     """Apply TP -> CP -> EP -> AC -> compile -> FSDP to `model` in place (torchtitan's order;
-    `expert_mesh`: build_expert_mesh's, under expert parallelism)."""
+    `expert_mesh`: build_expert_mesh's, where a MoE model's experts are a unit of their own)."""
     par = cfg.parallel
     held = {int(key) for key in model.layers}
     checkpointed = held & checkpointed_layers(par.activation_checkpointing, cfg.model.num_layers, par)
@@ -57,14 +57,13 @@ def parallelize(model: Transformer, mesh, cfg: JobConfig, *, fp8: Fp8Settings | 
         ulysses = UlyssesAttention(mesh["cp"]) if par.cp_attention == "ulysses" else None
         apply_context_parallel(model, mesh["cp"], ulysses, checkpointed=checkpointed)
 
-    # 3. Expert parallel after TP (which leaves the MoE layers whole) and before AC and FSDP,
-    #    as torchtitan's llama4 parallelize_llama does: experts become ep-sharded DTensors, which
-    #    FSDP shards again over expert_fsdp. MoE layers pool routing statistics over cp.
-    cp_mesh = mesh["cp"] if par.context > 1 else None
+    # 3. Expert parallel after TP (which leaves the experts whole) and before AC and FSDP, as
+    #    torchtitan's llama4 parallelize_llama does: experts become ep-sharded DTensors, which
+    #    FSDP shards again over expert_fsdp. MoE layers pool routing statistics over cp x tp.
     if expert_mesh is not None:
-        apply_expert_parallel(model, expert_mesh, cp_mesh)
-    elif cp_mesh is not None:
-        apply_routing_group(model, cp_mesh)
+        apply_expert_parallel(model, expert_mesh, par.tensor)
+    if par.context * par.tensor > 1:
+        apply_routing_group(model, mesh["cp_tp"], par.tensor)
 
     # 4. Activation checkpointing wraps whole blocks, after TP/CP have edited their insides.
     if checkpointed:
@@ -117,7 +116,8 @@ def build_model_parts(cfg: JobConfig, mesh, *, fp8: Fp8Settings | None = None) -
     if fp8 is not None:
         convert_to_float8(model, fp8)
     par = cfg.parallel
-    expert_mesh = build_expert_mesh(par, mesh.device_type) if par.expert > 1 else None
+    experts_apart = cfg.model.moe is not None and par.experts_apart
+    expert_mesh = build_expert_mesh(par, mesh.device_type) if experts_apart else None
     if par.pipeline > 1:
         ids = rank_stages(mesh["pp"].get_local_rank(), par)
         parts = [split_model(model, i, par) for i in ids]

@@ -13,12 +13,16 @@ output; the final norm is SequenceParallel; the output weight is ColwiseParallel
 split over tp) and the loss is vocab-parallel (model/loss.py), so no rank holds logits or
 gradients for the whole vocabulary.
 
-A mixture-of-experts block keeps its MLP whole on every tp rank (experts are not TP-sharded; the
-issue's layout keeps TP on attention and the dense layers): the MoE gathers the sequence as the
-dense MLP does, every tp rank routes and runs the same tokens, and its output is cut back to the
-rank's sequence slice. Backward gathers the output gradient first, so every tp rank computes the
-same MoE gradients and no extra reduction is needed (torchtitan's llama4 `apply_moe_ep_tp` uses
-the same Shard(1) -> Replicate input and a sequence-sharded output).
+A mixture-of-experts block's MLP runs on the rank's own sequence slice, with no collective over
+tp: each tp rank routes its own tokens, sends their copies to the experts (over the expert mesh,
+whose groups span tp: parallel/expert.py) and gets its slice of the output back. That is
+Megatron-Core's sequence-parallel MoE with expert_tensor_parallel_size 1 (its router's weight is
+marked `sequence_parallel`, megatron/core/transformer/moe/router.py, so its gradient is summed
+over tp); torchtitan's etp = 1 gathers the sequence and splits the routed copies over tp instead
+(`ReordererSequenceParallel`, torchtitan/distributed/expert_parallel.py), the same work after an
+all-gather and before a reduce-scatter this layout does without. The router and any shared
+experts are replicated over tp and run as `SequenceParallel` on the rank's rows (dim 0 of the
+flattened tokens): DTensor sums their weights' gradients over tp, as it does the norms'.
 
 `float8_styles` swaps in torchao's Float8 Colwise/Rowwise styles, which all-gather activations
 in float8; only backends with float8 collectives (nccl) take them.
@@ -35,7 +39,6 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
-    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -91,7 +94,7 @@ def apply_tensor_parallel(
                 "attention.wv": Colwise(),
                 "attention.wo": Rowwise(output_layouts=Shard(1)),
                 "ffn_norm": SequenceParallel(),
-                **(_dense_mlp_plan(Colwise, Rowwise, prepare) if dense else _moe_plan()),
+                **(_dense_mlp_plan(Colwise, Rowwise, prepare) if dense else _moe_plan(block.feed_forward)),
             },
         )
 
@@ -105,18 +108,15 @@ def _dense_mlp_plan(Colwise, Rowwise, PrepareInput) -> dict:
     }
 
 
-def _moe_plan() -> dict:
-    """The whole sequence in as a plain tensor, the rank's slice out (Replicate -> Shard(1))."""
-    return {
-        "feed_forward": PrepareModuleInputOutput(
-            input_layouts=(Shard(1),),
-            desired_input_layouts=(Replicate(),),
-            use_local_input=True,
-            output_layouts=(Replicate(),),
-            desired_output_layouts=(Shard(1),),
-            use_local_output=True,
-        )
-    }
+def _moe_plan(moe) -> dict:
+    """The MoE's input stays the rank's sequence slice; its router and shared experts replicated
+    over tp, on the rank's rows of the flattened tokens [N/tp, D]."""
+    rows = {"feed_forward.router"}
+    if moe.shared_experts is not None:
+        rows |= {f"feed_forward.shared_experts.{name}" for name in ("w1", "w2", "w3")}
+    # ffn_norm's output is a Shard(1) DTensor: the MoE takes its local slice.
+    local = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
+    return {"feed_forward": local, **{name: SequenceParallel(sequence_dim=0, use_local_output=True) for name in rows}}
 
 
 class VocabParallelEmbedding(nn.Module):

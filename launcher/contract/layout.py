@@ -5,12 +5,16 @@ pp (pipeline) x dp_replicate (HSDP replicas) x dp_shard (FSDP) x cp (context) x 
 TP is innermost so it stays on NVLink inside a node; CP next, because its K/V all-gathers are
 the next most frequent collective. The entrypoints build their DeviceMesh in this same order.
 
-Expert parallelism (`expert`, ep) adds no GPUs: as torchtitan's `ParallelDims`
-(torchtitan/distributed/parallel_dims.py, "EP would borrow all cp and some dp_shard degree")
-it borrows its ranks from dp_shard x cp. Those ranks, flattened, are cut into groups of ep
+Expert parallelism (`expert`, ep) adds no GPUs: it borrows its ranks from dp_shard x cp x tp,
+as torchtitan's `ParallelDims` does with expert tensor parallelism off (etp = 1,
+torchtitan/distributed/parallel_dims.py: "EP would borrow all cp and tp and some dp_shard
+degree") and Megatron-Core with expert_tensor_parallel_size 1. A mixture-of-experts layer runs
+on the rank's own slice of the sequence, so every rank of dp_shard x cp x tp holds different
+tokens there (`moe_ranks`). Those ranks, flattened with tp innermost, are cut into groups of ep
 consecutive ranks; each group holds every expert once (num_experts / ep per rank) and trades
-tokens by all-to-all, and FSDP shards the experts over the dp_shard x cp / ep groups
-(`expert_fsdp`). The MoE layers' other weights and every other layer keep the 5-D mesh.
+tokens by all-to-all, and FSDP shards the experts over the dp_shard x cp x tp / ep groups
+(`expert_fsdp`). The MoE layers' router and shared experts and every other layer keep the 5-D
+mesh.
 
 The launcher (recipe validation, the planner, the estimator) and the entrypoints (the resolved
 config, the pipeline split) both read the rules here, so a layout one side accepts is one the
@@ -37,7 +41,7 @@ class Layout:
     data_replicate: int = 1
     data_shard: int = 1
     expert: int = 1
-    """Expert-parallel degree: ranks of dp_shard x cp that split each MoE layer's experts
+    """Expert-parallel degree: ranks of dp_shard x cp x tp that split each MoE layer's experts
     (1: every rank holds all experts). Not a factor of world_size."""
     virtual_stages: int = 1
     pipeline_layers: tuple[int, ...] | None = None
@@ -59,9 +63,21 @@ class Layout:
         return self.data_shard * self.context
 
     @property
+    def moe_ranks(self) -> int:
+        """Ranks that hold different tokens in a mixture-of-experts layer: dp_shard x cp x tp (tp
+        ranks route their own slices of the sequence), the ranks expert parallelism borrows."""
+        return self.fsdp_shard * self.tensor
+
+    @property
     def expert_fsdp(self) -> int:
-        """Ranks that shard each expert-parallel rank's experts: dp_shard x cp / expert."""
-        return self.fsdp_shard // self.expert
+        """Ranks that shard each expert-parallel rank's experts: dp_shard x cp x tp / expert."""
+        return self.moe_ranks // self.expert
+
+    @property
+    def experts_apart(self) -> bool:
+        """Whether a MoE layer's experts are an FSDP unit of their own, on the expert mesh: under
+        expert parallelism, or under TP, whose ranks compute the experts on different tokens."""
+        return self.expert > 1 or self.tensor > 1
 
     @property
     def num_stages(self) -> int:
@@ -361,21 +377,22 @@ def _tensor_problems(layout: Layout, model: ModelShape, gpus_per_node: int) -> l
 
 def expert_choices(model: ModelShape, layout: Layout) -> list[int]:
     """The `parallel.expert` degrees this model and layout can run: divisors of the expert count
-    that also divide dp_shard x cp (1 alone for a dense model)."""
+    that also divide dp_shard x cp x tp (1 alone for a dense model)."""
     if model.moe is None:
         return [1]
-    return [e for e in divisors(model.moe.num_experts) if layout.fsdp_shard % e == 0]
+    return [e for e in divisors(model.moe.num_experts) if layout.moe_ranks % e == 0]
 
 
 def expert_problems(layout: Layout, model: ModelShape) -> list[LayoutProblem]:
     """Expert parallelism: every rank of an EP group holds the same number of whole experts, and
-    the group is made of dp_shard x cp ranks.
+    the group is made of dp_shard x cp x tp ranks.
 
-    torchtitan's `ParallelDims._validate` (torchtitan/distributed/parallel_dims.py) asks
-    `ep % cp == 0 and (dp_shard * cp) % ep == 0`, since its mesh splits dp_shard into
-    dp_shard_mod_ep x dp_shard_in_ep and puts all of cp inside EP. The entrypoints here flatten
-    dp_shard x cp first and cut that into (dp_shard x cp / ep, ep) (entrypoints/parallel/expert.py),
-    so any ep dividing dp_shard x cp is a valid grouping, an ep smaller than cp included.
+    torchtitan's `ParallelDims._validate` (torchtitan/distributed/parallel_dims.py) asks, with
+    etp = 1, `ep % (cp * tp) == 0 and (dp_shard * cp * tp) % ep == 0`, since its mesh splits
+    dp_shard into dp_shard_mod_ep x dp_shard_in_ep and puts all of cp and tp inside EP. The
+    entrypoints here flatten dp_shard x cp x tp first and cut that into (dp_shard x cp x tp / ep,
+    ep) (entrypoints/parallel/expert.py), so any ep dividing dp_shard x cp x tp is a valid
+    grouping, an ep smaller than cp x tp included.
     """
     e = layout.expert
     if e == 1:
@@ -389,12 +406,12 @@ def expert_problems(layout: Layout, model: ModelShape) -> list[LayoutProblem]:
     valid = choices(expert_choices(model, layout))
     if experts % e:
         return [LayoutProblem(key, f"{e} does not divide the model's {experts} experts; use {valid}")]
-    if layout.fsdp_shard % e:
+    if layout.moe_ranks % e:
         return [
             LayoutProblem(
                 key,
-                f"{e} does not divide data_shard {layout.data_shard} x context {layout.context} = "
-                f"{layout.fsdp_shard}, the ranks expert parallelism borrows; use {valid}",
+                f"{e} does not divide data_shard {layout.data_shard} x context {layout.context} x tensor "
+                f"{layout.tensor} = {layout.moe_ranks}, the ranks expert parallelism borrows; use {valid}",
             )
         ]
     return []

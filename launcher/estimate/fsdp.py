@@ -56,6 +56,7 @@ class _Block:
       each T/t x h, with an fp32 rstd per token (CUDA's fused RMSNorm);
     - the inputs of the attention and MLP projections: the norm outputs, all-gathered along
       the sequence under TP, so T x h each (DTensor keeps the gathered tensor, not the shard);
+      an MoE block's MLP runs on the shard (parallel/tensor.py), so only the attention's;
     - rotated q (T x h/t), k and v (T x kv/t; under CP a checkpointed block's recomputation
       keeps the K/V all-gathered from the whole sequence, c x that), the attention output
       (T x h/t, once: the CP kernel writes its merged output laid out [B, S, H, D], so wo's
@@ -145,7 +146,8 @@ class _Block:
         self.input_gradient = _attention_input_gradient(w, cb, float8_all_gather)
         self.mlp_input_gradient = _mlp_input_gradient(w, cb, mlp, float8_tp_styles)
         self.layer_input = cb * sharded * h
-        incoming = cb * (sharded * h + (tokens * h if t > 1 else 0))
+        # Under TP the dense MLP's output gradient is all-gathered; an MoE's stays the shard.
+        incoming = cb * (sharded * h + (tokens * h if t > 1 and arch.moe is None else 0))
         self.backward_working, self.at_w2_backward = _mlp_backward_working(w, cb, mlp, incoming)
         self.freed_in_backward = mlp.freed_in_backward  # released of the saved set by then
         # A checkpointed MoE block may peak in its recomputation instead: its working set there.
@@ -184,9 +186,9 @@ class _Block:
         unconverted = small + mlp.grouped_params + mlp.router_params
         self.gathered = (1 if float8_all_gather else cb) * float8_linear + cb * unconverted
         self._experts_apart(w, cb, mlp, incoming)
-        # The reduce-scatter input kept until the next one: the block's unit, or under expert
-        # parallelism the block without its experts, a unit reduced before it.
-        self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.expert > 1 else 0)
+        # The reduce-scatter input kept until the next one: the block's unit, or with its experts
+        # a unit of their own (`Layout.experts_apart`) the block without them, reduced after them.
+        self.reduce_scatter_params = self.params - (mlp.grouped_params if w.layout.experts_apart else 0)
         # The unit's last parameter (feed_forward's w3; an MoE block's experts' w3, for want of a
         # trace): its unsharded gradient outlives the reduce-scatter's copy-in (`_reduce_scatter_transient`).
         self.last_param = mlp.grouped_params / 3 if mlp.grouped_params else mlp.linear_params / 3
@@ -247,9 +249,10 @@ class _Block:
 
     def _experts_apart(self, w: Workload, cb: int, mlp: _Mlp, incoming: float) -> None:
         """What FSDP holds of a block's experts apart from the rest of it (`_gathered_in_backward`)."""
-        # The block without its experts under EP (a unit of their own), as the root's backward
-        # prefetch gathers the last one (`_unpipelined_moments`) and a block's experts' the one below.
-        self.last_prefetched = self.gathered - (cb * mlp.grouped_params if w.layout.expert > 1 else 0)
+        # The block without its experts where they are a unit of their own (`Layout.experts_apart`),
+        # as the root's backward prefetch gathers the last one (`_unpipelined_moments`) and a
+        # block's experts' the one below.
+        self.last_prefetched = self.gathered - (cb * mlp.grouped_params if w.layout.experts_apart else 0)
         # Over one FSDP rank a prefetch holds nothing: unshard only records an event, and the
         # shard is copied into the parameters when the unit's own pre-hook waits for it
         # (FSDPParamGroup.unshard and wait_for_unshard, `world_size == 1`). Traced: 8B 8K, TP 4,
@@ -268,7 +271,7 @@ class _Block:
         if w.arch.moe is None:
             return None
         kept = _BackwardMoment(self.saved, incoming, 0.0, 0.0, self.tp_gathered, self.cp_gathered)
-        if w.layout.expert == 1:
+        if not w.layout.experts_apart:
             return {False: kept, True: _BackwardMoment(self.layer_input, incoming, 0.0, 0.0, 0.0, 0.0)}
         recomputing = self.saved + self.tp_regathered + self.recomputed_kv - mlp.expert_saved
         return {
@@ -293,7 +296,7 @@ class _Block:
         experts once or more each, in fp32 by default.
         Traced: Mixtral 4 layers on 8 GPUs, TP 4, EP 2, no AC, sync_each: 3.7% under the trace
         without it."""
-        if w.arch.moe is None or w.layout.expert == 1:
+        if w.arch.moe is None or not w.layout.experts_apart:
             return None
         cb, experts = _compute_bytes(w), mlp.grouped_params
         reduced = _reduce_scatter_transient(
@@ -606,10 +609,10 @@ def _tp_gathered_saved(w: Workload, cb: int, local: float, float8_all_gather: bo
 
     Sequence parallel keeps the all-gathered norm outputs: (t - 1) more shards of each. Under
     parallel.tp_saved_inputs shard (parallel/regather.py) a kept block keeps only this rank's shard
-    of the attention's and the dense MLP's (an MoE block gathers its own input, tensor.py) and
+    of the attention's and the dense MLP's (an MoE block's MLP runs on the shard, tensor.py) and
     gathers the rest again in backward; a checkpointed block's recomputation keeps them."""
     t, tokens, h = w.layout.tensor, _tokens(w), w.arch.hidden_size
-    gathered = cb * (tokens - tokens / t) * h * 2
+    gathered = cb * (tokens - tokens / t) * h * (1 if w.arch.moe else 2)
     if float8_all_gather and t > 1:
         local, gathered = _float8_tp_styles_saved(w, cb, local)
     if w.tp_saved_inputs != "shard" or t == 1:
@@ -624,7 +627,7 @@ def _float8_tp_styles_saved(w: Workload, cb: int, local: float) -> tuple[float, 
     styles (parallel/tensor.py, tensorwise FP8 on nccl). PrepareFloat8ModuleInput casts the norm
     output to float8 before the all-gather, and Float8Linear saves the gathered float8 tensor
     (matmul_with_hp_or_float8_args saves its input as given): the attention's, and the dense
-    MLP's (an MoE block gathers its input in the compute dtype), 1 byte per value of the whole
+    MLP's (an MoE block's MLP runs on the bf16 shard), 1 byte per value of the whole
     sequence with no bf16 shard kept. Float8RowwiseParallel hands wo and w2 float8 inputs: w2's
     replaces the bf16 gated product, wo's is a copy beside the attention output, which attention
     keeps for its own backward. Found by tracing 8B, 8K, TP 2 without recomputation: 0.81 GiB
@@ -635,7 +638,7 @@ def _float8_tp_styles_saved(w: Workload, cb: int, local: float) -> tuple[float, 
     float8_inputs = 2 if arch.moe is None else 1
     local -= float8_inputs * (cb - 1) * sharded * h  # the float8 inputs' own shards
     local += tokens * arch.q_dim / t  # wo's float8 input
-    gathered = float8_inputs * (tokens - sharded) * h + (2 - float8_inputs) * cb * (tokens - sharded) * h
+    gathered = float8_inputs * (tokens - sharded) * h
     if arch.moe is None:
         local -= (cb - 1) * tokens * arch.ffn_hidden_size / t  # w2's input, in float8
     return local, gathered
@@ -700,7 +703,7 @@ def _context_parallel_kv(w: Workload, cb: int, tokens: float) -> tuple[bool, flo
 
 class _Mlp:
     """The MLP's part of a block: the dense SwiGLU (f/t columns per tp rank), or a mixture of
-    experts (moe.py; whole on every tp rank)."""
+    experts (moe.py; on the rank's own T/t tokens under TP)."""
 
     __slots__ = (
         "saved",
@@ -1140,7 +1143,7 @@ def _experts_on_dim_1(w: Workload) -> bool:
     moe, layout = w.arch.moe, w.layout
     if moe is None:
         return False
-    shards = layout.expert_fsdp if layout.expert > 1 else layout.fsdp_shard
+    shards = layout.expert_fsdp if layout.experts_apart else layout.fsdp_shard
     return (moe.num_experts // layout.expert) % shards != 0
 
 

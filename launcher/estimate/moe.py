@@ -3,8 +3,8 @@ accounting (fsdp.py) counts in place of the dense SwiGLU when the model has a `m
 
 Derived from entrypoints/model/moe.py and model/dispatch.py and checked against the fake-tensor
 trace of them (tests/estimate/test_traced.py). N tokens of the sequence live on the rank
-(b x s / cp: under TP every tp rank routes the whole gathered sequence, tensor.py); each goes to
-top-k experts, so the layer sends C = N x k token copies, and its local experts compute on the R
+(b x s / (cp x tp): under TP each tp rank routes its own slice of the sequence,
+entrypoints/parallel/tensor.py); each goes to top-k experts, so the layer sends C = N x k token copies, and its local experts compute on the R
 rows they receive: C without expert parallelism, C x ROUTING_BOUND under it (below).
 
 Saved for backward, per layer:
@@ -96,8 +96,9 @@ class MoeMemory:
     local_params: float
     """Parameters this rank computes with: router, shared experts and its E / ep experts."""
     state_params: float
-    """Parameters whose FSDP shards this rank holds a share of: router, shared experts and every
-    expert (EP and expert_fsdp together split them over dp_shard x cp)."""
+    """Parameters whose FSDP shards this rank holds a share of, as a share of dp_shard x cp
+    (`Layout.fsdp_shard`): router, shared experts and every expert over tp, since EP and
+    expert_fsdp together split the experts over dp_shard x cp x tp (`Layout.moe_ranks`)."""
     local_expert_params: float
     """The E / ep experts alone: under EP an FSDP unit of their own (entrypoints/parallel/fsdp.py)."""
     expert_saved: float
@@ -117,7 +118,7 @@ def routed_rows(workload: Workload) -> tuple[float, float]:
     (entrypoints/model/moe.py `route`), so each expert gets at most ceil(C / E) rows from each
     EP rank: R = E x ceil(C / E), whatever the router learned."""
     moe, layout = workload.arch.moe, workload.layout
-    sent = workload.micro_batch_size * workload.seq_len / layout.context * moe.top_k
+    sent = workload.micro_batch_size * workload.seq_len / layout.context / layout.tensor * moe.top_k
     if layout.expert == 1:
         return sent, sent
     if workload.moe_force_load_balance:
@@ -152,7 +153,7 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
     arch, layout = workload.arch, workload.layout
     moe, h = arch.moe, arch.hidden_size
     f, experts, k, ep = moe.expert_ffn_hidden_size, moe.num_experts, moe.top_k, layout.expert
-    tokens = workload.micro_batch_size * workload.seq_len / layout.context
+    tokens = workload.micro_batch_size * workload.seq_len / layout.context / layout.tensor
     sent, rows = routed_rows(workload)
     shared_f = moe.shared_experts * f
     fp8 = workload.experts_in_fp8
@@ -200,7 +201,7 @@ def moe_memory(workload: Workload, cb: int) -> MoeMemory:
         recompute_working=recompute,
         swiglu_recompute_working=swiglu,
         local_params=router_params + shared_params + experts / ep * expert_params,
-        state_params=router_params + shared_params + experts * expert_params,
+        state_params=router_params + shared_params + experts * expert_params / layout.tensor,
         local_expert_params=experts / ep * expert_params,
         expert_saved=expert_set,
         output_gradient=cb * rows * h,

@@ -120,7 +120,7 @@ def shapes(
                                 data_shard=rest // replicate,
                             )
                             sched = "interleaved_1f1b" if v > 1 else plain_schedule
-                            # A mixture of experts also splits its experts over EP ranks of dp_shard x cp.
+                            # A mixture of experts also splits its experts over EP ranks of dp_shard x cp x tp.
                             for ep in expert_choices(arch, dense):
                                 layout = replace(dense, expert=ep) if ep > 1 else dense
                                 if layout_problems(

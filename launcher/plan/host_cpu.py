@@ -40,6 +40,7 @@ from launcher.plan.modes import AC_RECOMPUTE, FORWARD_SHARE
 MB = 1e6
 GFLOP = 1e9
 TP_COLLECTIVES_PER_LAYER = 8  # sequence-parallel: all-gather + reduce-scatter around attention and the MLP, x2 backward
+MOE_TP_COLLECTIVES_PER_LAYER = 4  # an MoE runs on the rank's own tokens: the attention's alone
 FSDP_TRANSFERS = 3  # the forward all-gather, backward's all-gather again (reshard after forward), the reduce-scatter
 EP_TRANSFERS = 4  # dispatch and combine all-to-alls, forward and backward
 
@@ -54,9 +55,9 @@ def cpu_work(workload: Workload) -> dict[str, float]:
     layers = -(-arch.num_layers // p)  # the stage with the most layers sets the pace
     tokens = s * mb * micro_batches / c  # this rank's: its data-parallel share, 1/c of each sequence
     attention_params = (2 * h * q + 2 * h * kv) / t
-    # An MoE layer runs whole on every TP rank (entrypoints/parallel/tensor.py): the router and
-    # the top-k experts a token passes through; a dense MLP's columns are split over TP.
-    ffn_params = 3 * h * arch.moe.active_ffn_width() if arch.moe else 3 * h * arch.ffn_hidden_size / t
+    # Each TP rank runs an MoE layer on its own 1/t of the tokens (entrypoints/parallel/tensor.py):
+    # the router and the top-k experts a token passes through; a dense MLP's columns are split over TP.
+    ffn_params = 3 * h * (arch.moe.active_ffn_width() if arch.moe else arch.ffn_hidden_size) / t
     output = h * vocab / p / t  # the loss stage's output layer, spread as the stage split would
     dense = 6 * tokens * (layers * (attention_params + ffn_params) + output)
     attention = 6 * tokens * layers * q * s / t  # causal: each query sees s/2 keys, forward and backward
@@ -79,7 +80,7 @@ def cpu_work(workload: Workload) -> dict[str, float]:
         regathers = 0.0
         if workload.tp_saved_inputs == "shard":
             regathers = (1 if workload.arch.moe else 2) * (1 - AC_RECOMPUTE[workload.activation_checkpointing])
-        collectives = TP_COLLECTIVES_PER_LAYER + regathers
+        collectives = (MOE_TP_COLLECTIVES_PER_LAYER if workload.arch.moe else TP_COLLECTIVES_PER_LAYER) + regathers
         work["tp_layer_micro_batch"] = per_micro_batch * collectives / TP_COLLECTIVES_PER_LAYER
         work["tp_mb"] = per_micro_batch * collectives * activations * (t - 1) / t / MB
     if c > 1:
@@ -91,14 +92,14 @@ def cpu_work(workload: Workload) -> dict[str, float]:
         # the CPU fallback of the grouped GEMM runs one matmul per local expert (entrypoints/model/moe.py)
         work["expert_layer_micro_batch"] = per_micro_batch * arch.moe.num_experts / ep
         if ep > 1:  # each routed token goes to its experts' ranks and back, forward and backward
-            routed = mb * s / c * arch.moe.top_k * h * width
+            routed = mb * s / c / t * arch.moe.top_k * h * width
             work["ep_mb"] = per_micro_batch * EP_TRANSFERS * routed * (ep - 1) / ep / MB
     return work
 
 
 def _sharded_parameters(workload: Workload, layers: int, attention_params: float, width: int) -> dict[str, float]:
     """FSDP's megabytes (the dense weights over dp_shard x cp, each layer's local experts over
-    dp_shard x cp / ep, `Layout.expert_fsdp`) and HSDP's all-reduce megabytes between replicas."""
+    dp_shard x cp x tp / ep, `Layout.expert_fsdp`) and HSDP's all-reduce megabytes between replicas."""
     arch, layout = workload.arch, workload.layout
     t, p, shard = layout.tensor, layout.pipeline, layout.fsdp_shard
     dense = layers * attention_params + 2 * arch.hidden_size * arch.vocab_size / p / t

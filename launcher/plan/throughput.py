@@ -600,7 +600,7 @@ class _Step:
         "s", "layers", "recompute", "fp8", "fp8_gather", "rows", "bf16_peak", "hbm", "intra", "inter",
         "gpus_per_node", "usd_per_hour", "block_params", "stage_params", "has_output", "node_network",
         "accumulation", "grad_bytes", "cp_attention", "machine", "moe", "ep", "copies", "state_params", "active_f",
-        "fp8_experts", "expert_rows", "expert_block_params", "family", "by_recompute",
+        "fp8_experts", "expert_rows", "expert_block_params", "family", "by_recompute", "moe_rows", "experts_apart",
     )  # fmt: skip
 
     def __init__(
@@ -639,6 +639,8 @@ class _Step:
         h, q, kv, f = self.h, self.q, self.kv, self.f
         small = 2 * h + arch.attention_extra_params()  # norms (QK-norms), attention biases
         self.moe, self.ep = arch.moe, layout.expert
+        self.experts_apart = arch.moe is not None and layout.experts_apart  # a unit of their own
+        self.moe_rows = 0.0
         self.active_f = f  # the MLP width a token's FLOPs see (MFU): the dense f, or the MoE's below
         output = self.vocab * h + h if self.has_output else 0  # the last rank's final norm and output layer
         if self.moe is None:
@@ -650,16 +652,19 @@ class _Step:
             self._moe_params(h, q, kv, small, output)
 
     def _moe_params(self, h: int, q: int, kv: int, small: int, output: int) -> None:
-        """A mixture-of-experts model (entrypoints/model/moe.py): the MLP is whole on every tp rank,
-        where the per-layer counts here are divided by t (fsdp_traffic, optimizer_time), so it is
-        counted t times; a rank gathers and reduces its E / ep experts, and holds state shards of
-        all E (ep x expert_fsdp = dp_shard x cp). The dense f goes to 0: the experts' work is
-        priced on its own (expert_gemm_time)."""
+        """A mixture-of-experts model (entrypoints/model/moe.py): each tp rank routes its own
+        slice of the sequence (parallel/tensor.py). The router and shared experts are whole on
+        every tp rank, where the per-layer counts here are divided by t (fsdp_traffic,
+        optimizer_time), so they are counted t times; a rank gathers and reduces its E / ep
+        experts, and holds state shards of all E over dp_shard x cp x tp (ep x expert_fsdp,
+        `Layout.moe_ranks`). The dense f goes to 0: the experts' work is priced on its own
+        (expert_gemm_time)."""
         moe, t = self.moe, self.t
         expert = moe.expert_params(h)
         dense = moe.num_experts * h + 3 * h * moe.shared_experts * moe.expert_ffn_hidden_size  # router, shared
         attention = 2 * h * q + 2 * h * kv + small
-        self.copies = self.rows * moe.top_k  # token copies one rank routes per micro-batch
+        self.moe_rows = self.rows // t  # tokens one rank routes per micro-batch
+        self.copies = self.moe_rows * moe.top_k  # their token copies
         # FP8 experts (entrypoints/model/fp8_experts.py) compute on a buffer of R rounded up to 16
         # plus 16 x E/ep rows, every row of it (the rows past the last group join the last expert).
         self.fp8_experts = self.fp8 and self.w.experts_in_fp8
@@ -668,7 +673,7 @@ class _Step:
         self.expert_block_params = self.layers * t * moe.num_experts // self.ep * expert  # this rank's experts
         self.block_params = self.layers * (attention + t * dense) + self.expert_block_params
         self.stage_params = self.block_params + output
-        self.state_params = self.layers * (attention + t * (dense + moe.num_experts * expert)) + output
+        self.state_params = self.layers * (attention + t * dense + moe.num_experts * expert) + output
         self.active_f = moe.active_ffn_width()
         self.f = 0
 
@@ -951,11 +956,11 @@ def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> 
     under FP8, as torchao's rowwise FP8 grouped GEMMs (entrypoints/model/fp8_experts.py) on
     their padded rows.
 
-    Every tp rank runs its whole micro-batch (tensor.py), so nothing here is divided by t. The
+    Each tp rank routes its own N = b x s / (c x t) tokens (tensor.py). The
     router is N x h x E; each of the N x k copies goes through one expert's three h x f GEMMs,
     which the grouped GEMM runs as E / ep problems of about N x k x ep / E rows each (balanced
     routing), so few rows per expert lower the rate; the shared experts are a dense N x h SwiGLU."""
-    moe, rows, h = step.moe, step.rows, step.h
+    moe, rows, h = step.moe, step.moe_rows, step.h
     f = moe.expert_ffn_hidden_size
     rate = peak * efficiency * _dim_eff(h, half)
     router = 6 * rows * h * moe.num_experts / (rate * _dim_eff(rows, half) * _dim_eff(moe.num_experts, half))
@@ -976,15 +981,16 @@ def expert_gemm_time(step: _Step, peak: float, efficiency: float, half: int) -> 
 def expert_parallel_time(step: _Step) -> float:
     """The token all-to-alls of one micro-batch under expert parallelism (model/dispatch.py):
     there and back in forward, both again in backward and in a recomputed forward, and the
-    router weights' beside them, over the EP group, ep consecutive ranks of dp_shard x cp (tp
-    apart). They sit between the router and the experts, so nothing overlaps them."""
+    router weights' beside them, over the EP group, ep consecutive ranks of dp_shard x cp x tp
+    (tp innermost: parallel/expert.py). They sit between the router and the experts, so nothing
+    overlaps them."""
     if step.moe is None or step.ep == 1:
         return 0.0
     k = step.k
-    all_to_all = step.exchange_time(step.t, step.ep, *expert_exchange_bytes(step, k.activation_bytes * step.h))
+    all_to_all = step.exchange_time(1, step.ep, *expert_exchange_bytes(step, k.activation_bytes * step.h))
     # The copies' router weights go with the rows (one scalar each, its gradient back in backward):
     # latency, all but free of bytes.
-    weights = step.exchange_time(step.t, step.ep, *expert_exchange_bytes(step, k.activation_bytes))
+    weights = step.exchange_time(1, step.ep, *expert_exchange_bytes(step, k.activation_bytes))
     return step.layers * ((4 + 2 * step.recompute) * all_to_all + (2 + step.recompute) * weights)
 
 
@@ -1003,10 +1009,10 @@ def expert_exchange_bytes(step: _Step, per_copy: float) -> tuple[float, float]:
     x hidden_dim). Its NVLink side is priced as every copy not for the rank itself crossing
     NVLink once, on this node or after the network."""
     ep, copies = step.ep, step.copies * per_copy
-    local = step.ranks_per_node(step.t, ep)
+    local = step.ranks_per_node(1, ep)
     if not step.w.ep_dispatch_per_node or local >= ep:
-        return step.even_split(step.t, ep, copies)
-    tokens = step.rows * per_copy
+        return step.even_split(1, ep, copies)
+    tokens = step.moe_rows * per_copy
     nodes = ceil(ep / local)
     return copies * (ep - 1) / ep, tokens * remote_nodes_per_token(step.moe.num_experts, step.moe.top_k, nodes)
 
@@ -1190,7 +1196,8 @@ def loss_time(step: _Step) -> float:
 
 def tensor_parallel_time(step: _Step) -> float:
     """Sequence parallel's collectives of one micro-batch: an all-gather before attention and the
-    MLP and a reduce-scatter after each, in forward, again in backward and in a recomputed forward;
+    MLP and a reduce-scatter after each (an MoE runs on the rank's own tokens: the attention's
+    alone), in forward, again in backward and in a recomputed forward;
     with float8 TP styles the forward all-gathers move 1-byte activations. Under
     tp_saved_inputs shard a kept block all-gathers both inputs once more in backward, for the
     weight gradients (parallel/regather.py; an MoE block only the attention's). The loss
@@ -1207,7 +1214,8 @@ def tensor_parallel_time(step: _Step) -> float:
         layer = _userbuffers_tp_layer if step.w.tp_overlap == "userbuffers" else _overlapped_tp_layer
         return step.layers * layer(step, gather, collective, regathers) + loss
     # The entrypoints' DTensor sequence parallel: every collective sits between dependent matmuls.
-    per_layer = (2 * gather + 2 * collective) * (1 + step.recompute) + 4 * collective
+    gathered_inputs = 1 if step.moe is not None else 2
+    per_layer = gathered_inputs * ((gather + collective) * (1 + step.recompute) + 2 * collective)
     return step.layers * (per_layer + regathers * _regather_exposed(step, gather)) + loss
 
 
@@ -1347,9 +1355,9 @@ class _FsdpTraffic(NamedTuple):
 
 
 def fsdp_traffic(step: _Step) -> _FsdpTraffic:
-    """Every FSDP unit over dp_shard x cp (tp apart); under expert parallelism the experts of a
-    block are a unit of their own (entrypoints/parallel/fsdp.py) over their expert_fsdp group
-    (`_expert_fsdp_spread`), with a collective of its own per block."""
+    """Every FSDP unit over dp_shard x cp (tp apart); under expert or tensor parallelism the
+    experts of a block are a unit of their own (entrypoints/parallel/fsdp.py) over their
+    expert_fsdp group (`_expert_fsdp_spread`), with a collective of its own per block."""
     shard, k, layers = step.shard, step.k, step.layers
     bw, lat = step.link(step.t, shard)
     spread = (shard - 1) / shard / bw / step.t
@@ -1364,17 +1372,18 @@ def fsdp_traffic(step: _Step) -> _FsdpTraffic:
 
 
 def _expert_fsdp_spread(step: _Step, spread: float) -> tuple[float, float]:
-    """(seconds per parameter, latency) of the experts' FSDP collectives. Without expert
-    parallelism they are part of their block's unit (`spread`, no latency of their own). Under it
-    the group is expert_fsdp = dp_shard x cp / ep ranks holding the same E/ep experts: the expert
-    mesh is (pp, dp_replicate, expert_fsdp, ep, tp) (entrypoints/parallel/expert.py), so they sit
-    ep x tp apart, often one per node, and get that node's NIC share, not the whole node's."""
-    if step.moe is None or step.ep == 1:
+    """(seconds per parameter, latency) of the experts' FSDP collectives. Without expert or
+    tensor parallelism they are part of their block's unit (`spread`, no latency of their own).
+    Under either the group is expert_fsdp = dp_shard x cp x tp / ep ranks holding the same E/ep
+    experts: the expert mesh is (pp, dp_replicate, expert_fsdp, ep) (entrypoints/parallel/
+    expert.py), so they sit ep apart, often one per node past a node's worth of EP, and get that
+    node's NIC share, not the whole node's."""
+    if not step.experts_apart:
         return spread, 0.0
-    group = step.shard // step.ep
+    group = step.shard * step.t // step.ep
     if group == 1:
         return 0.0, 0.0  # every rank holds its experts whole: nothing to gather or reduce-scatter
-    bw, lat = step.link(step.t * step.ep, group)
+    bw, lat = step.link(step.ep, group)
     return (group - 1) / group / bw / step.t, lat
 
 

@@ -25,7 +25,13 @@ MOE_MODEL_NO_AUX = {**MOE_MODEL, "moe": {**MOE, "aux_loss_coef": 0.0, "z_loss_co
 MOE_MODEL_6 = {**MOE_MODEL, "moe": {**MOE, "num_experts": 6}}
 # Its jobs train 3 steps and checkpoint at step 2: the resumed job's step 3 is the uninterrupted one's.
 SIX_EXPERTS = {"checkpoint.every_steps": 2, "training.steps": 3}
-REFERENCES = {"moe": MOE_MODEL, "moe-no-aux": MOE_MODEL_NO_AUX, "moe6": MOE_MODEL_6}
+# A shared expert and a sigmoid router (DeepSeek-style): under TP both are replicated over the tp
+# ranks, which run them on different tokens (parallel/tensor.py), and their gradients are summed.
+MOE_MODEL_SHARED = {
+    **MOE_MODEL,
+    "moe": {**MOE, "shared_experts": 1, "router_score": "sigmoid", "aux_loss_coef": 1.0, "z_loss_coef": 0.1},
+}
+REFERENCES = {"moe": MOE_MODEL, "moe-no-aux": MOE_MODEL_NO_AUX, "moe6": MOE_MODEL_6, "moe-shared": MOE_MODEL_SHARED}
 REFERENCE_STEPS = {"moe6": {"training.steps": 3}}
 # name -> (overrides, parallel.expert, its reference), each on 4 ranks. "no_ep_dp_shard4" is
 # ep2/ep4's layout without expert parallelism: EP must not move them from it by more than float
@@ -34,7 +40,12 @@ LAYOUTS = {
     "ep2_dp_shard4": ({}, 2, "moe"),
     "ep4_dp_shard4": ({}, 4, "moe"),
     "ep2_cp2_dp_shard2": ({"parallel.context": 2}, 2, "moe"),
+    # Under TP each tp rank routes its own tokens: EP 2 is the tp pair, EP 4 spans tp and dp_shard
+    # (Megatron's expert_tensor_parallel_size 1), and without EP the experts are FSDP-sharded over
+    # dp_shard x tp, whose ranks all compute them on different tokens.
     "ep2_tp2_dp_shard2": ({"parallel.tensor": 2}, 2, "moe"),
+    "ep4_tp2_dp_shard2_shared": ({"parallel.tensor": 2}, 4, "moe-shared"),
+    "no_ep_tp2_dp_shard2": ({"parallel.tensor": 2}, 1, "moe"),
     "ep2_pp2_dp_shard2": ({"parallel.pipeline": 2, "parallel.pipeline_schedule": "1f1b"}, 2, "moe-no-aux"),
     "no_ep_dp_shard4": ({}, 1, "moe"),
     "ep2_dp_shard4_6_experts": (SIX_EXPERTS, 2, "moe6"),

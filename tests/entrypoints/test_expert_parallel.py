@@ -24,7 +24,7 @@ def moe_model(**moe):
     return tiny(moe=MoeConfig(**{**MOE, "expert_ffn_hidden_size": 16, **moe}))
 
 
-# --- the rule: EP divides the experts and dp_shard x cp ---------------------------------------
+# --- the rule: EP divides the experts and dp_shard x cp x tp ----------------------------------
 
 
 @pytest.mark.parametrize(
@@ -35,12 +35,14 @@ def moe_model(**moe):
         Layout(data_shard=2, context=2, expert=2),
         Layout(context=4, expert=2),  # smaller than cp: a group is 2 consecutive ranks of dp_shard x cp
         Layout(data_shard=2, tensor=2, expert=2),
+        Layout(data_shard=2, tensor=2, expert=4),  # tp ranks route their own tokens: EP spans them
+        Layout(tensor=4, expert=2),  # smaller than tp
         Layout(data_replicate=2, data_shard=4, expert=4),
         Layout(data_shard=8, expert=8),
     ],
     ids=str,
 )
-def test_allows_an_expert_degree_that_divides_the_experts_and_dp_shard_x_cp(layout):
+def test_allows_an_expert_degree_that_divides_the_experts_and_dp_shard_x_cp_x_tp(layout):
     assert expert_problems(layout, moe_model()) == []
 
 
@@ -49,14 +51,16 @@ def test_rejects_an_expert_degree_that_does_not_divide_the_experts_naming_the_va
     assert problem == ("parallel.expert", "3 does not divide the model's 8 experts; use 1 or 2")
 
 
-def test_rejects_an_expert_degree_that_does_not_divide_dp_shard_x_cp_naming_the_valid_ones():
-    # Tensor and data_replicate ranks are not borrowed: 8 experts on dp_shard 2 x cp 1.
-    (problem,) = expert_problems(Layout(data_shard=2, tensor=2, data_replicate=2, expert=4), moe_model())
+def test_rejects_an_expert_degree_that_does_not_divide_dp_shard_x_cp_x_tp_naming_the_valid_ones():
+    # data_replicate ranks are not borrowed: 8 experts on dp_shard 2 x cp 1 x tp 2.
+    (problem,) = expert_problems(Layout(data_shard=2, tensor=2, data_replicate=2, expert=8), moe_model())
     assert problem == (
         "parallel.expert",
-        "4 does not divide data_shard 2 x context 1 = 2, the ranks expert parallelism borrows; use 1 or 2",
+        "8 does not divide data_shard 2 x context 1 x tensor 2 = 4, the ranks expert parallelism borrows; "
+        "use 1, 2 or 4",
     )
     assert expert_choices(moe_model(), Layout(data_shard=4, context=2)) == [1, 2, 4, 8]
+    assert expert_choices(moe_model(), Layout(context=2, tensor=2)) == [1, 2, 4]
 
 
 @pytest.mark.parametrize("expert", [0, -2])
@@ -106,8 +110,8 @@ def test_pipelined_moe_layers_with_auxiliary_losses_are_refused_naming_the_pipel
         (
             "qwen3-30b-a3b",
             16,
-            "parallel.expert: 16 does not divide data_shard 8 x context 1 = 8, the ranks expert parallelism "
-            "borrows; use 1, 2, 4 or 8",
+            "parallel.expert: 16 does not divide data_shard 8 x context 1 x tensor 1 = 8, the ranks expert "
+            "parallelism borrows; use 1, 2, 4 or 8",
         ),
         ("llama3-8b", 2, "parallel.expert: 2 splits experts, but the model is dense (no moe block); use 1"),
     ],
@@ -205,7 +209,7 @@ def test_experts_sharded_on_dim_1_resume_on_2_ranks_like_the_uninterrupted_run(e
 
 @pytest.mark.torchrun
 def test_expert_parallel_jobs_announce_the_expert_degree_and_train_with_the_auxiliary_losses(expert_runs):
-    for layout in ("dp_shard4xep2", "dp_shard4xep4", "dp_shard2xcp2xep2", "dp_shard2xtp2xep2", "pp2xdp_shard2xep2"):
+    for layout in ("dp_shard4xep2", "dp_shard4xep4", "dp_shard2xcp2xep2", "dp_shard2xtp2xep4", "pp2xdp_shard2xep2"):
         assert f"layout={layout} " in expert_runs["stdout"], layout
     # The reference without auxiliary losses is the same model and data: the losses are in the loss.
     with_aux, without = (metrics(expert_runs["references"][name])[0]["loss"] for name in ("moe", "moe-no-aux"))

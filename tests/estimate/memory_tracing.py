@@ -432,7 +432,8 @@ def trace_resolved(resolved: dict, *, stage: int = 0, dump_at: int | None = None
     rank = rank_of_stage(par, stage)
     if cfg.model.moe is not None:
         ROUTED_ROWS[:] = [
-            training.micro_batch_size * (training.seq_len // par.context) * cfg.model.moe.top_k,
+            # Each tp rank routes its own slice of the sequence (entrypoints/parallel/tensor.py).
+            training.micro_batch_size * (training.seq_len // par.context // par.tensor) * cfg.model.moe.top_k,
             training.moe_force_load_balance,
         ]
     started = time.perf_counter()

@@ -799,10 +799,10 @@ CONFIGS: list[TracedConfig] = [
         global_batch_size=32,
     ),
     TracedConfig(
-        "Mixtral 8x7B 4K tp4 dp2 ep2 sync_each round-robin (4 layers), experts reduced over 1 rank",
+        "Mixtral 8x7B 4K tp4 dp2 ep8 sync_each round-robin (4 layers), experts reduced over 1 rank",
         {"base": "mixtral-8x7b", "num_layers": 4},
         4096,
-        parallel={"tensor": 4, "expert": 2, "grad_accumulation": "sync_each"},
+        parallel={"tensor": 4, "expert": 8, "grad_accumulation": "sync_each"},
         global_batch_size=4,
         training={"moe_force_load_balance": True},
     ),
@@ -940,6 +940,18 @@ CONFIGS: list[TracedConfig] = [
         4096,
         instances=2,
         parallel={"pipeline": 2, "pipeline_schedule": "1f1b", "expert": 8, "activation_checkpointing": "full"},
+        precision={"fp8": True, "fp8_experts": True},
+        global_batch_size=16,
+    ),
+    # Megatron-Bridge's Qwen3-235B-A22B H100 layout (TP 2, EP 32 with expert_tensor_parallel_size
+    # 1: scripts/performance/configs/qwen/qwen3_workload_base_configs.py, v0.4.0) without its
+    # pipeline: the tp ranks route their own tokens, and EP 32 spans tp 2 x dp_shard 16.
+    TracedConfig(
+        "Qwen3-235B-A22B 4K tp2 dp16 ep32 fp8 experts selective (4 layers), EP spanning tp",
+        {"base": "qwen3-235b-a22b", "num_layers": 4},
+        4096,
+        instances=4,
+        parallel={"tensor": 2, "expert": 32, "activation_checkpointing": "selective"},
         precision={"fp8": True, "fp8_experts": True},
         global_batch_size=16,
     ),

@@ -5,6 +5,7 @@ at least 0.7 on every sweep of 10 or more layouts; issue 23 keeps the published 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 
@@ -59,8 +60,10 @@ def test_no_source_ranks_above_what_its_configurations_allow(calibration, found)
         if summary.spearman is not None and summary.ceiling is not None:
             assert summary.spearman <= summary.ceiling + 1e-9, source
     moe = next(s for k, s in held.items() if "MoE" in k)
-    assert moe.ceiling < calibration.GOAL["spearman"]  # 26.02 and 26.02.01 ran one layout 1.77x apart
-    assert "no model that reads the configuration can exceed" in "\n".join(calibration.goal_lines(held))
+    assert moe.ceiling < 0.95  # 26.02 and 26.02.01 ran one Qwen3-30B-A3B layout 1.77x apart
+    # A source whose ceiling is below the goal says so in the goal's line.
+    short = {"all": held["all"], "a source": dataclasses.replace(moe, spearman=-0.37, ceiling=0.39)}
+    assert "no model that reads the configuration can exceed 0.39" in "\n".join(calibration.goal_lines(short))
 
 
 def test_every_published_sweep_of_ten_layouts_ranks_with_spearman_of_at_least_0_7(calibration, found):
@@ -101,7 +104,11 @@ BAD_ROWS = [
     ("mbs: 2", "mbs: 2, cp_kernel: ring", r"point 1: missing \[\], unknown \['cp_kernel'\]"),
     ("model: llama3.1-8b", "model: llama9", r"point 1: model 'llama9' is neither in the catalog nor in ARCH"),
     ("source: tt", "source: nowhere", r"point 1: source 'nowhere' is not one of tt"),
-    ("gpus: 8, dp: 8", "gpus: 8, dp: 8, ep: 16", r"point 1: ep 16 must divide dp x cp = 8: expert parallelism borrows"),
+    (
+        "gpus: 8, dp: 8",
+        "gpus: 8, dp: 8, ep: 16",
+        r"point 1: ep 16 must divide dp x cp x tp = 8: expert parallelism borrows",
+    ),
     ("mbs: 2", "mbs: 2, async_tp: 1", r"point 1: async_tp must be true or false"),
     ("mbs: 2", "mbs: 2, recompute_layers: -5", r"point 1: recompute_layers must be a whole number of layers"),
     ("mbs: 2", "mbs: 2, recompute_layers: 5", r"point 1: recompute_layers prices Megatron's block recomputation"),

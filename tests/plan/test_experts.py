@@ -58,13 +58,22 @@ def test_expert_parallelism_adds_all_to_alls_and_needs_no_gather_of_the_other_ra
 
 def test_all_to_alls_across_nodes_cost_more_than_within_one():
     two_nodes = dataclasses.replace(P5, instance_count=2)
-    within = speed(MIXTRAL, Layout(data_shard=16, expert=8), hardware=two_nodes)
-    # ep is laid over dp_shard x cp's consecutive ranks: 8 stay on one node, 16... cannot (8 experts);
-    # with tensor 2 the same 8 EP ranks sit 2 apart and span both nodes.
-    across = speed(MIXTRAL, Layout(tensor=2, data_shard=8, expert=8), hardware=two_nodes)
-    per_copy_within = within.breakdown["expert_parallel"]
-    per_copy_across = across.breakdown["expert_parallel"]
-    assert per_copy_across > 2 * per_copy_within
+    # ep is laid over dp_shard x cp x tp's consecutive ranks: EP 8 stays on one node, EP 16 spans
+    # both, and sends half of each rank's copies through one GPU's NIC share.
+    within = speed(QWEN3_MOE, Layout(data_shard=16, expert=8), hardware=two_nodes)
+    across = speed(QWEN3_MOE, Layout(data_shard=16, expert=16), hardware=two_nodes)
+    assert across.breakdown["expert_parallel"] > 2 * within.breakdown["expert_parallel"]
+
+
+def test_tensor_parallel_ranks_route_their_own_tokens_over_an_ep_group_that_spans_them():
+    # TP 2 x dp_shard 4 under EP 8: each tp rank routes half of the micro-batch (parallel/tensor.py),
+    # over 8 consecutive ranks of one node, so its all-to-alls carry half the copies of dp_shard 8's.
+    two_nodes = dataclasses.replace(P5, instance_count=2)
+    alone = speed(QWEN3_MOE, Layout(data_shard=16, expert=8), hardware=two_nodes)
+    tensor = speed(QWEN3_MOE, Layout(tensor=2, data_shard=8, expert=8), hardware=two_nodes)
+    assert tensor.breakdown["expert_parallel"] == pytest.approx(alone.breakdown["expert_parallel"] / 2, rel=0.05)
+    # And the experts' GEMMs see half the rows a rank (the same FLOPs per token, spread over tp).
+    assert tensor.breakdown["matmul"] < 0.75 * alone.breakdown["matmul"]
 
 
 def test_a_token_reaches_another_node_once_whatever_its_experts_there():
@@ -127,7 +136,7 @@ def test_the_experts_fsdp_group_is_the_ranks_that_hold_the_same_experts():
 def test_the_planner_searches_expert_parallelism_and_shows_it(cli):
     recipe = REPO / "recipes" / "llama3-8b-8k.yaml"
     # 30.5B parameters' weights and AdamW states need two nodes (16 bytes each over 16 GPUs: 30 GB).
-    moe = ("--set", "model=qwen3-30b-a3b", "--set", "cluster.instance_count=2", "--top", "300")
+    moe = ("--set", "model=qwen3-30b-a3b", "--set", "cluster.instance_count=2", "--top", "500")
     found = cli("plan", recipe, *moe, "--json")
     assert found.code == 0, found.err
     plans = json.loads(found.out)
