@@ -96,6 +96,7 @@ class Point:
     distributed_optimizer: bool = False
     cp_ring: bool = False  # CP as Transformer Engine's p2p ring, transfers beside attention (Workload)
     ep_dispatch_per_node: bool = False  # MoE tokens cross nodes once per node, as Hybrid-EP sends them (Workload)
+    moe_a2a_overlap: bool = False  # Megatron's overlap_moe_expert_parallel_comm: all-to-alls beside compute (Workload)
     mlp_activation: str = "swiglu"  # squared_relu_unfused: Megatron's eager squared ReLU (Workload)
     recompute_core_attention: bool = False  # Megatron's recompute_granularity selective (Workload)
     # Gradients reduced (and, under FSDP, accumulated unsharded) in bf16: Megatron's
@@ -130,7 +131,8 @@ class Point:
         container version, the FP8 recipe beyond tensorwise/rowwise) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap, self.userbuffers,
-                self.p2p_overlap, self.ep_dispatch_per_node, self.mlp_activation, self.recompute_core_attention,
+                self.p2p_overlap, self.ep_dispatch_per_node, self.moe_a2a_overlap, self.mlp_activation,
+                self.recompute_core_attention,
                 self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached, self.fp8_casts,
                 self.fp8_experts, self.moe_force_load_balance, self.optimizer_state_dtype,
                 self.recompute_layers, self.logits_materialized)  # fmt: skip
@@ -182,7 +184,8 @@ ROW_REQUIRED = (
 )
 ROW_OPTIONAL = ("tp", "pp", "cp", "vp", "ep", "schedule", "async_tp", "tp_comm_overlap", "overlap_p2p_comm",
                 "distributed_optimizer", "cp_ring", "grad_reduce_bf16", "fp8_weight_cache", "fp8_experts",
-                "moe_force_load_balance", "ep_dispatch_per_node", "mlp_activation", "recompute_core_attention",
+                "moe_force_load_balance", "ep_dispatch_per_node", "moe_a2a_overlap", "mlp_activation",
+                "recompute_core_attention",
                 "optimizer_state_dtype", "recompute_layers", "userbuffers", "note", "assumed", "fitted")  # fmt: skip
 # A source's defaults for its rows (a row's own value wins): what its configs set, cited in the
 # source under the evidence key beside each.
@@ -279,6 +282,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         distributed_optimizer=_setting(row, source, "distributed_optimizer"),
         cp_ring=layout.context > 1 and _setting(row, source, "cp_ring"),
         ep_dispatch_per_node=layout.expert > 1 and bool(row.get("ep_dispatch_per_node")),
+        moe_a2a_overlap=layout.expert > 1 and bool(row.get("moe_a2a_overlap")),
         mlp_activation=row.get("mlp_activation", "swiglu"),
         recompute_core_attention=bool(row.get("recompute_core_attention")),
         grad_reduce_bf16=_setting(row, source, "grad_reduce_bf16"),
@@ -341,7 +345,7 @@ def _checked_row(row, sources: dict, at: str) -> Layout:
     _check_userbuffers(row, sources[row["source"]], at)
     flags = {
         k: row[k]
-        for k in ("async_tp", "ep_dispatch_per_node", "recompute_core_attention", *SOURCE_DEFAULTS)
+        for k in ("async_tp", "ep_dispatch_per_node", "moe_a2a_overlap", "recompute_core_attention", *SOURCE_DEFAULTS)
         if k in row
     }
     if not all(isinstance(v, bool) for v in flags.values()):
@@ -409,6 +413,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("force-balanced routing (training.moe_force_load_balance)")
     if row.get("ep", 1) > 1 and row.get("ep_dispatch_per_node"):
         parts.append("Hybrid-EP dispatch, once per node (ep_dispatch_per_node)")
+    if row.get("ep", 1) > 1 and row.get("moe_a2a_overlap"):
+        parts.append("all-to-alls beside another micro-batch's compute (moe_a2a_overlap)")
     if row.get("mlp_activation") == "squared_relu_unfused":
         parts.append("unfused squared ReLU (mlp_activation)")
     if row.get("recompute_core_attention"):
@@ -484,6 +490,7 @@ def workload_of(point: Point) -> Workload:
         p2p_overlap=point.p2p_overlap,
         cp_ring=point.cp_ring,
         ep_dispatch_per_node=point.ep_dispatch_per_node,
+        moe_a2a_overlap=point.moe_a2a_overlap,
         mlp_activation=point.mlp_activation,
         recompute_core_attention=point.recompute_core_attention,
         reduce_dtype="bf16" if point.grad_reduce_bf16 else "fp32",
@@ -1320,7 +1327,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
 | optimizer | AdamW over the fp32 shard, HBM-bound | - |
 | experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16, at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), on the rank's own N = b x s / (c x t) tokens (tensor.py: each tp rank routes its own slice of the sequence); elementwise: the SwiGLU on every copy and the permutations by expert and back. With `precision.fp8_experts` the experts' GEMMs run at the FP8 rowwise rate on their padded rows (R rounded up to 16, plus 16 x E/ep: groups of 16-row multiples, none empty) and add torchao's fused casts (the rows, the gradients and the local experts' weights every micro-batch; once per step under `fp8_weights_cached`) and the padding's copies | `fp8_experts` (Megatron-Bridge's MoE rows: TE's grouped linears run FP8) |
-| EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp x tp (tp innermost; each tp rank routes its own tokens): across nodes the copies for other nodes leave through one GPU's share of the NICs while those for its own node cross NVLink, and the slower sets the time (an all-to-all is not a ring); `ep_dispatch_per_node` (planner-only: DeepEP's and Hybrid-EP's dispatch) sends a token once to each other node that holds one of its experts; FSDP gathers and reduces E / ep experts per rank | none (the router and the experts wait for them) |
+| EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp x tp (tp innermost; each tp rank routes its own tokens): across nodes the copies for other nodes leave through one GPU's share of the NICs while those for its own node cross NVLink, and the slower sets the time (an all-to-all is not a ring); `ep_dispatch_per_node` (planner-only: DeepEP's and Hybrid-EP's dispatch) sends a token once to each other node that holds one of its experts; FSDP gathers and reduces E / ep experts per rank | none in the entrypoints (the router and the experts wait for them); `moe_a2a_overlap` (planner-only: Megatron-Core's overlap_moe_expert_parallel_comm, whose combined 1F1B runs each layer's forward of one micro-batch beside its backward of another) hides them behind that layer's compute at `tp_overlap_interference`, on all chunks but the warmup forwards |
 
 ### Links
 

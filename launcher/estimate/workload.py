@@ -50,6 +50,10 @@ class Workload:
     # over NVLink, as DeepEP's and Hybrid-EP's dispatchers send them (planner-only; the entrypoints'
     # all_to_all_single sends every token copy to its expert's rank)
     ep_dispatch_per_node: bool = False
+    # Each layer's token all-to-alls beside the compute of another micro-batch's same layer, as
+    # Megatron-Core's overlap_moe_expert_parallel_comm pairs one micro-batch's forward with
+    # another's backward (planner-only; the entrypoints run them in order)
+    moe_a2a_overlap: bool = False
     # The MLP's activation as Megatron-Core runs it without bias_activation_fusion: "squared_relu_unfused",
     # torch.pow(F.relu(x), 2) on a two-matrix FFN 3/2 as wide as the SwiGLU of equal size the arch
     # describes, eager whatever `compile` says (planner-only; the entrypoints run SwiGLU)

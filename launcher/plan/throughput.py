@@ -991,7 +991,40 @@ def expert_parallel_time(step: _Step) -> float:
     # The copies' router weights go with the rows (one scalar each, its gradient back in backward):
     # latency, all but free of bytes.
     weights = step.exchange_time(1, step.ep, *expert_exchange_bytes(step, k.activation_bytes))
-    return step.layers * ((4 + 2 * step.recompute) * all_to_all + (2 + step.recompute) * weights)
+    per_layer = (4 + 2 * step.recompute) * all_to_all + (2 + step.recompute) * weights
+    if step.w.moe_a2a_overlap:
+        per_layer -= _a2a_hidden(step, per_layer)
+    return step.layers * per_layer
+
+
+def _a2a_hidden(step: _Step, a2a: float) -> float:
+    """What Megatron-Core's overlap_moe_expert_parallel_comm hides of one layer's all-to-alls
+    (Workload.moe_a2a_overlap, planner-only). Its combined 1F1B schedule runs each layer's forward
+    of one micro-batch beside the same layer's backward of another, every all-to-all on the
+    communication stream beside a compute piece of the other micro-batch: the backward's combine
+    beside the forward's attention, the forward's dispatch beside the backward's MLP, the
+    backward's dispatch beside the forward's MLP, the forward's combine beside the backward's
+    attention (`schedule_layer_1f1b`, megatron/core/models/common/model_chunk_schedule_plan.py,
+    NVIDIA/Megatron-LM d13e93ff). So a layer's all-to-alls hide behind its own forward and backward
+    compute, paying `tp_overlap_interference` of what they hide (the copies and the kernels beside
+    them share SMs and HBM), on the micro-batch chunks that pair: all but the warmup forwards,
+    which run alone (`_paired_share`)."""
+    gemm_s, _, attention_s, forward_ew_s, (cast_forward_s, cast_backward_s), _ = _layer_terms(step)
+    compute = gemm_s + attention_s + 3 * forward_ew_s + cast_forward_s + cast_backward_s
+    return min(a2a, compute) * (1 - step.k.tp_overlap_interference) * _paired_share(step)
+
+
+def _paired_share(step: _Step) -> float:
+    """The share of a rank's forward chunks that run paired with a backward in Megatron's combined
+    1F1B: all but its warmup forwards, (p - rank - 1) x 2 + (v - 1) x p of them under the
+    interleaved schedule with micro-batch groups of p, p - rank - 1 under 1F1B, and one more under
+    the overlap (`get_pp_rank_microbatches`, megatron/core/pipeline_parallel/schedules.py); the first
+    pipeline rank's, which has the most. Without pipelining each micro-batch's forward pairs with
+    the previous one's backward (combined_1f1b_schedule_for_no_pipelining)."""
+    m, p, v = step.w.grad_accum_steps, step.p, step.v
+    warmup = 2 * (p - 1) + (v - 1) * p if v > 1 else p - 1
+    chunks = m * v
+    return max(0.0, chunks - warmup - 1) / chunks
 
 
 def expert_exchange_bytes(step: _Step, per_copy: float) -> tuple[float, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -165,3 +166,30 @@ def test_a_layout_that_fails_rules_out_no_other_expert_degree():
     found = first_that_fit([Scored(ep1, None), Scored(ep4, None)], recipe.hardware, top=2, threshold=threshold)
     assert [item.workload.layout.expert for item, _ in found.fitting] == [4]
     assert found.estimated == 2
+
+
+def test_megatrons_a2a_overlap_hides_the_all_to_alls_behind_the_other_micro_batchs_compute():
+    # overlap_moe_expert_parallel_comm pairs one micro-batch's forward with another's backward,
+    # layer by layer (Workload.moe_a2a_overlap, planner-only): each layer's all-to-alls hide behind
+    # that layer's compute, paying tp_overlap_interference (0.53) of what they hide, on the chunks
+    # that pair. Without pipelining the first micro-batch's forward runs alone.
+    two_nodes = dataclasses.replace(P5, instance_count=2)
+    base = Workload(
+        arch=QWEN3_MOE, layout=Layout(data_shard=16, expert=16), seq_len=4096, micro_batch_size=1, grad_accum_steps=1
+    )
+
+    def hidden_per_micro_batch(micro_batches: int) -> tuple[float, float]:
+        plain, overlapped = (
+            predict(replace(base, grad_accum_steps=micro_batches, moe_a2a_overlap=on), two_nodes).breakdown[
+                "expert_parallel"
+            ]
+            for on in (False, True)
+        )
+        return (plain - overlapped) / micro_batches, plain / micro_batches
+
+    eight, plain = hidden_per_micro_batch(8)
+    two, _ = hidden_per_micro_batch(2)
+    assert 0 < eight <= (1 - 0.53) * plain * 7 / 8
+    assert eight / two == pytest.approx((7 / 8) / (1 / 2))
+    # One micro-batch has nothing to pair with.
+    assert hidden_per_micro_batch(1)[0] == pytest.approx(0.0)
