@@ -309,8 +309,9 @@ class Parallel(Section):
     """FSDP shard degree; 'auto' fills the GPUs the other degrees leave."""
     expert: PositiveInt = Field(default=1, le=MAX_GPUS)
     """Expert-parallel degree of a mixture-of-experts model: each MoE layer's experts are split
-    over this many of the data_shard x context ranks (it adds no GPUs), tokens reach them by
-    all-to-all. It must divide the expert count and data_shard x context."""
+    over this many of the data_shard x context x tensor ranks (it adds no GPUs; under tensor
+    parallelism each tensor rank routes its own slice of the sequence), tokens reach them by
+    all-to-all. It must divide the expert count and data_shard x context x tensor."""
     activation_checkpointing: Literal["none", "selective", "full"] = "none"
     """Recompute activations in backward: none, selective (every other block of each pipeline
     rank), or full (every block)."""
