@@ -1676,9 +1676,13 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
 - Absolute numbers: the held-apart points miss part of issue 23's goal (the list under the
   table says which). Megatron-Bridge's dense rows repeat two layouts on four containers whose
   speed rose by up to 12% (70B 1,602 to 1,664, 405B 292 to 328 tokens/s/GPU), and its MoE rows
-  one layout at 5,113 and 9,058: the model prices a layout, not a container, so no model ranks
-  those rows well, and within both sources the spread left to rank is a few percent (under
-  "Where the errors come from"). torchtitan's 8B rows at 8K stay over-predicted (7-19%: the
+  one Qwen3-30B-A3B layout at 5,113 and 9,058: the model prices a layout, not a container. The
+  MoE source's ranking is between its two models: Qwen3-235B-A22B ran at a higher model FLOP/s
+  per GPU (233-253 TFLOP/s) than Qwen3-30B-A3B (118-208), and the model puts them the other way
+  round, the 30B rows 15-18% over (elementwise work 37-40% of their predicted step) and the 235B
+  rows 9-15% under (the all-to-alls 44%, after what moe_a2a_overlap hides). Which term is wrong
+  needs a GPU measurement of one MoE layer's step on H100s, not a constant fitted
+  to these rows. torchtitan's 8B rows at 8K stay over-predicted (7-19%: the
   500 W part's peak sits at the bottom of its source's range, where its fitted rows push it, and
   is not a measurement; early CP, async TP), NeMo 24.07's small layouts without TP
   over-predicted (GPT-3 5B, Llama 2 7B and 13B, +8% to +10%) and its GPT-3 175B on 512 GPUs
