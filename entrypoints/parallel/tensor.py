@@ -4,7 +4,8 @@
 
 Between blocks the residual stream is sequence-sharded: each TP rank holds [B, S/tp, D] as a
 plain local tensor. Per block:
-- attention_norm / ffn_norm: SequenceParallel (norms run on the local sequence slice);
+- attention_norm / ffn_norm: SequenceParallel (norms run on the local sequence slice), and
+  Qwen3's q_norm / k_norm on the local heads (their weights' gradients summed over tp);
 - attention / feed_forward inputs: all-gathered along the sequence (Shard(1) -> Replicate);
 - wq, wk, wv, w1, w3: ColwiseParallel (heads / ffn columns split over tp);
 - wo, w2: RowwiseParallel whose output is reduce-scattered back to Shard(1).
@@ -93,10 +94,22 @@ def apply_tensor_parallel(
                 "attention.wk": Colwise(),
                 "attention.wv": Colwise(),
                 "attention.wo": Rowwise(output_layouts=Shard(1)),
+                **_qk_norm_plan(block.attention),
                 "ffn_norm": SequenceParallel(),
                 **(_dense_mlp_plan(Colwise, Rowwise, prepare) if dense else _moe_plan(block.feed_forward)),
             },
         )
+
+
+def _qk_norm_plan(attention) -> dict:
+    """Qwen3's q_norm and k_norm run on the rank's heads ([B, S, H/tp, D]): replicated over tp as
+    `SequenceParallel` on the heads dim, so DTensor sums their weights' gradients over the tp
+    ranks, each of which saw only its own heads (a plain weight kept its own heads' share and the
+    tp ranks' copies drifted apart)."""
+    if attention.q_norm is None:
+        return {}
+    heads = SequenceParallel(sequence_dim=2, use_local_output=True)
+    return {"attention.q_norm": heads, "attention.k_norm": heads}
 
 
 def _dense_mlp_plan(Colwise, Rowwise, PrepareInput) -> dict:

@@ -50,6 +50,7 @@ LAYOUTS = {
     "no_ep_dp_shard4": ({}, 1, "moe"),
     "ep2_dp_shard4_6_experts": (SIX_EXPERTS, 2, "moe6"),
     "no_ep_dp_shard4_6_experts": (SIX_EXPERTS, 1, "moe6"),
+    "ep2_tp2_dp_shard2_6_experts": ({**SIX_EXPERTS, "parallel.tensor": 2}, 2, "moe6"),
 }
 # name -> (the 4-rank layout whose step-2 checkpoint it resumes, parallel.expert) on 2 ranks: the
 # experts saved as dim-1 shards (3 a rank over 2 shards) load as 3 whole experts a rank under EP 2,
@@ -57,6 +58,9 @@ LAYOUTS = {
 RESUMED = {
     "ep2_6_experts_resumed_on_2_ep2": ("ep2_dp_shard4_6_experts", 2),
     "ep2_6_experts_resumed_on_2_no_ep": ("ep2_dp_shard4_6_experts", 1),
+    # Saved where EP 2 is the tp pair (the experts on an expert mesh over dp_shard x tp), resumed
+    # without TP: the experts' shards move to other ranks and meshes.
+    "ep2_tp2_6_experts_resumed_on_2_ep2": ("ep2_tp2_dp_shard2_6_experts", 2),
 }
 # Two steps of 64 tokens (2 x cp 2 x 16, or tp 2 x 32) keep the jobs to seconds. A peak lr of
 # 1e-4: AdamW moves every weight by about lr whatever the size of its gradient, so the order of

@@ -175,15 +175,18 @@ def test_expert_parallelism_changes_loss_and_gradient_norm_by_float_rounding_onl
 @pytest.mark.torchrun
 def test_experts_sharded_on_dim_1_checkpoint_as_the_same_full_tensors(expert_runs):
     """DCP writes the experts FSDP shards on dim 1 (3 a rank over 2 shards under EP 2; 6 over 4
-    without EP) at their global offsets: gathered back, both layouts' step-2 weights agree."""
+    without EP; under TP 2 with EP 2 over the tp pair, 3 a rank over dp_shard 2) at their global
+    offsets: gathered back, the layouts' step-2 weights agree."""
     import torch
 
-    with_ep, without = (expert_runs["layouts"][name].final_model(2) for name in LAYOUTS if name.endswith("6_experts"))
+    names = ("ep2_dp_shard4_6_experts", "no_ep_dp_shard4_6_experts", "ep2_tp2_dp_shard2_6_experts")
+    with_ep, without, under_tp = (expert_runs["layouts"][name].final_model(2) for name in names)
     experts = [name for name in with_ep if ".experts." in name]
     assert len(experts) == 6  # w1, w2, w3 of both layers
     for name in experts:
         assert with_ep[name].shape[0] == 6, name
         torch.testing.assert_close(with_ep[name], without[name], rtol=1e-5, atol=1e-7, msg=name)
+        torch.testing.assert_close(under_tp[name], without[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
 @pytest.mark.torchrun
