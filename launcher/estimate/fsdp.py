@@ -146,8 +146,7 @@ class _Block:
         self.input_gradient = _attention_input_gradient(w, cb, float8_all_gather)
         self.mlp_input_gradient = _mlp_input_gradient(w, cb, mlp, float8_tp_styles)
         self.layer_input = cb * sharded * h
-        # Under TP the dense MLP's output gradient is all-gathered; an MoE's stays the shard.
-        incoming = cb * (sharded * h + (tokens * h if t > 1 and arch.moe is None else 0))
+        incoming = cb * (sharded * h + (tokens * h if t > 1 and arch.moe is None else 0))  # an MoE's: the shard
         self.backward_working, self.at_w2_backward = _mlp_backward_working(w, cb, mlp, incoming)
         self.freed_in_backward = mlp.freed_in_backward  # released of the saved set by then
         # A checkpointed MoE block may peak in its recomputation instead: its working set there.
