@@ -141,6 +141,17 @@ def pod_template_problems(role: str, template: dict) -> list[str]:
     return [f"{role} pod template: {p}" for p in schema_problems(document)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _schemas_read_once():
+    """kubernetes_validate reads and parses the kind's JSON schema and its definitions (2 MB) on
+    every `validate`: 1,268 reads in this module. The files do not change; parsed once each."""
+    from kubernetes_validate import utils
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(utils, "schema_contents", cache(utils.schema_contents))
+        yield
+
+
 def schema_problems(document: dict) -> list[str]:
     """What the schemas refuse in `document`, one line each (empty: accepted)."""
     kind = document["kind"]
