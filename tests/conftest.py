@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -54,10 +55,22 @@ def _no_ambient_aws_region(monkeypatch):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
+@functools.cache
+def _built(command):
+    """The click command tree `command()` builds, built once: a `launcher` process builds it once,
+    but `main` built it on each call, and typer reads the signature and type hints of every
+    command to do so (30 ms, on each of the suite's 800 in-process `launcher` calls)."""
+    return command()
+
+
 @pytest.fixture
 def cli(capsys, monkeypatch):
     """Run `launcher ARGS...` through `launcher.cli.main`, returning exit code, stdout, stderr."""
+    import launcher.cli
     from launcher.cli import main
+
+    build = launcher.cli.command
+    monkeypatch.setattr(launcher.cli, "command", lambda: _built(build))
 
     def run(*args: str) -> CliResult:
         monkeypatch.setattr(sys, "argv", ["launcher", *map(str, args)])
