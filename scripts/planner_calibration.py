@@ -45,6 +45,7 @@ from launcher.recipe.hardware import Hardware, hardware_for  # noqa: E402
 
 DOC = ROOT / "docs" / "planner.md"
 GPU_JSON = ROOT / "docs" / "planner_gpu.json"
+MOE_LAYER_JSON = ROOT / "docs" / "gpu_check_h100.json"  # its "moe_layer": scripts/gpu_moe_check.py on one H100
 BENCH_START, BENCH_END = "<!-- bench_plan:start -->", "<!-- bench_plan:end -->"
 
 BENCHMARK = ROOT / "docs" / "published_benchmark.yaml"
@@ -97,6 +98,7 @@ class Point:
     cp_ring: bool = False  # CP as Transformer Engine's p2p ring, transfers beside attention (Workload)
     ep_dispatch_per_node: bool = False  # MoE tokens cross nodes once per node, as Hybrid-EP sends them (Workload)
     moe_a2a_overlap: bool = False  # Megatron's overlap_moe_expert_parallel_comm: all-to-alls beside compute (Workload)
+    moe_permute_fusion: bool = False  # Megatron's moe_permute_fusion: TE's fused permute kernels (Workload)
     mlp_activation: str = "swiglu"  # squared_relu_unfused: Megatron's eager squared ReLU (Workload)
     recompute_core_attention: bool = False  # Megatron's recompute_granularity selective (Workload)
     # Gradients reduced (and, under FSDP, accumulated unsharded) in bf16: Megatron's
@@ -131,7 +133,7 @@ class Point:
         container version, the FP8 recipe beyond tensorwise/rowwise) count as one layout of a sweep."""
         return (self.model, self.gpus, self.layout, self.seq_len, self.global_batch, self.micro_batch, self.ac,
                 self.fp8, self.fp8_recipe, self.compile, self.schedule, self.accelerator, self.tp_overlap, self.userbuffers,
-                self.p2p_overlap, self.ep_dispatch_per_node, self.moe_a2a_overlap, self.mlp_activation,
+                self.p2p_overlap, self.ep_dispatch_per_node, self.moe_a2a_overlap, self.moe_permute_fusion, self.mlp_activation,
                 self.recompute_core_attention,
                 self.grad_reduce_bf16, self.tp_saves_shard, self.fp8_weights_cached, self.fp8_casts,
                 self.fp8_experts, self.moe_force_load_balance, self.optimizer_state_dtype,
@@ -199,6 +201,7 @@ SOURCE_DEFAULTS = {
     "fp8_weight_cache": "fp8_cache_evidence",
     "fp8_experts": "fp8_experts_evidence",
     "moe_force_load_balance": "balance_evidence",
+    "moe_permute_fusion": "permute_evidence",
     "logits_materialized": "loss_evidence",
 }
 PRECISIONS = ("bf16", "fp8", "fp8-cs", "fp8-rowwise")
@@ -291,6 +294,7 @@ def _benchmark_point(i: int, row, sources: dict, where: str) -> Point:
         fp8_casts=_fp8_casts(row, source),
         fp8_experts=row["precision"] != "bf16" and _setting(row, source, "fp8_experts"),
         moe_force_load_balance=_setting(row, source, "moe_force_load_balance"),
+        moe_permute_fusion=_setting(row, source, "moe_permute_fusion"),
         optimizer_state_dtype=row.get("optimizer_state_dtype", "fp32"),
         recompute_layers=recompute_layers,
         logits_materialized=_setting(row, source, "logits_materialized"),
@@ -411,6 +415,8 @@ def _benchmark_note(row: dict, source: dict) -> str:
         parts.append("FP8 experts (precision.fp8_experts)")
     if _setting(row, source, "moe_force_load_balance"):
         parts.append("force-balanced routing (training.moe_force_load_balance)")
+    if _setting(row, source, "moe_permute_fusion"):
+        parts.append("TE's fused permutes (moe_permute_fusion)")
     if row.get("ep", 1) > 1 and row.get("ep_dispatch_per_node"):
         parts.append("Hybrid-EP dispatch, once per node (ep_dispatch_per_node)")
     if row.get("ep", 1) > 1 and row.get("moe_a2a_overlap"):
@@ -491,6 +497,7 @@ def workload_of(point: Point) -> Workload:
         cp_ring=point.cp_ring,
         ep_dispatch_per_node=point.ep_dispatch_per_node,
         moe_a2a_overlap=point.moe_a2a_overlap,
+        moe_permute_fusion=point.moe_permute_fusion,
         mlp_activation=point.mlp_activation,
         recompute_core_attention=point.recompute_core_attention,
         reduce_dtype="bf16" if point.grad_reduce_bf16 else "fp32",
@@ -952,6 +959,44 @@ def kernel_section() -> str:
     return "\n".join(lines)
 
 
+def moe_layer_seconds(permute_bytes: float | None = None) -> tuple[float, float]:
+    """(measured, the model's) seconds of our bf16 MoE layer, forward and backward, at the shape
+    scripts/gpu_moe_check.py timed on one H100; the model's at `permute_bytes` per permuted
+    element in place of `moe_permute_bytes` where given."""
+    measured = json.loads(MOE_LAYER_JSON.read_text())["moe_layer"]
+    shape = measured["shape"]
+    point = Point(OWN, "qwen3-30b-a3b", 1, Layout(), shape["tokens"], 1, 1, "none", 0.0, gpus_per_node=1)
+    arch = model_arch(point.model)
+    moe = arch.moe
+    assert (arch.hidden_size, moe.num_experts, moe.top_k, moe.expert_ffn_hidden_size) == (
+        shape["hidden"],
+        shape["experts"],
+        shape["top_k"],
+        shape["expert_width"],
+    ), shape
+    constants = CONSTANTS if permute_bytes is None else dataclasses.replace(CONSTANTS, moe_permute_bytes=permute_bytes)
+    model = throughput.moe_layer_seconds(workload_of(point), hardware(point), constants)
+    return measured["layers"]["moe"]["ms"] / 1e3, model
+
+
+def moe_layer_section() -> str:
+    """The fit of `moe_permute_bytes`: our MoE layer measured against the model's terms."""
+    measured, model = moe_layer_seconds()
+    without = moe_layer_seconds(0.0)[1]
+    counted = moe_layer_seconds(4.0)[1]
+    experts_only = json.loads(MOE_LAYER_JSON.read_text())["moe_layer"]["experts_only"]["grouped_mm"]["ms"]
+    return (
+        'Our bf16 MoE layer on one H100 (scripts/gpu_moe_check.py, docs/gpu_check_h100.json "moe_layer": '
+        "Qwen3-30B-A3B's layer on 8,192 tokens, router, dispatch, grouped-GEMM experts and combine, forward "
+        f"and backward): measured {measured * 1e3:.2f} ms, the model {model * 1e3:.2f} ms. Of that, the "
+        f"router's and the experts' GEMMs and the experts' SwiGLU are {without * 1e3:.2f} ms (the experts' "
+        f"grouped GEMMs alone measured {experts_only:.2f} ms); the permutes take the rest at "
+        f"`moe_permute_bytes` = {CONSTANTS.moe_permute_bytes:g} bytes per element, fitted here. At one read "
+        f"and one write of bf16 (4 bytes, as fused permute kernels move: `moe_permute_fusion`) the layer "
+        f"would take {counted * 1e3:.2f} ms."
+    )
+
+
 def _gemm_rate(shape: dict) -> float:
     k = CONSTANTS
     rate = 989e12 * k.matmul_efficiency["hopper:bf16"]
@@ -1256,7 +1301,7 @@ def render(bench: str) -> str:
         calibration=calibration,
         implied_cp=implied_cp_section(found),
         published_cp=PUBLISHED_CP.cp_attention_factor["allgather"],
-        kernels=kernel_section(),
+        kernels=kernel_section() + "\n\n" + moe_layer_section(),
         constants=constants_section(),
         overlap=overlap_section(),
         peaks=peak_section(),
@@ -1326,7 +1371,7 @@ pipeline rank (its blocks plus the output layer and the loss):
 | PP | send/recv of activations and gradients per micro-batch and virtual stage, at one GPU's NIC share across nodes | none for the entrypoints; `p2p_overlap` (planner-only: Megatron's overlap_p2p_comm, interleaved only) hides each behind a chunk's compute |
 | bubble | step = (compute + exposed) x (m + (p - 1)/v): the idle fraction is (p - 1)/(m·v + p - 1) | - |
 | optimizer | AdamW over the fp32 shard, HBM-bound | - |
-| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16, at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), on the rank's own N = b x s / (c x t) tokens (tensor.py: each tp rank routes its own slice of the sequence); elementwise: the SwiGLU on every copy and the permutations by expert and back. With `precision.fp8_experts` the experts' GEMMs run at the FP8 rowwise rate on their padded rows (R rounded up to 16, plus 16 x E/ep: groups of 16-row multiples, none empty) and add torchao's fused casts (the rows, the gradients and the local experts' weights every micro-batch; once per step under `fp8_weights_cached`) and the padding's copies | `fp8_experts` (Megatron-Bridge's MoE rows: TE's grouped linears run FP8) |
+| experts (MoE) | the router (N x h x E) and each of the N x k token copies through one expert's three h x f GEMMs, in bf16, at a rate that falls with the rows per expert (N x k x ep / E, balanced routing), on the rank's own N = b x s / (c x t) tokens (tensor.py: each tp rank routes its own slice of the sequence); elementwise: the SwiGLU on every copy and the permutations by expert and back, at `moe_permute_bytes` per element (fitted to our layer on an H100). With `precision.fp8_experts` the experts' GEMMs run at the FP8 rowwise rate on their padded rows (R rounded up to 16, plus 16 x E/ep: groups of 16-row multiples, none empty) and add torchao's fused casts (the rows, the gradients and the local experts' weights every micro-batch; once per step under `fp8_weights_cached`) and the padding's copies | `fp8_experts` (Megatron-Bridge's MoE rows: TE's grouped linears run FP8); `moe_permute_fusion` (planner-only: Megatron-Core's moe_permute_fusion, TE's fused permute kernels) at one read and one write per element |
 | EP | token all-to-alls there and back in forward, backward and a recomputed forward, (ep - 1)/ep of the copies each, over ep consecutive ranks of dp_shard x cp x tp (tp innermost; each tp rank routes its own tokens): across nodes the copies for other nodes leave through one GPU's share of the NICs while those for its own node cross NVLink, and the slower sets the time (an all-to-all is not a ring); `ep_dispatch_per_node` (planner-only: DeepEP's and Hybrid-EP's dispatch) sends a token once to each other node that holds one of its experts; FSDP gathers and reduces E / ep experts per rank | none in the entrypoints (the router and the experts wait for them); `moe_a2a_overlap` (planner-only: Megatron-Core's overlap_moe_expert_parallel_comm, whose combined 1F1B runs each layer's forward of one micro-batch beside its backward of another) hides them behind that layer's compute at `tp_overlap_interference`, on all chunks but the warmup forwards |
 
 ### Links
@@ -1399,10 +1444,13 @@ micro-batch: the model prices our program's casts, not TE's). The EP 16 rows spa
 dispatch with Hybrid-EP (`ep_dispatch_per_node`, the config cited in the YAML), which sends a token
 over the network once per other node its experts sit on (1.0 of 8 copies here) where an
 all_to_all_single, as ours, sends the 4 copies bound there: priced as ours, with the node's
-copies through one GPU's NIC share, those rows would be 28% too slow instead of 17% too fast. Until a measurement of our own MoE layer on a GPU
-(scripts/gpu_moe_check.py) calibrates the expert GEMMs, the permutations and the all-to-alls,
-MoE predictions are an upper bound. Qwen3-235B-A22B (EP 32 over TP 2 x DP 16: Megatron's EP spans
-TP ranks, ours stays in dp_shard x cp) and GPT-OSS 120B (not in the catalog) are left out.
+copies through one GPU's NIC share, those rows would be 28% too slow instead of 17% too fast. One
+measurement of our own MoE layer (scripts/gpu_moe_check.py, bf16 on one H100) sets what our
+permutations cost (`moe_permute_bytes`, under "Kernels of our own code" below): 3.5 times the
+bytes they move, which the published rows, run with Transformer Engine's fused permutes
+(`moe_permute_fusion`), do not pay. No GPU run of ours has timed the all-to-alls. Megatron-Bridge's
+five Qwen3-235B-A22B rows (EP 32 over TP 2 x DP 16, as our EP now spans tp) are held apart beside
+them; GPT-OSS 120B (not in the catalog) is left out.
 
 ## Constants
 
@@ -1749,17 +1797,23 @@ tests/plan/test_findings.py, each with a model and budget where several layouts 
   hidden only under Megatron's overlap_p2p_comm with an interleaved schedule (`p2p_overlap`,
   behind one chunk's compute), which the entrypoints do not run.
 - Only one instance type is searched per call; mixed fleets and spot interruptions are not costed.
-- Mixture of experts: every term is our model with no published MoE sweep checked; routing is
-  priced balanced (the memory estimate prices a bound above it), the grouped GEMM at the dense
-  GEMM efficiency with a rows-per-expert factor. The one measurement of our MoE layer (one H100,
-  docs/gpu_check_h100.md) is not fitted: its FP8-experts layer ran the single-tensor
-  column-scale kernel that the dual-kernel fix (entrypoints/model/fp8_experts.py) replaced, and
-  its experts-only FP8 time is torchao's own function, which casts the rows twice as often as
-  ours; neither is the program that runs now. There torchao's FP8 grouped GEMMs with their casts
-  ran at half the bf16 grouped GEMM's rate (8.30 against 4.11 ms at 512 rows per expert, where
-  the model's terms give 7.46 and 3.93), and the whole layer with FP8 experts took 14.5 ms
-  against 8.5 ms with bf16 ones (1.7 x); the model prices a step of the 26.06 Qwen3-30B-A3B
-  row's layout 1.16 x slower with FP8 experts (10,518 against 12,186 tokens/s/GPU).
+- Mixture of experts: routing is priced balanced (the memory estimate prices a bound above it),
+  the grouped GEMM at the dense GEMM efficiency with a rows-per-expert factor. One measurement of
+  our MoE layer sets a constant: its bf16 layer on one H100 (docs/gpu_check_h100.md) fits
+  `moe_permute_bytes` (14.1 bytes per permuted element where one read and one write would be 4),
+  so our eager permutes cost the layer more than its experts' SwiGLU and about as much as its
+  GEMMs. One shape was measured (8,192 tokens, no EP): the per-element cost is taken to hold at
+  other widths and under EP's extra regrouping, and under torch.compile, which the measurement
+  did not run. The published MoE rows ran Transformer Engine's fused permutes and are priced at
+  4 bytes (`moe_permute_fusion`); no GPU run of ours has timed those kernels. The FP8 layer is not
+  fitted: it ran the single-tensor column-scale kernel that the dual-kernel fix
+  (entrypoints/model/fp8_experts.py) replaced, and its experts-only FP8 time is torchao's own
+  function, which casts the rows twice as often as ours; neither is the program that runs now.
+  There torchao's FP8 grouped GEMMs with their casts ran at half the bf16 grouped GEMM's rate
+  (8.30 against 4.11 ms at 512 rows per expert, where the model's terms give 7.46 and 3.93), and
+  the whole layer with FP8 experts took 14.5 ms against 8.5 ms with bf16 ones (1.7 x); the model
+  prices a step of the 26.06 Qwen3-30B-A3B row's layout 1.16 x slower with FP8 experts (10,416
+  against 12,050 tokens/s/GPU; our program, with its eager permutes, 7,723 against 8,586).
 """
 
 

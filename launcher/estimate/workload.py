@@ -54,6 +54,10 @@ class Workload:
     # Megatron-Core's overlap_moe_expert_parallel_comm pairs one micro-batch's forward with
     # another's backward (planner-only; the entrypoints run them in order)
     moe_a2a_overlap: bool = False
+    # The MoE's permutes (token copies into expert order and back) as Transformer Engine's fused
+    # kernels, one read and one write per element, as Megatron-Core runs them under
+    # moe_permute_fusion (planner-only; the entrypoints gather with eager indexing)
+    moe_permute_fusion: bool = False
     # The MLP's activation as Megatron-Core runs it without bias_activation_fusion: "squared_relu_unfused",
     # torch.pow(F.relu(x), 2) on a two-matrix FFN 3/2 as wide as the SwiGLU of equal size the arch
     # describes, eager whatever `compile` says (planner-only; the entrypoints run SwiGLU)

@@ -165,6 +165,19 @@ class Constants:
     makes self.pow(1) (4), scales it by 2 (4) and multiplies the incoming gradient (6), and relu's
     threshold_backward reads the gradient and the output and writes (6): 28."""
 
+    moe_permute_bytes: float = 14.1
+    """HBM bytes per element that one of the MoE's permutes costs in the entrypoints: the token
+    copies gathered into expert order and back to token order (model/moe.py, model/dispatch.py;
+    under EP regrouped by local expert and back as well), counted over their forward as every
+    elementwise term is, backward twice that. Eager `x[index]` gathers, whose backward is an
+    accumulating index_put that sorts its indices first; the router's softmax and top-k, the
+    copies' sort and the combine's sum over top-k ride on this count. Fitted to our bf16 MoE layer
+    on one H100 (docs/gpu_check_h100.json "moe_layer", scripts/gpu_moe_check.py: Qwen3-30B-A3B's
+    layer on 8,192 tokens, forward and backward 8.48 ms): what the model's GEMMs (the router's and
+    the experts') and the experts' SwiGLU leave of it (`moe_layer_seconds`; docs/planner.md shows
+    the fit). One read and one write of bf16 is 4, which fused permute kernels move
+    (Workload.moe_permute_fusion)."""
+
     compiled_elementwise_factor: float = 0.35
     """torch.compile fuses the norms, RoPE and SwiGLU into a few kernels: about a third of the eager
     traffic remains. On torchtitan's 8B, compile gives +16%; this factor predicts +11% there."""
@@ -849,7 +862,7 @@ def _layer_terms(step: _Step) -> tuple[float, float, float, float, tuple[float, 
     w = step.w
     key = (
         w.dtype, w.fp8_recipe, w.fp8_casts, w.compile, w.tp_overlap, step.fp8, step.fp8_gather, step.rows, step.s, step.h,
-        w.fp8_weights_cached and w.grad_accum_steps, w.logits_materialized, w.mlp_activation,
+        w.fp8_weights_cached and w.grad_accum_steps, w.logits_materialized, w.mlp_activation, w.moe_permute_fusion,
         step.q, step.kv, step.f, step.vocab, step.t, step.c, step.shard, step.cp_attention,
         None if step.moe is None else (step.moe.num_experts, step.moe.top_k, step.moe.expert_ffn_hidden_size,
                                        step.moe.shared_experts, step.ep),
@@ -1104,13 +1117,33 @@ def elementwise_time(step: _Step) -> float:
     dense = forward_bytes * step.rows / step.t
     if step.moe is None:
         return dense / step.hbm
-    # The experts' SwiGLU on every copy, and the copies gathered by expert and back in token
-    # order (read and written twice; under EP regrouped by local expert and back twice more).
+    return (dense + moe_forward_bytes(step)) / step.hbm
+
+
+def moe_forward_bytes(step: _Step) -> float:
+    """The forward HBM traffic of one MoE layer's work outside its GEMMs: the experts' SwiGLU on
+    every copy, and the copies gathered by expert and back in token order (two permutes; under EP
+    regrouped by local expert and back, two more), each at `moe_permute_bytes` per element, or at
+    one read and one write where fused kernels run them (Workload.moe_permute_fusion)."""
+    k, w = step.k, step.w
+    dtype_scale = 2 if w.dtype == "fp32" else 1
+    fused = k.compiled_elementwise_factor if w.compile else 1.0
     swiglu = k.elementwise_bytes_per_ffn * step.moe.expert_ffn_hidden_size * step.copies * dtype_scale
-    permutes = (2 if step.ep == 1 else 4) * 2 * k.activation_bytes * dtype_scale * step.h * step.copies
+    per_element = 2 * k.activation_bytes if w.moe_permute_fusion else k.moe_permute_bytes
+    permutes = (2 if step.ep == 1 else 4) * per_element * dtype_scale * step.h * step.copies
     if step.fp8_experts:  # the rows into their 16-row padded groups and back (fp8_experts.py)
         permutes += 2 * k.activation_bytes * dtype_scale * step.h * (step.expert_rows + step.copies)
-    return (dense + fused * swiglu + permutes) / step.hbm
+    return fused * swiglu + permutes
+
+
+def moe_layer_seconds(workload: Workload, hardware: Hardware, k: Constants = CONSTANTS) -> float:
+    """One MoE layer's forward and backward on the first GPU of `workload`, as the model prices it:
+    the router's and the experts' GEMMs and three forwards' worth of `moe_forward_bytes` (what
+    scripts/gpu_moe_check.py times of the entrypoints' layer, to which `moe_permute_bytes` is fitted)."""
+    step = _Machine(hardware, k).steps_for(workload)[0]
+    precision, peak, efficiency = _block_precision(step)
+    gemms = expert_gemm_time(step, peak, efficiency, step.k.gemm_half_dim[precision])
+    return gemms + 3 * moe_forward_bytes(step) / step.hbm
 
 
 class _Casts(NamedTuple):

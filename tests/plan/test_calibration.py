@@ -261,6 +261,32 @@ def test_hybrid_ep_rows_cross_nodes_once_per_token_as_their_config_sets(calibrat
     assert all(calibration.workload_of(p).ep_dispatch_per_node == (p.layout.expert == 16) for p in moe)
 
 
+def test_our_moe_layer_is_priced_at_its_h100_measurement_and_megatrons_fused_permutes_at_their_bytes(calibration):
+    """moe_permute_bytes is fitted to our bf16 MoE layer on one H100 (docs/gpu_check_h100.json):
+    the model's layer at that shape is the measured 8.48 ms. Megatron-Bridge's MoE rows run TE's
+    fused permutes (moe_permute_fusion, cited in docs/published_benchmark.yaml), priced at one read
+    and one write whatever the fitted constant says."""
+    measured, model = calibration.moe_layer_seconds()
+    assert model == pytest.approx(measured, rel=0.01)
+    assert calibration.moe_layer_seconds(4.0)[1] < 0.7 * measured  # the fit is not the counted bytes
+    _, published = calibration.load_benchmark()
+    moe = [p for p in published if p.model in ("qwen3-30b-a3b", "qwen3-235b-a22b")]
+    assert len(moe) == 11 and all(calibration.workload_of(p).moe_permute_fusion for p in moe)
+    point = moe[-1]
+    halved = dataclasses.replace(calibration.CONSTANTS, moe_permute_bytes=calibration.CONSTANTS.moe_permute_bytes / 2)
+    machine = calibration.hardware(point)
+    workload = calibration.workload_of(point)
+    assert (
+        calibration.predict(workload, machine).step_time_s
+        == calibration.predict(workload, machine, constants=halved).step_time_s
+    )
+    ours = dataclasses.replace(workload, moe_permute_fusion=False)
+    assert (
+        calibration.predict(ours, machine, constants=halved).step_time_s
+        < calibration.predict(ours, machine).step_time_s
+    )
+
+
 def test_nemo_nemotron_rows_run_their_squared_relu_unfused_and_the_340b_recomputes_core_attention(calibration):
     """NeMo 24.07's Nemotron configs set squared-relu with bias_activation_fusion false, its other
     configs fuse GeLU or SwiGLU; only nemotron_340b.yaml recomputes (granularity selective), and
