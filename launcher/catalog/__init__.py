@@ -231,7 +231,8 @@ class InstanceType(BaseModel):
 
 HOST_CPU_WORK = (
     "per_step", "per_layer", "per_layer_micro_batch", "matmul_gflop", "attention_gflop", "fsdp_mb", "replicate_mb",
-    "tp_layer_micro_batch", "tp_mb", "cp_layer_micro_batch", "pp_step", "expert_layer_micro_batch", "ep_mb",
+    "tp_layer_micro_batch", "tp_mb", "tp_replicated_layer_micro_batch", "cp_layer_micro_batch", "pp_step",
+    "expert_layer_micro_batch", "ep_mb",
 )  # fmt: skip
 """The kinds of work a CPU step is priced by (launcher.plan.host_cpu.cpu_work)."""
 

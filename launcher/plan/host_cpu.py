@@ -11,6 +11,7 @@ on a host CPU (`launcher/catalog/host_cpu.yaml`, fitted by scripts/bench_cpu_ste
                     + slots x ( per layer and micro-batch
                               + matmul GFLOPs x s/GFLOP + attention GFLOPs x s/GFLOP
                               + TP: per layer and micro-batch + per MB gathered and scattered
+                                    + per weight replicated over tp, layer and micro-batch
                               + CP: per layer and micro-batch
                               + MoE: per local expert, layer and micro-batch + EP: per MB sent ) )
 
@@ -23,7 +24,9 @@ bubble). The counts are those of the entrypoints' program (entrypoints/parallel/
 - FSDP gathers each block's parameters twice and reduces their gradients once (a per-group
   latency was fitted too and came out 0, so the megabytes carry it);
 - sequence-parallel TP gathers and scatters each block's [micro-batch, sequence, hidden]
-  activations four times forward and four times backward;
+  activations four times forward and four times backward, and all-reduces over tp the gradients
+  of the weights it replicates there (Qwen3's q_norm and k_norm, an MoE's router and shared
+  experts: `tp_replicated_weights`), each layer and micro-batch;
 - context parallelism splits the sequence and regathers K/V per layer;
 - an MoE layer runs one matmul per local expert on CPUs (the grouped GEMM's fallback) and, under
   EP, sends each routed token's hidden state to its experts' ranks and back, forward and backward.
@@ -83,6 +86,7 @@ def cpu_work(workload: Workload) -> dict[str, float]:
         collectives = (MOE_TP_COLLECTIVES_PER_LAYER if workload.arch.moe else TP_COLLECTIVES_PER_LAYER) + regathers
         work["tp_layer_micro_batch"] = per_micro_batch * collectives / TP_COLLECTIVES_PER_LAYER
         work["tp_mb"] = per_micro_batch * collectives * activations * (t - 1) / t / MB
+        work["tp_replicated_layer_micro_batch"] = per_micro_batch * tp_replicated_weights(arch)
     if c > 1:
         work["cp_layer_micro_batch"] = per_micro_batch
     if p > 1:
@@ -95,6 +99,17 @@ def cpu_work(workload: Workload) -> dict[str, float]:
             routed = mb * s / c / t * arch.moe.top_k * h * width
             work["ep_mb"] = per_micro_batch * EP_TRANSFERS * routed * (ep - 1) / ep / MB
     return work
+
+
+def tp_replicated_weights(arch) -> int:
+    """A block's weights that TP replicates over the tp ranks as `SequenceParallel`
+    (entrypoints/parallel/tensor.py): Qwen3's q_norm and k_norm, which see only the rank's heads,
+    and an MoE's router and shared experts' three linears, which see only the rank's tokens. Each
+    one's gradient is a partial sum that DTensor all-reduces over tp in every backward."""
+    norms = 2 if arch.qk_norm else 0
+    if arch.moe is None:
+        return norms
+    return norms + 1 + (3 if arch.moe.shared_experts else 0)
 
 
 def _sharded_parameters(workload: Workload, layers: int, attention_params: float, width: int) -> dict[str, float]:

@@ -327,6 +327,7 @@ HOST_CPU_TERMS = {
     "fsdp_mb": "fsdp",
     "replicate_mb": "data_replicate",
     "tp_layer_micro_batch": "tensor_parallel",
+    "tp_replicated_layer_micro_batch": "tensor_parallel",
     "tp_mb": "tensor_parallel",
     "cp_layer_micro_batch": "context_parallel",
     "pp_step": "pipeline_p2p",

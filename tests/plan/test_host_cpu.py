@@ -110,6 +110,22 @@ def test_expert_parallelism_divides_the_expert_loop_and_sends_each_routed_token_
     assert split["fsdp_mb"] < whole["fsdp_mb"]
 
 
+def test_tensor_parallel_all_reduces_the_gradient_of_each_weight_it_replicates_every_layer_and_micro_batch():
+    """entrypoints/parallel/tensor.py keeps Qwen3's q_norm and k_norm and an MoE's router and
+    shared experts replicated over tp (SequenceParallel): each one's gradient is all-reduced over
+    tp in every backward. Without TP, or for a Llama block, there are none."""
+    models = catalog.models()
+    moe = models["qwen3-moe-tiny"]  # q_norm, k_norm and a router; no shared experts
+    shared = moe.model_copy(update={"moe": moe.moe.model_copy(update={"shared_experts": 1})})
+    counts = {}
+    for name, arch in (("llama", TINY), ("qwen3", models["qwen3-8b"]), ("moe", moe), ("shared", shared)):
+        work = cpu_work(dataclasses.replace(tiny(Layout(tensor=2), grad_accum_steps=2), arch=arch))
+        counts[name] = work["tp_replicated_layer_micro_batch"] / (arch.num_layers * 2)
+        untensored = cpu_work(dataclasses.replace(tiny(Layout(data_shard=2), grad_accum_steps=2), arch=arch))
+        assert "tp_replicated_layer_micro_batch" not in untensored
+    assert counts == {"llama": 0, "qwen3": 2, "moe": 3, "shared": 6}
+
+
 def test_an_moe_model_on_cpus_is_predicted_and_forecast():
     recipe = Recipe.load(REPO / "recipes" / "tiny-cpu.yaml", {"model": "qwen3-moe-tiny", "parallel.tensor": 1})
     speed = predict(Workload.from_recipe(recipe), recipe.hardware)
