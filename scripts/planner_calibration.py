@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import itertools
 import json
 import statistics
@@ -959,11 +960,17 @@ def kernel_section() -> str:
     return "\n".join(lines)
 
 
+@functools.cache
+def moe_layer_measured() -> dict:
+    """docs/gpu_check_h100.json's "moe_layer": scripts/gpu_moe_check.py's timings of our MoE layer."""
+    return json.loads(MOE_LAYER_JSON.read_text())["moe_layer"]
+
+
 def moe_layer_seconds(permute_bytes: float | None = None) -> tuple[float, float]:
     """(measured, the model's) seconds of our bf16 MoE layer, forward and backward, at the shape
     scripts/gpu_moe_check.py timed on one H100; the model's at `permute_bytes` per permuted
     element in place of `moe_permute_bytes` where given."""
-    measured = json.loads(MOE_LAYER_JSON.read_text())["moe_layer"]
+    measured = moe_layer_measured()
     shape = measured["shape"]
     point = Point(OWN, "qwen3-30b-a3b", 1, Layout(), shape["tokens"], 1, 1, "none", 0.0, gpus_per_node=1)
     arch = model_arch(point.model)
@@ -984,7 +991,7 @@ def moe_layer_section() -> str:
     measured, model = moe_layer_seconds()
     without = moe_layer_seconds(0.0)[1]
     counted = moe_layer_seconds(4.0)[1]
-    experts_only = json.loads(MOE_LAYER_JSON.read_text())["moe_layer"]["experts_only"]["grouped_mm"]["ms"]
+    experts_only = moe_layer_measured()["experts_only"]["grouped_mm"]["ms"]
     return (
         'Our bf16 MoE layer on one H100 (scripts/gpu_moe_check.py, docs/gpu_check_h100.json "moe_layer": '
         "Qwen3-30B-A3B's layer on 8,192 tokens, router, dispatch, grouped-GEMM experts and combine, forward "
