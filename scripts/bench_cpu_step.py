@@ -144,16 +144,27 @@ def measure(*, new_only: bool) -> None:
                 layouts[name] = stored["layouts"][name]
                 continue
             times = measure_one(changes)
-            layouts[name] = {"role": role, "set": list(changes), "step_time_s": times}
+            layouts[name] = {"role": role, "set": list(changes), "step_time_s": times, "date": _today()}
             print(f"{name:36s} {statistics.median(times):.3f} s", flush=True)
     host = stored.get("host") or {
         "cpu": _cpu_model(),
         "cores": catalog.host_cores(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "date": datetime.date.today().isoformat(),
+        "date": _today(),  # the first measurement's; each layout carries its own
     }
     MEASURED.write_text(json.dumps({"host": host, "layouts": layouts}, indent=1) + "\n")
+
+
+def _today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def measured_dates(measured: dict) -> str:
+    """When the stored layouts were measured: one date, or the first and the last (a layout
+    measured again, or added, with `--measure --new`, carries its own date)."""
+    dates = sorted({layout.get("date", measured["host"]["date"]) for layout in measured["layouts"].values()})
+    return dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
 
 
 def _cpu_model() -> str:
@@ -212,7 +223,7 @@ def rates_yaml(rates: dict[str, float], measured: dict) -> str:
     fitted = sum(layout["role"] == "fit" for layout in measured["layouts"].values())
     document = {
         "seconds_per_unit": rates,
-        "measured_on": f"{host['cpu']}, {host['cores']} cores, torch {host['torch']}, {host['date']}",
+        "measured_on": f"{host['cpu']}, {host['cores']} cores, torch {host['torch']}, {measured_dates(measured)}",
         "source": (
             f"scripts/bench_cpu_step.py: median step times of {fitted} layouts of recipes/tiny-cpu.yaml "
             "(docs/cpu_step_measured.json), fitted by non-negative least squares on relative error; "
