@@ -8,16 +8,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cache
-from importlib.resources import files
 
-import yaml
-
+from launcher.catalog.packaged_yaml import load_packaged
 from launcher.errors import UsageError
 
 
 @cache
 def image_catalog() -> dict:
-    return yaml.safe_load(files(__package__).joinpath("dlc_images.yaml").read_text())
+    return load_packaged(__package__, "dlc_images.yaml")
 
 
 def default_image(region: str, device: str = "cuda") -> str:

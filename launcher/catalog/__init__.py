@@ -11,12 +11,11 @@ import difflib
 import math
 import os
 from functools import cache
-from importlib.resources import files
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_serializer, field_validator, model_validator
 
+from launcher.catalog.packaged_yaml import load_packaged
 from launcher.contract.config import active_ffn_width
 from launcher.contract.text import choices  # noqa: F401  (catalog.choices: how messages list valid values)
 
@@ -254,7 +253,7 @@ class HostCpuRates(BaseModel):
 
 
 def _load(filename: str) -> dict:
-    return yaml.safe_load(files(__package__).joinpath(filename).read_text())
+    return load_packaged(__package__, filename)
 
 
 @cache

@@ -8,10 +8,10 @@ each backend class the same entry, so one fact about an engine lives in one plac
 from __future__ import annotations
 
 from functools import cache
-from importlib.resources import files
 
-import yaml
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
+
+from launcher.catalog.packaged_yaml import load_packaged
 
 DEFAULT_STOP_GRACE_S = 120
 """A job's seconds from SIGTERM to SIGKILL where neither its engine nor a prediction says more:
@@ -90,7 +90,7 @@ class Capabilities(BaseModel):
 
 @cache
 def engines() -> dict[str, Capabilities]:
-    data = yaml.safe_load(files(__package__).joinpath("engines.yaml").read_text())
+    data = load_packaged(__package__, "engines.yaml")
     return {name: Capabilities(**entry) for name, entry in data.items()}
 
 

@@ -114,3 +114,25 @@ def test_qwen3_235b_counts_the_model_cards_235b_of_which_22b_are_active():
     skipped = arch.num_layers * (moe.num_experts - moe.top_k) * moe.expert_params(arch.hidden_size)
     assert arch.num_params() / 1e9 == pytest.approx(235, abs=0.5)
     assert (arch.num_params() - skipped) / 1e9 == pytest.approx(22, abs=0.5)
+
+
+@pytest.mark.parametrize(
+    "package, filename",
+    [
+        ("launcher.catalog", name)
+        for name in ("accelerators.yaml", "engines.yaml", "host_cpu.yaml", "instances.yaml", "models.yaml")
+    ]
+    + [("launcher.backends", "dlc_images.yaml")],
+)
+def test_packaged_yaml_reads_as_pure_python_safe_load_reads_it(package, filename):
+    """libyaml's parser (catalog/packaged_yaml.py) gives every shipped file the values PyYAML's own
+    SafeLoader gives it, and is the one in use where PyYAML was built with it."""
+    from importlib.resources import files
+
+    import yaml
+
+    from launcher.catalog.packaged_yaml import SAFE_LOADER, load_packaged
+
+    assert SAFE_LOADER is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
+    text = files(package).joinpath(filename).read_text()
+    assert load_packaged(package, filename) == yaml.load(text, Loader=yaml.SafeLoader)
