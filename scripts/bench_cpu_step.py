@@ -137,6 +137,12 @@ def measure(*, new_only: bool) -> None:
     import torch
 
     stored = json.loads(MEASURED.read_text()) if new_only else {"layouts": {}}
+    if new_only and stored["host"]["cpu"] != _cpu_model():
+        # One fit, one host: the same 2-core size has run tiny-cpu's step 1.4x slower on another CPU.
+        raise SystemExit(
+            f"error: --new: {MEASURED.name} was measured on {stored['host']['cpu']!r} and this host is "
+            f"{_cpu_model()!r}; measure every layout here (--measure without --new)"
+        )
     layouts = {}
     for role, group in (("fit", FIT), ("held-out", HELD_OUT)):
         for name, changes in group.items():
