@@ -72,3 +72,27 @@ def test_it_measures_a_real_command():
     rows = [line.split() for line in listed.splitlines()[2:] if line.strip()]
     busy_rows = [row for row in rows if row[3].startswith("python") and float(row[1]) >= 1.5]
     assert any(0.3 <= float(row[0]) <= 2.0 for row in busy_rows), done.stdout
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/proc/sys/kernel/acct").exists(), reason="needs root and BSD accounting"
+)
+def test_a_run_inside_a_measured_command_leaves_the_outer_accounting_on():
+    # As when the suite is measured and this file's tests run the script again: the inner run
+    # reads the outer run's file, and what ends after it is still recorded for the outer one.
+    busy = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass"
+    inner = f"{sys.executable} {SCRIPT} --top 50 -- {sys.executable} -c pass"
+    after = f"{sys.executable} -c '{busy}'"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--top", "50", "--", "sh", "-c", f"{inner} && {after}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    inner_report, _, outer_report = done.stdout.partition("processes, ")[2].partition("processes, ")
+    assert inner_report and outer_report, done.stdout  # two reports
+    _, _, listed = outer_report.partition("that used most:")
+    rows = [line.split() for line in listed.splitlines()[2:] if line.strip()]
+    # The process that ran after the inner run, 1.5 s of CPU (0.3 s at least, as above) and wall.
+    assert any(row[3].startswith("python") and float(row[1]) >= 1.5 and float(row[0]) >= 0.3 for row in rows), (
+        done.stdout
+    )
