@@ -22,7 +22,7 @@ import pytest
 
 from launcher.registry import JobRef, records, save, write_json
 from tests import REPO
-from tests.backends.helpers import FAKE_ENTRYPOINTS, alive, recipe_path, submit, wait_for_line
+from tests.backends.helpers import FAKE_ENTRYPOINTS, alive, recipe_path, runner_record, submit, wait_for_line
 from tests.disks import fill_disk, small_disk
 
 TINY = recipe_path("tiny-cpu")
@@ -44,7 +44,7 @@ def wait_until(condition, what: str, timeout: float = 20.0) -> None:
 
 
 def runner_pid(home: Path, name: str) -> int:
-    return json.loads((home / "jobs" / name / "status.json").read_text())["runner_pid"]
+    return runner_record(home, name)["runner_pid"]
 
 
 def one_line(result) -> str:

@@ -66,6 +66,23 @@ def wait_for_line(job, text: str, timeout: float = 20.0) -> None:
     raise AssertionError(f"{text!r} never appeared in the logs of {job.name}")
 
 
+def runner_record(home: Path, name: str, timeout: float = 20.0) -> dict:
+    """status.json once the local runner has started the job: the trainer can print before the
+    runner records itself (Popen returns, then runner.run writes runner_pid, pid and pgid in one
+    write), so a test that read it on the trainer's first line could find no pid yet. The
+    runner_pid is checked to be this job's runner (its command line) before a test signals it."""
+    from launcher.backends.local import runner
+
+    directory = home / "jobs" / name
+    deadline = time.monotonic() + timeout
+    while "runner_pid" not in (status := runner.read_status(directory)):
+        assert time.monotonic() < deadline, f"the runner never recorded its pid in {directory}"
+        time.sleep(0.05)
+    command = Path(f"/proc/{status['runner_pid']}/cmdline").read_bytes().split(b"\0")
+    assert b"launcher.backends.local.runner" in command and str(directory).encode() in command, command
+    return status
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

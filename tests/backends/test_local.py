@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 from launcher.display.text import result_text
 from launcher.jobs import Job
+from launcher.registry import write_json
 
-from .helpers import REPO, alive, recipe_path, submit, wait_for_line
+from .helpers import REPO, alive, recipe_path, runner_record, submit, wait_for_line
 
 
 def test_a_job_runs_to_completion_with_its_files_in_the_job_directory(no_torchrun):
@@ -72,6 +74,33 @@ def test_stop_kills_after_the_grace_period_when_sigterm_is_ignored(no_torchrun, 
     assert not alive(pid)
 
 
+def test_a_stop_before_the_runner_records_the_group_still_stops_the_trainer(no_torchrun, monkeypatch):
+    """The trainer runs (and can be asked to stop) before its runner has recorded torchrun's group:
+    Popen returns, then runner.run writes runner_pid, pid and pgid. A stop in that window waits
+    for the record and signals, whatever its grace; before, it gave up after the grace and the
+    trainer went on training."""
+    monkeypatch.setenv("FAKE_TRAIN", "hang")
+    job = submit().job
+    wait_for_line(job, "hanging")
+    directory = no_torchrun / "jobs" / job.name
+    recorded = runner_record(no_torchrun, job.name)
+    trainer = int((directory / "fake.pid").read_text())
+    # status.json as it stands inside the window: submit's record, before the runner's write.
+    unrecorded = {k: v for k, v in recorded.items() if k not in ("runner_pid", "pid", "pgid", "pgid_start")}
+    unrecorded["transitions"] = recorded["transitions"][:1]
+    write_json(directory / "status.json", unrecorded)
+    runner_writes = threading.Timer(1.0, write_json, (directory / "status.json", recorded))
+    runner_writes.start()
+    try:
+        stopped = job.stop(grace_s=0.3)
+        assert (stopped.state, stopped.exit_code) == ("Stopped", 143)
+        assert not alive(trainer)
+    finally:
+        runner_writes.join()
+        if alive(trainer) and os.getpgid(trainer) == recorded["pgid"]:  # this test's job's own group
+            os.killpg(recorded["pgid"], 9)
+
+
 def test_stopping_an_ended_job_changes_nothing(no_torchrun, cli):
     name = submit(wait=True, poll_s=0.05).spec.name
     result = cli("stop", name, "--json")
@@ -90,11 +119,9 @@ def test_list_shows_local_jobs_newest_first(no_torchrun, cli):
 
 def hanging_job_without_its_runner(home) -> tuple[Job, dict]:
     """A job whose trainer hangs, after its runner was killed: (job, its last status.json)."""
-    from launcher.backends.local import runner as local_runner
-
     job = submit().job
     wait_for_line(job, "hanging")
-    status = local_runner.read_status(home / "jobs" / job.name)
+    status = runner_record(home, job.name)
     os.kill(status["runner_pid"], 9)
     return job, status
 

@@ -18,7 +18,7 @@ import pytest
 from launcher.backends import processes
 from launcher.backends.processes import JobGroup, process_start_time
 
-from .helpers import alive, submit, wait_for_line
+from .helpers import alive, runner_record, submit, wait_for_line
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def hanging(no_torchrun, monkeypatch):
     job = submit().job
     wait_for_line(job, "hanging")
     status_file = no_torchrun / "jobs" / job.name / "status.json"
-    real = json.loads(status_file.read_text())
+    real = runner_record(no_torchrun, job.name)
     yield job, status_file, real
     status_file.write_text(json.dumps(real))
     job.stop(grace_s=5)

@@ -158,11 +158,11 @@ class LocalBackend(Backend):
         if recorded.get("pgid") is not None:
             _verified_group(directory, recorded)  # refuse a forged record before anything is written
         (directory / runner.STOP_REQUESTED).touch()
-        deadline = time.monotonic() + grace_s
-        recorded = _wait_for_pgid(directory, deadline)
+        recorded = _wait_for_pgid(directory)
         if recorded is not None:
             group = _verified_group(directory, recorded)
             group.signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s  # the grace runs from SIGTERM, as docker stop's -t
             while group.alive() and time.monotonic() < deadline:
                 time.sleep(0.1)
             if group.alive() and _workers_done_after_sigterm(directory):
@@ -249,7 +249,12 @@ def _runner_alive(pid: int | None) -> bool:
     return b"launcher.backends.local.runner" in command or b"launcher.backends.local_runner" in command
 
 
-def _started_long_ago(status: dict, seconds: float = 30.0) -> bool:
+RUNNER_STARTUP_S = 30.0
+"""How long a runner that has not recorded itself yet may still be starting: submit writes
+status.json before it starts the runner, which records its pid with torchrun's group."""
+
+
+def _started_long_ago(status: dict, seconds: float = RUNNER_STARTUP_S) -> bool:
     """A runner that has not written its pid yet may still be starting."""
     if status.get("runner_pid"):
         return True
@@ -302,15 +307,19 @@ def _training_alive(directory: Path, status: dict) -> bool:
     return status.get("pgid") is not None and _job_group(directory, status).alive()
 
 
-def _wait_for_pgid(directory: Path, deadline: float) -> dict | None:
+def _wait_for_pgid(directory: Path) -> dict | None:
     """The status once the runner has recorded torchrun's process group; None if the job ended
-    first or the group was not recorded by the deadline."""
+    first, or if no runner recorded one while a runner could still be starting.
+
+    Not bounded by the stop's grace: the trainer can run (and be asked to stop) before its
+    runner has written the group, and a stop that gave up then would leave it training. A runner
+    that is up answers in milliseconds, and one that saw the stop request first never starts it."""
     while True:
         status = runner.read_status(directory)
         if status["state"] != "InProgress":
             return None
         if status.get("pgid") is not None:
             return status
-        if time.monotonic() >= deadline:
+        if _started_long_ago(status):
             return None
         time.sleep(0.05)
