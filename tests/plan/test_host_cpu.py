@@ -6,6 +6,7 @@ scripts/bench_cpu_step.py's held-out layouts, in docs/monitoring.md."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import subprocess
@@ -21,7 +22,7 @@ from launcher.plan.host_cpu import cpu_work
 from launcher.plan.throughput import predict
 from launcher.recipe import Recipe
 from launcher.recipe.hardware import hardware_for
-from tests import REPO
+from tests import REPO, load_script
 
 TINY = catalog.models()["llama-tiny"]
 RATES = catalog.host_cpu_rates().seconds_per_unit
@@ -141,3 +142,24 @@ def test_the_shipped_rates_are_the_fit_of_the_stored_measurements():
     )
     assert done.returncode == 0, done.stderr
     assert re.search(r"held-out: \d+ layouts, median \|error\| \d+%, largest \d+%", done.stdout), done.stdout
+
+
+def test_measuring_only_new_layouts_is_refused_on_another_cpu(tmp_path, monkeypatch):
+    """`bench_cpu_step.py --measure --new` adds to one host's measurements: on a CPU whose model,
+    family, model number or stepping differs it stops before it runs anything or writes."""
+    bench = load_script("bench_cpu_step")
+    stored = json.loads(bench.MEASURED.read_text())
+    stored["host"]["cpu"] = "Some CPU (cpu family 0, model 0, stepping 0)"
+    measured = tmp_path / "cpu_step_measured.json"
+    measured.write_text(json.dumps(stored))
+    monkeypatch.setattr(bench, "MEASURED", measured)
+    monkeypatch.setattr(bench, "measure_one", lambda changes: pytest.fail(f"measured {changes}"))
+    with pytest.raises(SystemExit) as refused:
+        bench.measure(new_only=True)
+    here = bench._cpu_model()
+    assert re.fullmatch(r".+ \(cpu family \d+, model \d+, stepping \d+\)", here), here
+    assert str(refused.value) == (
+        "error: --new: cpu_step_measured.json was measured on 'Some CPU (cpu family 0, model 0, stepping 0)' "
+        f"and this host is {here!r}; measure every layout here (--measure without --new)"
+    )
+    assert json.loads(measured.read_text()) == stored
