@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import socket
 import time
 import warnings
@@ -63,6 +64,12 @@ class Job:
         return self.backend.logs(self.ref, follow=follow, poll_s=poll_s)
 
     def stop(self, *, grace_s: float = 30.0) -> JobStatus:
+        # Refused before anything is signalled: a NaN or negative grace would skip SIGTERM's wait
+        # (SIGKILL at once, no final checkpoint), an infinite one overflows kubectl's and docker's
+        # whole seconds.
+        if not (isinstance(grace_s, int | float) and math.isfinite(grace_s) and grace_s >= 0):
+            shown = f"{grace_s:g}" if isinstance(grace_s, int | float) else repr(grace_s)
+            raise UsageError(f"--grace {shown}: use a number of seconds, 0 or more")
         return self.backend.stop(self.ref, grace_s=grace_s)
 
     def wait(
@@ -215,6 +222,8 @@ def list_jobs(
     """Jobs on one backend (as that engine lists them), or every job submitted from here. A record
     that cannot be read is not listed: `on_damaged` hears one line naming it (default: a warning)."""
     warn = on_damaged or (lambda line: warnings.warn(line, stacklevel=3))
+    if not (isinstance(limit, int) and limit >= 1):
+        raise UsageError(f"--limit {limit}: use 1 or more")  # 0 would print "no jobs"; -1 would drop the oldest
     if backend is not None:
         statuses = get_backend(backend).list(region=region, limit=limit)
     else:

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+from launcher import api
 from launcher.jobs import Job
 from tests import REPO
 from tests.backends.helpers import alive, recipe_path
@@ -134,6 +135,15 @@ def test_ctrl_c_while_waiting_detaches_and_the_job_goes_on(no_torchrun, cli, mon
         follow = cli("logs", name, "--follow")
     assert follow.code == 130 and follow.err_lines[-1].startswith(f"detached from {name}; it is still running")
     assert "hanging" in follow.out
+
+    for grace in ("-1", "nan", "inf"):  # refused before anything is signalled
+        refused = cli("stop", name, "--grace", grace)
+        assert (refused.code, refused.err_lines) == (2, [f"--grace {grace}: use a number of seconds, 0 or more"])
+    assert job.status().state == "InProgress" and alive(pid)
+    for limit in ("0", "-1"):
+        refused = cli("list", "--limit", limit)
+        assert (refused.code, refused.err_lines) == (2, [f"--limit {limit}: use 1 or more"])
+    assert [row.name for row in api.list_jobs(limit=1)] == [name]
 
     stopped = job.stop(grace_s=10)
     assert (stopped.state, stopped.exit_code) == ("Stopped", 143)
