@@ -42,7 +42,7 @@ from entrypoints.hf_weights import DTYPE_NAMES, INDEX, checkpoint_directory
 from entrypoints.model.init import canonical_name
 from entrypoints.model.llama import build_model
 from launcher.contract.config import ConfigError, JobConfig, load_config
-from launcher.contract.hf_checkpoint import hf_config_json
+from launcher.contract.hf_checkpoint import export_out_problem, hf_config_json
 from launcher.contract.hf_names import hf_layout_problem, hf_tensors
 from launcher.contract.layout import stage_layers
 
@@ -223,6 +223,18 @@ def find_checkpoint(cfg: JobConfig, step: int | None, directory: str | None) -> 
     return found[step]
 
 
+def checked_out_directory(out: Path) -> Path:
+    """--out, made: a new or empty directory (export_out_problem)."""
+    problem = export_out_problem(out)
+    if problem:
+        raise ConfigError(problem)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot make the directory: {error.strerror}") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Export a DCP checkpoint of a job as a Hugging Face checkpoint.")
     parser.add_argument("--config", required=True, help="the job's resolved config JSON")
@@ -233,9 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         checkpoint = find_checkpoint(cfg, args.step, args.checkpoint_dir)
-        export_from_dcp(cfg, checkpoint, Path(args.out))
+        export_from_dcp(cfg, checkpoint, checked_out_directory(Path(args.out)))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk or a directory taken away while writing
+        print(f"error: --out {args.out}: writing the export failed: {err.strerror or err}", file=sys.stderr)
         return 2
     print(f"exported {checkpoint} to {args.out}")
     return 0

@@ -29,6 +29,7 @@ from launcher.backends.history import MetricsHistory
 from launcher.backends.processes import process_start_time
 from launcher.catalog.engines import engines
 from launcher.contract.dataset import MANIFEST
+from launcher.contract.hf_checkpoint import export_out_problem
 from launcher.data.prepare import DEFAULT_SHARD_TOKENS, Prepared, PrepareSettings, open_inputs, prepare, prepare_opened
 from launcher.display import html
 from launcher.errors import Detached, UsageError
@@ -500,6 +501,9 @@ def export(name: str, *, out: str | Path, step: int | None = None) -> Path:
             f"launcher export reads the checkpoints of local jobs; for a {ref.backend} job copy its checkpoint "
             f"directory here and run python {EXPORT_SCRIPT} --config resolved.json --checkpoint-dir DIR --out DIR"
         )
+    problem = export_out_problem(Path(out))  # also for jobs whose bundle's exporter predates the check
+    if problem:
+        raise UsageError(problem)
     argv = [sys.executable, EXPORT_SCRIPT, "--config", CONFIG_FILE, "--out", str(Path(out).resolve())]
     argv += ["--step", str(step)] if step is not None else []
     done = subprocess.run(argv, cwd=code, capture_output=True, text=True)

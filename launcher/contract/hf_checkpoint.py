@@ -3,6 +3,7 @@
     hf_architecture(config)                      # config.json -> our field names and values
     architecture_mismatch(ours, config, where)   # one line naming both values, or None
     hf_config_json(model_fields, dtype="bf16")   # the config.json an export writes
+    export_out_problem(out)                      # why a directory cannot take an export, or None
 
 Tensor names are launcher.contract.hf_names'. The recipe (at load) and the entrypoints (for an
 s3:// `model.init_from`, after SageMaker downloaded it) check a checkpoint against the job's
@@ -16,6 +17,7 @@ without a permutation (tests/entrypoints/test_hf_weights.py proves it against tr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from launcher.contract.hf_names import HF_FAMILIES
@@ -280,3 +282,20 @@ def hf_config_json(model: dict, *, dtype: str) -> dict:
     # After the common keys: Mixtral's one width (intermediate_size) is its experts'.
     config.update(_expert_fields(model))
     return config
+
+
+def export_out_problem(out: Path) -> str | None:
+    """Why `out` cannot take an export, or None. An export writes only into a new or empty
+    directory, so it never overwrites what is there: a config.json or the safetensors of another
+    model would be lost without a word. `launcher export` asks before it starts the job's
+    exporter; the exporter asks again, for its own command line."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: is a file, not a directory; name a new or empty directory"
+    try:
+        held = sorted(path.name for path in out.iterdir()) if out.is_dir() else []
+    except OSError as error:
+        return f"--out {out}: cannot read the directory: {error.strerror}"
+    if held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        return f"--out {out}: holds {shown}; name a new or empty directory, so nothing there is overwritten"
+    return None

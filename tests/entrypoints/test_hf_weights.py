@@ -18,10 +18,13 @@ round-trip jobs (Llama, and Qwen3-MoE under EP) train 3 steps for real, export, 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
+
+from launcher.errors import UsageError
 
 from .entrypoint_jobs import Job
 from .hf_jobs import CASES, ROUND_TRIPS
@@ -155,6 +158,39 @@ def test_launcher_export_of_a_local_jobs_checkpoint_equals_the_export_in_trainin
     after, during = read_safetensors_dir(written), read_safetensors_dir(job.output_dir / "hf")
     assert after.keys() == during.keys()
     assert all(torch.equal(after[name], during[name]) for name in during)
+    before = {path.name: path.stat().st_mtime_ns for path in written.iterdir()}
+    with pytest.raises(
+        UsageError, match=rf"^--out {re.escape(str(written))}: holds config.json, generation_config.json, "
+    ):
+        api.export("fine-tune", step=3, out=written)  # refused here, before the job's exporter starts
+    assert {path.name: path.stat().st_mtime_ns for path in written.iterdir()} == before
+
+
+def test_export_refuses_an_out_that_holds_files_or_is_one_and_changes_nothing(hf_runs, tmp_path, capsys):
+    """An export writes only into a new or empty directory: transformers' files in a directory the
+    user already filled (config.json) would otherwise be overwritten without a word."""
+    from entrypoints.export_hf import main
+
+    config = str(hf_runs.round_trips["llama"].config)
+    filled = tmp_path / "filled"
+    filled.mkdir()
+    (filled / "config.json").write_text("theirs")
+    (filled / "notes.txt").write_text("theirs too")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    blocked = a_file / "below"  # a directory that cannot be made under a file
+    expected = {
+        filled: f"error: --out {filled}: holds config.json, notes.txt; name a new or empty directory, so nothing there is overwritten",
+        a_file: f"error: --out {a_file}: is a file, not a directory; name a new or empty directory",
+        blocked: f"error: --out {blocked}: cannot make the directory: Not a directory",
+    }
+    for out, line in expected.items():
+        assert main(["--config", config, "--out", str(out)]) == 2
+        assert capsys.readouterr().err.splitlines() == [line]
+    assert {p.name: p.read_text() for p in filled.iterdir()} == {"config.json": "theirs", "notes.txt": "theirs too"}
+    assert a_file.read_text() == "mine"
+    assert main(["--config", config, "--out", str(tmp_path / "new" / "hf")]) == 0
+    assert (tmp_path / "new" / "hf" / "config.json").is_file()
 
 
 def test_export_of_a_missing_step_names_the_steps_there(hf_runs, capsys):
