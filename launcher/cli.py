@@ -97,7 +97,9 @@ NameArg = Annotated[
 # here would slow down `launcher --help`. A test keeps the help text equal to the constant.
 PlotOpt = Annotated[
     Path | None,
-    typer.Option("--plot", help="Also draw it to this PNG file (needs the plot extra).", show_default=False),
+    typer.Option(
+        "--plot", help="Also draw it to this .png, .svg or .pdf file (needs the plot extra).", show_default=False
+    ),
 ]
 ThresholdOpt = Annotated[
     float | None,

@@ -135,6 +135,22 @@ def test_a_plot_that_cannot_be_written_is_one_line(tmp_path):
         api.estimate(recipe_path("tiny-cpu")).plot(tmp_path / "no-such-dir" / "m.png")
 
 
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [("", "is a directory"), ("memory", "has no image suffix"), ("memory.txt", "has no image suffix")],
+)
+def test_a_plot_path_savefig_would_change_or_refuse_is_one_line_and_nothing_is_written(cli, tmp_path, name, problem):
+    """matplotlib's savefig writes `memory` as memory.png and a directory as DIR.png, and raises
+    its own ValueError for .txt: each is refused before anything is written."""
+    (tmp_path / "plots").mkdir()
+    target = tmp_path / "plots" / name if name else tmp_path / "plots"
+    result = cli("estimate", recipe_path("tiny-cpu"), "--plot", target)
+    line = f"cannot write the plot to {target}: it {problem}; name a .png, .svg or .pdf file"
+    assert (result.code, result.err_lines) == (2, [line])
+    assert list(tmp_path.rglob("*")) == [tmp_path / "plots"]
+    assert api.estimate(recipe_path("tiny-cpu")).plot(tmp_path / "m.svg").read_bytes().startswith(b"<?xml")
+
+
 # --- submission, spec, job, status ---------------------------------------------------------------
 
 

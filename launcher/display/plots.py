@@ -15,6 +15,7 @@ from launcher.display.svg import COLORS, OTHER_COLOR
 from launcher.errors import UsageError
 
 GIB = 2**30
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what Agg's savefig writes that people open
 # The metrics panels: (key in the history, axis label, scale applied to the value).
 METRIC_PANELS = (
     ("loss", "loss", 1.0),
@@ -38,6 +39,15 @@ def pyplot():
 
 def _save(figure, path: str | Path) -> Path:
     path = Path(path)
+    # Checked here, not left to savefig: it appends ".png" to a name without a suffix (a
+    # directory's too), so the file written would not be the one named, and an unknown suffix is
+    # its ValueError.
+    problem = (
+        "is a directory" if path.is_dir() else None if path.suffix.lower() in PLOT_SUFFIXES else "has no image suffix"
+    )
+    if problem:
+        pyplot().close(figure)
+        raise UsageError(f"cannot write the plot to {path}: it {problem}; name a .png, .svg or .pdf file")
     try:
         figure.savefig(path, dpi=110, bbox_inches="tight")
     except OSError as error:
