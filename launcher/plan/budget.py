@@ -23,8 +23,8 @@ def resolve_budget(
     if gpus is not None and instances is not None:
         raise UsageError("give --gpus or --instances, not both")
     for flag, value, most in (("--gpus", gpus, MAX_GPUS), ("--instances", instances, MAX_INSTANCES)):
-        if value is not None and not 1 <= value <= most:
-            raise UsageError(f"{flag} {value}: use a number from 1 to {most:,}")
+        if value is not None and not (_whole(value) and 1 <= value <= most):  # the SDK's too: 64.5, "64"
+            raise UsageError(f"{flag} {value!r}: use a whole number from 1 to {most:,}")
     key = instance_type or recipe.cluster.instance_type
     instance, unknown = find_instance_type(key)
     if unknown is not None:
@@ -71,3 +71,7 @@ def _instance_count(
     if same_type:
         return recipe.cluster.instance_count
     return max(1, recipe.world_size // per_node)
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

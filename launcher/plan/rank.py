@@ -77,8 +77,8 @@ def search(recipe: Recipe, options: SearchOptions | None = None) -> Search:
     options: the recipe's own GPUs, top 10."""
     options = options or SearchOptions()
     top, threshold, constants = options.top, options.threshold, options.constants
-    if top < 1:
-        raise UsageError(f"--top {top}: use 1 or more")
+    if not (isinstance(top, int) and not isinstance(top, bool) and top >= 1):
+        raise UsageError(f"--top {top!r}: use a whole number, 1 or more")
     started = time.perf_counter()
     budget = resolve_budget(recipe, gpus=options.gpus, instances=options.instances, instance_type=options.instance_type)
     workloads = candidate_workloads(

@@ -151,7 +151,10 @@ def test_the_explanation_names_the_runner_up_and_the_reason():
         ({"gpus": 8, "instances": 1}, "give --gpus or --instances, not both"),
         ({"instance_type": "ml.p5x"}, "--instance-type: 'ml.p5x' is not a known instance type (did you mean"),
         ({"instance_type": "ml.p4d.24xlarge"}, "precision.fp8: a100-40gb has no FP8 tensor cores"),
-        ({"top": 0}, "--top 0: use 1 or more"),
+        ({"top": 0}, "--top 0: use a whole number, 1 or more"),
+        ({"top": "5"}, "--top '5': use a whole number, 1 or more"),  # from the SDK: a TypeError before
+        ({"gpus": 64.5}, "--gpus 64.5: use a whole number from 1 to 131,072"),  # before: 'use e.g. 64.0 or 72.0'
+        ({"gpus": "64"}, "--gpus '64': use a whole number from 1 to 131,072"),
     ],
 )
 def test_bad_budgets_are_refused_with_one_line(kwargs, message):

@@ -298,7 +298,7 @@ def test_plan_gpus_1e30(cli):
         TINY,
         "--gpus",
         str(10**30),
-        pattern=r"^--gpus 1000000000000000000000000000000: use a number from 1 to 131,072$",
+        pattern=r"^--gpus 1000000000000000000000000000000: use a whole number from 1 to 131,072$",
     )
 
 
