@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.contract.metrics import METRIC_KEYS, VALIDATION_KEYS, metric_rows
+from launcher.contract.metrics import METRIC_KEYS, VALIDATION_KEYS, logged_step, metric_rows
 from launcher.display import html
 from launcher.display.text import metric_cell
 
@@ -32,17 +32,17 @@ class MetricsHistory:
         """Rows by step; a step logged twice (a run that restarted from a checkpoint) keeps its latest values.
 
         The rows come from files a job wrote and may be damaged: a row that is not an object with
-        a finite step is skipped, and so is any value in it that is not a number."""
+        a step a job could log (`logged_step`) is skipped, and so is any value in it that is not a number."""
         by_step: dict[int, dict[str, float]] = {}
         for row in rows:
-            step = row.get("step") if isinstance(row, Mapping) else None
-            if _number(step) and math.isfinite(step):
+            step = logged_step(row.get("step")) if isinstance(row, Mapping) else None
+            if step is not None:
                 values = {
                     key: value
                     for key, value in row.items()
                     if isinstance(key, str) and (value is None or _number(value))
                 }
-                by_step[int(step)] = {**values, "step": int(step)}
+                by_step[step] = {**values, "step": step}
         return cls(job, tuple(by_step[step] for step in sorted(by_step)))
 
     @classmethod

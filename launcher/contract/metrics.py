@@ -50,6 +50,9 @@ TENSORBOARD_DIR = "tensorboard"
 TensorBoardOutputConfig LocalPath, synced to S3 while the job runs)."""
 METRICS_PREFIX = "metrics"
 SUMMARY_PREFIX = "summary"
+MAX_STEPS = 10**9
+"""The most optimizer steps a job runs (the recipe schema's bound on training.steps), so the
+largest step a metrics line or record of a real job can name."""
 
 _FLOAT = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 
@@ -101,6 +104,16 @@ def parse_fields(line: str) -> dict[str, float | str]:
     return values
 
 
+def logged_step(value: object) -> int | None:
+    """The step a metrics record or line names, or None where it names none a job could log: logs
+    and files are read back and may hold anything (inf, nan, 2.5, -3, a string, 1e308)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not (math.isfinite(value) and value == int(value) and 0 <= value <= MAX_STEPS):
+        return None
+    return int(value)
+
+
 def metric_rows(lines: Iterable[str]) -> list[dict[str, float]]:
     """Every `metrics step=N ...` line among `lines` as a dict, by step; other lines are skipped.
 
@@ -114,6 +127,7 @@ def metric_rows(lines: Iterable[str]) -> list[dict[str, float]]:
         if start < 0:
             continue
         fields = {k: v for k, v in parse_fields(line[start:]).items() if isinstance(v, float)}
-        if "step" in fields:
-            rows[int(fields["step"])] = {**fields, "step": int(fields["step"])}
+        step = logged_step(fields.get("step"))
+        if step is not None:
+            rows[step] = {**fields, "step": step}
     return [rows[step] for step in sorted(rows)]

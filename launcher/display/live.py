@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from rich.text import Text
 
-from launcher.contract.metrics import parse_fields
+from launcher.contract.metrics import logged_step, parse_fields
 from launcher.display.text import duration
 
 
@@ -52,7 +52,10 @@ class LiveProgress:
         elif not self.console.quiet:
             print(text, file=self.lines_to, flush=True)
         if self.live is not None and text.startswith("metrics step="):
-            self.live.update(self._progress(parse_fields(text)))
+            fields = parse_fields(text)
+            step = logged_step(fields.get("step"))  # the log is the job's: `step=inf` must not end the wait
+            if step is not None:
+                self.live.update(self._progress(step, fields))
 
     def status(self, status: Any) -> None:
         text = f"{status.name}: {status.state}" + (f" ({status.secondary})" if status.secondary else "")
@@ -61,14 +64,14 @@ class LiveProgress:
         elif not status.terminal:
             self.console.print(text, markup=False)
 
-    def _progress(self, fields: dict) -> str:
-        step, now = int(fields.get("step", 0)), time.monotonic()
+    def _progress(self, step: int, fields: dict) -> str:
+        now = time.monotonic()
         if self.first_step is None:
             self.first_step = (step, now)
         text = f"step {step}/{self.total_steps}"
         if isinstance(fields.get("loss"), float):
             text += f"  loss {fields['loss']:.4f}"
         first, since = self.first_step
-        if step > first:
+        if first < step <= self.total_steps:  # past the end: a run given more steps than this one's
             text += f"  ETA {duration((now - since) / (step - first) * (self.total_steps - step))}"
         return text

@@ -32,6 +32,7 @@ from launcher.contract.config import (
     DEFAULT_STRAGGLER_MARGIN,
 )
 from launcher.contract.layout import MAX_SEQ_LEN
+from launcher.contract.metrics import MAX_STEPS
 from launcher.recipe.region import default_region
 
 SAGEMAKER_MAX_RUN_S = capabilities("sagemaker").max_run_s  # 28 days (launcher/catalog/engines.yaml)
@@ -42,7 +43,6 @@ MAX_GPUS = 131072
 """The largest world size: 16,384 nodes of 8 GPUs."""
 MAX_INSTANCES = 16384
 MAX_PROCS_PER_NODE = 256
-MAX_STEPS = 10**9
 MAX_SEED = 2**32 - 1
 """numpy's seeds are 32-bit."""
 MAX_GLOBAL_BATCH = 2**24

@@ -53,6 +53,37 @@ def test_metric_lines_are_read_behind_a_host_label_and_other_lines_are_skipped()
     assert set(rows[0]) == STEP_KEYS and math.isnan(rows[0]["mfu"])
 
 
+HOSTILE_STEPS = ("inf", "nan", "-inf", "1e400", "1e300", "2.5", "-3", "1000000001")
+
+
+def test_a_line_or_record_naming_no_step_a_job_could_log_is_skipped():
+    """Logs and metrics files are the job's: `metrics step=inf` in them was an OverflowError that
+    ended `launcher metrics` and the `submit --wait` that follows the log."""
+    lines = [line(1, 3.0), *(f"metrics step={step} loss=9" for step in HOSTILE_STEPS), line(2, 2.0)]
+    assert [(r["step"], r["loss"]) for r in metric_rows(lines)] == [(1, 3.0), (2, 2.0)]
+    records = [{"step": 1, "loss": 3.0}, {"step": 10**32}, {"step": 1e308}, {"step": True}, {"step": "2"}]
+    records += [{"step": -1}, {"step": 2.0, "loss": 2.0}, ["step", 3]]
+    assert [(r["step"], r["loss"]) for r in MetricsHistory.from_rows("job", records)] == [(1, 3.0), (2, 2.0)]
+
+
+def test_the_live_line_of_submit_wait_skips_a_line_naming_no_step():
+    import io
+
+    from rich.console import Console
+
+    from launcher.display.live import LiveProgress
+
+    screen, lines = io.StringIO(), io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120, color_system=None)
+    with LiveProgress(total_steps=20, console=console, lines_to=lines) as progress:
+        for text in [line(1, 3.0), *(f"metrics step={step} loss=9" for step in HOSTILE_STEPS), line(2, 2.0)]:
+            progress.line(text)
+        assert progress.first_step[0] == 1
+    shown = screen.getvalue()
+    assert "step 2/20  loss 2.0000  ETA " in shown and "loss 9" not in shown
+    assert lines.getvalue().count("metrics step=") == 2 + len(HOSTILE_STEPS)  # every log line is still passed on
+
+
 def test_a_step_logged_again_after_a_restart_keeps_its_latest_values():
     history = MetricsHistory.from_lines("job", [line(1, 3.0), line(2, 2.9), line(2, 2.7), line(3, 2.5)])
     assert [r["loss"] for r in history.to_rows()] == [3.0, 2.7, 2.5]
@@ -114,7 +145,7 @@ def test_a_sagemaker_job_reads_the_metric_lines_of_its_cloudwatch_logs(aws, home
     group = "/aws/sagemaker/TrainingJobs"
     logs.create_log_group(logGroupName=group)
     now = int(time.time() * 1000)
-    events = {"algo-1": [line(1, 3.0), "checkpoint step=1", line(2, 2.0)], "algo-2": ["ready"]}
+    events = {"algo-1": [line(1, 3.0), "checkpoint step=1", line(2, 2.0)], "algo-2": ["ready", "metrics step=inf"]}
     for host, messages in events.items():
         stream = f"{name}/{host}-1700000000"
         logs.create_log_stream(logGroupName=group, logStreamName=stream)
