@@ -31,7 +31,9 @@ Resume: "auto" takes the newest complete checkpoint in the directory (none: a fr
 "never" ignores them, any other value is the path of the checkpoint directory to load.
 Rank 0 decides and every rank follows its decision. Loading verifies every file it reads
 against its host's recorded SHA-256 first; one that differs (on any host) makes every rank skip
-the checkpoint and take the previous one, as a torn one is skipped.
+the checkpoint and take the previous one, as a torn one is skipped. With the S3 mirror
+(checkpoint_mirror.py) a host holds only the checkpoint it restored: the previous one is
+restored from S3 when the newest fails to load.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import socket
 import time
 from contextlib import contextmanager
@@ -357,7 +360,7 @@ class Checkpointer:
                 print(f"warning: checkpoint {path.name} is damaged ({fault}); skipped", flush=True)
             else:
                 candidates.append(str(path))
-        if complete and not candidates:
+        if complete and not candidates and self.mirror is None:  # with it, resume() looks for an older one in S3
             refusal = (
                 f"checkpoint: every complete checkpoint in {self.directory} is damaged; remove them, or set "
                 "checkpoint.resume: never to start over"
@@ -372,9 +375,42 @@ class Checkpointer:
         size) and every rank follows its decision. Loading verifies the digests of the files it
         reads; a file that differs, or a checkpoint that fails to load, fails on every rank alike
         (DCP's collectives, or `_agree`), and the checkpoint gives way to the previous one with a
-        warning naming why."""
-        if self.mirror is not None and self.cfg.resume == "auto":
-            self._restore_from_s3()
+        warning naming why. With the S3 mirror the previous one is restored from S3 when it is
+        needed: a host holds only the checkpoint it restored (and those it wrote since)."""
+        from_s3 = self.mirror is not None and self.cfg.resume == "auto"
+        below, failure = None, None  # the step of a restored checkpoint that failed, and why
+        while True:
+            restored = self._restore_from_s3(below=below) if from_s3 else None
+            candidates = [path for path in self._agreed_candidates() if below is None or _step_of(path) < below]
+            if not candidates and restored is not None:  # rank 0's check of its files' sizes skipped it
+                self._discard_restored(self.directory / step_dir_name(restored))
+                below = restored
+                failure = f"checkpoint: every complete checkpoint in {self.mirror.uri} is damaged; remove them, or set "
+                failure += "checkpoint.resume: never to start over"
+                continue
+            if not candidates:
+                if failure:
+                    raise ConfigError(failure)
+                return 0
+            step, failed, failure = self._load_newest_sound(candidates, older_in_s3=from_s3)
+            if failed is None:
+                return step
+            if not from_s3:
+                raise ConfigError(failure)
+            self._discard_restored(self._own_copy(Path(failed)))
+            below = _step_of(failed)
+
+    def _discard_restored(self, path: Path) -> None:
+        """Collective: each host drops its copy of a checkpoint restored from S3 that it cannot
+        use. Left there, the other hosts' markers in it would stand beside the files of a later
+        save of the same step (a save withdraws only its own host's part)."""
+        if self.rank_hosts.is_node_leader:
+            shutil.rmtree(path, ignore_errors=True)
+        if self.world_size > 1:
+            dist.barrier()
+
+    def _agreed_candidates(self) -> list[str]:
+        """Collective: rank 0's checkpoints to try, newest first, on every rank."""
         decision = self._resume_plan() if self.rank == 0 else None
         if self.world_size > 1:
             box = [decision]
@@ -383,37 +419,42 @@ class Checkpointer:
         refusal, candidates, self.complete_steps = decision
         if refusal:
             raise ConfigError(refusal)
+        return candidates
+
+    def _load_newest_sound(self, candidates: list[str], *, older_in_s3: bool) -> tuple[int, str | None, str]:
+        """(step, None, "") for the first of `candidates` that loads; else (0, the last one tried,
+        why it failed). Each failure but the last one's without S3 warns on rank 0."""
         for index, chosen in enumerate(candidates):
             try:
                 step = self._load(self._own_copy(Path(chosen)))
                 self._report_downloads()
-                return step
+                return step, None, ""
             except (Exception, CheckpointException) as error:  # DCP's is a BaseException
                 damage = _damage(error)
-                if index + 1 == len(candidates):
-                    what = f"is damaged ({damage})" if damage else f"cannot be read ({_read_failure(error)})"
-                    raise ConfigError(
-                        f"checkpoint: {chosen} {what}; no older checkpoint is left; remove it, or set "
-                        "checkpoint.resume: never to start over"
-                    ) from None
-                if self.rank == 0 and damage:
-                    print(f"warning: checkpoint {Path(chosen).name} is damaged ({damage}); skipped", flush=True)
-                elif self.rank == 0:
-                    print(
-                        f"warning: checkpoint {Path(chosen).name} cannot be read ({_read_failure(error)}); "
-                        f"resuming from {Path(candidates[index + 1]).name} instead",
-                        flush=True,
-                    )
-        return 0
+                what = f"is damaged ({damage})" if damage else f"cannot be read ({_read_failure(error)})"
+                last = index + 1 == len(candidates)
+                if last and not older_in_s3:
+                    break
+                if self.rank == 0:
+                    then = "skipped" if damage else f"resuming from {Path(candidates[index + 1]).name} instead"
+                    then = f"skipped; looking for an older one in {self.mirror.uri}" if last else then
+                    print(f"warning: checkpoint {Path(chosen).name} {what}; {then}", flush=True)
+        where = f" here or in {self.mirror.uri}" if older_in_s3 else ""
+        failure = (
+            f"checkpoint: {chosen} {what}; no older checkpoint is left{where}; remove it, or set "
+            "checkpoint.resume: never to start over"
+        )
+        return 0, chosen, failure
 
-    def _restore_from_s3(self) -> None:
-        """Collective: rank 0 picks the newest checkpoint every host finished uploading; each
-        host's first rank downloads what its host reads of it (checkpoint_mirror.py)."""
+    def _restore_from_s3(self, *, below: int | None = None) -> int | None:
+        """Collective: rank 0 picks the newest checkpoint every host finished uploading (older
+        than `below`, one found damaged); each host's first rank downloads what its host reads
+        of it (checkpoint_mirror.py). Returns its step (None: none in S3)."""
         decision = [None, None, {}]  # [failure, step, {file: size}]
         if self.rank == 0:
             try:
                 listing = self.mirror.listing()
-                step = self.mirror.newest_complete(listing)
+                step = self.mirror.newest_complete(listing, below=below)
                 decision = [None, step, listing.get(step, {})]
             except MirrorFailed as error:
                 decision = [str(error), None, {}]
@@ -435,6 +476,7 @@ class Checkpointer:
         failure = self._agree(failure)
         if failure:
             raise ConfigError(f"{failure}; nothing was resumed")
+        return step
 
     def _own_copy(self, chosen: Path) -> Path:
         """Rank 0 names a checkpoint in its own directory; with the S3 mirror each host reads the
@@ -497,6 +539,10 @@ class Checkpointer:
         faults = [None] * self.world_size
         dist.all_gather_object(faults, fault)
         return next((found for found in faults if found), None)
+
+
+def _step_of(path: str | Path) -> int:
+    return int(Path(path).name.removeprefix("step-"))
 
 
 def _damage(error: BaseException) -> str | None:

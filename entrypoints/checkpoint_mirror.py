@@ -15,7 +15,9 @@ directory (local NVMe, entrypoints/checkpoint.py) and each host's first rank cop
   markers of every host are there (a host killed mid-upload leaves a torn one, skipped); each
   host then downloads only what it reads: its own files of that checkpoint, `.metadata`,
   `train_state.json` and the markers. A checkpoint written by another number of hosts is
-  downloaded whole, since DCP may reshard any rank's file into any other.
+  downloaded whole, since DCP may reshard any rank's file into any other. One that then fails to
+  load (a file's digest differs) is dropped and the newest complete one below it is restored
+  (checkpoint.py `resume`).
 
 boto3 is the image's own (the PyTorch DLC's base dependencies, docker/pytorch/2.13/cuda/
 pyproject.toml in aws/deep-learning-containers); it is imported only when the prefix is set.
@@ -124,9 +126,11 @@ class S3Mirror:
             raise MirrorFailed(f"checkpoint: listing {self.uri}/ failed: {_one_line(error)}") from None
         return dict(found)
 
-    def newest_complete(self, listing: dict[int, dict[str, int]]) -> int | None:
-        """The newest step whose markers of every host of one run are all in S3."""
-        complete = [step for step, files in listing.items() if has_every_marker(files)]
+    def newest_complete(self, listing: dict[int, dict[str, int]], *, below: int | None = None) -> int | None:
+        """The newest step (under `below`, where given) whose markers of every host of one run are all in S3."""
+        complete = [
+            step for step, files in listing.items() if has_every_marker(files) and (below is None or step < below)
+        ]
         return max(complete, default=None)
 
     def restore(self, directory: Path, step: int, files: dict[str, int]) -> int:

@@ -284,9 +284,11 @@ MIRROR_URI = f"s3://{MIRROR_BUCKET}/tiny-cpu/lineage-1"
 
 @pytest.fixture(scope="module")
 def mirror_runs(host_runs, moto_server) -> dict:
-    """Launch 1: each host with its own empty directory, saving every step of 4 (keep 2) through
+    """Launch 1: each host with its own empty directory, saving every step of 4 (keep 3) through
     LAUNCHER_CHECKPOINT_S3 at moto. The test then tears step 4 in S3 (host 1's marker gone, as
-    when host 1 dies mid-upload). Launch 2: new hosts, empty directories, resume to step 6."""
+    when host 1 dies mid-upload) and changes 1 KiB of host 1's shard of step 3 there at the same
+    size (only its digest can tell). Launch 2: new hosts, empty directories, resume to step 6:
+    from step 3, found damaged as it loads, then from step 2, restored from S3 after it."""
     import boto3
 
     root = host_runs / "mirror"
@@ -302,11 +304,14 @@ def mirror_runs(host_runs, moto_server) -> dict:
     s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1", aws_access_key_id="testing",
                       aws_secret_access_key="testing")  # fmt: skip
     s3.create_bucket(Bucket=MIRROR_BUCKET)
-    split = {"training.steps": 4, "checkpoint.every_steps": 1}
+    split = {"training.steps": 4, "checkpoint.every_steps": 1, "checkpoint.keep": 3}
     plans = [[write_config(root, "split", h, root / f"split-host{h}", **split)] for h in range(HOSTS)]
     launch_hosts(root, plans, "mirror-split", foreground_popen, env=env)
     pushed = s3_listing(s3)
     s3.delete_object(Bucket=MIRROR_BUCKET, Key="tiny-cpu/lineage-1/step-00000004/COMPLETE.node-1-of-2")
+    shard = root / "split-host1" / "step-00000003" / "__1_0.distcp"
+    overwrite_1kib_inside(shard)
+    s3.upload_file(str(shard), MIRROR_BUCKET, "tiny-cpu/lineage-1/step-00000003/__1_0.distcp")
     plans = [[write_config(root, "resumed", h, root / f"new-host{h}", **{"training.steps": 6})] for h in range(HOSTS)]
     stdout = launch_hosts(root, plans, "mirror-resumed", foreground_popen, env=env)
     return {"root": root, "pushed": pushed, "stdout": stdout, "after": s3_listing(s3)}
@@ -323,7 +328,7 @@ def s3_listing(s3) -> dict[str, dict[str, int]]:
 
 def test_each_host_copies_its_own_files_to_s3_and_keep_is_honoured_there(mirror_runs):
     pushed = mirror_runs["pushed"]
-    assert list(pushed) == ["step-00000003", "step-00000004"]  # keep 2: steps 1 and 2 deleted in S3
+    assert list(pushed) == ["step-00000002", "step-00000003", "step-00000004"]  # keep 3: step 1 deleted in S3
     assert sorted(pushed["step-00000004"]) == [
         ".metadata", "COMPLETE.node-0-of-2", "COMPLETE.node-1-of-2", "__0_0.distcp", "__1_0.distcp",
         "rng/rank-00000.pt", "rng/rank-00001.pt", "train_state.json",
@@ -331,27 +336,43 @@ def test_each_host_copies_its_own_files_to_s3_and_keep_is_honoured_there(mirror_
 
 
 def test_a_resume_from_s3_reads_each_hosts_own_files_of_the_newest_complete_checkpoint(mirror_runs):
-    step = mirror_runs["pushed"]["step-00000003"]  # step 4 is torn in S3: skipped
+    """Step 4 is torn in S3: skipped. Step 3 is restored, found damaged as it loads, and dropped;
+    step 2 is restored after it. Each restore downloads a host's own files and the shared ones."""
     logs = [(mirror_runs["root"] / f"log-mirror-resumed-host{h}.txt").read_text() for h in range(HOSTS)]
-    assert "resumed_from_step=3" in mirror_runs["stdout"]
-    shared = sum(size for name, size in step.items() if name in (".metadata", "train_state.json") or "COMPLETE" in name)
+    assert "resumed_from_step=2" in mirror_runs["stdout"]
+    assert re.search(
+        r"warning: checkpoint step-00000003 is damaged \(__1_0\.distcp on host 1 differs from the sha256 that "
+        rf"COMPLETE\.node-1-of-2 recorded\); skipped; looking for an older one in {MIRROR_URI}\n",
+        logs[0],
+    ), logs[0][-3000:]
     read = dict(re.findall(r"host(\d)=(\d+)", re.search(r"read from S3 to resume \(bytes\): (.*)", logs[0]).group(1)))
     for host in range(HOSTS):
-        own = sum(
-            size for name, size in step.items() if re.match(rf"(__{host}_0\.distcp|rng/rank-0000{host}\.pt)$", name)
-        )
-        restored = int(re.search(rf"restored step-00000003 from \S+: (\d+) bytes to host {host} ", logs[host]).group(1))
-        assert restored == own + shared
+        restored = 0
+        for step in ("step-00000003", "step-00000002"):
+            files = mirror_runs["pushed"][step]
+            shared = sum(
+                size for name, size in files.items() if name in (".metadata", "train_state.json") or "COMPLETE" in name
+            )
+            own = sum(
+                size
+                for name, size in files.items()
+                if re.match(rf"(__{host}_0\.distcp|rng/rank-0000{host}\.pt)$", name)
+            )
+            got = int(re.search(rf"restored {step} from \S+: (\d+) bytes to host {host} ", logs[host]).group(1))
+            assert got == own + shared, (host, step)
+            restored += got
         # Beyond its own files, a host reads only the byte ranges of the items every rank holds
         # whole (the optimizer's param groups and step counts), which DCP stores once, maybe in
-        # the other host's file.
-        replicated, _ = whole_items(mirror_runs["root"] / "new-host0" / "step-00000003", f"__{1 - host}_0.distcp")
-        assert restored <= int(read[str(host)]) <= restored + replicated, (host, read, own, replicated)
+        # the other host's file: in each of the two loads.
+        replicated, _ = whole_items(mirror_runs["root"] / "new-host0" / "step-00000002", f"__{1 - host}_0.distcp")
+        assert restored <= int(read[str(host)]) <= restored + 2 * replicated, (host, read, restored, replicated)
+        # The damaged copy was dropped on both hosts: no later save of step 3 finds its markers.
+        assert not (mirror_runs["root"] / f"new-host{host}" / "step-00000003").exists()
 
 
 def test_resuming_from_s3_gives_the_losses_of_an_uninterrupted_run(mirror_runs, host_runs):
     reference = dict(losses(host_runs, "reference"))
     resumed = losses(mirror_runs["root"], "resumed")
-    assert [s for s, _ in resumed] == [4, 5, 6]
+    assert [s for s, _ in resumed] == [3, 4, 5, 6]
     for s, loss in resumed:
         assert loss == pytest.approx(reference[s], abs=1e-5), s
