@@ -57,6 +57,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from entrypoints.checkpoint_digests import DigestingWriter, VerifyingReader
 from entrypoints.checkpoint_files import (
     LEASE_RENEW_S,
+    STEP_DIR,
     CheckpointDamaged,
     RankHosts,
     acquire_lease,
@@ -378,6 +379,9 @@ class Checkpointer:
         warning naming why. With the S3 mirror the previous one is restored from S3 when it is
         needed: a host holds only the checkpoint it restored (and those it wrote since)."""
         from_s3 = self.mirror is not None and self.cfg.resume == "auto"
+        named = self._named_step()
+        if named is not None:
+            self._restore_from_s3(exactly=named)
         below, failure = None, None  # the step of a restored checkpoint that failed, and why
         while True:
             restored = self._restore_from_s3(below=below) if from_s3 else None
@@ -446,16 +450,31 @@ class Checkpointer:
         )
         return 0, chosen, failure
 
-    def _restore_from_s3(self, *, below: int | None = None) -> int | None:
+    def _named_step(self) -> int | None:
+        """With the S3 mirror, the step of a `checkpoint.resume: <checkpoint.dir>/step-N`: on new
+        hosts the directory is empty, so the checkpoint is restored from S3 first."""
+        if self.mirror is None or self.cfg.resume in ("auto", "never"):
+            return None
+        path = Path(os.path.normpath(self.cfg.resume))
+        match = STEP_DIR.match(path.name)
+        return int(match.group(1)) if match and path.parent == Path(os.path.normpath(self.directory)) else None
+
+    def _restore_from_s3(self, *, below: int | None = None, exactly: int | None = None) -> int | None:
         """Collective: rank 0 picks the newest checkpoint every host finished uploading (older
-        than `below`, one found damaged); each host's first rank downloads what its host reads
-        of it (checkpoint_mirror.py). Returns its step (None: none in S3)."""
+        than `below`, one found damaged), or step `exactly`; each host's first rank downloads
+        what its host reads of it (checkpoint_mirror.py). Returns its step (None: none in S3)."""
         decision = [None, None, {}]  # [failure, step, {file: size}]
         if self.rank == 0:
             try:
                 listing = self.mirror.listing()
-                step = self.mirror.newest_complete(listing, below=below)
+                step = self.mirror.newest_complete(listing, below=below) if exactly is None else exactly
                 decision = [None, step, listing.get(step, {})]
+                if exactly is not None and exactly not in self.mirror.complete_steps(listing):
+                    there = ", ".join(map(str, self.mirror.complete_steps(listing))) or "none"
+                    decision[0] = (
+                        f"checkpoint.resume: {self.cfg.resume}: step {exactly} is not a complete checkpoint in "
+                        f"{self.mirror.uri} (the complete steps there: {there})"
+                    )
             except MirrorFailed as error:
                 decision = [str(error), None, {}]
         if self.world_size > 1:
@@ -481,7 +500,7 @@ class Checkpointer:
     def _own_copy(self, chosen: Path) -> Path:
         """Rank 0 names a checkpoint in its own directory; with the S3 mirror each host reads the
         copy in its own (the same path on SageMaker, where every host has /opt/ml/checkpoints)."""
-        if self.mirror is not None and self.cfg.resume == "auto":
+        if self.mirror is not None and (self.cfg.resume == "auto" or self._named_step() is not None):
             return self.directory / chosen.name
         return chosen
 

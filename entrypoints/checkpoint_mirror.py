@@ -126,12 +126,13 @@ class S3Mirror:
             raise MirrorFailed(f"checkpoint: listing {self.uri}/ failed: {_one_line(error)}") from None
         return dict(found)
 
+    def complete_steps(self, listing: dict[int, dict[str, int]]) -> list[int]:
+        """The steps whose markers of every host of one run are all in S3, oldest first."""
+        return sorted(step for step, files in listing.items() if has_every_marker(files))
+
     def newest_complete(self, listing: dict[int, dict[str, int]], *, below: int | None = None) -> int | None:
-        """The newest step (under `below`, where given) whose markers of every host of one run are all in S3."""
-        complete = [
-            step for step, files in listing.items() if has_every_marker(files) and (below is None or step < below)
-        ]
-        return max(complete, default=None)
+        """The newest complete step (under `below`, where given)."""
+        return max((step for step in self.complete_steps(listing) if below is None or step < below), default=None)
 
     def restore(self, directory: Path, step: int, files: dict[str, int]) -> int:
         """Download what this host reads of checkpoint `step` into `directory`; returns the bytes."""

@@ -288,7 +288,8 @@ def mirror_runs(host_runs, moto_server) -> dict:
     LAUNCHER_CHECKPOINT_S3 at moto. The test then tears step 4 in S3 (host 1's marker gone, as
     when host 1 dies mid-upload) and changes 1 KiB of host 1's shard of step 3 there at the same
     size (only its digest can tell). Launch 2: new hosts, empty directories, resume to step 6:
-    from step 3, found damaged as it loads, then from step 2, restored from S3 after it."""
+    from step 3, found damaged as it loads, then from step 2, restored from S3 after it; then a
+    job on other empty directories resumes from the step-2 checkpoint it names."""
     import boto3
 
     root = host_runs / "mirror"
@@ -312,7 +313,16 @@ def mirror_runs(host_runs, moto_server) -> dict:
     shard = root / "split-host1" / "step-00000003" / "__1_0.distcp"
     overwrite_1kib_inside(shard)
     s3.upload_file(str(shard), MIRROR_BUCKET, "tiny-cpu/lineage-1/step-00000003/__1_0.distcp")
-    plans = [[write_config(root, "resumed", h, root / f"new-host{h}", **{"training.steps": 6})] for h in range(HOSTS)]
+    # Then, in the same launch, a job on new empty directories that names its checkpoint,
+    # as the NaN-loss error advises (checkpoint.resume: <checkpoint.dir>/step-N): step 2, in S3 only.
+    plans = [
+        [
+            write_config(root, "resumed", h, root / f"new-host{h}", **{"training.steps": 6}),
+            write_config(root, "named", h, root / f"named-host{h}", **{"training.steps": 4},
+                         **{"checkpoint.resume": str(root / f"named-host{h}" / "step-00000002")}),
+        ]
+        for h in range(HOSTS)
+    ]  # fmt: skip
     stdout = launch_hosts(root, plans, "mirror-resumed", foreground_popen, env=env)
     return {"root": root, "pushed": pushed, "stdout": stdout, "after": s3_listing(s3)}
 
@@ -376,3 +386,17 @@ def test_resuming_from_s3_gives_the_losses_of_an_uninterrupted_run(mirror_runs, 
     assert [s for s, _ in resumed] == [3, 4, 5, 6]
     for s, loss in resumed:
         assert loss == pytest.approx(reference[s], abs=1e-5), s
+
+
+def test_a_checkpoint_named_by_checkpoint_resume_is_restored_from_s3_onto_empty_hosts(mirror_runs, host_runs):
+    """Before, new hosts found nothing at the named path: 'is not a complete checkpoint'."""
+    reference = dict(losses(host_runs, "reference"))
+    named = losses(mirror_runs["root"], "named")
+    assert [s for s, _ in named] == [3, 4]
+    for s, loss in named:
+        assert loss == pytest.approx(reference[s], abs=1e-5), s
+    log = (mirror_runs["root"] / "log-mirror-resumed-host1.txt").read_text()
+    restores = re.findall(
+        rf"^checkpoint: restored (step-\d+) from {MIRROR_URI}: \d+ bytes to host 1 ", log, re.MULTILINE
+    )
+    assert restores == ["step-00000003", "step-00000002", "step-00000002"]  # the last: the named job's
