@@ -24,7 +24,7 @@ import stat
 import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from launcher.errors import LauncherError, UsageError
 from launcher.spec import JOB_NAME_RE, JobSpec, Placement
@@ -189,11 +189,12 @@ def json_type(value: object) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-def read_json(path: Path, what: str) -> Any:
-    """The JSON value in `path`, or None when there is no such file. Anything else that is not a
-    JSON file (a directory, a FIFO, binary bytes, a cut-off write) is a DamagedRecord naming it."""
+def open_regular(path: Path, what: str) -> BinaryIO | None:
+    """`path` opened to read, or None when there is no such file. A directory, FIFO or device in
+    the file's place is a DamagedRecord naming it: a FIFO would block the reader until someone
+    writes it, a device such as /dev/zero would never end."""
     try:
-        # O_NONBLOCK: a FIFO in the file's place must not block the reader until someone writes it.
+        # O_NONBLOCK: a FIFO in the file's place must not block the open either.
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
@@ -202,9 +203,19 @@ def read_json(path: Path, what: str) -> Any:
     kind = os.fstat(descriptor).st_mode
     if not stat.S_ISREG(kind):
         os.close(descriptor)
-        shape = "a directory" if stat.S_ISDIR(kind) else "a FIFO" if stat.S_ISFIFO(kind) else "not a regular file"
+        shapes = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"))
+        shape = next((name for test, name in shapes if test(kind)), "not a regular file")
         raise DamagedRecord(f"{path}: damaged {what}: it is {shape}, not a file; move it away")
-    with os.fdopen(descriptor, "rb") as file:
+    return os.fdopen(descriptor, "rb")
+
+
+def read_json(path: Path, what: str) -> Any:
+    """The JSON value in `path`, or None when there is no such file. Anything else that is not a
+    JSON file (a directory, a FIFO, binary bytes, a cut-off write) is a DamagedRecord naming it."""
+    file = open_regular(path, what)
+    if file is None:
+        return None
+    with file:
         try:
             raw = file.read(MAX_STATE_BYTES + 1)
         except OSError as error:

@@ -162,6 +162,36 @@ def test_a_damaged_state_file_is_one_line_naming_it_and_list_shows_the_other_job
     assert len(rows) == 2 and rows[1].split()[:3] == [other, "local", "Completed"], listed.out
 
 
+LOG_IN_ITS_PLACE = {
+    "a FIFO": lambda path: os.mkfifo(path),  # a reader that opened it plainly would block forever
+    "a device": lambda path: path.symlink_to("/dev/zero"),  # a reader that read to its end would never stop
+    "a directory": lambda path: path.mkdir(),
+}
+
+
+def _capped_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31))  # reading /dev/zero whole fails here, not the host
+
+
+@pytest.mark.parametrize("kind", list(LOG_IN_ITS_PLACE))
+def test_a_job_log_that_is_not_a_file_is_one_line_naming_it_not_a_hang(damaged_home, kind):
+    """`launcher logs` in its own process (a hang or an endless read must fail the test, not hold it)."""
+    home, name, _ = damaged_home
+    path = home / "jobs" / name / "output.log"
+    path.unlink()
+    LOG_IN_ITS_PLACE[kind](path)
+    env = {**os.environ, "LAUNCHER_HOME": str(home), "PYTHONPATH": str(REPO)}
+    for follow in ([], ["--follow"]):
+        logs = subprocess.run(
+            [sys.executable, "-m", "launcher", "logs", name, *follow],
+            env=env, capture_output=True, text=True, timeout=60, preexec_fn=_capped_memory,
+        )  # fmt: skip
+        line = f"{path}: damaged job log: it is {kind}, not a file; move it away"
+        assert (logs.returncode, logs.stderr.splitlines(), logs.stdout) == (2, [line], ""), logs.stderr[-2000:]
+
+
 # --- writes: atomic, and a full disk named with its path -------------------------------------------
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from launcher.contract.metrics import SUMMARY_PREFIX, VALIDATION_KEYS, parse_fields
+from launcher.registry import open_regular
 
 
 def follow_file(path: Path, *, follow: bool, is_done: Callable[[], bool], poll_s: float) -> Iterator[str]:
@@ -20,8 +21,9 @@ def follow_file(path: Path, *, follow: bool, is_done: Callable[[], bool], poll_s
     pending = b""
     while True:
         done = (not follow) or is_done()
-        if path.exists():
-            with path.open("rb") as f:
+        opened = open_regular(path, "job log")  # a FIFO or /dev/zero in its place: one line, not a hang
+        if opened is not None:
+            with opened as f:
                 f.seek(position)
                 chunk = f.read()
             position += len(chunk)
