@@ -192,6 +192,31 @@ def test_a_job_log_that_is_not_a_file_is_one_line_naming_it_not_a_hang(damaged_h
         assert (logs.returncode, logs.stderr.splitlines(), logs.stdout) == (2, [line], ""), logs.stderr[-2000:]
 
 
+def test_a_job_whose_runner_is_gone_is_read_without_blocking_on_fifos_in_its_files(damaged_home):
+    """status.json still says InProgress, its runner is gone and its log and the runner's are
+    FIFOs: `status` (in its own process) reads the outcome from what is left, never blocking on a
+    FIFO as a plain open would."""
+    home, name, _ = damaged_home
+    directory = home / "jobs" / name
+    status = json.loads((directory / "status.json").read_text())
+    write_json(directory / "status.json", {**status, "state": "InProgress", "exit_code": None})
+    (directory / "exit.json").unlink()  # no exit code: the log's summary line, then runner.log's tail
+    for file in ("output.log", "runner.log"):
+        (directory / file).unlink(missing_ok=True)
+        os.mkfifo(directory / file)
+    env = {**os.environ, "LAUNCHER_HOME": str(home), "PYTHONPATH": str(REPO)}
+    shown = subprocess.run(
+        [sys.executable, "-m", "launcher", "status", name, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert json.loads(shown.stdout)["state"] == "Failed"
+    assert "the launcher's runner process died" in json.loads(shown.stdout)["failure_reason"]
+
+
 # --- writes: atomic, and a full disk named with its path -------------------------------------------
 
 

@@ -54,7 +54,7 @@ from launcher.backends.base import (
 )
 from launcher.backends.history import MetricsHistory
 from launcher.backends.staging import staging_dir
-from launcher.backends.tail import follow_file, last_metrics, log_summary
+from launcher.backends.tail import file_tail, follow_file, last_metrics, log_summary
 from launcher.backends.tools import ToolFailed, run_tool
 from launcher.backends.wheelhouse import bootstrap_environment, fill, job_wheels, wheelhouse_key
 from launcher.bundle import Bundle
@@ -751,8 +751,8 @@ def _decimal(size_bytes: int) -> str:
 
 def _read_exit_file(path: Path) -> int | None:
     try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
+        return int(file_tail(path, 64).strip())  # the job's own file: a FIFO there must not block status
+    except ValueError:
         return None
 
 

@@ -4,12 +4,13 @@ line (local, Slurm and docker jobs write them where this machine can read them).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from launcher.contract.metrics import SUMMARY_PREFIX, VALIDATION_KEYS, parse_fields
-from launcher.registry import open_regular
+from launcher.registry import DamagedRecord, open_regular
 
 
 def follow_file(path: Path, *, follow: bool, is_done: Callable[[], bool], poll_s: float) -> Iterator[str]:
@@ -66,12 +67,25 @@ def metrics_file_rows(path: Path) -> list[dict[str, float]]:
     return rows
 
 
+def file_tail(path: Path, max_bytes: int) -> str:
+    """The last `max_bytes` of a regular file; "" where there is none, or something else stands in
+    its place (a FIFO would block the reader, /dev/zero would never end): what it serves are hints."""
+    try:
+        opened = open_regular(path, "file")
+    except DamagedRecord:
+        return ""
+    if opened is None:
+        return ""
+    with opened as f:
+        try:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - max_bytes))
+            return f.read(max_bytes).decode(errors="replace")
+        except OSError:
+            return ""
+
+
 def log_summary(log: Path, max_bytes: int = 65536) -> dict[str, float | str]:
-    if not log.is_file():
-        return {}
-    with log.open("rb") as f:
-        f.seek(max(0, log.stat().st_size - max_bytes))
-        lines = f.read().decode(errors="replace").splitlines()
+    lines = file_tail(log, max_bytes).splitlines()
     for line in reversed(lines):
         if line.startswith(f"{SUMMARY_PREFIX} "):
             return parse_fields(line)

@@ -15,6 +15,8 @@ local job's failure reason, and the container bootstrap (entrypoints/bootstrap.p
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,7 +43,7 @@ class RankFailure:
 def read_error_file(path: str | Path | None) -> RankFailure:
     """What a torchelastic error file says (rank unknown); an empty failure if it is unreadable."""
     try:
-        data = json.loads(Path(path).read_text())["message"]
+        data = json.loads(_regular_file_text(Path(path)))["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return RankFailure(rank=None)
     if not isinstance(data, dict):
@@ -56,6 +58,16 @@ def read_error_file(path: str | Path | None) -> RankFailure:
         message=str(data.get("message", "")),
         stack=str(extra.get("py_callstack", "")),
     )
+
+
+def _regular_file_text(path: Path, max_bytes: int = 1 << 20) -> str:
+    """A regular file's text, at most `max_bytes`; OSError for anything else in its place (a FIFO
+    would block the reader, /dev/zero would never end)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return file.read(max_bytes).decode(errors="replace")
 
 
 def reported_failures(lines: list[str]) -> list[RankFailure]:

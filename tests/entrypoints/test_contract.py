@@ -222,3 +222,20 @@ def test_a_rank_killed_by_torchruns_teardown_after_it_raised_does_not_set_the_ex
     assert code == 2
     killed_alone = _torchrun_report(tmp_path, {1: (error, 7.001, -15)}, 1)
     assert root_cause(str(tmp_path / "missing.json"), killed_alone)[1] == 128 + 15  # no rank chose one
+
+
+@pytest.mark.timeout(30)  # a regression blocks on the FIFO: fail it here, not at the suite's limit
+def test_an_error_file_that_is_no_regular_file_reads_as_no_failure_and_never_blocks(tmp_path):
+    """The error file's path comes from the log (torchrun's report), which the job writes: a FIFO
+    or /dev/zero there would block the reader or never end."""
+    import os
+
+    from launcher.contract.failure import RankFailure, read_error_file
+
+    fifo = tmp_path / "error.json"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero"), tmp_path):
+        assert read_error_file(path) == RankFailure(rank=None)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"message": {"message": "ValueError: bad", "extraInfo": {"raised_at": 5}}}))
+    assert read_error_file(good).message == "ValueError: bad"

@@ -24,7 +24,7 @@ from launcher.backends.history import MetricsHistory
 from launcher.backends.local import runner
 from launcher.backends.processes import ForeignProcessGroup, JobGroup
 from launcher.backends.staging import staging_dir
-from launcher.backends.tail import follow_file, last_metrics, log_summary
+from launcher.backends.tail import file_tail, follow_file, last_metrics, log_summary
 from launcher.bundle import Bundle
 from launcher.contract.metrics import METRICS_FILE
 from launcher.errors import LauncherError, UsageError
@@ -280,12 +280,7 @@ _LOG_TAIL_BYTES = 65536
 
 def _workers_done_after_sigterm(directory: Path) -> bool:
     """Whether the end of the job's log holds STOP_LINE (a hint to wait, never more: bounded)."""
-    try:
-        with (directory / runner.LOG).open("rb") as log:
-            log.seek(max(0, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
-            tail = log.read().decode(errors="replace")
-    except OSError:
-        return False
+    tail = file_tail(directory / runner.LOG, _LOG_TAIL_BYTES)
     return any(line.startswith(STOP_LINE) for line in tail.splitlines())
 
 

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from launcher.backends.processes import JOB_MARKER, process_start_time
+from launcher.backends.tail import file_tail
 from launcher.contract.failure import first_failure
 from launcher.errors import LauncherError
 from launcher.registry import DamagedRecord, checked_object, os_error_line, read_json, write_json
@@ -136,12 +137,7 @@ def runner_failure(job_dir: Path) -> str | None:
 
 
 def _tail(log: Path, max_bytes: int) -> list[str]:
-    try:
-        with log.open("rb") as f:
-            f.seek(max(0, log.stat().st_size - max_bytes))
-            return f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
+    return file_tail(log, max_bytes).splitlines()
 
 
 def read_launch(job_dir: Path) -> dict:
