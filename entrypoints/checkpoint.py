@@ -523,7 +523,7 @@ class Checkpointer:
         state = self._state()
         read_range = None
         if self.mirror is not None:
-            step = int(path.name.removeprefix("step-"))
+            step = _step_of(path)
             read_range = lambda relative, offset, length: self.mirror.read_range(step, relative, offset, length)  # noqa: E731
         reader = VerifyingReader(path, self.rank_hosts, recorded, read_range=read_range)
         dcp.load(state, checkpoint_id=str(path), storage_reader=reader)

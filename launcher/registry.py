@@ -20,12 +20,12 @@ import json
 import math
 import os
 import shutil
-import stat
 import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from launcher.contract.regular_files import NotRegularFile, open_regular_file
 from launcher.errors import LauncherError, UsageError
 from launcher.spec import JOB_NAME_RE, JobSpec, Placement
 
@@ -191,22 +191,15 @@ def json_type(value: object) -> str:
 
 def open_regular(path: Path, what: str) -> BinaryIO | None:
     """`path` opened to read, or None when there is no such file. A directory, FIFO or device in
-    the file's place is a DamagedRecord naming it: a FIFO would block the reader until someone
-    writes it, a device such as /dev/zero would never end."""
+    the file's place is a DamagedRecord naming it (launcher.contract.failure.open_regular_file)."""
     try:
-        # O_NONBLOCK: a FIFO in the file's place must not block the open either.
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return open_regular_file(path)
     except FileNotFoundError:
         return None
+    except NotRegularFile as error:
+        raise DamagedRecord(f"{path}: damaged {what}: it is {error.shape}, not a file; move it away") from None
     except OSError as error:
         raise DamagedRecord(f"{path}: unreadable {what}: {os_error_line(error, 'reading', path)}") from None
-    kind = os.fstat(descriptor).st_mode
-    if not stat.S_ISREG(kind):
-        os.close(descriptor)
-        shapes = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"))
-        shape = next((name for test, name in shapes if test(kind)), "not a regular file")
-        raise DamagedRecord(f"{path}: damaged {what}: it is {shape}, not a file; move it away")
-    return os.fdopen(descriptor, "rb")
 
 
 def read_json(path: Path, what: str) -> Any:

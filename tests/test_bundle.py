@@ -215,6 +215,7 @@ def test_the_entrypoints_import_from_an_unpacked_bundle_with_nothing_else_of_the
         "launcher.contract.loss",
         "launcher.contract.failure",
         "launcher.contract.metrics",
+        "launcher.contract.regular_files",
         "launcher.contract.text",
         "launcher.contract.wheels",
     }

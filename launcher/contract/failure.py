@@ -15,10 +15,10 @@ local job's failure reason, and the container bootstrap (entrypoints/bootstrap.p
 from __future__ import annotations
 
 import json
-import os
-import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from launcher.contract.regular_files import open_regular_file
 
 ROOT_CAUSE = "Root Cause (first observed failure)"
 
@@ -61,12 +61,8 @@ def read_error_file(path: str | Path | None) -> RankFailure:
 
 
 def _regular_file_text(path: Path, max_bytes: int = 1 << 20) -> str:
-    """A regular file's text, at most `max_bytes`; OSError for anything else in its place (a FIFO
-    would block the reader, /dev/zero would never end)."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(descriptor, "rb") as file:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise OSError(f"{path} is not a regular file")
+    """A regular file's text, at most `max_bytes` (NotRegularFile, an OSError, for anything else)."""
+    with open_regular_file(path) as file:
         return file.read(max_bytes).decode(errors="replace")
 
 
