@@ -119,11 +119,16 @@ def result_text(status: JobStatusFields) -> str:
 
 
 def wait_text(status: JobStatusFields) -> str:
-    """The line `submit --wait` ends with: `NAME: Completed. loss 1.67, ...; ran at 62% of predicted`."""
+    """The line `submit --wait` ends with: `NAME: Completed. loss 1.67, ...; ran at 62% of predicted`;
+    a failed job's says why first, as SageMaker's FailureReason: `NAME: Failed: rank 0: ...`."""
     speed = speed_text(status)
     cause = slow_cause_text(status)
     speed += f"; warning: {cause}" if cause else ""
-    return f"{shown(status.name)}: {shown(status.state)}. {result_text(status)}" + (f"; {speed}" if speed else "")
+    head = f"{shown(status.name)}: {shown(status.state)}"
+    if status.state == "Failed" and status.failure_reason:
+        head += f": {shown(status.failure_reason)}"
+    result = result_text(status)
+    return head + (f". {result}" if result else "") + (f"; {speed}" if speed else "")
 
 
 def speed_text(status: JobStatusFields) -> str:

@@ -49,6 +49,10 @@ def test_a_failing_job_reports_the_exit_code_and_the_error(no_torchrun, monkeypa
     status = json.loads(cli("status", name, "--json").out)
     assert status["state"] == "Failed" and status["exit_code"] == 3
     assert status["failure_reason"] == "torchrun exited with code 3: RuntimeError: fake failure in step 4"
+    # --wait's last line says why, as SageMaker's FailureReason (before: "NAME: Failed. " and nothing)
+    assert result.out.splitlines()[-1].startswith(
+        f"{name}: Failed: torchrun exited with code 3: RuntimeError: fake failure in step 4. loss "
+    ), result.out[-500:]
     followed = cli("logs", name, "--follow")
     assert followed.code == 1 and "fake failure in step 4" in followed.out  # the job's outcome, as --wait
 
