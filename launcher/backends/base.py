@@ -22,7 +22,7 @@ from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
 from launcher.catalog.engines import Capabilities, capabilities
 from launcher.display import html
-from launcher.display.text import metric_cell
+from launcher.display.text import metric_cell, shown
 from launcher.errors import EngineError, UsageError
 from launcher.registry import SPEC, DamagedRecord, JobRef, job_dir, read_json
 from launcher.spec import MAX_JOB_NAME, EngineSettings, JobSpec, Placement, job_name
@@ -190,6 +190,8 @@ class Backend(ABC):
             problems.append(f"cluster.device: the {self.name} backend runs GPU jobs only; use device: cuda")
         if spec.resolved["parallel"]["pipeline"] > 1 and not caps.pipeline_parallel:
             problems.append(f"parallel.pipeline: the {self.name} backend has no pipeline parallelism; use pipeline: 1")
+        if caps.runs_here:
+            problems += _paths_here_problems(spec)
         return problems
 
     def check(self, spec: JobSpec) -> None:
@@ -283,6 +285,23 @@ _BACKENDS = {
     "accelerate": "launcher.backends.accelerate:AccelerateBackend",
 }
 NAMES = tuple(_BACKENDS)
+
+
+def _paths_here_problems(spec: JobSpec) -> list[str]:
+    """A job that runs on this machine reads its data and writes its checkpoints at these very
+    paths: what cannot work is said before anything starts, not by a rank's traceback."""
+    problems = []
+    for data in spec.inputs:
+        if data.name == "train" and data.staged_at is None and not Path(data.source).exists():
+            problems.append(f"data.source: {shown(data.source)} does not exist on this machine, where the job runs")
+    directory = Path(spec.resolved["checkpoint"]["dir"])
+    existing = next((path for path in (directory, *directory.parents) if path.exists()), None)
+    if existing is not None and not existing.is_dir():
+        problems.append(f"checkpoint.dir: {shown(existing)} is a file; give a directory (new or one of checkpoints)")
+    export = spec.resolved["checkpoint"]["export_hf"]
+    if export and Path(export).is_absolute() and Path(export).exists() and not Path(export).is_dir():
+        problems.append(f"checkpoint.export_hf: {shown(export)} is a file; give a directory")
+    return problems
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -37,6 +37,7 @@ def hostile_home(tmp_path, monkeypatch, fake_bundle) -> Path:
 
 def hostile(recipe: str, backend: str, tmp_path: Path, **extra):
     data = tmp_path / f"data {HOSTILE}"
+    data.mkdir(exist_ok=True)  # a job that runs here reads it here (Backend.problems checks it exists)
     checkpoints = tmp_path / f"ckpt {HOSTILE}"
     overrides = {
         "data.source": str(data),

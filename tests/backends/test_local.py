@@ -11,6 +11,8 @@ import os
 import threading
 import time
 
+import pytest
+
 from launcher.display.text import result_text
 from launcher.jobs import Job
 from launcher.registry import write_json
@@ -55,6 +57,33 @@ def test_a_failing_job_reports_the_exit_code_and_the_error(no_torchrun, monkeypa
     ), result.out[-500:]
     followed = cli("logs", name, "--follow")
     assert followed.code == 1 and "fake failure in step 4" in followed.out  # the job's outcome, as --wait
+
+
+@pytest.mark.parametrize(
+    ("setting", "line"),
+    [
+        ("data.source={missing}", "data.source: {missing} does not exist on this machine, where the job runs"),
+        ("checkpoint.dir={file}", "checkpoint.dir: {file} is a file; give a directory (new or one of checkpoints)"),
+        (
+            "checkpoint.dir={file}/below",
+            "checkpoint.dir: {file} is a file; give a directory (new or one of checkpoints)",
+        ),
+        ("checkpoint.export_hf={file}", "checkpoint.export_hf: {file} is a file; give a directory"),
+    ],
+)
+def test_paths_a_local_job_cannot_use_are_one_line_before_anything_starts(home, cli, tmp_path, setting, line):
+    """Before, each started the job, whose ranks failed on it: the data and the checkpoint
+    directory after their imports, the export after the last step (and then torchrun's restart)."""
+    from launcher.display.text import shown
+
+    # A newline in a path must not forge a line of its own.
+    paths = {"missing": tmp_path / "no-such\n---\ndata", "file": tmp_path / "a-file"}
+    paths["file"].write_text("mine")
+    for dry_run in (["--dry-run"], []):
+        result = cli("submit", recipe_path("tiny-cpu"), "--set", setting.format(**paths), *dry_run)
+        expected = line.format(**{key: shown(path) for key, path in paths.items()})
+        assert (result.code, result.err_lines[-1]) == (2, expected), result.err
+    assert not home.exists() and paths["file"].read_text() == "mine"  # no job, nothing written
 
 
 def test_stop_sends_sigterm_to_the_process_group(no_torchrun, monkeypatch):
