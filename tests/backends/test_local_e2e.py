@@ -23,6 +23,7 @@ from entrypoints.checkpoint_files import complete_checkpoints
 from launcher.backends import processes
 from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
 from launcher.contract.failure import read_error_file
+from tests.disks import fill_disk, small_disk
 from tests.progress import log_size, wait_while_growing
 
 from .helpers import REPO, alive
@@ -100,15 +101,17 @@ def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(readme_mai
 
 
 def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_path):
-    # Rank 0 alone creates the checkpoint directory (for its lease); under a regular file that fails,
-    # while rank 1 waits for its resume decision and then fails with gloo's "Connection closed by peer" (the symptom).
-    (tmp_path / "a-file").write_text("")
+    # Rank 0 alone creates the checkpoint directory (for its lease); on a full disk (a real tmpfs)
+    # that fails, while rank 1 waits for its resume decision and then fails with gloo's
+    # "Connection closed by peer" (the symptom). (A directory under a file is refused at submit.)
     home = tmp_path / "home"
-    overrides = ["training.steps=2", "checkpoint.every_steps=1", f"checkpoint.dir={tmp_path / 'a-file' / 'ckpt'}"]
+    overrides = ["training.steps=2", "checkpoint.every_steps=1", f"checkpoint.dir={tmp_path / 'full' / 'ckpt'}"]
     overrides += ["cluster.nproc_per_node=2", "parallel.tensor=1"]  # one peer shows the symptom as well as three
     overrides.append("cluster.max_restarts=0")  # the point is the reason, not a second identical failure
     args = [arg for override in overrides for arg in ("--set", override)]
-    result = from_checkout("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", *args, home=home)
+    with small_disk(tmp_path / "full", "64k") as full:
+        fill_disk(full)
+        result = from_checkout("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", *args, home=home)
     assert result.returncode != 0
     # The peer fails too: with gloo's symptom, or, where torchrun's agent notices rank 0's exit
     # first (it polls every 0.1 s, monitor_interval in torch/distributed/launcher/api.py) and
@@ -120,9 +123,8 @@ def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_p
     status = json.loads(from_checkout("status", name, "--json", home=home, timeout=60).stdout)
     # The reason is rank 0's error, not the peer's.
     assert status["state"] == "Failed"
-    assert status["failure_reason"] == (
-        f"torchrun exited with code 1: rank 0: NotADirectoryError: [Errno 20] Not a directory: "
-        f"'{tmp_path / 'a-file' / 'ckpt'}'"
+    assert (
+        status["failure_reason"] == "torchrun exited with code 1: rank 0: OSError: [Errno 28] No space left on device"
     )
 
 
