@@ -9,7 +9,8 @@ A checkpoint is a directory `step-00000120/` holding
 - the DCP shards of {"model": ..., "optimizer": ...} from get_state_dict (sharded DTensors keyed
   by parameter name, so a checkpoint written by one layout loads into any other: world size,
   FSDP/TP/CP/PP degrees and activation checkpointing may all change), and DCP's `.metadata`;
-- train_state.json (rank 0): step, data position (samples seen), learning-rate schedule step;
+- train_state.json (rank 0): step, data position (samples seen), learning-rate schedule step,
+  and the job that saved it (a restart of that job after its last step exports again);
 - rng/rank-<r>.pt: each rank's torch RNG states, restored when the world size is unchanged;
 - COMPLETE.node-<k>-of-<n>, one per host, written by the host's first rank once every rank's
   files are written and fsync'd, with the size and SHA-256 of each of the host's files (taken
@@ -110,6 +111,8 @@ class Checkpointer:
         # The lease keeps two jobs from writing one directory. The engine names the job; SageMaker
         # gives every job hosts of its own, so it turns the lease off (LAUNCHER_CHECKPOINT_LEASE=0).
         self.owner = os.environ.get("LAUNCHER_JOB_NAME") or f"{socket.gethostname()}:{os.getppid()}"
+        self.job = os.environ.get("LAUNCHER_JOB_NAME")  # recorded in train_state.json: who saved it
+        self.resumed_job: str | None = None
         self.leased = self.rank == 0 and os.environ.get("LAUNCHER_CHECKPOINT_LEASE", "1") != "0"
         self._lease_renewed = 0.0
         # With LAUNCHER_CHECKPOINT_S3 each host copies its own files to S3 and back itself
@@ -195,6 +198,7 @@ class Checkpointer:
                 "data": self.data.state_dict(),
                 "lr_schedule": {"step": self.optimizers.step_count},
                 "world_size": self.world_size,
+                "job": self.job,
             }
             text = json.dumps(train_state, indent=2) + "\n"
             digests["train_state.json"] = write_durable(path / "train_state.json", text.encode())
@@ -304,6 +308,12 @@ class Checkpointer:
                 f"{error}; checkpoint {step_dir_name(step)} is complete in {self.directory} but not in S3, so a "
                 "restart on new instances resumes from the newest one every host finished uploading"
             ) from None
+
+    def saved_last_step_before(self, steps: int) -> bool:
+        """The checkpoint resumed from is of the last step, saved by this job's earlier attempt:
+        it trained to the end and failed after (the export), and torchrun restarted it, or its
+        engine reran it. Every rank reads the same verified train_state.json, so all agree."""
+        return self.job is not None and self.resumed_job == self.job and self.last_saved_step == steps
 
     def close(self) -> None:
         """Finish a pending save and its copy to S3, release the save process group (collective)
@@ -536,6 +546,7 @@ class Checkpointer:
         if train_state["world_size"] == self.world_size and rng.is_file():
             _set_rng_state(torch.load(rng, weights_only=False))
         self.last_saved_step = train_state["step"]
+        self.resumed_job = train_state.get("job")
         return train_state["step"]
 
     def _verify_small_files(self, path: Path) -> dict[str, tuple[str, str]]:

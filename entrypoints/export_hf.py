@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import errno
 import json
 import shutil
 import sys
@@ -100,9 +101,13 @@ def export_plan(cfg: JobConfig, *, max_file_bytes: int = MAX_FILE_BYTES) -> list
 
 def write_safetensors(
     path: Path | None, tensors: list[tuple[str, tuple[int, ...]]], family: str, dtype: torch.dtype, full: Callable
-) -> None:
+) -> OSError | None:
     """Stream `full(name)` for each tensor into a safetensors file (path None: gather only, as a
-    rank that helps the stage's writer gather but writes nothing)."""
+    rank that helps the stage's writer gather but writes nothing).
+
+    A write that fails (a full disk) removes the partial file and returns the error, and the
+    remaining tensors are still gathered: `full` may be a collective the stage's other ranks
+    are in, so a writer that stopped early would leave them waiting."""
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in tensors:
         for tensor in hf_tensors(name, family, shape):
@@ -115,21 +120,63 @@ def write_safetensors(
             offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the format pads the header with spaces to 8 bytes
-    file = open(path, "wb") if path is not None else None
-    try:
-        if file is not None:
-            file.write(len(encoded).to_bytes(8, "little") + encoded)
-        for name, shape in tensors:
-            whole = full(name)
-            if file is None:
-                continue
-            whole = whole.detach().to("cpu", dtype)
-            for tensor in hf_tensors(name, family, shape):
-                data = (whole if tensor.expert is None else whole[tensor.expert]).contiguous()
-                file.write(ctypes.string_at(data.data_ptr(), data.numel() * data.element_size()))
-    finally:
-        if file is not None:
-            file.close()
+    file = _FailureKeepingFile(path)
+    file.write(len(encoded).to_bytes(8, "little") + encoded)
+    for name, shape in tensors:
+        whole = full(name)
+        if not file.writable:
+            continue
+        whole = whole.detach().to("cpu", dtype)
+        for tensor in hf_tensors(name, family, shape):
+            data = (whole if tensor.expert is None else whole[tensor.expert]).contiguous()
+            file.write(ctypes.string_at(data.data_ptr(), data.numel() * data.element_size()))
+    return file.close()
+
+
+class _FailureKeepingFile:
+    """A file written to the end or not at all: the first OSError (a full disk) is kept, the
+    partial file removed (its header promises data it lacks), and later writes are dropped.
+    Path None: nothing is written. A name that cannot be opened (a directory) is left alone."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.file, self.failure = path, None, None
+        if path is not None:
+            try:
+                self.file = open(path, "wb")
+            except OSError as error:
+                self.failure = error
+
+    @property
+    def writable(self) -> bool:
+        return self.file is not None
+
+    def write(self, data: bytes) -> None:
+        if self.file is not None:
+            try:
+                self.file.write(data)
+            except OSError as error:
+                self._give_up(error)
+
+    def close(self) -> OSError | None:
+        """The first error, or None when the file is whole."""
+        if self.file is not None:
+            try:
+                self.file.close()  # a full disk may show only here, when the buffer is flushed
+                self.file = None
+            except OSError as error:
+                self._give_up(error)
+        return self.failure
+
+    def _give_up(self, error: OSError) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass  # the buffered rest cannot be written either: the file goes
+        self.file = None
+        self.path.unlink(missing_ok=True)
+        if error.filename is None:
+            error.filename = str(self.path)
+        self.failure = error
 
 
 def write_metadata(cfg: JobConfig, out: Path, plan: list[FilePlan], itemsize: int) -> None:
@@ -169,16 +216,28 @@ def export_directory(cfg: JobConfig, output_dir: Path) -> Path:
     return path if path.is_absolute() else output_dir / path
 
 
+class ExportFailed(Exception):
+    """The Hugging Face export could not be written; in training every rank raises it."""
+
+
 @torch.no_grad()
 def export_hf(parts, stage_ids: list[int], mesh, cfg: JobConfig, out: Path) -> None:
-    """Write the model as a Hugging Face checkpoint into `out` (a collective: every rank calls it)."""
+    """Write the model as a Hugging Face checkpoint into `out` (a collective: every rank calls it).
+
+    The index and config.json come last, once every writer's files are whole: a directory
+    without them is not taken for a checkpoint. A write that fails raises ExportFailed on every
+    rank with the first writer's error, after every rank's gathers are done."""
     plan = export_plan(cfg)
     dtype = EXPORT_DTYPES[cfg.precision.dtype]
     params = {canonical_name(fqn): p for part in parts for fqn, p in part.named_parameters()}
     # The stage's first rank writes: the one at coordinate 0 of every dim but the pipeline's.
     writes = all(mesh[dim].get_local_rank() == 0 for dim in ("dp_replicate", "dp_shard", "cp", "tp"))
+    failure = None
     if writes:
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            failure = error
 
     def full(name: str) -> torch.Tensor:
         param = params[name]
@@ -186,11 +245,30 @@ def export_hf(parts, stage_ids: list[int], mesh, cfg: JobConfig, out: Path) -> N
 
     for file in plan:
         if file.stage in stage_ids:
-            write_safetensors(out / file.name if writes else None, file.tensors, cfg.model.family, dtype, full)
+            path = out / file.name if writes and failure is None else None
+            failure = write_safetensors(path, file.tensors, cfg.model.family, dtype, full) or failure
+    problem = _agreed_problem(failure)
+    if problem is None and dist.get_rank() == 0:
+        try:
+            write_metadata(cfg, out, plan, dtype.itemsize)
+        except OSError as error:
+            failure = error
+    problem = _agreed_problem(failure)
+    if problem:
+        raise ExportFailed(problem)
     if dist.get_rank() == 0:
-        write_metadata(cfg, out, plan, dtype.itemsize)
         print(f"exported a Hugging Face checkpoint to {out} ({len(plan)} safetensors files)", flush=True)
-    dist.barrier()
+
+
+def _agreed_problem(failure: OSError | None) -> str | None:
+    """Collective: the first failing rank's error as one line, on every rank (None: none failed)."""
+    mine = None
+    if failure is not None:
+        name = errno.errorcode.get(failure.errno, "OSError") if failure.errno else type(failure).__name__
+        mine = f"checkpoint.export_hf: {name} ({failure.strerror or failure}) writing {failure.filename}"
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return next((problem for problem in everyone if problem), None)
 
 
 def export_from_dcp(cfg: JobConfig, checkpoint: Path, out: Path) -> None:
@@ -205,7 +283,9 @@ def export_from_dcp(cfg: JobConfig, checkpoint: Path, out: Path) -> None:
     plan = export_plan(cfg)
     dtype = EXPORT_DTYPES[cfg.precision.dtype]
     for file in plan:
-        write_safetensors(out / file.name, file.tensors, cfg.model.family, dtype, lambda name: state["model"][name])
+        failure = write_safetensors(out / file.name, file.tensors, cfg.model.family, dtype, lambda n: state["model"][n])
+        if failure is not None:
+            raise failure
     write_metadata(cfg, out, plan, dtype.itemsize)
 
 

@@ -51,7 +51,7 @@ from entrypoints import failure, tracking
 from entrypoints.checkpoint import Checkpointer, CheckpointWriteFailed, RankHosts, step_dir_name
 from entrypoints.data import DataLoader
 from entrypoints.evaluate import Evaluator
-from entrypoints.export_hf import export_directory, export_hf
+from entrypoints.export_hf import ExportFailed, export_directory, export_hf
 from entrypoints.fp8 import after_optimizer_step, experts_run_fp8, fp8_settings
 from entrypoints.garbage_collection import GarbageCollection, imports_done
 from entrypoints.hf_weights import load_hf_weights
@@ -68,7 +68,7 @@ from launcher.contract.config import ConfigError, JobConfig, load_config
 
 EXIT_CONFIG = 2
 EXIT_DIVERGED = 3
-EXIT_CHECKPOINT_WRITE = 4
+EXIT_WRITE_FAILED = 4  # a checkpoint, its copy to S3, or the Hugging Face export
 EXIT_SIGTERM = 128 + signal.SIGTERM
 # After SIGTERM the engine sends SIGKILL after its grace (SageMaker: about 120 s); the final save
 # is skipped when the pending save plus the last measured save time would not fit in the
@@ -135,7 +135,7 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
         data=data,
         rank_hosts=RankHosts.from_env(env.rank, env.world_size),
     )
-    start = _steps_left_after(checkpoints.resume(), t.steps)
+    start = _first_step_after(checkpoints, t.steps, env.rank)
     load_hf_weights(parts, cfg, fresh_start=start == 0)
     metrics = _metrics_logger(cfg, env)
     # Each step's loss is summed over the world from the ranks that hold a distinct share of it:
@@ -180,8 +180,9 @@ def train(cfg: JobConfig, env: DistEnv) -> dict:
             collector.after_step(step)  # outside the step's time, the watchdog's and the save's
     checkpoints.close()
     if cfg.checkpoint.export_hf and not interrupted:
-        export_hf(parts, stage_ids, mesh, cfg, export_directory(cfg, output_dir(cfg)))
-    summary = metrics.summary(time.perf_counter() - began)
+        _export(parts, stage_ids, mesh, cfg, checkpoints)
+    # A restart that only finished what came after the last step trained nothing to sum up.
+    summary = metrics.summary(time.perf_counter() - began) if start < t.steps else {}
     metrics.close(interrupted=interrupted)
     summary["interrupted"] = interrupted
     return summary
@@ -267,6 +268,37 @@ def _stop_if(diverged: str | None, checkpoints: Checkpointer) -> None:
         raise TrainingDiverged(diverged)
 
 
+def _first_step_after(checkpoints: Checkpointer, steps: int, rank: int) -> int:
+    """The step to resume after (0: a fresh start); refuses a checkpoint that leaves nothing to
+    train, unless this job saved it: then only what follows the last step runs again."""
+    resumed = checkpoints.resume()
+    if checkpoints.saved_last_step_before(steps):
+        if rank == 0:
+            print(
+                f"checkpoint: this job's earlier attempt trained to step {steps} and saved it; running what follows "
+                "the last step again",
+                flush=True,
+            )
+        return resumed
+    return _steps_left_after(resumed, steps)
+
+
+def _export(parts, stage_ids: list[int], mesh, cfg: JobConfig, checkpoints: Checkpointer) -> None:
+    """checkpoint.export_hf after the last step; a failed write names the checkpoint that holds
+    the same weights, from which `launcher export` writes them again."""
+    try:
+        export_hf(parts, stage_ids, mesh, cfg, export_directory(cfg, output_dir(cfg)))
+    except ExportFailed as error:
+        saved = checkpoints.last_saved_step
+        if saved != cfg.training.steps:
+            raise
+        held = checkpoints.directory / step_dir_name(saved)
+        raise ExportFailed(
+            f"{error}; the complete checkpoint {held} holds the same weights: `launcher export "
+            f"{checkpoints.job or 'JOB'} --out DIR` (or entrypoints/export_hf.py) writes them from it"
+        ) from None
+
+
 def _steps_left_after(start: int, steps: int) -> int:
     """The step to resume after; a checkpoint at or past the last step leaves nothing to train."""
     if start >= steps:
@@ -343,12 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config)
         with process_group(cfg.runtime.device, cfg.runtime.collective_timeout_s) as env, failure.timed():
             summary = train(cfg, env)
-    except (ConfigError, TrainingDiverged, CheckpointWriteFailed) as err:
+    except (ConfigError, TrainingDiverged, CheckpointWriteFailed, ExportFailed) as err:
         print(f"error: {err}", file=sys.stderr)
         failure.HANDLER.record_exception(err)  # so torchrun's failure report names it too
         if isinstance(err, ConfigError):
             return EXIT_CONFIG
-        return EXIT_DIVERGED if isinstance(err, TrainingDiverged) else EXIT_CHECKPOINT_WRITE
+        return EXIT_DIVERGED if isinstance(err, TrainingDiverged) else EXIT_WRITE_FAILED
     return EXIT_SIGTERM if summary["interrupted"] else 0
 
 

@@ -128,6 +128,37 @@ def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_p
     )
 
 
+def test_an_export_that_fails_after_the_last_step_is_the_reason_after_torchruns_restart_too(tmp_path):
+    # checkpoint.export_hf on a full disk (a real tmpfs): the writer (rank 0 of FSDP 2) cannot
+    # write its file after the last checkpoint, and torchrun restarts the workers (max_restarts 1,
+    # the local default). The restarted workers find the job's own checkpoint of the last step and
+    # run the export again, instead of refusing with "nothing is left to train": that refusal was
+    # the job's failure reason before, and the export's error was lost with the first attempt.
+    home = tmp_path / "home"
+    export = tmp_path / "full" / "hf"
+    overrides = ["training.steps=2", "checkpoint.every_steps=0", f"checkpoint.export_hf={export}"]
+    overrides += ["cluster.nproc_per_node=2", "parallel.tensor=1", f"checkpoint.dir={tmp_path / 'checkpoints'}"]
+    args = [arg for override in overrides for arg in ("--set", override)]
+    with small_disk(tmp_path / "full", "64k") as full:
+        fill_disk(full)
+        result = from_checkout("submit", "recipes/tiny-cpu.yaml", "--backend", "local", "--wait", *args, home=home)
+        left = sorted(path.name for path in export.iterdir())
+    assert result.returncode != 0
+    name = result.stdout.splitlines()[-1].split(":")[0]
+    log = (home / "jobs" / name / "output.log").read_text()
+    assert "checkpoint: this job's earlier attempt trained to step 2 and saved it; running what follows" in log
+    assert "nothing is left to train" not in log
+    assert left == []  # the writer removed its partial file; no index or config.json names it
+    status = json.loads(from_checkout("status", name, "--json", home=home, timeout=60).stdout)
+    error = (
+        f"ExportFailed: checkpoint.export_hf: ENOSPC (No space left on device) writing {export}/"
+        f"model-00001-of-00001.safetensors; the complete checkpoint {tmp_path / 'checkpoints'}/step-00000002 holds "
+        f"the same weights: `launcher export {name} --out DIR` (or entrypoints/export_hf.py) writes them from it"
+    )
+    assert status["state"] == "Failed"
+    assert re.fullmatch(rf"torchrun exited with code 1: rank [01]: {re.escape(error)}", status["failure_reason"])
+
+
 def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_from_the_last_checkpoint(tmp_path, mlflow_server):
     """cluster.max_restarts (1 by default on the local backend): torchrun restarts the workers
     after one dies, and they resume from the newest complete checkpoint instead of failing the job.

@@ -193,6 +193,23 @@ def test_export_refuses_an_out_that_holds_files_or_is_one_and_changes_nothing(hf
     assert (tmp_path / "new" / "hf" / "config.json").is_file()
 
 
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_no_partial_file(hf_runs, tmp_path, capsys):
+    """Two blocks free on a real tmpfs: the file opens and its first bytes fit, the rest does not.
+    The partial file goes (its header promises tensors it lacks), and nothing names it."""
+    from entrypoints.export_hf import main
+    from tests.disks import fill_disk, small_disk
+
+    with small_disk(tmp_path / "small", "256k") as small:
+        out = small / "hf"
+        out.mkdir()
+        fill_disk(small, leave_blocks=2)
+        assert main(["--config", str(hf_runs.round_trips["llama"].config), "--out", str(out)]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"error: --out {out}: writing the export failed: No space left on device"
+        ]
+        assert list(out.iterdir()) == []
+
+
 def test_export_of_a_missing_step_names_the_steps_there(hf_runs, capsys):
     from entrypoints.export_hf import main
 
