@@ -26,6 +26,7 @@ import ctypes
 import dataclasses
 import errno
 import json
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from entrypoints.hf_weights import DTYPE_NAMES, INDEX, checkpoint_directory
+from entrypoints.hf_weights import DTYPE_NAMES, INDEX, SINGLE, checkpoint_directory
 from entrypoints.model.init import canonical_name
 from entrypoints.model.llama import build_model
 from launcher.contract.config import ConfigError, JobConfig, load_config
@@ -180,7 +181,10 @@ class _FailureKeepingFile:
 
 
 def write_metadata(cfg: JobConfig, out: Path, plan: list[FilePlan], itemsize: int) -> None:
-    """config.json, the index, and the tokenizer files."""
+    """config.json, the index, and the tokenizer files; an earlier save's weight files go first."""
+    removed = remove_earlier_weight_files(out, {file.name for file in plan})
+    if removed:
+        print(f"export: removed the weight files of an earlier save from {out}: {', '.join(removed)}", flush=True)
     config = hf_config_json(dataclasses.asdict(cfg.model), dtype=cfg.precision.dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     family = cfg.model.family
@@ -192,6 +196,24 @@ def write_metadata(cfg: JobConfig, out: Path, plan: list[FilePlan], itemsize: in
     (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     for source in tokenizer_files(cfg):
         shutil.copy2(source, out / source.name)
+
+
+SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def remove_earlier_weight_files(out: Path, kept: set[str]) -> list[str]:
+    """Remove what an earlier save into `out` (a resumed lineage's export, another tool's) left
+    that would be read in place of, or beside, these files: shards this plan does not write, as
+    transformers' save_pretrained removes them ("Clean the folder from a previous save",
+    modeling_utils.py), and a single model.safetensors, which from_pretrained reads before the
+    index (`_get_resolved_checkpoint_files`). Returns the names removed; other files stay."""
+    removed = []
+    for path in sorted(out.iterdir()):
+        earlier = path.name == SINGLE or (SHARD_NAME.fullmatch(path.name) and path.name not in kept)
+        if earlier and (path.is_symlink() or path.is_file()):  # a link goes, never what it names
+            path.unlink()
+            removed.append(path.name)
+    return removed
 
 
 def tokenizer_files(cfg: JobConfig) -> list[Path]:

@@ -73,9 +73,26 @@ def plan_hf(root: Path) -> Planned:
             overrides.update({"training.steps": 1, "training.optimizer.lr": 1e-30, "training.optimizer.min_lr": 0.0})
         layouts[kind, layout] = write_job(root, f"{kind}-{layout}", overrides, procs=4)
     plan = [{"kind": "train", "config": str(job.config), "result": str(job.result)} for job in layouts.values()]
+    seed_an_earlier_save(layouts["llama", "fsdp2_tp2"].output_dir / "hf", checkpoints["llama"])
 
     def finish(stdout: dict[int, str]) -> HFRuns:
         trips = {kind: layouts[kind, layout] for kind, layout in ROUND_TRIPS}
         return HFRuns(checkpoints=checkpoints, models=models, layouts=layouts, round_trips=trips)
 
     return Planned(jobs={4: plan}, finish=finish)
+
+
+EARLIER_SAVE = ("model.safetensors", "model-00004-of-00009.safetensors")
+
+
+def seed_an_earlier_save(export: Path, original: Path) -> None:
+    """What an earlier save left in a round trip's export directory: the untrained weights as one
+    model.safetensors (which transformers' from_pretrained reads before an index), a shard of
+    another split, and a file of the user's. The export removes the first two, keeps the third."""
+    from safetensors.torch import load_file, save_file
+
+    export.mkdir(parents=True)
+    tensors = {name: t for shard in sorted(original.glob("*.safetensors")) for name, t in load_file(shard).items()}
+    save_file(tensors, export / EARLIER_SAVE[0], metadata={"format": "pt"})
+    save_file({"stale": tensors[next(iter(tensors))]}, export / EARLIER_SAVE[1], metadata={"format": "pt"})
+    (export / "notes.txt").write_text("the user's\n")

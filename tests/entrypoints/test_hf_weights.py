@@ -27,7 +27,7 @@ import torch
 from launcher.errors import UsageError
 
 from .entrypoint_jobs import Job
-from .hf_jobs import CASES, ROUND_TRIPS
+from .hf_jobs import CASES, EARLIER_SAVE, ROUND_TRIPS
 from .hf_models import MODELS, hf_logits, hf_loss
 
 pytestmark = pytest.mark.torchrun
@@ -125,6 +125,10 @@ def test_round_trip_export_loads_in_transformers_with_our_logits(hf_runs, kind):
     assert json.loads((export / "config.json").read_text())["architectures"] == [architecture]
     if kind == "llama":
         assert (export / "tokenizer_config.json").read_text() == '{"model_max_length": 1024}\n'
+        # The earlier save's weights (seed_an_earlier_save) are gone, the user's file is not:
+        # from_pretrained would otherwise load the untrained model.safetensors and fail below.
+        assert not any((export / name).exists() for name in EARLIER_SAVE)
+        assert (export / "notes.txt").read_text() == "the user's\n"
     reloaded = AutoModelForCausalLM.from_pretrained(export, attn_implementation="eager").eval()
     assert type(reloaded).__name__ == architecture
     cfg = job_config(job)
@@ -154,7 +158,8 @@ def test_launcher_export_of_a_local_jobs_checkpoint_equals_the_export_in_trainin
     Bundle.build(job.config.read_text()).extract(job_dir("fine-tune") / "code")  # as the local backend does
     write_json(job_dir("fine-tune") / "job.json", JobRef(name="fine-tune", backend="local").to_dict())
     written = api.export("fine-tune", step=3, out=tmp_path / "hf")
-    assert sorted(p.name for p in written.iterdir()) == sorted(p.name for p in (job.output_dir / "hf").iterdir())
+    in_training = {p.name for p in (job.output_dir / "hf").iterdir()} - {"notes.txt"}  # the user's (hf_jobs.py)
+    assert {p.name for p in written.iterdir()} == in_training
     after, during = read_safetensors_dir(written), read_safetensors_dir(job.output_dir / "hf")
     assert after.keys() == during.keys()
     assert all(torch.equal(after[name], during[name]) for name in during)
