@@ -58,14 +58,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from entrypoints.checkpoint_digests import DigestingWriter, VerifyingReader
 from entrypoints.checkpoint_files import (
     LEASE_RENEW_S,
-    STEP_DIR,
     CheckpointDamaged,
     RankHosts,
     acquire_lease,
     checkpoint_fault,
-    complete_checkpoints,
     digest_fault,
-    is_complete,
     marker_content,
     missing_markers,
     own_file_sizes,
@@ -73,12 +70,11 @@ from entrypoints.checkpoint_files import (
     release_lease,
     remove_empty_dirs,
     remove_own_files,
-    step_dir_name,
-    step_dirs,
     write_durable,
     write_lease,
 )
 from entrypoints.checkpoint_mirror import MirrorFailed, S3Mirror
+from launcher.contract.checkpoint_dirs import STEP_DIR, complete_checkpoints, is_complete, step_dir_name, step_dirs
 from launcher.contract.config import CheckpointConfig, ConfigError
 
 __all__ = [

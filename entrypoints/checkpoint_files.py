@@ -19,7 +19,8 @@ per host:
 - `.metadata`, `train_state.json` and anything else: host 0 (global rank 0 writes them).
 A name that maps to no host of this run (a bigger earlier run) belongs to host 0.
 
-A checkpoint counts when the markers of all n hosts of one run exist (`is_complete`).
+A checkpoint counts when the markers of all n hosts of one run exist (`is_complete`, in the
+contract: launcher/contract/checkpoint_dirs.py, which the launcher reads by too).
 """
 
 from __future__ import annotations
@@ -33,17 +34,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-STEP_DIR = re.compile(r"^step-(\d{8})$")
-MARKER = re.compile(r"^COMPLETE\.node-(\d+)-of-(\d+)$")
+from launcher.contract.checkpoint_dirs import MARKER, marker_name
+
 _RANK_FILE = re.compile(r"^(?:__(\d+)_\d+\.distcp|rng/rank-(\d+)\.pt)$")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def marker_name(node: int, instance_count: int) -> str:
-    return f"COMPLETE.node-{node}-of-{instance_count}"
 
 
 @dataclass(frozen=True)
@@ -92,42 +85,6 @@ class RankHosts:
     @property
     def marker(self) -> str:
         return marker_name(self.node, self.instance_count)
-
-
-def is_complete(path: Path) -> bool:
-    """All hosts' markers of one run are present: `COMPLETE.node-k-of-n` for every k < n."""
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return False
-    return has_every_marker(names)
-
-
-def has_every_marker(names) -> bool:
-    """Among file `names` of one step directory, the markers of all hosts of one run."""
-    nodes_by_total: dict[int, set[int]] = defaultdict(set)
-    for name in names:
-        match = MARKER.match(name)
-        if match:
-            nodes_by_total[int(match.group(2))].add(int(match.group(1)))
-    return any(total > 0 and nodes >= set(range(total)) for total, nodes in nodes_by_total.items())
-
-
-def step_dirs(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every step directory, complete or not, oldest first."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for path in directory.iterdir():
-        match = STEP_DIR.match(path.name)
-        if match and path.is_dir():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
-def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint in `directory`, oldest first."""
-    return [(step, path) for step, path in step_dirs(directory) if is_complete(path)]
 
 
 def own_files(path: Path, rank_hosts: RankHosts) -> list[Path]:

@@ -30,7 +30,8 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-from entrypoints.checkpoint_files import MARKER, STEP_DIR, RankHosts, has_every_marker, own_files, step_dir_name
+from entrypoints.checkpoint_files import RankHosts, own_files
+from launcher.contract.checkpoint_dirs import MARKER, STEP_DIR, has_every_marker, step_dir_name
 
 PREFIX_ENV = "LAUNCHER_CHECKPOINT_S3"
 SHARED_FILES = (".metadata", "train_state.json")

@@ -312,7 +312,7 @@ def export_from_dcp(cfg: JobConfig, checkpoint: Path, out: Path) -> None:
 
 
 def find_checkpoint(cfg: JobConfig, step: int | None, directory: str | None) -> Path:
-    from entrypoints.checkpoint_files import complete_checkpoints
+    from launcher.contract.checkpoint_dirs import complete_checkpoints
 
     root = Path(directory or cfg.checkpoint.dir or "checkpoints")
     found = dict(complete_checkpoints(root))

@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 import gpu_moe_check  # noqa: E402  (beside this script)
 
-from entrypoints.checkpoint_files import complete_checkpoints  # noqa: E402  (standard library only)
+from launcher.contract.checkpoint_dirs import complete_checkpoints  # noqa: E402  (standard library only)
 
 # One GPU: llama3.2-1b (1.24B parameters, tied embeddings) at 8K tokens, 4 sequences per step.
 GPU_RECIPE = {

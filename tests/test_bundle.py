@@ -206,6 +206,7 @@ def test_the_entrypoints_import_from_an_unpacked_bundle_with_nothing_else_of_the
     assert {name for name in loaded if name.startswith("launcher")} == {
         "launcher",
         "launcher.contract",
+        "launcher.contract.checkpoint_dirs",
         "launcher.contract.config",
         "launcher.contract.dataset",
         "launcher.contract.fp8",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.checkpoint_files import complete_checkpoints
 from launcher.backends import processes
 from launcher.backends.sagemaker.backend import METRIC_DEFINITIONS
+from launcher.contract.checkpoint_dirs import complete_checkpoints
 from launcher.contract.failure import read_error_file
 from tests.disks import fill_disk, small_disk
 from tests.progress import log_size, wait_while_growing

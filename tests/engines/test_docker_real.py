@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.checkpoint_files import complete_checkpoints
 from launcher.backends.staging import staging_dir
+from launcher.contract.checkpoint_dirs import complete_checkpoints
 from tests import REPO
 from tests.backends.helpers import REGION
 

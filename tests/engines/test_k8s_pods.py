@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.checkpoint_files import complete_checkpoints
+from launcher.contract.checkpoint_dirs import complete_checkpoints
 from tests import REPO
 
 from .k8s_sim import PyTorchJobSim, operator_environment

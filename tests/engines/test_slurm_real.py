@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.checkpoint_files import complete_checkpoints
+from launcher.contract.checkpoint_dirs import complete_checkpoints
 from tests import REPO
 from tests.progress import communicate_while_growing, wait_while_growing
 

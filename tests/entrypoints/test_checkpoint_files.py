@@ -7,15 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoints.checkpoint_files import (
-    RankHosts,
-    complete_checkpoints,
-    is_complete,
-    marker_name,
-    own_files,
-    remove_empty_dirs,
-    remove_own_files,
-)
+from entrypoints.checkpoint_files import RankHosts, own_files, remove_empty_dirs, remove_own_files
+from launcher.contract.checkpoint_dirs import complete_checkpoints, is_complete, marker_name
 
 # Two hosts of two ranks: ranks 0, 1 on host 0; ranks 2, 3 on host 1.
 HOST0 = RankHosts(rank=0, world_size=4, procs_per_node=2)

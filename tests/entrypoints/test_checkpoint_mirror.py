@@ -12,8 +12,9 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from entrypoints.checkpoint_files import RankHosts, marker_content, marker_name, own_file_sizes, step_dir_name
+from entrypoints.checkpoint_files import RankHosts, marker_content, own_file_sizes
 from entrypoints.checkpoint_mirror import MirrorFailed, S3Mirror
+from launcher.contract.checkpoint_dirs import marker_name, step_dir_name
 
 BUCKET = "ckpt-bucket"
 URI = f"s3://{BUCKET}/checkpoints/job-1"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.checkpoint_files import complete_checkpoints, is_complete
+from launcher.contract.checkpoint_dirs import complete_checkpoints, is_complete
 from tests.checkpoint_items import whole_items
 
 REPO = Path(__file__).resolve().parents[2]

@@ -206,13 +206,8 @@ def test_a_second_job_on_a_checkpoint_dir_in_use_is_refused_in_one_line(tmp_path
 
 
 def test_a_full_checkpoint_disk_fails_the_job_in_one_line_keeps_the_last_checkpoint_and_a_rerun_resumes(tmp_path):
-    from entrypoints.checkpoint_files import (
-        checkpoint_fault,
-        complete_checkpoints,
-        digest_fault,
-        is_complete,
-        recorded_digests,
-    )
+    from entrypoints.checkpoint_files import checkpoint_fault, digest_fault, recorded_digests
+    from launcher.contract.checkpoint_dirs import complete_checkpoints, is_complete
     from tests.disks import small_disk
 
     checkpoints = tmp_path / "checkpoints"
