@@ -43,9 +43,10 @@ from launcher.plan.suggest import suggestion
 from launcher.plan.throughput import predicted_summary
 from launcher.recipe import Recipe, parse_set_options
 from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
-from launcher.registry import DiskError, JobRef, forget, job_dir, launcher_home, lineage_of, os_error_line, save
+from launcher.registry import DiskError, JobRef, forget, job_dir, launcher_home, os_error_line, save
 from launcher.registry import load as load_record
 from launcher.resolve import Resolved, resolve
+from launcher.resume import resume_note, resume_problem, resumed_job
 from launcher.spec import CONFIG_FILE, JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
@@ -292,8 +293,15 @@ def submit(
     loaded = resolved.recipe
 
     memory, run = _check_fit(resolved, target, force=force, threshold=threshold, tell=tell)
-    spec = target.spec(resolved.concrete, lineage=lineage_of(resume, loaded.name) if resume else None)
+    resumed = resumed_job(resume, loaded.name) if resume else None
+    spec = target.spec(resolved.concrete, lineage=resumed.lineage if resumed else None)
+    problem = resume_problem(resumed, spec, target) if resumed else None
+    if problem:
+        raise UsageError(problem)
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
+    note = resume_note(spec, target, resumed)
+    if note:
+        tell(Stage.SPEC, note)
     if run is not None and run.jobs > 1:
         tell(Stage.SPEC, _chain_next(spec, resumed=resume))
 

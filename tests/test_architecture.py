@@ -35,6 +35,7 @@ RANKS = {
     "registry": 9,
     "backends": 10,
     "jobs": 11,
+    "resume": 11,  # what a `submit --resume` continues: reads the registry and asks the backends
     "api": 12,
     "cli": 13,
     "__main__": 14,

@@ -52,3 +52,23 @@ def test_resume_of_an_unknown_job_or_another_recipe_is_one_clear_error(home):
     save(JobRef(name=other.spec.name, backend="sagemaker"), other.spec)
     with pytest.raises(UsageError, match="ran recipe mistral7b-32k, not llama3-8b-8k; resume a job of the same recipe"):
         dry_run(resume=other.spec.name)
+
+
+def test_a_resume_whose_checkpoints_would_be_elsewhere_is_refused_naming_both_places():
+    """A new job of the lineage that would look for checkpoints where the earlier job's are not
+    would start from step 0 without a word: another sagemaker.checkpoint_uri, another engine."""
+    first = dry_run()
+    save(JobRef(name=first.spec.name, backend="sagemaker", region="us-east-1"), first.spec)
+    moved = "s3://another-bucket/checkpoints"
+    with pytest.raises(UsageError) as refused:
+        api.submit(RECIPE, set_options=[f"sagemaker.checkpoint_uri={moved}"], dry_run=True, resume=first.spec.name)
+    assert str(refused.value) == (
+        f"--resume {first.spec.name}: its checkpoints are in {CHECKPOINTS}/{first.spec.name}, but this job's would "
+        f"be in {moved}/{first.spec.name}, where it would start from step 0; set sagemaker.checkpoint_uri as "
+        f"{first.spec.name} had it"
+    )
+    with pytest.raises(UsageError) as refused:
+        api.submit(RECIPE, backend="slurm", dry_run=True, resume=first.spec.name)
+    assert str(refused.value).endswith(
+        f"where it would start from step 0; submit it to the sagemaker backend, which {first.spec.name} ran on"
+    )

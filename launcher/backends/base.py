@@ -21,6 +21,7 @@ from launcher.backends.history import MetricsHistory
 from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
 from launcher.catalog.engines import Capabilities, capabilities
+from launcher.contract.checkpoint_dirs import complete_checkpoints
 from launcher.display import html
 from launcher.display.text import metric_cell, shown
 from launcher.errors import EngineError, UsageError
@@ -116,6 +117,8 @@ class Backend(ABC):
     max_name_length: ClassVar[int] = MAX_JOB_NAME
     settings_type: ClassVar[type[EngineSettings]] = EngineSettings
     """The class of this engine's part of a JobSpec (`JobSpec.engine`)."""
+    checkpoint_setting: ClassVar[str] = "checkpoint.dir"
+    """The recipe key that moves the job's checkpoint location (`checkpoint_location`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -139,6 +142,14 @@ class Backend(ABC):
         return JobSpec.create(
             recipe, backend=self.name, placement=placement, engine=self.settings(recipe), name=name, lineage=lineage
         )
+
+    def checkpoint_location(self, spec: JobSpec) -> str:
+        """Where the job's checkpoints persist, as one text two jobs' can be compared by (a
+        `--resume` continues the earlier job's only where they are the same): the directory the
+        job writes, or the directory of this machine bound there; engines that keep them
+        elsewhere (S3, a volume claim) say so."""
+        bound = [mount.source for mount in spec.mounts if mount.target == spec.checkpoint_dir]
+        return bound[0] if bound else spec.checkpoint_dir
 
     def load_spec(self, data: dict[str, Any]) -> JobSpec:
         """A saved spec (`JobSpec.to_dict`, today's format or an older one) with this engine's part."""
@@ -301,7 +312,25 @@ def _paths_here_problems(spec: JobSpec) -> list[str]:
     export = spec.resolved["checkpoint"]["export_hf"]
     if export and Path(export).is_absolute() and Path(export).exists() and not Path(export).is_dir():
         problems.append(f"checkpoint.export_hf: {shown(export)} is a file; give a directory")
+    newest = newest_checkpoint_to_resume(spec)
+    steps = spec.resolved["training"]["steps"]
+    if newest is not None and newest[0] >= steps:
+        problems.append(
+            f"checkpoint: the newest complete checkpoint in {shown(directory)} is at step {newest[0]}, and "
+            f"training.steps is {steps}: nothing is left to train; raise training.steps, or set checkpoint.resume: "
+            "never to start over"
+        )
     return problems
+
+
+def newest_checkpoint_to_resume(spec: JobSpec) -> tuple[int, Path] | None:
+    """(step, path) of the newest complete checkpoint in the job's checkpoint.dir on this machine,
+    which `checkpoint.resume: auto` starts from (an older one where the job finds it damaged);
+    None when it resumes from none, or from a path of its own."""
+    if spec.resolved["checkpoint"]["resume"] != "auto":
+        return None
+    complete = complete_checkpoints(Path(spec.resolved["checkpoint"]["dir"]))
+    return complete[-1] if complete else None
 
 
 def backend_class(name: str) -> type[Backend]:

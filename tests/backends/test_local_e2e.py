@@ -100,6 +100,45 @@ def test_the_readme_main_job_trains_and_ends_with_loss_and_throughput(readme_mai
     assert f"\n  speed    ran at {share:.0%} of predicted\n" in launcher("status", name, home=home).stdout
 
 
+def test_a_resume_says_which_checkpoint_it_starts_from_and_refuses_what_would_start_over(
+    readme_main_job, monkeypatch, tmp_path
+):
+    """`submit --resume` of the README job (its real checkpoints at steps 10 and 20), dry runs."""
+    from launcher import api
+    from launcher.errors import UsageError
+
+    readme_stdout, home = readme_main_job
+    name = readme_stdout.splitlines()[-1].split(":")[0]
+    checkpoints = home / "checkpoints" / "tiny-cpu" / name
+    monkeypatch.setenv("LAUNCHER_HOME", str(home))
+    recipe = REPO / "recipes" / "tiny-cpu.yaml"
+
+    def dry_run(*options: str, backend: str = "local") -> list[str]:
+        told = []
+        report = lambda stage, message: told.append(message)  # noqa: E731
+        api.submit(recipe, backend=backend, resume=name, set_options=options, dry_run=True, report=report)
+        return told
+
+    start = f"resumes from {checkpoints}/step-00000020, the newest complete checkpoint (step 20; an older one if it is damaged)"
+    assert start in dry_run("training.steps=30")
+    with pytest.raises(
+        UsageError,
+        match=r"^checkpoint: the newest complete checkpoint in .* is at step 20, and training\.steps is 20: nothing is left to train; raise training\.steps",
+    ):
+        dry_run()
+    # Checkpoints elsewhere: the job would start from step 0 in silence; refused, nothing made.
+    elsewhere = tmp_path / "elsewhere"
+    with pytest.raises(UsageError) as refused:
+        dry_run(f"checkpoint.dir={elsewhere}", "training.steps=30")
+    assert str(refused.value) == (
+        f"--resume {name}: its checkpoints are in {checkpoints}, but this job's would be in {elsewhere}, where it "
+        f"would start from step 0; set checkpoint.dir: {checkpoints}, as {name} had it"
+    )
+    assert not elsewhere.exists()
+    # docker binds the lineage's directory of this machine into the container: the same checkpoints.
+    dry_run("training.steps=30", backend="docker")
+
+
 def test_a_failed_job_names_the_rank_that_failed_first_not_a_peers_symptom(tmp_path):
     # Rank 0 alone creates the checkpoint directory (for its lease); on a full disk (a real tmpfs)
     # that fails, while rank 1 waits for its resume decision and then fails with gloo's

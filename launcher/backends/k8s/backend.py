@@ -216,6 +216,14 @@ class KubernetesBackend(Backend):
             bootstrap="exec",  # checks the image, then torchrun is PID 1 and keeps the operator's rendezvous
         )
 
+    checkpoint_setting = "k8s.checkpoint_claim"
+
+    def checkpoint_location(self, spec: JobSpec) -> str:
+        """The directory on the checkpoint volume, named by its claim and namespace."""
+        settings = settings_of(spec)
+        namespace = settings.namespace or "the current context's namespace"
+        return f"{spec.checkpoint_dir} on PersistentVolumeClaim {settings.checkpoint_claim} in {namespace}"
+
     def problems(self, spec: JobSpec) -> list[str]:
         problem = name_problem(spec.name)
         return [*super().problems(spec), *([problem] if problem else []), *settings_problems(spec)]

@@ -316,6 +316,12 @@ class SageMakerBackend(Backend):
     def links(self, ref: JobRef) -> list[tuple[str, str]]:
         return console_links(ref.name, ref.region) if ref.region else []
 
+    checkpoint_setting = "sagemaker.checkpoint_uri"
+
+    def checkpoint_location(self, spec: JobSpec) -> str:
+        """The S3 prefix SageMaker copies /opt/ml/checkpoints to and back (per recipe and lineage)."""
+        return Locations.of(spec).checkpoints
+
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.
         return Placement(
