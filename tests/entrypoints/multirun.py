@@ -4,6 +4,7 @@
     python tests/entrypoints/multirun.py plan.json          # one process
 
 plan.json: {"jobs": [{"kind": "train", "config": PATH, "result": PATH},
+                     {"kind": "train_refused", "config": PATH, "result": PATH},
                      {"kind": "cp_attention", "cases": [[heads, kv_heads], ...], "result": PATH},
                      {"kind": "vocab_parallel_loss", "result": PATH},
                      {"kind": "fp8_collectives", "configs": {"fp32": PATH, "fp8": PATH}, "result": PATH},
@@ -39,6 +40,17 @@ from launcher.contract.config import load_config  # noqa: E402
 
 def run_train(job: dict, env) -> dict:
     return train(load_config(job["config"]), env)
+
+
+def run_train_refused(job: dict, env) -> dict:
+    """A training job expected to stop with a ConfigError on every rank: its one line, or None."""
+    from launcher.contract.config import ConfigError
+
+    try:
+        train(load_config(job["config"]), env)
+    except ConfigError as error:
+        return {"refused": str(error)}
+    return {"refused": None}
 
 
 def run_cp_attention(job: dict, env) -> dict:
@@ -269,6 +281,7 @@ def run_float8_regather(job: dict, env) -> dict:
 
 KINDS = {
     "train": run_train,
+    "train_refused": run_train_refused,
     "float8_regather": run_float8_regather,
     "cp_attention": run_cp_attention,
     "vocab_parallel_loss": run_vocab_parallel_loss,

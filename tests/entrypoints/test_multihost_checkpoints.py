@@ -289,7 +289,8 @@ def mirror_runs(host_runs, moto_server) -> dict:
     when host 1 dies mid-upload) and changes 1 KiB of host 1's shard of step 3 there at the same
     size (only its digest can tell). Launch 2: new hosts, empty directories, resume to step 6:
     from step 3, found damaged as it loads, then from step 2, restored from S3 after it; then a
-    job on other empty directories resumes from the step-2 checkpoint it names."""
+    job on other empty directories resumes from the step-2 checkpoint it names. Before both, a job
+    that names the torn step 4 is refused."""
     import boto3
 
     root = host_runs / "mirror"
@@ -315,8 +316,12 @@ def mirror_runs(host_runs, moto_server) -> dict:
     s3.upload_file(str(shard), MIRROR_BUCKET, "tiny-cpu/lineage-1/step-00000003/__1_0.distcp")
     # Then, in the same launch, a job on new empty directories that names its checkpoint,
     # as the NaN-loss error advises (checkpoint.resume: <checkpoint.dir>/step-N): step 2, in S3 only.
+    # First of all (S3 as the test left it), a job that names step 4, torn there: refused.
     plans = [
         [
+            {**write_config(root, "torn", h, root / f"torn-host{h}", **{"training.steps": 6},
+                            **{"checkpoint.resume": str(root / f"torn-host{h}" / "step-00000004")}),
+             "kind": "train_refused"},
             write_config(root, "resumed", h, root / f"new-host{h}", **{"training.steps": 6}),
             write_config(root, "named", h, root / f"named-host{h}", **{"training.steps": 4},
                          **{"checkpoint.resume": str(root / f"named-host{h}" / "step-00000002")}),
@@ -400,3 +405,13 @@ def test_a_checkpoint_named_by_checkpoint_resume_is_restored_from_s3_onto_empty_
         rf"^checkpoint: restored (step-\d+) from {MIRROR_URI}: \d+ bytes to host 1 ", log, re.MULTILINE
     )
     assert restores == ["step-00000003", "step-00000002", "step-00000002"]  # the last: the named job's
+
+
+def test_a_named_checkpoint_that_is_not_complete_in_s3_is_refused_naming_the_complete_steps(mirror_runs):
+    root = mirror_runs["root"]
+    refused = json.loads((root / "torn" / "result.json").read_text())["refused"]
+    assert refused == (
+        f"checkpoint.resume: {root}/torn-host0/step-00000004: step 4 is not a complete checkpoint in {MIRROR_URI} "
+        "(the complete steps there: 2, 3); nothing was resumed"
+    )
+    assert not list((root / "torn-host0").glob("step-*")) and not list((root / "torn-host1").glob("step-*"))
