@@ -46,7 +46,7 @@ from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
 from launcher.registry import DiskError, JobRef, forget, job_dir, launcher_home, os_error_line, save
 from launcher.registry import load as load_record
 from launcher.resolve import Resolved, resolve
-from launcher.resume import resume_note, resume_problem, resumed_job
+from launcher.resume import resume_note, resume_problem, resumed_job, running_problem
 from launcher.spec import CONFIG_FILE, JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
@@ -296,6 +296,8 @@ def submit(
     resumed = resumed_job(resume, loaded.name) if resume else None
     spec = target.spec(resolved.concrete, lineage=resumed.lineage if resumed else None)
     problem = resume_problem(resumed, spec, target) if resumed else None
+    if resumed and not problem and not dry_run:
+        problem = running_problem(resumed)
     if problem:
         raise UsageError(problem)
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")

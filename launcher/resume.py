@@ -17,6 +17,7 @@ from launcher.backends import Backend, get_backend
 from launcher.backends.base import newest_checkpoint_to_resume
 from launcher.display.text import shown
 from launcher.errors import UsageError
+from launcher.jobs import NEVER_SUBMITTED, record_status
 from launcher.registry import DamagedRecord, lineage_of
 from launcher.registry import load as load_record
 from launcher.spec import JobSpec
@@ -60,6 +61,19 @@ def resume_problem(resumed: Resumed, spec: JobSpec, target: Backend) -> str | No
     return (
         f"--resume {resumed.name}: its checkpoints are in {shown(resumed.location)}, but this job's would be in "
         f"{shown(here)}, where it would start from step 0; {remedy}"
+    )
+
+
+def running_problem(resumed: Resumed) -> str | None:
+    """Why the new job must wait: the earlier one has not ended, and still writes the checkpoints
+    the new one would read and write (two SageMaker jobs of a lineage share one S3 prefix, with
+    no lease between them). Asks the earlier job's engine."""
+    status = record_status(load_record(resumed.name))
+    if status.terminal or status.state == NEVER_SUBMITTED:
+        return None
+    return (
+        f"--resume {resumed.name}: {resumed.name} is {status.state} and still writes the checkpoints this job would "
+        f"continue; wait for it to end, or stop it (launcher stop {resumed.name})"
     )
 
 

@@ -35,7 +35,7 @@ RANKS = {
     "registry": 9,
     "backends": 10,
     "jobs": 11,
-    "resume": 11,  # what a `submit --resume` continues: reads the registry and asks the backends
+    "resume": 11.5,  # what a `submit --resume` continues: reads the registry, asks the backends and the jobs
     "api": 12,
     "cli": 13,
     "__main__": 14,

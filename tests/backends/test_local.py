@@ -14,8 +14,9 @@ import time
 import pytest
 
 from launcher.display.text import result_text
+from launcher.errors import UsageError
 from launcher.jobs import Job
-from launcher.registry import write_json
+from launcher.registry import scan, write_json
 
 from .helpers import REPO, alive, recipe_path, runner_record, submit, wait_for_line
 
@@ -90,6 +91,14 @@ def test_stop_sends_sigterm_to_the_process_group(no_torchrun, monkeypatch):
     monkeypatch.setenv("FAKE_TRAIN", "hang")
     job = submit().job
     wait_for_line(job, "hanging")
+    # A job of its lineage would write the same checkpoints beside it: refused while it runs.
+    with pytest.raises(UsageError) as refused:
+        submit(resume=job.name)
+    assert str(refused.value) == (
+        f"--resume {job.name}: {job.name} is InProgress and still writes the checkpoints this job would continue; "
+        f"wait for it to end, or stop it (launcher stop {job.name})"
+    )
+    assert [ref.name for ref in scan().refs] == [job.name]  # no second job, not even its record
     pid = int((no_torchrun / "jobs" / job.name / "fake.pid").read_text())
     stopped = job.stop(grace_s=10)
     assert stopped.state == "Stopped" and stopped.exit_code == 143  # 128 + SIGTERM
