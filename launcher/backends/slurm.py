@@ -59,6 +59,7 @@ from launcher.backends.tools import ToolFailed, run_tool
 from launcher.backends.wheelhouse import bootstrap_environment, fill, job_wheels, wheelhouse_key
 from launcher.bundle import Bundle
 from launcher.contract.metrics import METRICS_FILE
+from launcher.display.text import shown
 from launcher.errors import LauncherError, UsageError
 from launcher.registry import checkpoint_home, job_dir, launcher_home, records
 from launcher.spec import CONFIG_FILE, RDZV_PORT, EngineSettings, JobSpec, Placement
@@ -428,6 +429,33 @@ def sbatch_script(spec: JobSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+INPUT_KEYS = {"train": "data.source", "model": "model.init_from"}
+
+
+def missing_paths(spec: JobSpec, *, shared: bool) -> list[str]:
+    """The job's data and weights paths that do not exist on this machine: one line each.
+
+    Submit writes the job's files under slurm.shared_dir, which every node mounts at the same
+    path (the script checks it), so a path under it that is missing here is missing on the
+    nodes too (`shared`: those, which refuse the job before it waits in the queue). A path
+    elsewhere may be on the nodes only (local scratch): that is a warning (shared=False)."""
+    root = Path(os.path.realpath(shared_root(slurm_settings(spec))))
+    lines = []
+    for data in spec.inputs:
+        key = INPUT_KEYS.get(data.name)
+        if key is None or data.staged_at or data.source.startswith("s3://") or not Path(data.source).is_absolute():
+            continue
+        path = Path(data.source)
+        if path.exists() or Path(os.path.realpath(path)).is_relative_to(root) != shared:
+            continue
+        lines.append(
+            f"{key}: {shown(path)} does not exist under slurm.shared_dir {shown(root)}, which every node mounts"
+            if shared
+            else f"{key}: {shown(path)} does not exist on this machine; the nodes must have it"
+        )
+    return lines
+
+
 def checkpoint_room_problem(recipe: Recipe, spec: JobSpec) -> str | None:
     """Why a GPU job's checkpoints cannot go where they would: a directory under the submitting
     user's home (by default slurm.shared_dir is $LAUNCHER_HOME, ~/.launcher) is, on ParallelCluster,
@@ -551,7 +579,7 @@ class SlurmBackend(Backend):
         )
 
     def problems(self, spec: JobSpec) -> list[str]:
-        problems = super().problems(spec)
+        problems = super().problems(spec) + missing_paths(spec, shared=True)
         settings = slurm_settings(spec)
         if settings.signal_before_end_s > MAX_SIGNAL_S:
             problems.append(
@@ -581,6 +609,7 @@ class SlurmBackend(Backend):
                 f"slurm.signal_before_end ({lead} s) is not shorter than "
                 f"cluster.max_run ({spec.max_run_s} s): Slurm sends USR1 as soon as the job starts"
             )
+        warnings += missing_paths(spec, shared=False)
         if warnings:
             data["warnings"] = warnings
         if lead > settings.signal_before_end_s:

@@ -270,6 +270,30 @@ def test_a_signal_not_before_the_time_limit_is_a_warning(home, fake_bundle, cli)
     ) in result.err_lines
 
 
+def test_data_missing_under_the_shared_dir_is_refused_and_elsewhere_is_a_warning(home, fake_bundle, cli, tmp_path):
+    """Submit writes the job under slurm.shared_dir, which every node mounts at the same path: data
+    missing there is missing on the nodes, refused before the job waits in the queue. A path
+    elsewhere may be on the nodes' own disks: a warning."""
+    shared = tmp_path / "fsx"
+    shared.mkdir()
+    base = ["submit", recipe_path("tiny-cpu"), "--backend", "slurm", "--dry-run", "--set", f"slurm.shared_dir={shared}"]
+    missing = shared / "tokens" / "train"
+    refused = cli(*base, "--set", f"data.source={missing}")
+    assert refused.code == 2
+    assert refused.err_lines[-1] == (
+        f"data.source: {missing} does not exist under slurm.shared_dir {shared}, which every node mounts"
+    )
+    elsewhere = tmp_path / "scratch" / "tokens"
+    warned = cli(*base, "--set", f"data.source={elsewhere}")
+    assert warned.code == 0
+    assert (
+        f"warning: data.source: {elsewhere} does not exist on this machine; the nodes must have it" in warned.err_lines
+    )
+    (shared / "tokens").mkdir()
+    missing.write_text("")
+    assert cli(*base, "--set", f"data.source={missing}").code == 0
+
+
 def gpu_submit(cli, *sets: str):
     """`launcher submit` of tiny-cpu's model as a GPU job on Slurm, as a dry run."""
     options = [arg for key, value in TINY_GPU.items() for arg in ("--set", f"{key}={value}")]
