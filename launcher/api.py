@@ -46,7 +46,7 @@ from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
 from launcher.registry import DiskError, JobRef, forget, job_dir, launcher_home, os_error_line, save
 from launcher.registry import load as load_record
 from launcher.resolve import Resolved, resolve
-from launcher.resume import resume_note, resume_problem, resumed_job, running_problem
+from launcher.resume import resume_problem, resume_start, resumed_job, running_problem
 from launcher.spec import CONFIG_FILE, JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
@@ -298,12 +298,12 @@ def submit(
     problem = resume_problem(resumed, spec, target) if resumed else None
     if resumed and not problem and not dry_run:
         problem = running_problem(resumed)
+    lines, problem = ([], problem) if problem else resume_start(spec, target, resumed)
     if problem:
         raise UsageError(problem)
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
-    note = resume_note(spec, target, resumed)
-    if note:
-        tell(Stage.SPEC, note)
+    for line in lines:
+        tell(Stage.SPEC, line)
     if run is not None and run.jobs > 1:
         tell(Stage.SPEC, _chain_next(spec, resumed=resume))
 

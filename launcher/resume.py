@@ -4,19 +4,18 @@ A job of a lineage resumes from the newest complete checkpoint in its own checkp
 `--resume NAME` gives the new job NAME's lineage, and so NAME's default location; a recipe whose
 checkpoint.dir differs from the one NAME had, or another engine, puts the new job's elsewhere, and
 it would start from step 0 without a word. So the two locations must be the same
-(`Backend.checkpoint_location`); on this machine (capability runs_here) submit also says which
-checkpoint the job starts from.
+(`Backend.checkpoint_location`). Where the engine can look (`Backend.resume_point`: this
+machine's directory, SageMaker's S3 prefix), submit also says which checkpoint the job starts
+from, and refuses one that leaves nothing to train before any instance starts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from launcher.backends import Backend, get_backend
-from launcher.backends.base import newest_checkpoint_to_resume
 from launcher.display.text import shown
-from launcher.errors import UsageError
+from launcher.errors import LauncherError, UsageError
 from launcher.jobs import NEVER_SUBMITTED, record_status
 from launcher.registry import DamagedRecord, lineage_of
 from launcher.registry import load as load_record
@@ -77,19 +76,32 @@ def running_problem(resumed: Resumed) -> str | None:
     )
 
 
-def resume_note(spec: JobSpec, target: Backend, resumed: Resumed | None) -> str | None:
-    """On this machine: the checkpoint the job starts from, or that `--resume` finds none."""
-    if not target.capabilities.runs_here:
-        return None
-    newest = newest_checkpoint_to_resume(spec)
-    if newest is not None and newest[0] >= spec.resolved["training"]["steps"]:
-        return None  # nothing is left to train: the backend's check refuses the job
-    if newest is not None:
-        step, path = newest
-        return (
-            f"resumes from {shown(path)}, the newest complete checkpoint (step {step}; an older one if it is damaged)"
+def resume_start(spec: JobSpec, target: Backend, resumed: Resumed | None) -> tuple[list[str], str | None]:
+    """What submit tells about the checkpoint the job starts from, and why it must not start: a
+    checkpoint at or past training.steps leaves nothing to train (the ranks would refuse it, after
+    the engine started them, on SageMaker after the instances were paid for). The engine looks
+    only where it is cheap: on this machine always, elsewhere for a `--resume`."""
+    if resumed is None and not target.capabilities.runs_here:
+        return [], None
+    try:
+        point = target.resume_point(spec)
+    except LauncherError as error:
+        return [f"warning: which checkpoint the job resumes from is not known: {error}"], None
+    if point is None:
+        return [], None
+    steps = spec.resolved["training"]["steps"]
+    if point.step is None:
+        if resumed is None:
+            return [], None
+        return [
+            f"warning: --resume {resumed.name}: no complete checkpoint in {shown(point.where)}; the job starts from step 0"
+        ], None
+    if point.step >= steps:
+        return [], (
+            f"checkpoint: the newest complete checkpoint in {shown(point.where)} is at step {point.step}, and "
+            f"training.steps is {steps}: nothing is left to train; raise training.steps, or set checkpoint.resume: "
+            "never to start over"
         )
-    if resumed is not None and spec.resolved["checkpoint"]["resume"] == "auto":
-        where = shown(Path(spec.resolved["checkpoint"]["dir"]))
-        return f"warning: --resume {resumed.name}: no complete checkpoint in {where}; the job starts from step 0"
-    return None
+    return [
+        f"resumes from {shown(point.path)}, the newest complete checkpoint (step {point.step}; an older one if it is damaged)"
+    ], None

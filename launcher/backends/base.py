@@ -101,6 +101,17 @@ class Rendering:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ResumePoint:
+    """The checkpoint a job would start from: the newest complete one in its checkpoint location."""
+
+    where: str
+    """The location looked in (a directory, an S3 prefix)."""
+    step: int | None
+    """None: no complete checkpoint there, so the job starts from step 0."""
+    path: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Allowance:
     """What the engine lets one job of a recipe have, by its own limits and its account's quotas."""
 
@@ -150,6 +161,19 @@ class Backend(ABC):
         elsewhere (S3, a volume claim) say so."""
         bound = [mount.source for mount in spec.mounts if mount.target == spec.checkpoint_dir]
         return bound[0] if bound else spec.checkpoint_dir
+
+    def resume_point(self, spec: JobSpec) -> ResumePoint | None:
+        """Where a job of `spec` would resume (`checkpoint.resume: auto`), as far as this launcher
+        can look: the newest checkpoint every host completed in its checkpoint location. None
+        where it cannot look; the default looks only on this machine (capability runs_here)."""
+        if not self.capabilities.runs_here or spec.resolved["checkpoint"]["resume"] != "auto":
+            return None
+        directory = Path(spec.resolved["checkpoint"]["dir"])
+        complete = complete_checkpoints(directory)
+        if not complete:
+            return ResumePoint(where=str(directory), step=None, path=None)
+        step, path = complete[-1]
+        return ResumePoint(where=str(directory), step=step, path=str(path))
 
     def load_spec(self, data: dict[str, Any]) -> JobSpec:
         """A saved spec (`JobSpec.to_dict`, today's format or an older one) with this engine's part."""
@@ -312,25 +336,7 @@ def _paths_here_problems(spec: JobSpec) -> list[str]:
     export = spec.resolved["checkpoint"]["export_hf"]
     if export and Path(export).is_absolute() and Path(export).exists() and not Path(export).is_dir():
         problems.append(f"checkpoint.export_hf: {shown(export)} is a file; give a directory")
-    newest = newest_checkpoint_to_resume(spec)
-    steps = spec.resolved["training"]["steps"]
-    if newest is not None and newest[0] >= steps:
-        problems.append(
-            f"checkpoint: the newest complete checkpoint in {shown(directory)} is at step {newest[0]}, and "
-            f"training.steps is {steps}: nothing is left to train; raise training.steps, or set checkpoint.resume: "
-            "never to start over"
-        )
     return problems
-
-
-def newest_checkpoint_to_resume(spec: JobSpec) -> tuple[int, Path] | None:
-    """(step, path) of the newest complete checkpoint in the job's checkpoint.dir on this machine,
-    which `checkpoint.resume: auto` starts from (an older one where the job finds it damaged);
-    None when it resumes from none, or from a path of its own."""
-    if spec.resolved["checkpoint"]["resume"] != "auto":
-        return None
-    complete = complete_checkpoints(Path(spec.resolved["checkpoint"]["dir"]))
-    return complete[-1] if complete else None
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -157,3 +157,43 @@ def test_the_default_bucket_is_created_in_the_jobs_region(aws, home, fake_bundle
     bucket = f"sagemaker-{region}-{ACCOUNT}"  # the caller's account: STS's answer
     location = boto3.client("s3", region_name=region).get_bucket_location(Bucket=bucket)["LocationConstraint"]
     assert (location or "us-east-1") == region
+
+
+def test_a_resume_reads_which_checkpoint_it_starts_from_in_s3_and_refuses_one_past_the_last_step(
+    aws, home, fake_bundle
+):
+    """`submit --resume` on SageMaker lists the lineage's S3 prefix (ListObjectsV2, as the job's
+    checkpoints lie there: step directories, every host's COMPLETE marker) before any instance
+    starts: the newest complete step is said, and one at or past training.steps is refused."""
+    from launcher.backends import get_backend
+    from launcher.errors import UsageError
+
+    first = api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE], yes=True).spec
+    prefix = get_backend("sagemaker").checkpoint_location(first)
+    bucket, key = prefix.removeprefix("s3://").split("/", 1)
+
+    def resume(*options: str) -> list[str]:
+        told = []
+        report = lambda stage, message: told.append(message)  # noqa: E731
+        api.submit(recipe_path("llama3-8b-8k"), set_options=[MY_ROLE, *options], resume=first.name, dry_run=True,
+                   report=report)  # fmt: skip
+        return told
+
+    assert f"warning: --resume {first.name}: no complete checkpoint in {prefix}; the job starts from step 0" in resume()
+    s3 = boto("s3")
+    for step, markers in ((10, 2), (20, 1)):  # step 20: host 1 never finished its upload
+        directory = f"{key}/step-{step:08d}"
+        s3.put_object(Bucket=bucket, Key=f"{directory}/__0_0.distcp", Body=b"shard")
+        for node in range(markers):
+            s3.put_object(Bucket=bucket, Key=f"{directory}/COMPLETE.node-{node}-of-2", Body=b"{}")
+    s3.put_object(Bucket=bucket, Key=f"{key}/step-junk/COMPLETE.node-0-of-1", Body=b"{}")  # not a step
+    listed = recorded("s3", "ListObjectsV2")
+    start = (
+        f"resumes from {prefix}/step-00000010, the newest complete checkpoint (step 10; an older one if it is damaged)"
+    )
+    assert start in resume("training.steps=100")
+    assert listed and all(call["ExpectedBucketOwner"] == ACCOUNT for call in listed)  # the default bucket
+    with pytest.raises(
+        UsageError, match=rf"^checkpoint: the newest complete checkpoint in {prefix} is at step 10, and "
+    ):
+        resume("training.steps=10")

@@ -19,11 +19,12 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from launcher.backends.base import Allowance, Backend, JobRef, JobStatus, Rendering, Transition, utc_now
+from launcher.backends.base import Allowance, Backend, JobRef, JobStatus, Rendering, ResumePoint, Transition, utc_now
 from launcher.backends.history import MetricsHistory
 from launcher.backends.images import training_image
 from launcher.backends.sagemaker import aws, aws_model, quotas
 from launcher.backends.sagemaker.cloudwatch import LOG_GROUP, console_links, log_lines
+from launcher.backends.sagemaker.s3_checkpoints import newest_complete_step
 from launcher.backends.sagemaker.settings import SageMakerSettings
 from launcher.backends.wheelhouse import Wheel, bootstrap_environment, ensure, job_wheels, wheelhouse_key
 from launcher.bundle import ARCHIVE_NAME, ENV_BUNDLE_SHA256, Bundle, unpack_entrypoint
@@ -321,6 +322,18 @@ class SageMakerBackend(Backend):
     def checkpoint_location(self, spec: JobSpec) -> str:
         """The S3 prefix SageMaker copies /opt/ml/checkpoints to and back (per recipe and lineage)."""
         return Locations.of(spec).checkpoints
+
+    def resume_point(self, spec: JobSpec) -> ResumePoint | None:
+        """The newest complete checkpoint under the job's S3 prefix (s3_checkpoints.py), which
+        the job starts from; None without credentials to look with."""
+        if spec.resolved["checkpoint"]["resume"] != "auto" or not aws.credentials_available():
+            return None
+        cloud, where = settings(spec), Locations.of(spec)
+        owner = role_account(cloud.role_arn) if where.default_bucket and not cloud.checkpoint_uri else None
+        newest = newest_complete_step(where.checkpoints, cloud.region, owner)
+        if newest is None:
+            return ResumePoint(where=where.checkpoints, step=None, path=None)
+        return ResumePoint(where=where.checkpoints, step=newest[0], path=newest[1])
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.
