@@ -52,7 +52,7 @@ def resume_problem(resumed: Resumed, spec: JobSpec, target: Backend) -> str | No
     if here == resumed.location:
         return None
     if target.name == resumed.backend and target.checkpoint_setting == "checkpoint.dir":
-        remedy = f"set checkpoint.dir: {resumed.location}, as {resumed.name} had it"
+        remedy = f"set checkpoint.dir: {shown(resumed.location)}, as {resumed.name} had it"
     elif target.name == resumed.backend:
         remedy = f"set {target.checkpoint_setting} as {resumed.name} had it"
     else:
@@ -71,7 +71,7 @@ def running_problem(resumed: Resumed) -> str | None:
     if status.terminal or status.state == NEVER_SUBMITTED:
         return None
     return (
-        f"--resume {resumed.name}: {resumed.name} is {status.state} and still writes the checkpoints this job would "
+        f"--resume {resumed.name}: {resumed.name} is {shown(status.state)} and still writes the checkpoints this job would "
         f"continue; wait for it to end, or stop it (launcher stop {resumed.name})"
     )
 
