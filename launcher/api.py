@@ -46,7 +46,7 @@ from launcher.recipe.schema import DATA_PREPARE_KEYS, Cluster, Data
 from launcher.registry import DiskError, JobRef, forget, job_dir, launcher_home, os_error_line, save
 from launcher.registry import load as load_record
 from launcher.resolve import Resolved, resolve
-from launcher.resume import resume_problem, resume_start, resumed_job, running_problem
+from launcher.resume import Resumed, ResumeStart, resume_problem, resume_start, resumed_job, running_problem
 from launcher.spec import CONFIG_FILE, JobSpec
 
 RECIPE_BACKENDS = get_args(Cluster.model_fields["backend"].annotation)  # those cluster.backend may name
@@ -221,12 +221,14 @@ def check_memory(resolved: Resolved, *, force: bool, threshold: float = DEFAULT_
 
 
 def check_run_time(
-    recipe: Recipe, *, time_limited: bool, force: bool, longest_job_s: int | None = None
+    recipe: Recipe, *, time_limited: bool, force: bool, longest_job_s: int | None = None, start_step: int = 0
 ) -> RunForecast | None:
-    """The predicted run time and cost; refuses a run that its engine's time limit would cut short,
-    unless no one job may run it all (`longest_job_s`): then it is planned as a chain of jobs."""
+    """The predicted run time and cost after `start_step`; refuses a run that its engine's time
+    limit would cut short, unless no one job may run it all (`longest_job_s`): then it is planned
+    as a chain of jobs."""
     limit = recipe.cluster.max_run if time_limited else None
-    run = forecast(recipe, time_limit_s=limit, longest_job_s=longest_job_s if time_limited else None)
+    longest = longest_job_s if time_limited else None
+    run = forecast(recipe, time_limit_s=limit, longest_job_s=longest, start_step=start_step)
     problem = run.overrun() if run else None
     if problem and not force:
         raise WontFit(f"{problem}; nothing was submitted (pass --force to submit anyway)")
@@ -292,17 +294,12 @@ def submit(
         tell(Stage.PLAN, line)
     loaded = resolved.recipe
 
-    memory, run = _check_fit(resolved, target, force=force, threshold=threshold, tell=tell)
     resumed = resumed_job(resume, loaded.name) if resume else None
     spec = target.spec(resolved.concrete, lineage=resumed.lineage if resumed else None)
-    problem = resume_problem(resumed, spec, target) if resumed else None
-    if resumed and not problem and not dry_run:
-        problem = running_problem(resumed)
-    lines, problem = ([], problem) if problem else resume_start(spec, target, resumed)
-    if problem:
-        raise UsageError(problem)
+    start = _resume_start(spec, target, resumed, dry_run=dry_run)
+    memory, run = _check_fit(resolved, target, force=force, threshold=threshold, tell=tell, start_step=start.step)
     tell(Stage.SPEC, f"job {spec.name} on {target.name}")
-    for line in lines:
+    for line in start.lines:
         tell(Stage.SPEC, line)
     if run is not None and run.jobs > 1:
         tell(Stage.SPEC, _chain_next(spec, resumed=resume))
@@ -328,12 +325,31 @@ def submit(
     return Submission(loaded, memory, spec, rendering, job, final)
 
 
+def _resume_start(spec: JobSpec, target, resumed: Resumed | None, *, dry_run: bool) -> ResumeStart:
+    """The checkpoint the job starts from; refused where it would not continue `resumed`'s, while
+    `resumed` still runs (not asked in a dry run), or where nothing is left to train."""
+    problem = resume_problem(resumed, spec, target) if resumed else None
+    if resumed and not problem and not dry_run:
+        problem = running_problem(resumed)
+    start = resume_start(spec, target, resumed) if not problem else ResumeStart()
+    if problem or start.problem:
+        raise UsageError(problem or start.problem)
+    return start
+
+
 def _check_fit(
-    resolved: Resolved, target, *, force: bool, threshold: float, tell: Callable[[Stage, str], None]
+    resolved: Resolved,
+    target,
+    *,
+    force: bool,
+    threshold: float,
+    tell: Callable[[Stage, str], None],
+    start_step: int = 0,
 ) -> tuple[MemoryEstimate, RunForecast | None]:
     """Submit's checks before anything is built: memory, the engine account's quotas, run time
     against the limit (or the chain of jobs it takes), checkpoint cost; each says what it found
-    through `tell`. The forecast prices the recipe as given, as the planner does."""
+    through `tell`. The forecast prices the recipe as given, as the planner does, from the
+    checkpoint the job resumes from (`start_step`) where that is known."""
     recipe = resolved.recipe
     memory = check_memory(resolved, force=force, threshold=threshold)
     tell(
@@ -347,7 +363,9 @@ def _check_fit(
             tell(Stage.ESTIMATE, note)
     allowance = target.allowance(resolved.concrete)
     time_limited = target.capabilities.time_limit
-    run = check_run_time(recipe, time_limited=time_limited, force=force, longest_job_s=allowance.longest_run_s)
+    run = check_run_time(
+        recipe, time_limited=time_limited, force=force, longest_job_s=allowance.longest_run_s, start_step=start_step
+    )
     if run is not None:
         tell(Stage.ESTIMATE, run.line())
     checkpoints = estimate_recipe_checkpoint(resolved.concrete, run.speed.step_time_s if run else None)

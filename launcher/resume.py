@@ -76,32 +76,41 @@ def running_problem(resumed: Resumed) -> str | None:
     )
 
 
-def resume_start(spec: JobSpec, target: Backend, resumed: Resumed | None) -> tuple[list[str], str | None]:
-    """What submit tells about the checkpoint the job starts from, and why it must not start: a
-    checkpoint at or past training.steps leaves nothing to train (the ranks would refuse it, after
-    the engine started them, on SageMaker after the instances were paid for). The engine looks
-    only where it is cheap: on this machine always, elsewhere for a `--resume`."""
+@dataclass(frozen=True)
+class ResumeStart:
+    """What submit tells about the checkpoint a job starts from."""
+
+    lines: tuple[str, ...] = ()
+    problem: str | None = None
+    """Why the job must not start: nothing is left to train."""
+    step: int = 0
+    """The step it resumes after, where known (0: from the start, or not known)."""
+
+
+def resume_start(spec: JobSpec, target: Backend, resumed: Resumed | None) -> ResumeStart:
+    """The checkpoint the job starts from, and why it must not start: a checkpoint at or past
+    training.steps leaves nothing to train (the ranks would refuse it, after the engine started
+    them, on SageMaker after the instances were paid for). The engine looks only where it is
+    cheap: on this machine always, elsewhere for a `--resume`."""
     if resumed is None and not target.capabilities.runs_here:
-        return [], None
+        return ResumeStart()
     try:
         point = target.resume_point(spec)
     except LauncherError as error:
-        return [f"warning: which checkpoint the job resumes from is not known: {error}"], None
-    if point is None:
-        return [], None
-    steps = spec.resolved["training"]["steps"]
+        return ResumeStart(lines=(f"warning: which checkpoint the job resumes from is not known: {error}",))
+    if point is None or (point.step is None and resumed is None):
+        return ResumeStart()
     if point.step is None:
-        if resumed is None:
-            return [], None
-        return [
-            f"warning: --resume {resumed.name}: no complete checkpoint in {shown(point.where)}; the job starts from step 0"
-        ], None
+        where = shown(point.where)
+        return ResumeStart(
+            lines=(f"warning: --resume {resumed.name}: no complete checkpoint in {where}; the job starts from step 0",)
+        )
+    steps = spec.resolved["training"]["steps"]
     if point.step >= steps:
-        return [], (
-            f"checkpoint: the newest complete checkpoint in {shown(point.where)} is at step {point.step}, and "
+        return ResumeStart(
+            problem=f"checkpoint: the newest complete checkpoint in {shown(point.where)} is at step {point.step}, and "
             f"training.steps is {steps}: nothing is left to train; raise training.steps, or set checkpoint.resume: "
             "never to start over"
         )
-    return [
-        f"resumes from {shown(point.path)}, the newest complete checkpoint (step {point.step}; an older one if it is damaged)"
-    ], None
+    line = f"resumes from {shown(point.path)}, the newest complete checkpoint (step {point.step}; an older one if it is damaged)"
+    return ResumeStart(lines=(line,), step=point.step)

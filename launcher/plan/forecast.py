@@ -53,6 +53,8 @@ class RunForecast:
     """Held-out batches evaluated over the run (data.validation: evaluations x batches)."""
     evaluation_s: float = 0.0
     """Predicted seconds of one evaluated batch (`evaluation_batch_s`)."""
+    start_step: int = 0
+    """The checkpoint the job resumes from: `steps` are those after it."""
 
     @property
     def run_s(self) -> float:
@@ -65,9 +67,14 @@ class RunForecast:
     def line(self) -> str:
         evaluating = f" + {self.evaluations} validation batches x {self.evaluation_s:.1f} s" if self.evaluations else ""
         return (
-            f"time: {self.speed.step_time_s:.1f} s/step x {self.steps} steps{evaluating} = {duration(self.run_s)}; "
+            f"time: {self.speed.step_time_s:.1f} s/step x {self.steps} steps{self._after}{evaluating} = "
+            f"{duration(self.run_s)}; "
             f"cost about ${self.usd:,.0f} ({self.hardware_text} at ${self.speed.usd_per_hour:,.2f}/h)"
         )
+
+    @property
+    def _after(self) -> str:
+        return f" after step {self.start_step}" if self.start_step else ""
 
     @property
     def jobs(self) -> int:
@@ -101,13 +108,13 @@ class RunForecast:
         if needed_s <= (self.longest_job_s or SAGEMAKER_MAX_RUN_S):
             fixes.append(f"set cluster.max_run: {limit}")
         if steps_that_fit > 0:
-            fixes.append(f"training.steps: {steps_that_fit}")
+            fixes.append(f"training.steps: {self.start_step + steps_that_fit}")
         if not self.resumable and self.longest_job_s is not None and self.run_s > self.longest_job_s:
             # A chain of jobs would start each one from nothing saved: it needs periodic checkpoints.
             fixes.append("checkpoint.every_minutes: 60 with resume: auto (then a chain of jobs runs it)")
         fix = " or ".join(fixes) if fixes else "a faster layout (launcher plan) or more instances"
         return (
-            f"{self.recipe_name}: the predicted run time {duration(self.run_s)} ({self.steps} steps x "
+            f"{self.recipe_name}: the predicted run time {duration(self.run_s)} ({self.steps} steps{self._after} x "
             f"{self.speed.step_time_s:.1f} s) exceeds cluster.max_run {duration(self.time_limit_s)}, so the job "
             f"would be stopped before its last step; {fix}"
         )
@@ -122,6 +129,8 @@ class RunForecast:
             "time_limit_s": self.time_limit_s,
             "jobs": self.jobs,
         }
+        if self.start_step:
+            found["start_step"] = self.start_step
         if self.evaluations:
             found.update(validation_batches=self.evaluations, validation_batch_s=round(self.evaluation_s, 4))
         return found
@@ -133,19 +142,22 @@ def evaluation_batch_s(speed: Throughput) -> float:
     return (speed.step_time_s - training_only) * FORWARD_SHARE
 
 
-def validation_batches(recipe: Recipe) -> int:
-    """Global batches the run evaluates: data.validation.batches after every every_steps-th step
-    and after the last (once, where that is one of them)."""
+def validation_batches(recipe: Recipe, start_step: int = 0) -> int:
+    """Global batches the run evaluates after `start_step`: data.validation.batches after every
+    every_steps-th step and after the last (once, where that is one of them)."""
     validation, steps = recipe.data.validation, recipe.training.steps
     if validation is None:
         return 0
     every = validation.every_steps
-    evaluations = steps // every + (steps % every != 0) if every else 1
+    evaluations = steps // every - start_step // every + (steps % every != 0) if every else 1
     return evaluations * validation.batches
 
 
-def forecast(recipe: Recipe, *, time_limit_s: int | None, longest_job_s: int | None = None) -> RunForecast | None:
-    """The recipe's predicted run time and cost; None where nothing can be predicted (the host CPU)."""
+def forecast(
+    recipe: Recipe, *, time_limit_s: int | None, longest_job_s: int | None = None, start_step: int = 0
+) -> RunForecast | None:
+    """The recipe's predicted run time and cost from `start_step` (a checkpoint it resumes from) to
+    training.steps; None where nothing can be predicted (the host CPU)."""
     checkpoint = recipe.checkpoint
     try:
         speed = predict(Workload.from_recipe(recipe), recipe.hardware)
@@ -154,11 +166,12 @@ def forecast(recipe: Recipe, *, time_limit_s: int | None, longest_job_s: int | N
     return RunForecast(
         recipe_name=recipe.name,
         speed=speed,
-        steps=recipe.training.steps,
+        steps=recipe.training.steps - start_step,
+        start_step=start_step,
         hardware_text=f"{recipe.cluster.instance_count} x {recipe.hardware.instance_key}",
         time_limit_s=time_limit_s,
         longest_job_s=longest_job_s,
         resumable=bool(checkpoint.every_steps or checkpoint.every_minutes) and checkpoint.resume != "never",
-        evaluations=validation_batches(recipe),
+        evaluations=validation_batches(recipe, start_step),
         evaluation_s=evaluation_batch_s(speed),
     )

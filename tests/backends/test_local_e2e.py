@@ -120,7 +120,9 @@ def test_a_resume_says_which_checkpoint_it_starts_from_and_refuses_what_would_st
         return told
 
     start = f"resumes from {checkpoints}/step-00000020, the newest complete checkpoint (step 20; an older one if it is damaged)"
-    assert start in dry_run("training.steps=30")
+    told = dry_run("training.steps=30")
+    assert start in told
+    assert any(re.match(r"time: \S+ s/step x 10 steps after step 20 = ", line) for line in told), told
     with pytest.raises(
         UsageError,
         match=r"^checkpoint: the newest complete checkpoint in .* is at step 20, and training\.steps is 20: nothing is left to train; raise training\.steps",

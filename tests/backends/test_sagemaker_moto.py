@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 
 import boto3
@@ -191,7 +192,10 @@ def test_a_resume_reads_which_checkpoint_it_starts_from_in_s3_and_refuses_one_pa
     start = (
         f"resumes from {prefix}/step-00000010, the newest complete checkpoint (step 10; an older one if it is damaged)"
     )
-    assert start in resume("training.steps=100")
+    told = resume("training.steps=100")
+    assert start in told
+    # Time and cost are those of the 90 steps after the checkpoint, not of all 100.
+    assert any(re.match(r"time: \S+ s/step x 90 steps after step 10 = ", line) for line in told), told
     assert listed and all(call["ExpectedBucketOwner"] == ACCOUNT for call in listed)  # the default bucket
     with pytest.raises(
         UsageError, match=rf"^checkpoint: the newest complete checkpoint in {prefix} is at step 10, and "

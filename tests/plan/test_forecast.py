@@ -56,6 +56,22 @@ def test_a_run_longer_than_max_run_says_which_max_run_or_steps_would_fit():
         assert forecast(fixed, time_limit_s=fixed.cluster.max_run).overrun() is None
 
 
+def test_a_resumed_run_is_priced_from_its_checkpoint_and_its_fix_counts_the_steps_before():
+    """A job that resumes after step 1200 of 2000 runs 800 steps: that fits a 5-day limit the
+    whole run does not, and where it does not fit, the training.steps that would count from 0."""
+    recipe = api.load(FLAGSHIP, set_options=TOO_LONG)
+    whole = forecast(recipe, time_limit_s=recipe.cluster.max_run)
+    resumed = forecast(recipe, time_limit_s=recipe.cluster.max_run, start_step=1200)
+    assert resumed.steps == 800 and resumed.run_s == pytest.approx(whole.run_s * 800 / 2000)
+    assert resumed.usd == pytest.approx(whole.usd * 800 / 2000)
+    assert resumed.line().startswith(f"time: {whole.speed.step_time_s:.1f} s/step x 800 steps after step 1200 = ")
+    assert resumed.overrun() is None and whole.overrun() is not None
+    short = forecast(recipe, time_limit_s=2 * 86400, start_step=1200)
+    fitting_steps = math.floor(2 * 86400 / short.speed.step_time_s)
+    assert short.overrun().endswith(f" or training.steps: {1200 + fitting_steps}")
+    assert "(800 steps after step 1200 x " in short.overrun()
+
+
 def test_submit_refuses_a_run_that_would_outlast_max_run_and_force_overrides(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path))
     with pytest.raises(api.WontFit, match=r"exceeds cluster.max_run 2.0 days.*nothing was submitted \(pass --force"):
