@@ -21,7 +21,7 @@ from launcher.backends.history import MetricsHistory
 from launcher.backends.tail import metrics_file_rows
 from launcher.catalog import choices
 from launcher.catalog.engines import Capabilities, capabilities
-from launcher.contract.checkpoint_dirs import complete_checkpoints
+from launcher.contract.checkpoint_dirs import complete_checkpoints, step_dir_name
 from launcher.display import html
 from launcher.display.text import metric_cell, shown
 from launcher.errors import EngineError, UsageError
@@ -108,7 +108,10 @@ class ResumePoint:
     """The location looked in (a directory, an S3 prefix)."""
     step: int | None
     """None: no complete checkpoint there, so the job starts from step 0."""
-    path: str | None
+
+    @property
+    def path(self) -> str:
+        return f"{self.where}/{step_dir_name(self.step)}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,10 +173,7 @@ class Backend(ABC):
             return None
         directory = Path(spec.resolved["checkpoint"]["dir"])
         complete = complete_checkpoints(directory)
-        if not complete:
-            return ResumePoint(where=str(directory), step=None, path=None)
-        step, path = complete[-1]
-        return ResumePoint(where=str(directory), step=step, path=str(path))
+        return ResumePoint(where=str(directory), step=complete[-1][0] if complete else None)
 
     def load_spec(self, data: dict[str, Any]) -> JobSpec:
         """A saved spec (`JobSpec.to_dict`, today's format or an older one) with this engine's part."""

@@ -202,6 +202,7 @@ class KubernetesBackend(Backend):
     name = "k8s"
     max_name_length = MAX_NAME
     settings_type = KubernetesSettings
+    checkpoint_setting = "k8s.checkpoint_claim"
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # The operator gives each replica a headless Service named after its pod; Trainer v2's
@@ -215,8 +216,6 @@ class KubernetesBackend(Backend):
             image=training_image(recipe),
             bootstrap="exec",  # checks the image, then torchrun is PID 1 and keeps the operator's rendezvous
         )
-
-    checkpoint_setting = "k8s.checkpoint_claim"
 
     def checkpoint_location(self, spec: JobSpec) -> str:
         """The directory on the checkpoint volume, named by its claim and namespace."""

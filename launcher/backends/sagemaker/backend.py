@@ -313,11 +313,10 @@ def _max_restarts(command: tuple[str, ...]) -> int:
 class SageMakerBackend(Backend):
     name = "sagemaker"
     settings_type = SageMakerSettings
+    checkpoint_setting = "sagemaker.checkpoint_uri"
 
     def links(self, ref: JobRef) -> list[tuple[str, str]]:
         return console_links(ref.name, ref.region) if ref.region else []
-
-    checkpoint_setting = "sagemaker.checkpoint_uri"
 
     def checkpoint_location(self, spec: JobSpec) -> str:
         """The S3 prefix SageMaker copies /opt/ml/checkpoints to and back (per recipe and lineage)."""
@@ -330,10 +329,7 @@ class SageMakerBackend(Backend):
             return None
         cloud, where = settings(spec), Locations.of(spec)
         owner = role_account(cloud.role_arn) if where.default_bucket and not cloud.checkpoint_uri else None
-        newest = newest_complete_step(where.checkpoints, cloud.region, owner)
-        if newest is None:
-            return ResumePoint(where=where.checkpoints, step=None, path=None)
-        return ResumePoint(where=where.checkpoints, step=newest[0], path=newest[1])
+        return ResumePoint(where=where.checkpoints, step=newest_complete_step(where.checkpoints, cloud.region, owner))
 
     def placement(self, recipe, name: str, lineage: str | None = None) -> Placement:
         # entrypoints/bootstrap.py picks the rendezvous from resourceconfig.json on every host.

@@ -16,8 +16,8 @@ from launcher.backends.sagemaker import aws
 from launcher.contract.checkpoint_dirs import STEP_DIR, has_every_marker, step_dir_name
 
 
-def newest_complete_step(uri: str, region: str, owner: str | None) -> tuple[int, str] | None:
-    """(step, its s3:// prefix) of the newest complete checkpoint under `uri`; None: none.
+def newest_complete_step(uri: str, region: str, owner: str | None) -> int | None:
+    """The step of the newest complete checkpoint under `uri`; None: none.
     `owner`: the account that must own the bucket (ExpectedBucketOwner), for the default bucket."""
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     prefix = prefix.rstrip("/")
@@ -28,7 +28,7 @@ def newest_complete_step(uri: str, region: str, owner: str | None) -> tuple[int,
         for step in sorted(steps, reverse=True):
             names = _names(s3, bucket, f"{prefix}/{step_dir_name(step)}/COMPLETE.", owner_args)
             if has_every_marker(names):
-                return step, f"s3://{bucket}/{prefix}/{step_dir_name(step)}"
+                return step
     except Exception as error:
         raise aws.explain(error, action=f"ListObjectsV2 (S3) of {uri}", region=region) from None
     return None
